@@ -1,0 +1,1 @@
+//! Allocator policies: PyTorch's device caching allocator and host caching allocator.

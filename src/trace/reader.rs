@@ -1,0 +1,1 @@
+//! Reading traces: JSON Lines into [`TraceOp`](super::TraceOp)s, with located errors.

@@ -1,0 +1,1 @@
+//! Writing traces: [`TraceOp`](super::TraceOp)s back to JSON Lines.
