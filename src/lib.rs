@@ -2,4 +2,13 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod checker;
+pub mod clock;
+pub mod order;
+pub mod report;
+pub mod shadow;
 pub mod trace;
+pub mod workload;
+
+pub use checker::{CheckError, Checker};
+pub use report::{Hazard, HazardKind, Report};

@@ -9,9 +9,6 @@ use std::fmt;
 pub mod reader;
 pub mod writer;
 
-
-
-
 /// The identifier of a stream, event or buffer.
 ///
 /// Traces may spell an id as a JSON string or a non-negative integer; `7` and `"7"` name the same
@@ -132,12 +129,20 @@ pub struct Region {
 impl Region {
     /// The whole of `buffer`.
     pub fn whole(buffer: impl Into<Id>) -> Self {
-        Region { buffer: buffer.into(), offset: 0, bytes: None }
+        Region {
+            buffer: buffer.into(),
+            offset: 0,
+            bytes: None,
+        }
     }
 
     /// `bytes` bytes of `buffer` starting at `offset`.
     pub fn range(buffer: impl Into<Id>, offset: u64, bytes: u64) -> Self {
-        Region { buffer: buffer.into(), offset, bytes: Some(bytes) }
+        Region {
+            buffer: buffer.into(),
+            offset,
+            bytes: Some(bytes),
+        }
     }
 
     /// Whether this is the bare form: the whole buffer from offset 0.

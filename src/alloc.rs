@@ -1,1 +1,0 @@
-//! Allocator policies: PyTorch's device caching allocator and host caching allocator.

@@ -1,0 +1,1422 @@
+//! The checker: drives happens-before ([`crate::order`]), shadow memory ([`crate::shadow`]) and
+//! the allocator model ([`crate::alloc`]) over a stream of ops and reports every hazard of the
+//! trace format.
+//!
+//! Guarantee: exact under the trace format's rules — every hazard the format defines is reported,
+//! and nothing else. Each hazard kind is decided in one place: `data-race` and `reuse-race` in
+//! [`Checker::check_access`], `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
+//! `resolve`, `wait-on-unrecorded-event` in the `event_wait` arm of [`Checker::check`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
+use crate::clock::{Participant, VectorClock};
+use crate::order::{Order, StreamError, Wait};
+use crate::report::{
+    AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind, OpNote, Pattern, Report,
+};
+use crate::shadow::{Access, GenId, Generation, Graveyard, OpInfo};
+use crate::trace::{Field, Id, MemoryKind, Op, Region, Site, TraceOp};
+
+/// Bad input found while checking an op: the trace is not a valid program.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}{}", expected.as_ref().map(|e| format!("; expected {e}")).unwrap_or_default())]
+pub struct CheckError {
+    /// The op index.
+    pub op: u64,
+    /// The offending field, to locate the error in the trace line.
+    pub field: Field,
+    /// What was wrong.
+    pub message: String,
+    /// What was expected.
+    pub expected: Option<String>,
+}
+
+/// Base addresses of the model's address spaces (one per memory kind).
+const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+const PINNED_BASE: u64 = 0x2000_0000_0000;
+const MANAGED_BASE: u64 = 0x3000_0000_0000;
+
+/// What a buffer name refers to now.
+#[derive(Clone, Debug)]
+enum Name {
+    Live(GenId),
+    External(GenId),
+    Freed(Box<FreedName>),
+}
+
+/// What remains of a freed name: enough to report use-after-free and invalid-free.
+#[derive(Clone, Debug)]
+struct FreedName {
+    size: u64,
+    memory: MemoryKind,
+    owner: Participant,
+    free_op: u64,
+    free_by: Participant,
+    free_site: Option<Arc<Site>>,
+}
+
+/// One region of the current op, resolved to a generation.
+#[derive(Clone, Copy, Debug)]
+struct OpAccess {
+    gen: GenId,
+    kind: AccessKind,
+    offset: u64,
+    end: u64,
+}
+
+/// An earlier access found to conflict with region `at` of the current op.
+#[derive(Clone, Debug)]
+struct Found {
+    at: usize,
+    kind: HazardKind,
+    access: Access,
+    buffer: Id,
+    free_op: Option<u64>,
+    free_site: Option<Arc<Site>>,
+}
+
+/// A region that names a freed buffer.
+#[derive(Clone, Debug)]
+struct UseAfterFree {
+    name: Id,
+    kind: Option<AccessKind>,
+    offset: u64,
+    end: u64,
+}
+
+/// Counters of the checker's state, for benchmarks and memory tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Ops checked.
+    pub ops: u64,
+    /// Participants (host and streams).
+    pub participants: usize,
+    /// Generations in memory (live, external, and freed ones with history).
+    pub generations: usize,
+    /// Freed generations kept for reuse checks.
+    pub graveyard: usize,
+    /// Access entries kept.
+    pub history: usize,
+    /// Hazards found.
+    pub hazards: usize,
+}
+
+/// Checks ops one at a time and collects hazards.
+///
+/// ```
+/// use streamsan::checker::Checker;
+/// use streamsan::trace::{Op, Region};
+///
+/// let mut checker = Checker::new();
+/// let ops = [
+///     Op::Alloc { buffer: "a".into(), bytes: 4096, stream: Some("s1".into()),
+///                 memory: Default::default(), addr: None },
+///     Op::Launch { stream: "s1".into(), name: None, reads: vec![],
+///                  writes: vec![Region::whole("a")] },
+///     Op::Launch { stream: "s2".into(), name: None, reads: vec![Region::whole("a")],
+///                  writes: vec![] },
+/// ];
+/// for op in ops {
+///     checker.check(&op.into()).unwrap();
+/// }
+/// let report = checker.finish();
+/// assert_eq!(report.errors, 1); // s2 reads what s1 wrote, with no event between them
+/// ```
+pub struct Checker {
+    order: Order,
+    gens: Vec<Option<Generation>>,
+    free_slots: Vec<u32>,
+    names: HashMap<Id, Name>,
+    graveyard: Graveyard,
+    device: DeviceCachingAllocator<ModelMemory>,
+    pinned: HostCachingAllocator<ModelMemory>,
+    managed: HostCachingAllocator<ModelMemory>,
+    /// Whether allocations give `addr` (decided by the first non-empty allocation).
+    addr_mode: Option<bool>,
+    /// Live allocations by memory kind: start → (end, generation).
+    live: [BTreeMap<u64, (u64, GenId)>; 3],
+    /// With `addr`: device bytes freed and not yet reallocated → the participant that freed them.
+    freed_by: BTreeMap<u64, (u64, Participant)>,
+    ops: u64,
+    hazards: Vec<Hazard>,
+    history: usize,
+    prune_at: usize,
+    host_at_prune: VectorClock,
+    // Scratch space reused across ops.
+    op_accesses: Vec<OpAccess>,
+    found: Vec<Found>,
+    uaf: Vec<UseAfterFree>,
+    scratch_clock: VectorClock,
+    scratch_gens: Vec<(GenId, u64)>,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const PRUNE_MIN: usize = 4096;
+
+fn kind_slot(kind: MemoryKind) -> usize {
+    match kind {
+        MemoryKind::Device => 0,
+        MemoryKind::Pinned => 1,
+        MemoryKind::Managed => 2,
+    }
+}
+
+fn bytes_of(offset: u64, end: u64) -> Option<u64> {
+    (end != u64::MAX).then(|| end - offset)
+}
+
+impl Checker {
+    /// A checker at the start of a trace.
+    pub fn new() -> Self {
+        Checker {
+            order: Order::new(),
+            gens: Vec::new(),
+            free_slots: Vec::new(),
+            names: HashMap::new(),
+            graveyard: Graveyard::default(),
+            device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
+            pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
+            managed: HostCachingAllocator::new(ModelMemory::new(MANAGED_BASE)),
+            addr_mode: None,
+            live: Default::default(),
+            freed_by: BTreeMap::new(),
+            ops: 0,
+            hazards: Vec::new(),
+            history: 0,
+            prune_at: PRUNE_MIN,
+            host_at_prune: VectorClock::new(),
+            op_accesses: Vec::new(),
+            found: Vec::new(),
+            uaf: Vec::new(),
+            scratch_clock: VectorClock::new(),
+            scratch_gens: Vec::new(),
+        }
+    }
+
+    /// The happens-before state.
+    pub fn order(&self) -> &Order {
+        &self.order
+    }
+
+    /// Counters of the current state.
+    pub fn stats(&self) -> Stats {
+        Stats {
+            ops: self.ops,
+            participants: self.order.participants(),
+            generations: self.gens.len() - self.free_slots.len(),
+            graveyard: self.graveyard.len(),
+            history: self.history,
+            hazards: self.hazards.len(),
+        }
+    }
+
+    /// All hazards found so far, in the order found (sorted within each op).
+    pub fn hazards(&self) -> &[Hazard] {
+        &self.hazards
+    }
+
+    /// The number of ops checked so far: the index the next op gets.
+    pub fn ops(&self) -> u64 {
+        self.ops
+    }
+
+    /// Ends the trace: the report of every hazard found.
+    pub fn finish(self) -> Report {
+        Report::new(self.ops, self.hazards)
+    }
+
+    /// Checks the next op and returns the hazards it raised (sorted by kind, then buffer).
+    ///
+    /// An `Err` means the op is bad input under the trace format; the op is then not counted.
+    pub fn check(&mut self, op: &TraceOp) -> Result<&[Hazard], CheckError> {
+        let index = self.ops;
+        let first = self.hazards.len();
+        let site = op.site.clone().map(Arc::new);
+        tracing::trace!(op = index, kind = op.op.name(), "op");
+        self.step(index, &op.op, site)?;
+        self.ops += 1;
+        let new = &mut self.hazards[first..];
+        if new.len() > 1 {
+            new.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+        }
+        for h in new.iter() {
+            match h.severity {
+                crate::report::Severity::Error => tracing::error!(
+                    op = h.op,
+                    kind = h.kind.as_str(),
+                    buffer = h.buffer.as_deref(),
+                    conflicts = h.conflicts.len(),
+                    "hazard"
+                ),
+                crate::report::Severity::Warning => {
+                    tracing::warn!(op = h.op, kind = h.kind.as_str(), "hazard")
+                }
+            }
+        }
+        if self.history > self.prune_at {
+            self.prune();
+        }
+        Ok(&self.hazards[first..])
+    }
+
+    fn err(
+        op: u64,
+        field: Field,
+        message: impl Into<String>,
+        expected: Option<&str>,
+    ) -> CheckError {
+        CheckError {
+            op,
+            field,
+            message: message.into(),
+            expected: expected.map(str::to_owned),
+        }
+    }
+
+    fn step(&mut self, i: u64, op: &Op, site: Option<Arc<Site>>) -> Result<(), CheckError> {
+        match op {
+            Op::StreamCreate {
+                stream,
+                device,
+                blocking,
+            } => {
+                self.order.create_stream(stream, *device, *blocking).map_err(|e| match e {
+                    StreamError::LegacyDefault => Self::err(
+                        i,
+                        Field::Stream,
+                        "\"default\" is the legacy default stream of device 0 and always exists",
+                        Some("another stream name"),
+                    ),
+                    StreamError::Redeclared { device, blocking, implicit } => Self::err(
+                        i,
+                        Field::Op,
+                        format!(
+                            "stream \"{stream}\" already exists{} with device {device} and blocking {blocking}",
+                            if implicit { " (from its first use)" } else { "" }
+                        ),
+                        Some("the same attributes, or a stream_create before the stream's first use"),
+                    ),
+                })?;
+            }
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                addr,
+            } => self.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr, site)?,
+            Op::Free { buffer, stream } => self.free(i, buffer, stream.as_ref(), site)?,
+            Op::RecordStream { buffer, stream } => {
+                let p = self.order.stream(stream);
+                match self.names.get(buffer) {
+                    Some(Name::Live(g)) => {
+                        let g = &mut self.gens[g.0 as usize].as_mut().expect("live generation");
+                        let owner_stream = g.memory == MemoryKind::Device && g.owner == p;
+                        if !owner_stream && !g.record_streams.contains(&p) {
+                            g.record_streams.push(p);
+                        }
+                    }
+                    Some(Name::External(_)) => {}
+                    Some(Name::Freed(f)) => {
+                        let end = f.size;
+                        self.uaf.clear();
+                        self.uaf.push(UseAfterFree {
+                            name: buffer.clone(),
+                            kind: None,
+                            offset: 0,
+                            end,
+                        });
+                        self.report_use_after_free(i, op, p, &site);
+                    }
+                    None => {
+                        let g = self.new_external(buffer);
+                        self.names.insert(buffer.clone(), Name::External(g));
+                    }
+                }
+            }
+            Op::Launch {
+                stream,
+                name,
+                reads,
+                writes,
+            } => {
+                let p = self.order.stream(stream);
+                self.begin_access_op(i);
+                for (k, r) in writes.iter().enumerate() {
+                    self.resolve(i, r, Field::Write(k as u32), AccessKind::Write, false)?;
+                }
+                for (k, r) in reads.iter().enumerate() {
+                    self.resolve(i, r, Field::Read(k as u32), AccessKind::Read, false)?;
+                }
+                self.dedup_regions();
+                let label = name.as_deref().map(Arc::from);
+                self.run_access_op(i, op, p, site, label);
+            }
+            Op::Copy { stream, src, dst } => {
+                let p = self.order.stream(stream);
+                self.begin_access_op(i);
+                self.resolve(i, dst, Field::Dst, AccessKind::Write, false)?;
+                self.resolve(i, src, Field::Src, AccessKind::Read, false)?;
+                if let [a, b] = self.op_accesses[..] {
+                    if a.gen == b.gen && a.offset < b.end && b.offset < a.end {
+                        return Err(Self::err(
+                            i,
+                            Field::Dst,
+                            format!(
+                                "copy source and destination overlap in buffer \"{}\"",
+                                dst.buffer
+                            ),
+                            Some("disjoint regions"),
+                        ));
+                    }
+                }
+                self.run_access_op(i, op, p, site, None);
+            }
+            Op::Memset { stream, dst } => {
+                let p = self.order.stream(stream);
+                self.begin_access_op(i);
+                self.resolve(i, dst, Field::Dst, AccessKind::Write, false)?;
+                self.run_access_op(i, op, p, site, None);
+            }
+            Op::HostRead { buffer } | Op::HostWrite { buffer } => {
+                let kind = if matches!(op, Op::HostRead { .. }) {
+                    AccessKind::Read
+                } else {
+                    AccessKind::Write
+                };
+                self.begin_access_op(i);
+                self.resolve(i, buffer, Field::Buffer, kind, true)?;
+                self.run_access_op(i, op, Participant::HOST, site, None);
+            }
+            Op::EventCreate { event } | Op::EventDestroy { event } => self.order.reset_event(event),
+            Op::EventRecord { event, stream } => {
+                let p = self.order.stream(stream);
+                self.order.record(event, p);
+            }
+            Op::EventWait { stream, event } => {
+                let p = self.order.stream(stream);
+                if self.order.wait(p, event) == Wait::Unrecorded {
+                    self.hazards.push(Hazard {
+                        kind: HazardKind::WaitOnUnrecordedEvent,
+                        severity: HazardKind::WaitOnUnrecordedEvent.severity(),
+                        op: i,
+                        buffer: None,
+                        pattern: None,
+                        access: None,
+                        conflicts: Vec::new(),
+                        free: None,
+                        fix: Some(format!(
+                            "record event {event} on the stream whose work {stream} must wait for before op {i}; this wait has no effect"
+                        )),
+                        detail: Detail {
+                            op_name: op.name(),
+                            label: None,
+                            event: Some(event.to_string()),
+                            participant: stream.to_string(),
+                            notes: vec![],
+                        },
+                    });
+                }
+            }
+            Op::EventSync { event } => self.order.event_sync(event),
+            Op::EventQuery { event, complete } => {
+                if *complete {
+                    self.order.event_sync(event)
+                }
+            }
+            Op::StreamSync { stream } => {
+                let p = self.order.stream(stream);
+                self.order.stream_sync(p);
+            }
+            Op::StreamQuery { stream, complete } => {
+                let p = self.order.stream(stream);
+                if *complete {
+                    self.order.stream_sync(p);
+                }
+            }
+            Op::DeviceSync { device } => self.order.device_sync(*device),
+        }
+        Ok(())
+    }
+
+    fn new_gen(&mut self, g: Generation) -> GenId {
+        match self.free_slots.pop() {
+            Some(s) => {
+                self.gens[s as usize] = Some(g);
+                GenId(s)
+            }
+            None => {
+                self.gens.push(Some(g));
+                GenId(self.gens.len() as u32 - 1)
+            }
+        }
+    }
+
+    fn drop_gen(&mut self, g: GenId) {
+        if let Some(gen) = self.gens[g.0 as usize].take() {
+            self.history -= gen.accesses.len();
+            self.free_slots.push(g.0);
+        }
+    }
+
+    fn gen(&self, g: GenId) -> &Generation {
+        self.gens[g.0 as usize].as_ref().expect("generation in use")
+    }
+
+    fn new_external(&mut self, name: &Id) -> GenId {
+        self.new_gen(Generation {
+            name: name.clone(),
+            memory: MemoryKind::Device,
+            owner: Participant::HOST,
+            size: None,
+            addr: None,
+            block_size: 0,
+            alloc_op: None,
+            alloc_site: None,
+            free: None,
+            record_streams: Vec::new(),
+            accesses: Vec::new(),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn alloc(
+        &mut self,
+        i: u64,
+        buffer: &Id,
+        bytes: u64,
+        stream: Option<&Id>,
+        memory: MemoryKind,
+        addr: Option<u64>,
+        site: Option<Arc<Site>>,
+    ) -> Result<(), CheckError> {
+        if let Some(Name::Live(_)) = self.names.get(buffer) {
+            return Err(Self::err(
+                i,
+                Field::Buffer,
+                format!("buffer \"{buffer}\" is already allocated and not yet freed"),
+                Some("a new name, or a free of the buffer first"),
+            ));
+        }
+        let stream_p = stream.map(|s| self.order.stream(s));
+        let owner = match memory {
+            MemoryKind::Device => stream_p.unwrap_or(Order::DEFAULT),
+            _ => Participant::HOST,
+        };
+        let mut base = None;
+        let mut block_size = 0;
+        if bytes > 0 {
+            let with_addr = addr.is_some();
+            match self.addr_mode {
+                None => self.addr_mode = Some(with_addr),
+                Some(mode) if mode != with_addr => {
+                    return Err(Self::err(
+                        i,
+                        if with_addr { Field::Addr } else { Field::Op },
+                        if with_addr {
+                            "this allocation gives \"addr\" but earlier allocations did not"
+                        } else {
+                            "this allocation has no \"addr\" but earlier allocations gave one"
+                        },
+                        Some("\"addr\" on every non-empty allocation or on none"),
+                    ))
+                }
+                _ => {}
+            }
+            match addr {
+                Some(a) => {
+                    let end = a.checked_add(bytes).ok_or_else(|| {
+                        Self::err(
+                            i,
+                            Field::Addr,
+                            "addr + bytes overflows",
+                            Some("a range below 2^64"),
+                        )
+                    })?;
+                    if let Some((&s, &(e, g))) =
+                        self.live[kind_slot(memory)].range(..end).next_back()
+                    {
+                        if e > a {
+                            return Err(Self::err(
+                                i,
+                                Field::Addr,
+                                format!(
+                                    "{} memory [{a:#x}, {end:#x}) overlaps the live buffer \"{}\" at [{s:#x}, {e:#x})",
+                                    memory.as_str(),
+                                    self.gen(g).name
+                                ),
+                                Some("an address range that no live allocation of the same memory kind uses"),
+                            ));
+                        }
+                    }
+                    if memory == MemoryKind::Device {
+                        self.reappear(a, end, owner);
+                    }
+                    base = Some(a);
+                    block_size = bytes;
+                }
+                None => {
+                    let block = match memory {
+                        MemoryKind::Device => self.device.allocate(bytes, owner.0),
+                        MemoryKind::Pinned => self.pinned.allocate(bytes),
+                        MemoryKind::Managed => self.managed.allocate(bytes),
+                    }
+                    .map_err(|e| {
+                        Self::err(
+                            i,
+                            Field::Bytes,
+                            format!("the allocator model cannot serve {bytes} bytes: {e}"),
+                            Some("a size the address space can hold"),
+                        )
+                    })?;
+                    if let Some(b) = block {
+                        base = Some(b.addr);
+                        block_size = b.size;
+                    }
+                }
+            }
+        }
+        // The allocation is a use: a write of the whole buffer by the owner, at the epoch of
+        // the owner's latest access (time 0, before everything, if it has none).
+        let epoch = self.order.clock(owner).epoch(owner);
+        let mut accesses = Vec::new();
+        if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 {
+            accesses.push(Access {
+                op: i,
+                epoch,
+                kind: AccessKind::Alloc,
+                offset: 0,
+                end: bytes,
+                info: site.clone().map(|s| {
+                    Arc::new(OpInfo {
+                        site: Some(s),
+                        label: None,
+                    })
+                }),
+            });
+        }
+        self.history += accesses.len();
+        let g = self.new_gen(Generation {
+            name: buffer.clone(),
+            memory,
+            owner,
+            size: Some(bytes),
+            addr: base,
+            block_size,
+            alloc_op: Some(i),
+            alloc_site: site,
+            free: None,
+            record_streams: Vec::new(),
+            accesses,
+        });
+        if let Some(a) = base {
+            self.live[kind_slot(memory)].insert(a, (a + bytes, g));
+        }
+        // A name used so far as external starts a new, unrelated buffer.
+        if let Some(Name::External(old)) = self.names.insert(buffer.clone(), Name::Live(g)) {
+            self.drop_gen(old);
+        }
+        Ok(())
+    }
+
+    /// With `addr`: device memory that reappears on another stream than the one that last freed
+    /// it went back to the driver and was allocated again, which synchronizes the device.
+    fn reappear(&mut self, start: u64, end: u64, owner: Participant) {
+        let mut sync = false;
+        let mut overlapped = Vec::new();
+        for (&s, &(e, p)) in self.freed_by.range(..end) {
+            if e > start {
+                sync |= p != owner;
+                overlapped.push((s, e, p));
+            }
+        }
+        for (s, e, p) in overlapped {
+            self.freed_by.remove(&s);
+            if s < start {
+                self.freed_by.insert(s, (start, p));
+            }
+            if e > end {
+                self.freed_by.insert(end, (e, p));
+            }
+        }
+        if sync {
+            let device = self.order.device(owner);
+            self.order.device_sync(device);
+        }
+    }
+
+    fn free(
+        &mut self,
+        i: u64,
+        buffer: &Id,
+        stream: Option<&Id>,
+        site: Option<Arc<Site>>,
+    ) -> Result<(), CheckError> {
+        let named = stream.map(|s| self.order.stream(s));
+        if let Some(p) = named {
+            // A stream-ordered free is an op on its stream (rules 2 and 5 apply).
+            self.order.begin_stream_op(p);
+        }
+        let g = match self.names.get(buffer) {
+            Some(Name::Live(g)) => *g,
+            other => {
+                let (why, by, bytes, notes) = match other {
+                    None => (
+                        "was never allocated".to_string(),
+                        named.unwrap_or(Participant::HOST),
+                        None,
+                        vec![],
+                    ),
+                    Some(Name::External(_)) => (
+                        "is external: it was used without an alloc, so this trace does not own it"
+                            .to_string(),
+                        named.unwrap_or(Participant::HOST),
+                        None,
+                        vec![],
+                    ),
+                    Some(Name::Freed(f)) => (
+                        format!("was already freed at op {}", f.free_op),
+                        named.unwrap_or(if f.memory == MemoryKind::Device {
+                            f.owner
+                        } else {
+                            Participant::HOST
+                        }),
+                        Some(f.size),
+                        vec![OpNote {
+                            what: "first freed here".into(),
+                            op: f.free_op,
+                            site: f.free_site.clone(),
+                        }],
+                    ),
+                    Some(Name::Live(_)) => unreachable!(),
+                };
+                let participant = self.order.name(by).to_string();
+                self.hazards.push(Hazard {
+                    kind: HazardKind::InvalidFree,
+                    severity: HazardKind::InvalidFree.severity(),
+                    op: i,
+                    buffer: Some(buffer.to_string()),
+                    pattern: None,
+                    access: Some(AccessRef {
+                        op: i,
+                        participant: participant.clone(),
+                        access: AccessKind::Free,
+                        offset: 0,
+                        bytes,
+                        site,
+                    }),
+                    conflicts: vec![],
+                    free: None,
+                    fix: Some(format!(
+                        "remove the free of {buffer} at op {i}: the buffer {why}"
+                    )),
+                    detail: Detail {
+                        op_name: "free",
+                        label: None,
+                        event: None,
+                        participant,
+                        notes,
+                    },
+                });
+                return Ok(());
+            }
+        };
+        let (memory, owner, size, base) = {
+            let gen = self.gen(g);
+            (gen.memory, gen.owner, gen.size.unwrap_or(0), gen.addr)
+        };
+        let by = named.unwrap_or(if memory == MemoryKind::Device {
+            owner
+        } else {
+            Participant::HOST
+        });
+        // The free's clock: the freeing participant's (joined with the host's), joined with the
+        // clock of every stream named by record_stream.
+        let mut clock = std::mem::take(&mut self.scratch_clock);
+        self.order.free_clock(by, &mut clock);
+        for &p in &self.gen(g).record_streams {
+            clock.join(self.order.clock(p));
+        }
+        let mut conflicts: Vec<Conflict> = Vec::new();
+        let gen = self.gens[g.0 as usize].as_mut().expect("live generation");
+        for a in &gen.accesses {
+            if a.epoch.participant != by && !clock.covers(a.epoch) {
+                conflicts.push(conflict_of(&self.order, a, &gen.name));
+            }
+        }
+        self.scratch_clock = clock;
+        let alloc_note = OpNote {
+            what: format!("allocated on {}", self.order.name(owner)),
+            op: gen.alloc_op.unwrap_or(0),
+            site: gen.alloc_site.clone(),
+        };
+        gen.free = Some((i, by, site.clone()));
+        if !conflicts.is_empty() {
+            conflicts.sort_by(conflict_order);
+            let participant = self.order.name(by).to_string();
+            let fix = fix_unsafe_free(
+                &self.order,
+                buffer,
+                i,
+                by,
+                named.is_some(),
+                memory,
+                owner,
+                &conflicts,
+            );
+            self.hazards.push(Hazard {
+                kind: HazardKind::UnsafeFree,
+                severity: HazardKind::UnsafeFree.severity(),
+                op: i,
+                buffer: Some(buffer.to_string()),
+                pattern: None,
+                access: Some(AccessRef {
+                    op: i,
+                    participant: participant.clone(),
+                    access: AccessKind::Free,
+                    offset: 0,
+                    bytes: Some(size),
+                    site: site.clone(),
+                }),
+                conflicts,
+                free: None,
+                fix: Some(fix),
+                detail: Detail {
+                    op_name: "free",
+                    label: None,
+                    event: None,
+                    participant,
+                    notes: vec![alloc_note],
+                },
+            });
+        }
+        // Hand the memory back to the allocator model.
+        if let Some(a) = base {
+            self.live[kind_slot(memory)].remove(&a);
+            if self.addr_mode == Some(true) {
+                if memory == MemoryKind::Device {
+                    self.freed_by.insert(a, (a + size, by));
+                }
+            } else {
+                // The model handed this block out, so giving it back cannot fail.
+                let _ = match memory {
+                    MemoryKind::Device => self.device.free(a, by.0),
+                    MemoryKind::Pinned => self.pinned.free(a),
+                    MemoryKind::Managed => self.managed.free(a),
+                };
+            }
+        }
+        self.names.insert(
+            buffer.clone(),
+            Name::Freed(Box::new(FreedName {
+                size,
+                memory,
+                owner,
+                free_op: i,
+                free_by: by,
+                free_site: site,
+            })),
+        );
+        let keep = base.is_some() && size > 0 && !self.gen(g).accesses.is_empty();
+        if keep {
+            self.graveyard
+                .insert(memory, base.unwrap_or(0), base.unwrap_or(0) + size, g);
+        } else {
+            self.drop_gen(g);
+        }
+        Ok(())
+    }
+
+    fn begin_access_op(&mut self, _i: u64) {
+        self.op_accesses.clear();
+        self.uaf.clear();
+    }
+
+    /// Resolves a region of the current op to a generation and byte range, or notes a use after
+    /// free. Bad input: a region past the end of its buffer, a host access to device memory.
+    fn resolve(
+        &mut self,
+        i: u64,
+        r: &Region,
+        field: Field,
+        kind: AccessKind,
+        host: bool,
+    ) -> Result<(), CheckError> {
+        let (g, size, memory) = match self.names.get(&r.buffer) {
+            Some(Name::Live(g)) => {
+                let gen = self.gen(*g);
+                (Some(*g), gen.size, gen.memory)
+            }
+            Some(Name::External(g)) => (Some(*g), None, MemoryKind::Device),
+            Some(Name::Freed(f)) => (None, Some(f.size), f.memory),
+            None => (None, None, MemoryKind::Device),
+        };
+        if host && !memory.host_accessible() {
+            return Err(Self::err(
+                i,
+                field,
+                format!(
+                    "the host cannot access buffer \"{}\": it is {}device memory",
+                    r.buffer,
+                    if size.is_none() {
+                        "external, hence "
+                    } else {
+                        ""
+                    }
+                ),
+                Some("a pinned or managed buffer"),
+            ));
+        }
+        let end =
+            match (size, r.bytes) {
+                (Some(size), bytes) => {
+                    let end = match bytes {
+                        Some(b) => r.offset.checked_add(b).unwrap_or(u64::MAX),
+                        None => r.offset.max(size),
+                    };
+                    if end > size || r.offset > size {
+                        return Err(Self::err(
+                            i,
+                            field,
+                            format!(
+                            "region [{}, {}) reaches past the end of buffer \"{}\" ({size} bytes)",
+                            r.offset,
+                            if end == u64::MAX { "end".to_string() } else { end.to_string() },
+                            r.buffer
+                        ),
+                            Some("a region inside the buffer"),
+                        ));
+                    }
+                    end
+                }
+                (None, Some(b)) => r.offset.checked_add(b).unwrap_or(u64::MAX),
+                (None, None) => u64::MAX,
+            };
+        let g = match (g, self.names.contains_key(&r.buffer)) {
+            (Some(g), _) => g,
+            (None, false) => {
+                let g = self.new_external(&r.buffer);
+                self.names.insert(r.buffer.clone(), Name::External(g));
+                g
+            }
+            (None, true) => {
+                self.uaf.push(UseAfterFree {
+                    name: r.buffer.clone(),
+                    kind: Some(kind),
+                    offset: r.offset,
+                    end,
+                });
+                return Ok(());
+            }
+        };
+        self.op_accesses.push(OpAccess {
+            gen: g,
+            kind,
+            offset: r.offset,
+            end,
+        });
+        Ok(())
+    }
+
+    /// A region both read and written counts as written; the same region twice counts once.
+    fn dedup_regions(&mut self) {
+        let v = &mut self.op_accesses;
+        if v.len() < 2 {
+            return;
+        }
+        let mut k = 0;
+        while k < v.len() {
+            let a = v[k];
+            let dup = v[..k].iter().any(|b| {
+                b.gen == a.gen
+                    && b.offset == a.offset
+                    && b.end == a.end
+                    && (b.kind == a.kind || b.kind.writes())
+            });
+            if dup {
+                v.remove(k);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    /// Runs the accesses of the current op: checks each region, then records them.
+    fn run_access_op(
+        &mut self,
+        i: u64,
+        op: &Op,
+        p: Participant,
+        site: Option<Arc<Site>>,
+        label: Option<Arc<str>>,
+    ) {
+        if p.is_host() {
+            self.order.tick(p);
+        } else {
+            self.order.begin_stream_op(p);
+            self.order.tick(p);
+        }
+        let epoch = self.order.clock(p).epoch(p);
+        self.found.clear();
+        for at in 0..self.op_accesses.len() {
+            self.check_access(at, p);
+        }
+        if !self.found.is_empty() {
+            self.report_races(i, op, p, &site, &label);
+        }
+        if !self.uaf.is_empty() {
+            self.report_use_after_free(i, op, p, &site);
+        }
+        let info = (site.is_some() || label.is_some()).then(|| Arc::new(OpInfo { site, label }));
+        for a in &self.op_accesses {
+            let gen = self.gens[a.gen.0 as usize]
+                .as_mut()
+                .expect("accessed generation");
+            gen.accesses.push(Access {
+                op: i,
+                epoch,
+                kind: a.kind,
+                offset: a.offset,
+                end: a.end,
+                info: info.clone(),
+            });
+        }
+        self.history += self.op_accesses.len();
+    }
+
+    /// `data-race` and `reuse-race`: the earlier accesses that conflict with region `at` of the
+    /// current op and do not happen before it.
+    fn check_access(&mut self, at: usize, p: Participant) {
+        let OpAccess {
+            gen: g,
+            kind,
+            offset,
+            end,
+        } = self.op_accesses[at];
+        let Checker {
+            order,
+            gens,
+            found,
+            graveyard,
+            history,
+            scratch_gens,
+            free_slots,
+            ..
+        } = self;
+        let clock = order.clock(p);
+        let host = order.host_clock();
+        let gen = gens[g.0 as usize].as_mut().expect("accessed generation");
+        let writes = kind.writes();
+        let mut k = 0;
+        while k < gen.accesses.len() {
+            let a = &gen.accesses[k];
+            if host.covers(a.epoch) {
+                // Ordered before every future access: prune.
+                gen.accesses.swap_remove(k);
+                *history -= 1;
+                continue;
+            }
+            if a.epoch.participant != p
+                && (writes || a.kind.writes())
+                && a.overlaps(offset, end)
+                && !clock.covers(a.epoch)
+            {
+                found.push(Found {
+                    at,
+                    kind: HazardKind::DataRace,
+                    access: a.clone(),
+                    buffer: gen.name.clone(),
+                    free_op: None,
+                    free_site: None,
+                });
+            }
+            k += 1;
+        }
+        // Reuse: earlier, freed buffers whose bytes this region occupies.
+        let (Some(base), memory) = (gen.addr, gen.memory) else {
+            return;
+        };
+        if graveyard.is_empty() || offset >= end {
+            return;
+        }
+        let (lo, hi) = (base + offset, base + end.min(gen.size.unwrap_or(0)));
+        scratch_gens.clear();
+        graveyard.overlapping(memory, lo, hi, |h, start| scratch_gens.push((h, start)));
+        for &(h, start) in scratch_gens.iter() {
+            let old = gens[h.0 as usize].as_mut().expect("freed generation");
+            let free_op = old.free.as_ref().map(|f| f.0);
+            let free_site = old.free.as_ref().and_then(|f| f.2.clone());
+            let mut k = 0;
+            while k < old.accesses.len() {
+                let a = &old.accesses[k];
+                if host.covers(a.epoch) {
+                    old.accesses.swap_remove(k);
+                    *history -= 1;
+                    continue;
+                }
+                let q = a.epoch.participant;
+                if q != p
+                    && (writes || a.kind.writes())
+                    && a.overlaps(lo.saturating_sub(start), hi - start)
+                    && !clock.covers(a.epoch)
+                    && !old.record_streams.contains(&q)
+                {
+                    found.push(Found {
+                        at,
+                        kind: HazardKind::ReuseRace,
+                        access: a.clone(),
+                        buffer: old.name.clone(),
+                        free_op,
+                        free_site: free_site.clone(),
+                    });
+                }
+                k += 1;
+            }
+            if old.accesses.is_empty() {
+                graveyard.remove(memory, start, h);
+                gens[h.0 as usize] = None;
+                free_slots.push(h.0);
+            }
+        }
+    }
+
+    fn report_races(
+        &mut self,
+        i: u64,
+        op: &Op,
+        p: Participant,
+        site: &Option<Arc<Site>>,
+        label: &Option<Arc<str>>,
+    ) {
+        let mut found = std::mem::take(&mut self.found);
+        // Group by (kind, accessed generation), in the op's region order.
+        found.sort_by_key(|f| (f.kind, self.op_accesses[f.at].gen, f.at));
+        let participant = self.order.name(p).to_string();
+        let mut start = 0;
+        while start < found.len() {
+            let key = (found[start].kind, self.op_accesses[found[start].at].gen);
+            let mut stop = start;
+            while stop < found.len()
+                && (found[stop].kind, self.op_accesses[found[stop].at].gen) == key
+            {
+                stop += 1;
+            }
+            let group = &found[start..stop];
+            let (kind, g) = key;
+            let (mut lo, mut hi, mut writes) = (u64::MAX, 0, false);
+            for f in group {
+                let a = self.op_accesses[f.at];
+                lo = lo.min(a.offset);
+                hi = hi.max(a.end);
+                writes |= a.kind.writes();
+            }
+            let my_kind = if writes {
+                AccessKind::Write
+            } else {
+                AccessKind::Read
+            };
+            let mut conflicts: Vec<Conflict> = group
+                .iter()
+                .map(|f| conflict_of(&self.order, &f.access, &f.buffer))
+                .collect();
+            conflicts.sort_by(conflict_order);
+            conflicts.dedup();
+            let pattern = Pattern::of(my_kind, conflicts.iter().map(|c| c.access));
+            let free = if kind == HazardKind::ReuseRace {
+                group
+                    .iter()
+                    .filter_map(|f| f.free_op.map(|op| (op, f.buffer.clone())))
+                    .max()
+                    .map(|(op, buffer)| FreeRef {
+                        op,
+                        buffer: buffer.to_string(),
+                    })
+            } else {
+                None
+            };
+            let gen = self.gen(g);
+            let mut notes = Vec::new();
+            if let Some(a) = gen.alloc_op {
+                notes.push(OpNote {
+                    what: format!("{} allocated on {}", gen.name, self.order.name(gen.owner)),
+                    op: a,
+                    site: gen.alloc_site.clone(),
+                });
+            }
+            if let Some(f) = &free {
+                // The freed buffer's free site, if its generation is still known.
+                let site = group
+                    .iter()
+                    .find(|x| x.free_op == Some(f.op))
+                    .and_then(|x| x.free_site.clone());
+                notes.push(OpNote {
+                    what: format!("{} freed here; its memory was handed out again", f.buffer),
+                    op: f.op,
+                    site,
+                });
+            }
+            let fix = fix_race(&self.order, kind, i, p, &conflicts, free.as_ref());
+            self.hazards.push(Hazard {
+                kind,
+                severity: kind.severity(),
+                op: i,
+                buffer: Some(gen.name.to_string()),
+                pattern: Some(pattern),
+                access: Some(AccessRef {
+                    op: i,
+                    participant: participant.clone(),
+                    access: my_kind,
+                    offset: lo,
+                    bytes: bytes_of(lo, hi),
+                    site: site.clone(),
+                }),
+                conflicts,
+                free,
+                fix: Some(fix),
+                detail: Detail {
+                    op_name: op.name(),
+                    label: label.clone(),
+                    event: None,
+                    participant: participant.clone(),
+                    notes,
+                },
+            });
+            start = stop;
+        }
+        found.clear();
+        self.found = found;
+    }
+
+    fn report_use_after_free(&mut self, i: u64, op: &Op, p: Participant, site: &Option<Arc<Site>>) {
+        let mut uaf = std::mem::take(&mut self.uaf);
+        uaf.sort_by(|a, b| a.name.cmp(&b.name));
+        let participant = self.order.name(p).to_string();
+        let mut start = 0;
+        while start < uaf.len() {
+            let mut stop = start;
+            while stop < uaf.len() && uaf[stop].name == uaf[start].name {
+                stop += 1;
+            }
+            let group = &uaf[start..stop];
+            let name = &group[0].name;
+            let access = group[0].kind.map(|_| {
+                let lo = group.iter().map(|u| u.offset).min().unwrap_or(0);
+                let hi = group.iter().map(|u| u.end).max().unwrap_or(0);
+                let writes = group.iter().any(|u| u.kind.is_some_and(AccessKind::writes));
+                AccessRef {
+                    op: i,
+                    participant: participant.clone(),
+                    access: if writes {
+                        AccessKind::Write
+                    } else {
+                        AccessKind::Read
+                    },
+                    offset: lo,
+                    bytes: bytes_of(lo, hi),
+                    site: site.clone(),
+                }
+            });
+            let (free_op, notes) = match self.names.get(name) {
+                Some(Name::Freed(f)) => (
+                    f.free_op,
+                    vec![OpNote {
+                        what: format!("{name} freed here by {}", self.order.name(f.free_by)),
+                        op: f.free_op,
+                        site: f.free_site.clone(),
+                    }],
+                ),
+                _ => (0, vec![]),
+            };
+            self.hazards.push(Hazard {
+                kind: HazardKind::UseAfterFree,
+                severity: HazardKind::UseAfterFree.severity(),
+                op: i,
+                buffer: Some(name.to_string()),
+                pattern: None,
+                access,
+                conflicts: vec![],
+                free: None,
+                fix: Some(format!(
+                    "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
+                )),
+                detail: Detail { op_name: op.name(), label: None, event: None, participant: participant.clone(), notes },
+            });
+            start = stop;
+        }
+        uaf.clear();
+        self.uaf = uaf;
+    }
+
+    /// Drops every history entry that the host's clock covers, and the freed generations left
+    /// without history. Runs when the history has doubled since the last pass.
+    fn prune(&mut self) {
+        if self.order.host_clock() != &self.host_at_prune {
+            let Checker {
+                gens,
+                order,
+                history,
+                ..
+            } = self;
+            let host = order.host_clock();
+            for gen in gens.iter_mut().flatten() {
+                *history -= gen.prune(host);
+            }
+            let empty: Vec<_> = self
+                .graveyard
+                .all()
+                .filter(|&(_, _, g)| self.gen(g).accesses.is_empty())
+                .collect();
+            for (kind, start, g) in empty {
+                self.graveyard.remove(kind, start, g);
+                self.drop_gen(g);
+            }
+            self.host_at_prune = self.order.host_clock().clone();
+        }
+        self.prune_at = (2 * self.history).max(PRUNE_MIN);
+    }
+}
+
+fn conflict_of(order: &Order, a: &Access, buffer: &Id) -> Conflict {
+    Conflict {
+        op: a.op,
+        participant: order.name(a.epoch.participant).to_string(),
+        access: a.kind,
+        buffer: buffer.to_string(),
+        offset: a.offset,
+        bytes: bytes_of(a.offset, a.end),
+        site: a.info.as_ref().and_then(|x| x.site.clone()),
+        label: a.info.as_ref().and_then(|x| x.label.clone()),
+    }
+}
+
+fn conflict_order(a: &Conflict, b: &Conflict) -> std::cmp::Ordering {
+    (a.op, &a.buffer, a.offset, a.bytes, a.access)
+        .cmp(&(b.op, &b.buffer, b.offset, b.bytes, b.access))
+}
+
+/// The latest conflicting op of each earlier participant, in order of participant name.
+fn latest_by_participant(conflicts: &[Conflict]) -> Vec<(&str, u64)> {
+    let mut v: Vec<(&str, u64)> = Vec::new();
+    for c in conflicts {
+        match v.iter_mut().find(|(p, _)| *p == c.participant) {
+            Some(e) => e.1 = e.1.max(c.op),
+            None => v.push((&c.participant, c.op)),
+        }
+    }
+    v.sort();
+    v
+}
+
+fn list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [a] => a.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
+    }
+}
+
+/// The minimal synchronization that orders every earlier access before op `i` on `p`.
+fn fix_wait(order: &Order, i: u64, p: Participant, conflicts: &[Conflict]) -> String {
+    let latest = latest_by_participant(conflicts);
+    let later = order.name(p);
+    if p.is_host() {
+        let parts: Vec<String> = latest
+            .iter()
+            .map(|(q, op)| format!("{q} after op {op}"))
+            .collect();
+        return format!(
+            "make the host wait for {} before op {i}: record an event there and event_sync it, or stream_sync the stream",
+            list(&parts)
+        );
+    }
+    let parts: Vec<String> = latest
+        .iter()
+        .map(|(q, op)| format!("on {q} after op {op}"))
+        .collect();
+    let them = if latest.len() == 1 { "it" } else { "them" };
+    let event = if latest.len() == 1 {
+        "an event"
+    } else {
+        "events"
+    };
+    format!(
+        "record {event} {} and make {later} wait on {them} before op {i}",
+        list(&parts)
+    )
+}
+
+fn fix_race(
+    order: &Order,
+    kind: HazardKind,
+    i: u64,
+    p: Participant,
+    conflicts: &[Conflict],
+    free: Option<&FreeRef>,
+) -> String {
+    if kind == HazardKind::ReuseRace {
+        if let Some(f) = free {
+            // record_stream is the allocator's own fix when every earlier access is by a stream
+            // other than the old buffer's owner; otherwise order the access directly.
+            let streams: Vec<String> = latest_by_participant(conflicts)
+                .iter()
+                .filter(|(q, _)| *q != crate::trace::HOST)
+                .map(|(q, _)| q.to_string())
+                .collect();
+            let recordable = conflicts
+                .iter()
+                .all(|c| c.participant != crate::trace::HOST && c.access != AccessKind::Alloc);
+            if recordable && conflicts.iter().all(|c| c.buffer == f.buffer) {
+                return format!(
+                    "call record_stream({}, {}) before its free at op {} so its memory is not reused while that work runs, or {}",
+                    f.buffer,
+                    list(&streams),
+                    f.op,
+                    fix_wait(order, i, p, conflicts)
+                );
+            }
+        }
+    }
+    fix_wait(order, i, p, conflicts)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fix_unsafe_free(
+    order: &Order,
+    buffer: &Id,
+    i: u64,
+    by: Participant,
+    stream_ordered: bool,
+    memory: MemoryKind,
+    owner: Participant,
+    conflicts: &[Conflict],
+) -> String {
+    let streams: Vec<String> = latest_by_participant(conflicts)
+        .iter()
+        .filter(|(q, _)| {
+            *q != crate::trace::HOST && (memory != MemoryKind::Device || *q != order.name(owner))
+        })
+        .map(|(q, _)| q.to_string())
+        .collect();
+    let all_recordable = !stream_ordered
+        && conflicts.iter().all(|c| {
+            c.participant != crate::trace::HOST
+                && (memory != MemoryKind::Device || c.participant != order.name(owner))
+        });
+    if all_recordable && !streams.is_empty() {
+        format!(
+            "call record_stream({buffer}, {}) before the free at op {i}, or {}",
+            list(&streams),
+            fix_wait(order, i, by, conflicts)
+        )
+    } else {
+        fix_wait(order, i, by, conflicts)
+    }
+}

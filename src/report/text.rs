@@ -1,0 +1,300 @@
+//! Text reports in the style of rustc and Miri diagnostics: a title naming both operations and
+//! their participants, the hazard's own op as the primary location, the conflicting accesses,
+//! `help:` with the missing synchronization in CUDA and PyTorch terms, and `note:`s with the
+//! allocation and free.
+
+use std::fmt::Write as _;
+
+use super::{AccessKind, Conflict, Hazard, HazardKind, Report, Severity};
+
+/// How to render text.
+#[derive(Clone, Debug, Default)]
+pub struct TextOptions {
+    /// Emit ANSI colours.
+    pub color: bool,
+    /// The trace's file name, shown with op locations.
+    pub file: Option<String>,
+}
+
+impl TextOptions {
+    /// Plain text, no colour.
+    pub fn plain() -> Self {
+        TextOptions::default()
+    }
+
+    /// Colour when `stream` is a terminal and `NO_COLOR` is unset.
+    pub fn for_terminal(is_terminal: bool) -> Self {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        TextOptions {
+            color: is_terminal && !no_color,
+            file: None,
+        }
+    }
+}
+
+struct Paint(bool);
+
+impl Paint {
+    fn wrap(&self, code: &str, s: &str) -> String {
+        if self.0 {
+            format!("\x1b[{code}m{s}\x1b[0m")
+        } else {
+            s.to_string()
+        }
+    }
+    fn error(&self, s: &str) -> String {
+        self.wrap("1;31", s)
+    }
+    fn warning(&self, s: &str) -> String {
+        self.wrap("1;33", s)
+    }
+    fn blue(&self, s: &str) -> String {
+        self.wrap("1;34", s)
+    }
+    fn help(&self, s: &str) -> String {
+        self.wrap("1;32", s)
+    }
+    fn bold(&self, s: &str) -> String {
+        self.wrap("1", s)
+    }
+}
+
+fn range(offset: u64, bytes: Option<u64>) -> String {
+    match bytes {
+        Some(b) => format!("[{offset}, {})", offset.saturating_add(b)),
+        None if offset == 0 => "(whole)".to_string(),
+        None => format!("[{offset}, end)"),
+    }
+}
+
+fn verb(kind: AccessKind) -> &'static str {
+    match kind {
+        AccessKind::Read => "read",
+        AccessKind::Write => "write",
+        AccessKind::Alloc => "allocation",
+        AccessKind::Free => "free",
+    }
+}
+
+fn who(participant: &str) -> String {
+    if participant == crate::trace::HOST {
+        "the host".to_string()
+    } else {
+        format!("stream {participant}")
+    }
+}
+
+fn conflict_line(c: &Conflict) -> String {
+    let mut s = format!(
+        "{} of {}{} by {} at op {}",
+        verb(c.access),
+        c.buffer,
+        range(c.offset, c.bytes),
+        who(&c.participant),
+        c.op
+    );
+    if let Some(l) = &c.label {
+        let _ = write!(s, " (kernel `{l}`)");
+    }
+    if let Some(site) = &c.site {
+        let _ = write!(s, ", {site}");
+    }
+    s
+}
+
+fn title(h: &Hazard) -> String {
+    let buffer = h.buffer.as_deref().unwrap_or("?");
+    let me = h.access.as_ref();
+    let first = h.conflicts.last();
+    let more = match h.conflicts.len() {
+        0 | 1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    match h.kind {
+        HazardKind::DataRace => match (me, first) {
+            (Some(a), Some(c)) => format!(
+                "data race on {buffer}: {} by {} at op {} is not ordered after the {} by {} at op {}{more}",
+                verb(a.access),
+                who(&a.participant),
+                h.op,
+                verb(c.access),
+                who(&c.participant),
+                c.op
+            ),
+            _ => format!("data race on {buffer} at op {}", h.op),
+        },
+        HazardKind::ReuseRace => match (me, first, &h.free) {
+            (Some(a), Some(c), Some(f)) => format!(
+                "reuse race: {} of {buffer} by {} at op {} touches memory of {}, freed at op {}, while the {} by {} at op {} may still run{more}",
+                verb(a.access),
+                who(&a.participant),
+                h.op,
+                f.buffer,
+                f.op,
+                verb(c.access),
+                who(&c.participant),
+                c.op
+            ),
+            _ => format!("reuse race on {buffer} at op {}", h.op),
+        },
+        HazardKind::UnsafeFree => match (me, first) {
+            (Some(a), Some(c)) => format!(
+                "unsafe free of {buffer} by {} at op {}: the {} by {} at op {} may still be running{more}",
+                who(&a.participant),
+                h.op,
+                verb(c.access),
+                who(&c.participant),
+                c.op
+            ),
+            _ => format!("unsafe free of {buffer} at op {}", h.op),
+        },
+        HazardKind::UseAfterFree => format!(
+            "use after free: {} on {} at op {} uses {buffer} after its free",
+            h.detail.op_name,
+            h.detail.participant,
+            h.op
+        ),
+        HazardKind::InvalidFree => format!("invalid free of {buffer} at op {}", h.op),
+        HazardKind::WaitOnUnrecordedEvent => format!(
+            "{} waits at op {} on event {}, which is not recorded: the wait has no effect",
+            who(&h.detail.participant),
+            h.op,
+            h.detail.event.as_deref().unwrap_or("?")
+        ),
+    }
+}
+
+/// Terms of the fix in CUDA and PyTorch, for the hazard's kind.
+fn terms(h: &Hazard) -> Option<String> {
+    let later = h
+        .access
+        .as_ref()
+        .map(|a| a.participant.as_str())
+        .unwrap_or(h.detail.participant.as_str());
+    let earlier = h
+        .conflicts
+        .iter()
+        .map(|c| c.participant.as_str())
+        .find(|p| *p != crate::trace::HOST)?;
+    let wait = if later == crate::trace::HOST {
+        format!("CUDA: cudaEventRecord(ev, {earlier}); cudaEventSynchronize(ev) · PyTorch: ev.record({earlier}); ev.synchronize()")
+    } else {
+        format!(
+            "CUDA: cudaEventRecord(ev, {earlier}); cudaStreamWaitEvent({later}, ev) · PyTorch: ev.record({earlier}); {later}.wait_event(ev)"
+        )
+    };
+    Some(match h.kind {
+        HazardKind::UnsafeFree | HazardKind::ReuseRace
+            if h.fix
+                .as_deref()
+                .is_some_and(|f| f.contains("record_stream")) =>
+        {
+            let t = h
+                .free
+                .as_ref()
+                .map(|f| f.buffer.as_str())
+                .or(h.buffer.as_deref())
+                .unwrap_or("tensor");
+            format!("PyTorch: {t}.record_stream({earlier}) before {t} is freed · {wait}")
+        }
+        HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree => wait,
+        _ => return None,
+    })
+}
+
+/// Renders one hazard.
+pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
+    let p = Paint(opts.color);
+    let mut s = String::new();
+    let head = match h.severity {
+        Severity::Error => p.error(&format!("error[{}]", h.kind)),
+        Severity::Warning => p.warning(&format!("warning[{}]", h.kind)),
+    };
+    let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", title(h))));
+    let file = opts
+        .file
+        .as_deref()
+        .map(|f| format!("{f}: "))
+        .unwrap_or_default();
+    let mut at = format!("{file}op {} ({}", h.op, h.detail.op_name);
+    if let Some(l) = &h.detail.label {
+        let _ = write!(at, " `{l}`");
+    }
+    if !h.detail.participant.is_empty() {
+        let _ = write!(at, " on {}", h.detail.participant);
+    }
+    at.push(')');
+    if let Some(site) = h.access.as_ref().and_then(|a| a.site.as_ref()) {
+        let _ = write!(at, " at {site}");
+    }
+    let _ = writeln!(s, "  {} {at}", p.blue("-->"));
+    let bar = p.blue("   |");
+    let _ = writeln!(s, "{bar}");
+    if let (Some(a), Some(b)) = (&h.access, &h.buffer) {
+        let _ = writeln!(
+            s,
+            "{bar} this {}: {b}{} by {}",
+            verb(a.access),
+            range(a.offset, a.bytes),
+            who(&a.participant)
+        );
+    }
+    for c in &h.conflicts {
+        let _ = writeln!(s, "{bar} unordered with: {}", conflict_line(c));
+    }
+    for n in &h.detail.notes {
+        let site = n
+            .site
+            .as_ref()
+            .map(|x| format!(" at {x}"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "   {} {}: {} at op {}{site}",
+            p.blue("="),
+            p.bold("note"),
+            n.what,
+            n.op
+        );
+    }
+    if let Some(f) = &h.fix {
+        let _ = writeln!(s, "{}: {f}", p.help("help"));
+    }
+    if let Some(t) = terms(h) {
+        let _ = writeln!(s, "      {t}");
+    }
+    s
+}
+
+/// Renders a whole report: every hazard, then a summary line.
+pub fn render_text(report: &Report, opts: &TextOptions) -> String {
+    let mut s = String::new();
+    for h in &report.hazards {
+        s.push_str(&render_hazard(h, opts));
+        s.push('\n');
+    }
+    let p = Paint(opts.color);
+    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    if report.hazards.is_empty() {
+        let _ = writeln!(
+            s,
+            "{}: no hazards in {}",
+            p.help("streamsan"),
+            plural(report.ops, "op")
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "{}: {} and {} in {}",
+            if report.errors > 0 {
+                p.error("streamsan")
+            } else {
+                p.warning("streamsan")
+            },
+            plural(report.errors, "error"),
+            plural(report.warnings, "warning"),
+            plural(report.ops, "op")
+        );
+    }
+    s
+}
