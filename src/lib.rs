@@ -4,9 +4,11 @@
 pub mod alloc;
 pub mod checker;
 pub mod clock;
+pub mod kernels;
 pub mod order;
 pub mod report;
 pub mod shadow;
+pub mod sim;
 pub mod trace;
 pub mod workload;
 

@@ -1,0 +1,1057 @@
+//! The simulated device: runs trace ops on CPU memory under a chosen schedule, so that races tear
+//! data exactly as they would on a GPU.
+//!
+//! Each stream is a FIFO queue; the host issues ops in trace order and blocks on syncs. A
+//! [`Scheduler`] picks, at every step, which runnable participant moves: the host issues its next
+//! op (or a chunk of a host access), or a stream runs the next chunk of its head op. Only real
+//! CUDA ordering constrains the choice — stream order, event waits, host syncs, the legacy default
+//! stream, and the allocator's `record_stream` fence — so every schedule the simulator produces is
+//! one a GPU could produce. Kernels are not atomic: a launch reads and writes in chunks of
+//! [`SimConfig::chunk_words`] words that interleave with other participants' chunks.
+//!
+//! Memory comes from the same allocator policies as the checker's model ([`crate::alloc`]) over a
+//! simulated arena, so a buffer freed while in use is handed out again and overwritten, exactly as
+//! on a GPU. Kernels compute [`crate::kernels::hash_word`]: each written word depends on the op,
+//! its index and every word read at that index, so any reordering changes the result.
+//!
+//! What a run produces is an [`Outcome`]: a digest of every region each op read, and a checksum of
+//! every buffer live at the end. Two runs of one program agree exactly when no op observed
+//! different data.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory};
+use crate::kernels::{fmix, hash_word, memset_word};
+use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
+use crate::workload::SplitMix;
+
+/// Why a program cannot run on the simulator.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// The op uses something the simulator does not model.
+    #[error("op {op}: {message}")]
+    Unsupported {
+        /// The op index.
+        op: usize,
+        /// What is not supported.
+        message: String,
+    },
+}
+
+/// Knobs of a simulated run.
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    /// Words a kernel processes per scheduling step (`u32::MAX`: every op is atomic).
+    pub chunk_words: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { chunk_words: 16 }
+    }
+}
+
+/// A participant that can move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Actor {
+    /// The host.
+    Host,
+    /// The stream with this dense index.
+    Stream(usize),
+}
+
+/// A participant that can move now, and the op it would advance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Runnable {
+    /// Who moves.
+    pub actor: Actor,
+    /// The op index it advances (for the host: the op it issues or continues).
+    pub op: usize,
+}
+
+/// Chooses which runnable participant moves next.
+pub trait Scheduler {
+    /// Returns an index into `runnable`, which is never empty.
+    fn pick(&mut self, runnable: &[Runnable], done: &[bool]) -> usize;
+}
+
+/// Runs every op to completion in issue order: the sequential reference.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Sequential;
+
+impl Scheduler for Sequential {
+    fn pick(&mut self, runnable: &[Runnable], _: &[bool]) -> usize {
+        // The earliest op first; the stream finishes an issued op before the host issues more.
+        let mut best = 0;
+        for (k, r) in runnable.iter().enumerate() {
+            let (b, c) = (&runnable[best], r);
+            if (c.op, c.actor == Actor::Host) < (b.op, b.actor == Actor::Host) {
+                best = k;
+            }
+        }
+        best
+    }
+}
+
+/// Picks uniformly at random (seeded).
+#[derive(Clone, Debug)]
+pub struct RandomScheduler(pub SplitMix);
+
+impl Scheduler for RandomScheduler {
+    fn pick(&mut self, runnable: &[Runnable], _: &[bool]) -> usize {
+        self.0.below(runnable.len() as u64) as usize
+    }
+}
+
+/// Steers a schedule to make hazards manifest: each `(held, until)` pair keeps op `held` from
+/// starting until op `until` has completed; otherwise picks at random.
+#[derive(Clone, Debug)]
+pub struct Adversarial {
+    /// `(held, until)` pairs of op indices.
+    pub holds: Vec<(usize, usize)>,
+    /// Random choices among the rest.
+    pub rng: SplitMix,
+}
+
+impl Scheduler for Adversarial {
+    fn pick(&mut self, runnable: &[Runnable], done: &[bool]) -> usize {
+        let allowed: Vec<usize> = (0..runnable.len())
+            .filter(|&k| {
+                let op = runnable[k].op;
+                !self
+                    .holds
+                    .iter()
+                    .any(|&(h, u)| h == op && !done.get(u).copied().unwrap_or(true))
+            })
+            .collect();
+        if allowed.is_empty() {
+            // Every runnable op is held: release (the hold cannot be honoured).
+            return self.rng.below(runnable.len() as u64) as usize;
+        }
+        // Prefer moving the ops that release holds, so held ones wait as little as possible.
+        let releasing: Vec<usize> = allowed
+            .iter()
+            .copied()
+            .filter(|&k| self.holds.iter().any(|&(_, u)| u == runnable[k].op))
+            .collect();
+        let pool = if releasing.is_empty() {
+            &allowed
+        } else {
+            &releasing
+        };
+        pool[self.rng.below(pool.len() as u64) as usize]
+    }
+}
+
+/// Replays a fixed list of choices, then picks the first runnable; records the choices made and
+/// how many were available, for exhaustive exploration.
+#[derive(Clone, Debug, Default)]
+pub struct Replay {
+    /// Choices to replay (indices into the runnable list).
+    pub prefix: Vec<usize>,
+    /// Every choice made: (chosen, available).
+    pub trail: Vec<(usize, usize)>,
+}
+
+impl Scheduler for Replay {
+    fn pick(&mut self, runnable: &[Runnable], _: &[bool]) -> usize {
+        let k = self.trail.len();
+        let c = self
+            .prefix
+            .get(k)
+            .copied()
+            .unwrap_or(0)
+            .min(runnable.len() - 1);
+        self.trail.push((c, runnable.len()));
+        c
+    }
+}
+
+/// What a run observed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// For each op and each region it read: (buffer, digest of the words read).
+    pub reads: BTreeMap<(usize, usize), (Id, u64)>,
+    /// Checksum of every buffer live at the end.
+    pub live: BTreeMap<Id, u64>,
+    /// Scheduling steps taken.
+    pub steps: usize,
+}
+
+impl Outcome {
+    /// The buffers whose observed contents differ between two runs of one program.
+    pub fn diverging(&self, other: &Outcome) -> Vec<Id> {
+        let mut out: HashSet<Id> = HashSet::new();
+        for (k, (b, d)) in &self.reads {
+            if other.reads.get(k).map(|x| x.1) != Some(*d) {
+                out.insert(b.clone());
+            }
+        }
+        for (k, (b, _)) in &other.reads {
+            if !self.reads.contains_key(k) {
+                out.insert(b.clone());
+            }
+        }
+        for (b, c) in &self.live {
+            if other.live.get(b) != Some(c) {
+                out.insert(b.clone());
+            }
+        }
+        let mut v: Vec<Id> = out.into_iter().collect();
+        v.sort();
+        v
+    }
+
+    /// The ops whose reads differ between two runs.
+    pub fn diverging_ops(&self, other: &Outcome) -> Vec<usize> {
+        let mut v: Vec<usize> = self
+            .reads
+            .iter()
+            .filter(|(k, (_, d))| other.reads.get(k).map(|x| x.1) != Some(*d))
+            .map(|(k, _)| k.0)
+            .collect();
+        v.dedup();
+        v
+    }
+}
+
+/// A segment store: the allocator's segments, backed by word vectors grown on demand.
+#[derive(Debug)]
+struct Arena {
+    model: ModelMemory,
+    segments: BTreeMap<u64, Vec<u32>>,
+}
+
+impl Memory for Arena {
+    type Error = <ModelMemory as Memory>::Error;
+    fn map_segment(&mut self, bytes: u64) -> Result<u64, Self::Error> {
+        let base = self.model.map_segment(bytes)?;
+        self.segments.insert(base, Vec::new());
+        Ok(base)
+    }
+}
+
+impl Arena {
+    fn new(base: u64) -> Self {
+        Arena {
+            model: ModelMemory::new(base),
+            segments: BTreeMap::new(),
+        }
+    }
+
+    /// The initial contents of never-written memory: a pattern of the address.
+    fn fresh(addr: u64) -> u32 {
+        fmix((addr >> 2) as u32 ^ 0xa5a5_0000)
+    }
+
+    fn word_mut(&mut self, addr: u64) -> &mut u32 {
+        let (&base, seg) = self
+            .segments
+            .range_mut(..=addr)
+            .next_back()
+            .expect("address inside a segment");
+        let i = ((addr - base) / 4) as usize;
+        if seg.len() <= i {
+            let start = seg.len();
+            seg.extend((start..=i).map(|k| Arena::fresh(base + 4 * k as u64)));
+        }
+        &mut seg[i]
+    }
+
+    fn read(&mut self, addr: u64) -> u32 {
+        *self.word_mut(addr)
+    }
+
+    fn write(&mut self, addr: u64, v: u32) {
+        *self.word_mut(addr) = v;
+    }
+}
+
+/// A region resolved to memory.
+#[derive(Clone, Debug)]
+struct Span {
+    memory: MemoryKind,
+    addr: u64,
+    words: u32,
+    buffer: Id,
+}
+
+#[derive(Clone, Debug)]
+struct Buffer {
+    memory: MemoryKind,
+    addr: u64,
+    size: u64,
+    /// Ops that must complete before this buffer's memory may be used (record_stream fences of
+    /// the freed buffers whose blocks it reuses).
+    fences: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+struct Freed {
+    memory: MemoryKind,
+    addr: u64,
+    size: u64,
+    fences: Vec<usize>,
+}
+
+#[derive(Clone, Debug)]
+enum Work {
+    /// A kernel: reads, writes, the launch id; `words` = longest write region.
+    Launch {
+        reads: Vec<Span>,
+        writes: Vec<Span>,
+        words: u32,
+    },
+    Copy {
+        src: Span,
+        dst: Span,
+    },
+    Memset {
+        dst: Span,
+    },
+    HostRead {
+        src: Span,
+    },
+    HostWrite {
+        dst: Span,
+    },
+    /// Event records, waits, stream-ordered frees: complete in one step.
+    Marker,
+}
+
+impl Work {
+    fn words(&self) -> u32 {
+        match self {
+            Work::Launch { words, .. } => *words,
+            Work::Copy { dst, .. } | Work::Memset { dst } | Work::HostWrite { dst } => dst.words,
+            Work::HostRead { src } => src.words,
+            Work::Marker => 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Pending {
+    op: usize,
+    work: Work,
+    deps: Vec<usize>,
+    /// Words done so far.
+    progress: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Stream {
+    device: u64,
+    blocking: bool,
+    queue: VecDeque<Pending>,
+    last: Option<usize>,
+}
+
+/// One run of a program.
+struct Run<'p> {
+    program: &'p [TraceOp],
+    cfg: SimConfig,
+    device: DeviceCachingAllocator<Arena>,
+    pinned: HostCachingAllocator<Arena>,
+    managed: HostCachingAllocator<Arena>,
+    streams: Vec<Stream>,
+    stream_ids: HashMap<Id, usize>,
+    buffers: HashMap<Id, Buffer>,
+    freed: Vec<Freed>,
+    record_streams: HashMap<Id, Vec<usize>>,
+    events: HashMap<Id, Option<usize>>,
+    done: Vec<bool>,
+    /// The host: next op to issue, the access in progress, the ops it waits for.
+    next: usize,
+    host_work: Option<Pending>,
+    host_wait: Vec<usize>,
+    outcome: Outcome,
+}
+
+const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+const PINNED_BASE: u64 = 0x2000_0000_0000;
+const MANAGED_BASE: u64 = 0x3000_0000_0000;
+
+/// Runs `program` under `scheduler`.
+pub fn run(
+    program: &[TraceOp],
+    scheduler: &mut dyn Scheduler,
+    cfg: SimConfig,
+) -> Result<Outcome, SimError> {
+    let mut r = Run {
+        program,
+        cfg,
+        device: DeviceCachingAllocator::new(Arena::new(DEVICE_BASE)),
+        pinned: HostCachingAllocator::new(Arena::new(PINNED_BASE)),
+        managed: HostCachingAllocator::new(Arena::new(MANAGED_BASE)),
+        streams: Vec::new(),
+        stream_ids: HashMap::new(),
+        buffers: HashMap::new(),
+        freed: Vec::new(),
+        record_streams: HashMap::new(),
+        events: HashMap::new(),
+        done: vec![false; program.len()],
+        next: 0,
+        host_work: None,
+        host_wait: Vec::new(),
+        outcome: Outcome::default(),
+    };
+    r.stream(&Id::from(DEFAULT_STREAM));
+    let mut runnable = Vec::new();
+    loop {
+        runnable.clear();
+        r.runnable(&mut runnable);
+        if runnable.is_empty() {
+            break;
+        }
+        let k = scheduler.pick(&runnable, &r.done);
+        let pick = runnable[k.min(runnable.len() - 1)];
+        r.step(pick.actor)?;
+        r.outcome.steps += 1;
+    }
+    // Every buffer live at the end: its checksum.
+    let mut live: Vec<(Id, Buffer)> = r
+        .buffers
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    live.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, b) in live {
+        let mut sum = 0u64;
+        for i in 0..(b.size / 4) {
+            let w = r.arena(b.memory).read(b.addr + 4 * i);
+            sum = sum.wrapping_add(u64::from(fmix(w ^ i as u32)));
+        }
+        r.outcome.live.insert(name, sum);
+    }
+    Ok(r.outcome)
+}
+
+/// Runs `program` in issue order: the sequential reference.
+pub fn reference(program: &[TraceOp]) -> Result<Outcome, SimError> {
+    run(
+        program,
+        &mut Sequential,
+        SimConfig {
+            chunk_words: u32::MAX,
+        },
+    )
+}
+
+impl Run<'_> {
+    fn arena(&mut self, memory: MemoryKind) -> &mut Arena {
+        match memory {
+            MemoryKind::Device => self.device.memory_mut(),
+            MemoryKind::Pinned => self.pinned.memory_mut(),
+            MemoryKind::Managed => self.managed.memory_mut(),
+        }
+    }
+
+    fn stream(&mut self, id: &Id) -> usize {
+        if let Some(&s) = self.stream_ids.get(id) {
+            return s;
+        }
+        self.streams.push(Stream {
+            device: 0,
+            blocking: false,
+            queue: VecDeque::new(),
+            last: None,
+        });
+        self.stream_ids.insert(id.clone(), self.streams.len() - 1);
+        self.streams.len() - 1
+    }
+
+    fn is_done(&self, ops: &[usize]) -> bool {
+        ops.iter().all(|&o| self.done[o])
+    }
+
+    fn runnable(&self, out: &mut Vec<Runnable>) {
+        if let Some(w) = &self.host_work {
+            out.push(Runnable {
+                actor: Actor::Host,
+                op: w.op,
+            });
+        } else if self.next < self.program.len() && self.is_done(&self.host_wait) {
+            out.push(Runnable {
+                actor: Actor::Host,
+                op: self.next,
+            });
+        }
+        for (k, s) in self.streams.iter().enumerate() {
+            if let Some(p) = s.queue.front() {
+                if self.is_done(&p.deps) {
+                    out.push(Runnable {
+                        actor: Actor::Stream(k),
+                        op: p.op,
+                    });
+                }
+            }
+        }
+    }
+
+    fn unsupported(op: usize, message: impl Into<String>) -> SimError {
+        SimError::Unsupported {
+            op,
+            message: message.into(),
+        }
+    }
+
+    fn span(&self, op: usize, r: &Region) -> Result<Span, SimError> {
+        let b = self.buffers.get(&r.buffer).ok_or_else(|| {
+            Self::unsupported(
+                op,
+                format!("buffer {} is not allocated (external or freed)", r.buffer),
+            )
+        })?;
+        let bytes = r.bytes.unwrap_or(b.size.saturating_sub(r.offset));
+        if r.offset % 4 != 0 || bytes % 4 != 0 || r.offset + bytes > b.size {
+            return Err(Self::unsupported(
+                op,
+                format!(
+                    "region of {} is not whole 4-byte words inside the buffer",
+                    r.buffer
+                ),
+            ));
+        }
+        Ok(Span {
+            memory: b.memory,
+            addr: b.addr + r.offset,
+            words: (bytes / 4) as u32,
+            buffer: r.buffer.clone(),
+        })
+    }
+
+    fn fences(&self, regions: &[&Region]) -> Vec<usize> {
+        let mut v = Vec::new();
+        for r in regions {
+            if let Some(b) = self.buffers.get(&r.buffer) {
+                v.extend(&b.fences);
+            }
+        }
+        v
+    }
+
+    /// Rule 5 dependencies of an op issued on stream `s`.
+    fn legacy_deps(&self, s: usize, deps: &mut Vec<usize>) {
+        let st = &self.streams[s];
+        if s == 0 {
+            for b in self.streams.iter().filter(|b| b.blocking && b.device == 0) {
+                deps.extend(b.last);
+            }
+        } else if st.blocking && st.device == 0 {
+            deps.extend(self.streams[0].last);
+        }
+    }
+
+    fn enqueue(&mut self, s: usize, op: usize, work: Work, mut deps: Vec<usize>) {
+        self.legacy_deps(s, &mut deps);
+        deps.retain(|&d| !self.done[d]);
+        self.streams[s].queue.push_back(Pending {
+            op,
+            work,
+            deps,
+            progress: 0,
+        });
+        self.streams[s].last = Some(op);
+    }
+
+    fn step(&mut self, actor: Actor) -> Result<(), SimError> {
+        match actor {
+            Actor::Stream(s) => {
+                let mut p = self.streams[s]
+                    .queue
+                    .pop_front()
+                    .expect("runnable stream has work");
+                if self.advance(&mut p) {
+                    self.done[p.op] = true;
+                } else {
+                    self.streams[s].queue.push_front(p);
+                }
+                Ok(())
+            }
+            Actor::Host => {
+                if let Some(mut p) = self.host_work.take() {
+                    if self.advance(&mut p) {
+                        self.done[p.op] = true;
+                    } else {
+                        self.host_work = Some(p);
+                    }
+                    return Ok(());
+                }
+                self.host_wait.clear();
+                let i = self.next;
+                self.next += 1;
+                self.issue(i)
+            }
+        }
+    }
+
+    /// Runs the next chunk of `p`; returns whether it completed.
+    fn advance(&mut self, p: &mut Pending) -> bool {
+        let total = p.work.words();
+        let from = p.progress;
+        let to = total.min(from.saturating_add(self.cfg.chunk_words));
+        let id = p.op as u32;
+        match &p.work {
+            Work::Launch { reads, writes, .. } => {
+                for i in from..to {
+                    let vals: Vec<Option<u32>> = reads
+                        .iter()
+                        .map(|r| {
+                            (i < r.words)
+                                .then(|| self.arena(r.memory).read(r.addr + 4 * u64::from(i)))
+                        })
+                        .collect();
+                    for (k, (r, v)) in reads.iter().zip(&vals).enumerate() {
+                        if let Some(v) = v {
+                            self.observe(p.op, k, &r.buffer, i, *v);
+                        }
+                    }
+                    for (j, w) in writes.iter().enumerate() {
+                        if i < w.words {
+                            let v = hash_word(id, j as u32, i, vals.iter().copied());
+                            self.arena(w.memory).write(w.addr + 4 * u64::from(i), v);
+                        }
+                    }
+                }
+            }
+            Work::Copy { src, dst } => {
+                for i in from..to {
+                    let v = self.arena(src.memory).read(src.addr + 4 * u64::from(i));
+                    self.observe(p.op, 0, &src.buffer, i, v);
+                    self.arena(dst.memory).write(dst.addr + 4 * u64::from(i), v);
+                }
+            }
+            Work::Memset { dst } => {
+                for i in from..to {
+                    self.arena(dst.memory)
+                        .write(dst.addr + 4 * u64::from(i), memset_word(id));
+                }
+            }
+            Work::HostRead { src } => {
+                for i in from..to {
+                    let v = self.arena(src.memory).read(src.addr + 4 * u64::from(i));
+                    self.observe(p.op, 0, &src.buffer, i, v);
+                }
+            }
+            Work::HostWrite { dst } => {
+                for i in from..to {
+                    self.arena(dst.memory)
+                        .write(dst.addr + 4 * u64::from(i), hash_word(id, 0, i, []));
+                }
+            }
+            Work::Marker => {}
+        }
+        p.progress = to;
+        to >= total
+    }
+
+    fn observe(&mut self, op: usize, k: usize, buffer: &Id, i: u32, v: u32) {
+        let e = self
+            .outcome
+            .reads
+            .entry((op, k))
+            .or_insert_with(|| (buffer.clone(), 0));
+        e.1 = e.1.wrapping_add(u64::from(fmix(v ^ i)));
+    }
+
+    /// The host issues op `i`.
+    fn issue(&mut self, i: usize) -> Result<(), SimError> {
+        let op = &self.program[i].op;
+        match op {
+            Op::StreamCreate {
+                stream,
+                device,
+                blocking,
+            } => {
+                let s = self.stream(stream);
+                self.streams[s].device = *device;
+                self.streams[s].blocking = *blocking;
+                self.done[i] = true;
+            }
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                addr,
+            } => {
+                if addr.is_some() {
+                    return Err(Self::unsupported(i, "explicit addresses"));
+                }
+                let key = stream.as_ref().map(|s| self.stream(s)).unwrap_or(0) as u32;
+                let block = match memory {
+                    MemoryKind::Device => self.device.allocate(*bytes, key),
+                    MemoryKind::Pinned => self.pinned.allocate(*bytes),
+                    MemoryKind::Managed => self.managed.allocate(*bytes),
+                }
+                .map_err(|e| Self::unsupported(i, e.to_string()))?;
+                let addr = block.map(|b| b.addr).unwrap_or(0);
+                // The block reuses memory of earlier buffers freed with record_stream: fence.
+                let end = addr + bytes;
+                let fences: Vec<usize> = self
+                    .freed
+                    .iter()
+                    .filter(|f| f.memory == *memory && f.addr < end && addr < f.addr + f.size)
+                    .flat_map(|f| f.fences.iter().copied())
+                    .collect();
+                self.buffers.insert(
+                    buffer.clone(),
+                    Buffer {
+                        memory: *memory,
+                        addr,
+                        size: *bytes,
+                        fences,
+                    },
+                );
+                self.record_streams.remove(buffer);
+                self.done[i] = true;
+            }
+            Op::Free { buffer, stream } => {
+                let Some(b) = self.buffers.remove(buffer) else {
+                    self.done[i] = true;
+                    return Ok(());
+                };
+                let owner_key = self.owner_key(i, &b);
+                let rs = self.record_streams.remove(buffer).unwrap_or_default();
+                let mut fences: Vec<usize> =
+                    rs.iter().filter_map(|&s| self.streams[s].last).collect();
+                fences.extend(&b.fences);
+                if b.size > 0 {
+                    let res = match (b.memory, stream) {
+                        (MemoryKind::Device, Some(s)) => {
+                            let s = self.stream(s);
+                            self.device.free(b.addr, s as u32)
+                        }
+                        (MemoryKind::Device, None) => self.device.free(b.addr, owner_key),
+                        (MemoryKind::Pinned, _) => self.pinned.free(b.addr),
+                        (MemoryKind::Managed, _) => self.managed.free(b.addr),
+                    };
+                    res.map_err(|e| Self::unsupported(i, e.to_string()))?;
+                    self.freed.push(Freed {
+                        memory: b.memory,
+                        addr: b.addr,
+                        size: b.size,
+                        fences,
+                    });
+                }
+                match stream {
+                    Some(s) => {
+                        let s = self.stream(s);
+                        self.enqueue(s, i, Work::Marker, Vec::new());
+                    }
+                    None => self.done[i] = true,
+                }
+            }
+            Op::RecordStream { buffer, stream } => {
+                let s = self.stream(stream);
+                self.record_streams
+                    .entry(buffer.clone())
+                    .or_default()
+                    .push(s);
+                self.done[i] = true;
+            }
+            Op::Launch {
+                stream,
+                reads,
+                writes,
+                ..
+            } => {
+                let s = self.stream(stream);
+                let r: Vec<Span> = reads
+                    .iter()
+                    .map(|x| self.span(i, x))
+                    .collect::<Result<_, _>>()?;
+                let w: Vec<Span> = writes
+                    .iter()
+                    .map(|x| self.span(i, x))
+                    .collect::<Result<_, _>>()?;
+                let words = w.iter().map(|x| x.words).max().unwrap_or(0);
+                let all: Vec<&Region> = reads.iter().chain(writes).collect();
+                let deps = self.fences(&all);
+                self.enqueue(
+                    s,
+                    i,
+                    Work::Launch {
+                        reads: r,
+                        writes: w,
+                        words,
+                    },
+                    deps,
+                );
+            }
+            Op::Copy { stream, src, dst } => {
+                let s = self.stream(stream);
+                let (a, b) = (self.span(i, src)?, self.span(i, dst)?);
+                if a.words != b.words {
+                    return Err(Self::unsupported(i, "copy regions of different lengths"));
+                }
+                let deps = self.fences(&[src, dst]);
+                self.enqueue(s, i, Work::Copy { src: a, dst: b }, deps);
+            }
+            Op::Memset { stream, dst } => {
+                let s = self.stream(stream);
+                let d = self.span(i, dst)?;
+                let deps = self.fences(&[dst]);
+                self.enqueue(s, i, Work::Memset { dst: d }, deps);
+            }
+            Op::HostRead { buffer } | Op::HostWrite { buffer } => {
+                let sp = self.span(i, buffer)?;
+                let work = if matches!(op, Op::HostRead { .. }) {
+                    Work::HostRead { src: sp }
+                } else {
+                    Work::HostWrite { dst: sp }
+                };
+                let deps = self.fences(&[buffer]);
+                if self.is_done(&deps) {
+                    self.host_work = Some(Pending {
+                        op: i,
+                        work,
+                        deps: Vec::new(),
+                        progress: 0,
+                    });
+                } else {
+                    // Wait for the fences, then run: re-issue after the wait.
+                    self.host_wait = deps;
+                    self.next = i;
+                }
+            }
+            Op::EventCreate { event } | Op::EventDestroy { event } => {
+                self.events.insert(event.clone(), None);
+                self.done[i] = true;
+            }
+            Op::EventRecord { event, stream } => {
+                let s = self.stream(stream);
+                self.events.insert(event.clone(), Some(i));
+                self.enqueue(s, i, Work::Marker, Vec::new());
+            }
+            Op::EventWait { stream, event } => {
+                let s = self.stream(stream);
+                let deps: Vec<usize> = self
+                    .events
+                    .get(event)
+                    .copied()
+                    .flatten()
+                    .into_iter()
+                    .collect();
+                self.enqueue(s, i, Work::Marker, deps);
+            }
+            Op::EventSync { event }
+            | Op::EventQuery {
+                event,
+                complete: true,
+            } => {
+                self.host_wait = self
+                    .events
+                    .get(event)
+                    .copied()
+                    .flatten()
+                    .into_iter()
+                    .collect();
+                self.done[i] = true;
+            }
+            Op::EventQuery {
+                complete: false, ..
+            }
+            | Op::StreamQuery {
+                complete: false, ..
+            } => self.done[i] = true,
+            Op::StreamSync { stream }
+            | Op::StreamQuery {
+                stream,
+                complete: true,
+            } => {
+                let s = self.stream(stream);
+                let mut w: Vec<usize> = self.streams[s].last.into_iter().collect();
+                if s == 0 {
+                    for b in self.streams.iter().filter(|b| b.blocking && b.device == 0) {
+                        w.extend(b.last);
+                    }
+                }
+                self.host_wait = w;
+                self.done[i] = true;
+            }
+            Op::DeviceSync { device } => {
+                self.host_wait = self
+                    .streams
+                    .iter()
+                    .filter(|s| s.device == *device)
+                    .filter_map(|s| s.last)
+                    .collect();
+                self.done[i] = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn owner_key(&self, _i: usize, b: &Buffer) -> u32 {
+        // The device allocator remembers each block's stream; a caching free returns it there.
+        self.device
+            .block(b.addr)
+            .and_then(|s| s.stream)
+            .unwrap_or(0)
+    }
+}
+
+/// What an exhaustive exploration saw.
+#[derive(Clone, Debug, Default)]
+pub struct Exploration {
+    /// Complete schedules run.
+    pub schedules: usize,
+    /// Whether every schedule was explored (false when `limit` cut the search).
+    pub complete: bool,
+    /// Outcomes that differ from the first schedule's, with the choices that produced them.
+    pub divergent: Vec<(Vec<usize>, Outcome)>,
+}
+
+/// Runs every schedule of `program` (depth first, up to `limit` schedules) and collects the
+/// outcomes that differ from the sequential reference.
+pub fn explore(program: &[TraceOp], cfg: SimConfig, limit: usize) -> Result<Exploration, SimError> {
+    let reference = reference(program)?;
+    let mut ex = Exploration::default();
+    let mut prefix: Vec<usize> = Vec::new();
+    loop {
+        let mut replay = Replay {
+            prefix: prefix.clone(),
+            trail: Vec::new(),
+        };
+        let outcome = run(program, &mut replay, cfg)?;
+        ex.schedules += 1;
+        if outcome.reads != reference.reads || outcome.live != reference.live {
+            ex.divergent
+                .push((replay.trail.iter().map(|t| t.0).collect(), outcome));
+        }
+        // Next schedule: bump the deepest choice that has an untried alternative.
+        let mut trail = replay.trail;
+        while let Some(&(c, n)) = trail.last() {
+            if c + 1 < n {
+                break;
+            }
+            trail.pop();
+        }
+        match trail.last_mut() {
+            None => {
+                ex.complete = true;
+                return Ok(ex);
+            }
+            Some(last) => last.0 += 1,
+        }
+        prefix = trail.iter().map(|t| t.0).collect();
+        if ex.schedules >= limit {
+            return Ok(ex);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::{MemoryKind, Op, Region};
+
+    fn ops(v: Vec<Op>) -> Vec<TraceOp> {
+        v.into_iter().map(TraceOp::from).collect()
+    }
+
+    fn alloc(b: &str, words: u64, s: &str) -> Op {
+        Op::Alloc {
+            buffer: b.into(),
+            bytes: 4 * words,
+            stream: Some(s.into()),
+            memory: MemoryKind::Device,
+            addr: None,
+        }
+    }
+
+    fn launch(s: &str, reads: &[&str], writes: &[&str]) -> Op {
+        Op::Launch {
+            stream: s.into(),
+            name: None,
+            reads: reads.iter().map(|b| Region::whole(*b)).collect(),
+            writes: writes.iter().map(|b| Region::whole(*b)).collect(),
+        }
+    }
+
+    #[test]
+    fn ordered_program_has_one_outcome() {
+        let p = ops(vec![
+            alloc("a", 64, "s1"),
+            alloc("b", 64, "s1"),
+            launch("s1", &[], &["a"]),
+            Op::EventRecord {
+                event: "e".into(),
+                stream: "s1".into(),
+            },
+            Op::EventWait {
+                stream: "s2".into(),
+                event: "e".into(),
+            },
+            launch("s2", &["a"], &["b"]),
+        ]);
+        let ex = explore(&p, SimConfig { chunk_words: 32 }, 10_000).unwrap();
+        assert!(ex.complete);
+        assert!(ex.schedules > 1);
+        assert!(ex.divergent.is_empty());
+    }
+
+    #[test]
+    fn racy_program_tears() {
+        let p = ops(vec![
+            alloc("a", 64, "s0"),
+            alloc("b", 64, "s0"),
+            launch("s1", &[], &["a"]),
+            launch("s2", &["a"], &["b"]),
+        ]);
+        let ex = explore(&p, SimConfig { chunk_words: 32 }, 10_000).unwrap();
+        assert!(ex.complete);
+        assert!(
+            !ex.divergent.is_empty(),
+            "a read racing a write must tear in some schedule"
+        );
+    }
+
+    #[test]
+    fn reuse_without_record_stream_corrupts_under_adversarial_schedule() {
+        let p = ops(vec![
+            alloc("a", 64, "s1"),
+            alloc("out", 64, "s2"),
+            launch("s1", &[], &["a"]),
+            Op::EventRecord {
+                event: "e".into(),
+                stream: "s1".into(),
+            },
+            Op::EventWait {
+                stream: "s2".into(),
+                event: "e".into(),
+            },
+            launch("s2", &["a"], &["out"]),
+            Op::Free {
+                buffer: "a".into(),
+                stream: None,
+            },
+            alloc("b", 64, "s1"),
+            launch("s1", &[], &["b"]),
+        ]);
+        let r = reference(&p).unwrap();
+        let mut adv = Adversarial {
+            holds: vec![(5, 8)],
+            rng: SplitMix::new(1),
+        };
+        let o = run(&p, &mut adv, SimConfig::default()).unwrap();
+        assert_eq!(o.diverging(&r), vec![Id::from("a"), Id::from("out")]);
+        let mut fixed = p.clone();
+        fixed.insert(
+            6,
+            TraceOp::from(Op::RecordStream {
+                buffer: "a".into(),
+                stream: "s2".into(),
+            }),
+        );
+        let r = reference(&fixed).unwrap();
+        let mut adv = Adversarial {
+            holds: vec![(5, 9)],
+            rng: SplitMix::new(1),
+        };
+        let o = run(&fixed, &mut adv, SimConfig::default()).unwrap();
+        assert!(o.diverging(&r).is_empty(), "record_stream fences the reuse");
+    }
+}
