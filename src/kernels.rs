@@ -7,7 +7,7 @@
 //! | used for | device kernel | CPU reference |
 //! |---|---|---|
 //! | `launch` (one write region `j`) | `hash_launch` | [`hash_region_cpu`] |
-//! | `launch` (all write regions) | one `hash_launch` per region, in order | [`run_hash_launch_cpu`] |
+//! | `launch` (all write regions) | `hash_launch` per region, in order | [`run_hash_launch_cpu`] |
 //! | `memset` | `cuMemsetD32Async` of [`memset_word`] | [`memset_word`] |
 //! | `free` (poisoning on) | `fill` with [`POISON`] | [`POISON`] |
 //! | — | `checksum` | [`checksum`] |
@@ -61,8 +61,8 @@ pub const fn fmix(mut h: u32) -> u32 {
     h
 }
 
-/// Value written at word `i` of write region `j` by the launch with id `op_id`, given the words read
-/// at index `i` from each read region (`None` where `i` is past that read region's end).
+/// Value written at word `i` of write region `j` by the launch with id `op_id`, given the words
+/// read at index `i` from each read region (`None` where `i` is past that read region's end).
 ///
 /// The read regions are folded in order: their order is part of the launch.
 pub fn hash_word(op_id: u32, j: u32, i: u32, reads: impl IntoIterator<Item = Option<u32>>) -> u32 {

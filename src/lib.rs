@@ -4,6 +4,8 @@
 pub mod alloc;
 pub mod checker;
 pub mod clock;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kernels;
 pub mod order;
 pub mod report;
