@@ -4,7 +4,7 @@
 //!
 //! Guarantee: exact under the trace format's rules — every hazard the format defines is reported,
 //! and nothing else. Each hazard kind is decided in one place: `data-race` and `reuse-race` in
-//! [`Checker::check_access`], `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
+//! `Checker::check_access`, `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
 //! `resolve`, `wait-on-unrecorded-event` in the `event_wait` arm of [`Checker::check`].
 
 use std::collections::{BTreeMap, HashMap};
@@ -878,7 +878,7 @@ impl Checker {
             match (size, r.bytes) {
                 (Some(size), bytes) => {
                     let end = match bytes {
-                        Some(b) => r.offset.checked_add(b).unwrap_or(u64::MAX),
+                        Some(b) => r.offset.saturating_add(b),
                         None => r.offset.max(size),
                     };
                     if end > size || r.offset > size {
@@ -896,7 +896,7 @@ impl Checker {
                     }
                     end
                 }
-                (None, Some(b)) => r.offset.checked_add(b).unwrap_or(u64::MAX),
+                (None, Some(b)) => r.offset.saturating_add(b),
                 (None, None) => u64::MAX,
             };
         let g = match (g, self.names.contains_key(&r.buffer)) {
@@ -976,6 +976,10 @@ impl Checker {
         }
         let info = (site.is_some() || label.is_some()).then(|| Arc::new(OpInfo { site, label }));
         for a in &self.op_accesses {
+            if a.offset >= a.end {
+                // An access of no bytes uses no memory: it can never conflict.
+                continue;
+            }
             let gen = self.gens[a.gen.0 as usize]
                 .as_mut()
                 .expect("accessed generation");
@@ -988,7 +992,7 @@ impl Checker {
                 info: info.clone(),
             });
         }
-        self.history += self.op_accesses.len();
+        self.history += self.op_accesses.iter().filter(|a| a.offset < a.end).count();
     }
 
     /// `data-race` and `reuse-race`: the earlier accesses that conflict with region `at` of the

@@ -6,7 +6,9 @@ pub mod checker;
 pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fuzz;
 pub mod kernels;
+pub mod oracle;
 pub mod order;
 pub mod report;
 pub mod shadow;

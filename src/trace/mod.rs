@@ -6,8 +6,12 @@
 
 use std::fmt;
 
+pub mod arbitrary;
 pub mod reader;
 pub mod writer;
+
+pub use reader::{parse_line, parse_line_bytes, LineError, ParseError, Spans, TraceReader};
+pub use writer::{write_op, TraceWriter};
 
 /// The identifier of a stream, event or buffer.
 ///

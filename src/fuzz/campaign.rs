@@ -1,0 +1,420 @@
+//! Fuzz campaigns: generate programs, check them, execute them under random and adversarial
+//! schedules, and hold the checker's verdicts against what the executions did.
+//!
+//! For every program the campaign runs the checker, the sequential reference, a few random
+//! schedules and, for every reported `data-race`, `reuse-race` and `unsafe-free`, a provocation:
+//! a schedule steered so that the hazard's earlier accesses land after its later one (for an
+//! unsafe free, the freed memory is first allocated again and overwritten on the freeing stream).
+//! A hazard is *confirmed* when the provoked run observes different data in one of the hazard's
+//! buffers. A program is *unexplained* when some run's data differ from the reference and no
+//! reported hazard names a buffer whose data differ — a hazard the checker missed.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::checker::Checker;
+use crate::fuzz::gen::{generate, GenConfig};
+use crate::report::{AccessKind, Hazard, HazardKind, Report};
+use crate::sim::{self, Adversarial, Outcome, RandomScheduler, SimConfig, SimError};
+use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, TraceWriter};
+use crate::workload::SplitMix;
+
+/// Executes programs: the simulator, or a GPU.
+pub trait Executor {
+    /// A short name for reports (`"sim"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+    /// The sequential, issue-order result.
+    fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, SimError>;
+    /// A run under an unconstrained schedule chosen by `seed`.
+    fn random(&mut self, program: &[TraceOp], seed: u64) -> Result<Outcome, SimError>;
+    /// A run steered so that each `(held, until)` op waits for `until` to complete first.
+    fn provoke(
+        &mut self,
+        program: &[TraceOp],
+        holds: &[(usize, usize)],
+        seed: u64,
+    ) -> Result<Outcome, SimError>;
+}
+
+/// The simulated device as an executor.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SimExecutor {
+    /// Chunking of kernels.
+    pub config: SimConfig,
+}
+
+impl Executor for SimExecutor {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+    fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, SimError> {
+        sim::reference(program)
+    }
+    fn random(&mut self, program: &[TraceOp], seed: u64) -> Result<Outcome, SimError> {
+        sim::run(
+            program,
+            &mut RandomScheduler(SplitMix::new(seed)),
+            self.config,
+        )
+    }
+    fn provoke(
+        &mut self,
+        program: &[TraceOp],
+        holds: &[(usize, usize)],
+        seed: u64,
+    ) -> Result<Outcome, SimError> {
+        let mut s = Adversarial {
+            holds: holds.to_vec(),
+            rng: SplitMix::new(seed),
+        };
+        sim::run(program, &mut s, self.config)
+    }
+}
+
+/// Knobs of a campaign.
+#[derive(Clone, Debug)]
+pub struct CampaignConfig {
+    /// Number of programs.
+    pub cases: u64,
+    /// Seed of the whole campaign.
+    pub seed: u64,
+    /// The program generator's knobs.
+    pub gen: GenConfig,
+    /// Random schedules per program.
+    pub random_schedules: u32,
+    /// Provocation attempts per hazard (stops at the first that observes corruption).
+    pub attempts: u32,
+    /// Where counterexamples are written.
+    pub out_dir: PathBuf,
+}
+
+impl Default for CampaignConfig {
+    fn default() -> Self {
+        CampaignConfig {
+            cases: 100,
+            seed: 0,
+            gen: GenConfig::default(),
+            random_schedules: 3,
+            attempts: 3,
+            out_dir: PathBuf::from("streamsan-counterexamples"),
+        }
+    }
+}
+
+/// The summary `streamsan fuzz --json` prints.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Summary {
+    /// Programs run.
+    pub programs: u64,
+    /// Programs with at least one hazard of severity error.
+    pub with_hazards: u64,
+    /// Reported data-race, reuse-race and unsafe-free hazards.
+    pub hazards: u64,
+    /// Of those, the ones whose provocation observed corruption.
+    pub confirmed: u64,
+    /// Programs whose data differed from the reference with no hazard on a differing buffer.
+    pub unexplained: u64,
+    /// Trace files of the unexplained programs, shrunk.
+    pub counterexamples: Vec<String>,
+}
+
+/// Per-kind confirmation counts, for the text summary.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KindCounts {
+    /// Hazards of this kind.
+    pub hazards: u64,
+    /// Confirmed ones.
+    pub confirmed: u64,
+}
+
+/// A campaign's full result.
+#[derive(Clone, Debug, Default)]
+pub struct CampaignResult {
+    /// The summary.
+    pub summary: Summary,
+    /// data-race, unsafe-free, reuse-race counts.
+    pub by_kind: [KindCounts; 3],
+    /// Simulated or device runs made.
+    pub runs: u64,
+}
+
+fn provokable(kind: HazardKind) -> Option<usize> {
+    match kind {
+        HazardKind::DataRace => Some(0),
+        HazardKind::UnsafeFree => Some(1),
+        HazardKind::ReuseRace => Some(2),
+        _ => None,
+    }
+}
+
+/// The buffers a hazard speaks of: its own, its conflicts', its free's.
+pub fn hazard_buffers(h: &Hazard) -> BTreeSet<Id> {
+    let mut s: BTreeSet<Id> = h.conflicts.iter().map(|c| Id(c.buffer.clone())).collect();
+    s.extend(h.buffer.iter().map(|b| Id(b.clone())));
+    s.extend(h.free.iter().map(|f| Id(f.buffer.clone())));
+    s
+}
+
+/// Checks a program; `None` if the checker rejects it as bad input.
+pub fn check_program(program: &[TraceOp]) -> Option<Report> {
+    let mut c = Checker::new();
+    for op in program {
+        c.check(op).ok()?;
+    }
+    Some(c.finish())
+}
+
+fn stream_of(op: &Op) -> Option<&Id> {
+    match op {
+        Op::Launch { stream, .. } | Op::Copy { stream, .. } | Op::Memset { stream, .. } => {
+            Some(stream)
+        }
+        _ => None,
+    }
+}
+
+/// The op that carries the epoch of an `alloc` conflict: the latest launch, copy or memset on
+/// the owning stream before the allocation.
+fn alloc_epoch_op(program: &[TraceOp], alloc: usize, stream: &str) -> Option<usize> {
+    (0..alloc)
+        .rev()
+        .find(|&k| stream_of(&program[k].op).is_some_and(|s| s.as_str() == stream))
+}
+
+/// How to provoke a hazard: the (possibly extended) program and the holds.
+pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<(Vec<TraceOp>, Vec<(usize, usize)>)> {
+    let at = h.op as usize;
+    let held = |c: &crate::report::Conflict| -> Option<usize> {
+        if c.access == AccessKind::Alloc {
+            alloc_epoch_op(program, c.op as usize, &c.participant)
+        } else {
+            Some(c.op as usize)
+        }
+    };
+    match h.kind {
+        HazardKind::DataRace | HazardKind::ReuseRace => {
+            let holds: Vec<(usize, usize)> = h
+                .conflicts
+                .iter()
+                .filter_map(held)
+                .map(|y| (y, at))
+                .collect();
+            (!holds.is_empty()).then(|| (program.to_vec(), holds))
+        }
+        HazardKind::UnsafeFree => {
+            // Allocate the same size right after the free, on the stream the block goes back to,
+            // and overwrite it; hold the unordered accesses until that write is done.
+            let name = h.buffer.as_ref()?;
+            let (bytes, memory) = program[..at].iter().rev().find_map(|op| match &op.op {
+                Op::Alloc {
+                    buffer,
+                    bytes,
+                    memory,
+                    ..
+                } if buffer.as_str() == name => Some((*bytes, *memory)),
+                _ => None,
+            })?;
+            let by = h.access.as_ref()?.participant.clone();
+            let fresh = Id(format!("{name}.reused"));
+            let mut p = program.to_vec();
+            let (alloc, write) = if memory == MemoryKind::Device {
+                (
+                    Op::Alloc {
+                        buffer: fresh.clone(),
+                        bytes,
+                        stream: Some(Id(by.clone())),
+                        memory,
+                        addr: None,
+                    },
+                    Op::Launch {
+                        stream: Id(by),
+                        name: Some("provoke".into()),
+                        reads: vec![],
+                        writes: vec![Region::whole(fresh)],
+                    },
+                )
+            } else {
+                (
+                    Op::Alloc {
+                        buffer: fresh.clone(),
+                        bytes,
+                        stream: None,
+                        memory,
+                        addr: None,
+                    },
+                    Op::HostWrite {
+                        buffer: Region::whole(fresh),
+                    },
+                )
+            };
+            p.insert(at + 1, alloc.into());
+            p.insert(at + 2, write.into());
+            let holds: Vec<(usize, usize)> = h
+                .conflicts
+                .iter()
+                .filter_map(held)
+                .map(|y| (y, at + 2))
+                .collect();
+            (!holds.is_empty()).then_some((p, holds))
+        }
+        _ => None,
+    }
+}
+
+/// Whether a program's runs are explained by its report: every divergent run touches a buffer
+/// some hazard names. Returns the buffers of an unexplained divergence.
+pub fn unexplained(report: &Report, reference: &Outcome, outcome: &Outcome) -> Option<Vec<Id>> {
+    let diverging = outcome.diverging(reference);
+    if diverging.is_empty() {
+        return None;
+    }
+    let named: BTreeSet<Id> = report
+        .hazards
+        .iter()
+        .filter(|h| h.is_error())
+        .flat_map(hazard_buffers)
+        .collect();
+    if diverging.iter().any(|b| named.contains(b)) {
+        None
+    } else {
+        Some(diverging)
+    }
+}
+
+/// Runs a campaign; `progress` is called after each program.
+pub fn run_campaign(
+    cfg: &CampaignConfig,
+    exec: &mut dyn Executor,
+    mut progress: impl FnMut(u64, &Summary),
+) -> Result<CampaignResult, String> {
+    let mut res = CampaignResult::default();
+    let mut seeds = SplitMix::new(cfg.seed);
+    for case in 0..cfg.cases {
+        let case_seed = seeds.next_u64();
+        let program = generate(&cfg.gen, &mut SplitMix::new(case_seed)).ops;
+        let report = check_program(&program)
+            .ok_or_else(|| format!("case {case}: the generator made bad input"))?;
+        let sim_err = |e: SimError| format!("case {case} (seed {case_seed}): {e}");
+        let reference = exec.reference(&program).map_err(sim_err)?;
+        res.runs += 1;
+        res.summary.programs += 1;
+        if !report.is_clean() {
+            res.summary.with_hazards += 1;
+        }
+        let mut bad = None;
+        for k in 0..cfg.random_schedules {
+            let o = exec
+                .random(&program, case_seed ^ u64::from(k + 1))
+                .map_err(sim_err)?;
+            res.runs += 1;
+            if let Some(b) = unexplained(&report, &reference, &o) {
+                bad = Some((b, u64::from(k + 1)));
+                break;
+            }
+        }
+        for h in &report.hazards {
+            let Some(slot) = provokable(h.kind) else {
+                continue;
+            };
+            res.summary.hazards += 1;
+            res.by_kind[slot].hazards += 1;
+            let Some((p, holds)) = provocation(&program, h) else {
+                continue;
+            };
+            let p_ref = if p.len() == program.len() {
+                reference.clone()
+            } else {
+                exec.reference(&p).map_err(sim_err)?
+            };
+            let buffers = hazard_buffers(h);
+            for a in 0..cfg.attempts {
+                let o = exec
+                    .provoke(&p, &holds, case_seed.wrapping_add(u64::from(a)))
+                    .map_err(sim_err)?;
+                res.runs += 1;
+                if o.diverging(&p_ref).iter().any(|b| buffers.contains(b)) {
+                    res.summary.confirmed += 1;
+                    res.by_kind[slot].confirmed += 1;
+                    break;
+                }
+                if p.len() == program.len() && bad.is_none() {
+                    if let Some(b) = unexplained(&report, &reference, &o) {
+                        bad = Some((b, 0));
+                    }
+                }
+            }
+        }
+        if let Some((buffers, _)) = bad {
+            res.summary.unexplained += 1;
+            let shrunk = shrink(&program, exec, case_seed, cfg.random_schedules);
+            let path = write_counterexample(&cfg.out_dir, case, &shrunk, &buffers)?;
+            res.summary.counterexamples.push(path.display().to_string());
+        }
+        progress(case + 1, &res.summary);
+    }
+    Ok(res)
+}
+
+/// Whether some random schedule of `program` diverges with no hazard on a diverging buffer.
+fn still_unexplained(
+    program: &[TraceOp],
+    exec: &mut dyn Executor,
+    seed: u64,
+    schedules: u32,
+) -> bool {
+    let Some(report) = check_program(program) else {
+        return false;
+    };
+    let Ok(reference) = exec.reference(program) else {
+        return false;
+    };
+    (0..schedules.max(1) * 4).any(|k| {
+        exec.random(program, seed ^ u64::from(k + 1))
+            .is_ok_and(|o| unexplained(&report, &reference, &o).is_some())
+    })
+}
+
+/// Greedy shrinking: drop ops one at a time while the program stays valid and unexplained.
+pub fn shrink(
+    program: &[TraceOp],
+    exec: &mut dyn Executor,
+    seed: u64,
+    schedules: u32,
+) -> Vec<TraceOp> {
+    let mut p = program.to_vec();
+    let mut k = p.len();
+    while k > 0 {
+        k -= 1;
+        let mut q = p.clone();
+        q.remove(k);
+        if still_unexplained(&q, exec, seed, schedules) {
+            p = q;
+        }
+    }
+    p
+}
+
+fn write_counterexample(
+    dir: &Path,
+    case: u64,
+    program: &[TraceOp],
+    buffers: &[Id],
+) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("unexplained-{case}.jsonl"));
+    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut w = TraceWriter::new(std::io::BufWriter::new(file));
+    let names: Vec<&str> = buffers.iter().map(Id::as_str).collect();
+    let header = format!(
+        "# streamsan fuzz counterexample: data differed from the sequential reference in buffers {} with no hazard reported on them\n",
+        names.join(", ")
+    );
+    w.comment(&header).map_err(|e| e.to_string())?;
+    for op in program {
+        w.write(op).map_err(|e| e.to_string())?;
+    }
+    w.finish().map_err(|e| e.to_string())?;
+    Ok(path)
+}

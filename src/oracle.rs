@@ -1,0 +1,1112 @@
+//! A brute-force reference for the hazards of a trace, written from the trace format alone.
+//!
+//! [`oracle_hazards`] builds the happens-before relation of a whole trace as an explicit graph
+//! (one node per op, one edge per rule of the trace format's "Happens-before" section), takes its
+//! transitive closure, records every access with the node that orders it, and then compares every
+//! pair of accesses. It is quadratic and cubic where the checker is incremental: it exists so that
+//! the two can be compared on random programs, and it is only meant for small traces (hundreds of
+//! ops).
+//!
+//! The model, rule by rule:
+//!
+//! - Nodes are op indices. An op on a stream (`launch`, `copy`, `memset`, `event_record`,
+//!   `event_wait`, a stream-ordered `free`) has an edge from the previous op on its stream (rule 1),
+//!   from the previous host op (rule 2) and, for the legacy default stream and the blocking streams
+//!   of device 0, from the previous op of the other side (rule 5). Every other op is the host's and
+//!   has an edge from the previous host op.
+//! - `event_record` → `event_wait` / `event_sync` / successful `event_query` of its capture
+//!   (rule 3, 4); previous op of the stream(s) → `stream_sync`, successful `stream_query`,
+//!   `device_sync` (rule 4, 5); with `addr`, device memory reappearing on a stream other than the
+//!   one that last freed it is a `device_sync` of that stream's device at the `alloc`.
+//! - An access at node `a` happens before op `x` when `a == x` or a path leads from `a` to `x`.
+//!   The allocation of device memory is an access by its owning stream placed at the latest
+//!   `launch`, `copy` or `memset` of that stream (before everything when there is none); pinned and
+//!   managed allocations are host accesses at the `alloc` itself.
+//! - A free is checked against the set of nodes its clock joins: the owning stream's latest op and
+//!   the free itself (caching free of device memory), the free itself (stream-ordered free, pinned
+//!   or managed caching free), and the latest op of every stream named by `record_stream`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use petgraph::graph::{DiGraph, NodeIndex};
+use petgraph::Direction;
+
+use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory, StreamKey};
+use crate::report::HazardKind;
+use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
+
+/// Base address of the model's device memory.
+const DEVICE_BASE: u64 = 0x7f00_0000_0000;
+/// Base address of the model's pinned memory.
+const PINNED_BASE: u64 = 0x2000_0000_0000;
+/// Base address of the model's managed memory.
+const MANAGED_BASE: u64 = 0x3000_0000_0000;
+
+/// One hazard as the oracle finds it: the parts of a [`Hazard`](crate::Hazard) that the
+/// happens-before semantics decide.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OracleHazard {
+    /// The op index where the hazard is reported.
+    pub op: u64,
+    /// What went wrong.
+    pub kind: HazardKind,
+    /// The buffer (`None` for warnings).
+    pub buffer: Option<String>,
+    /// The op indices of the earlier conflicting accesses, sorted and deduplicated (empty for
+    /// `use-after-free`, `invalid-free` and warnings).
+    pub conflicts: Vec<u64>,
+}
+
+/// The hazards of `ops`, sorted by op index, kind and buffer.
+///
+/// Errors: input that the trace format calls bad and that the oracle needs to reject to stay
+/// meaningful (a region past the end of its buffer, a host access to device memory, allocating a
+/// live name, `"host"` as a stream, a `copy` whose source and destination overlap, an `addr` that
+/// overlaps a live allocation, mixing allocations with and without `addr`, conflicting stream
+/// attributes). Other bad input may go unnoticed.
+pub fn oracle_hazards(ops: &[TraceOp]) -> Result<Vec<OracleHazard>, String> {
+    let mut b = Builder::new(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        b.op(i, &op.op)
+            .map_err(|e| format!("op {i} ({}): {e}", op.op.name()))?;
+    }
+    Ok(b.hazards())
+}
+
+/// What a participant's state is during the single pass.
+#[derive(Debug)]
+struct Stream {
+    device: u64,
+    blocking: bool,
+    key: StreamKey,
+    /// The latest op on the stream.
+    last_op: Option<usize>,
+    /// The latest `launch`, `copy` or `memset` on the stream.
+    last_work: Option<usize>,
+}
+
+/// One buffer: one allocation of a name, or the external buffer of a name.
+#[derive(Debug)]
+struct Buffer {
+    name: String,
+    memory: MemoryKind,
+    /// `None` for an external buffer (unknown size).
+    size: Option<u64>,
+    /// Absolute start; `None` for external buffers and empty allocations.
+    addr: Option<u64>,
+    /// The owning stream of allocated device memory.
+    owner: Option<String>,
+    /// The op index of the `alloc` (0 for external buffers, which exist from the start).
+    alloc_op: usize,
+    /// The op index of the free, once freed.
+    free_op: Option<usize>,
+    /// The stream whose pool the memory went back to (device memory).
+    freed_to: Option<String>,
+    /// Streams named by `record_stream` with an effect (not the owner of device memory).
+    recorded: BTreeSet<String>,
+}
+
+/// What a name denotes now.
+#[derive(Clone, Copy, Debug)]
+enum Name {
+    Live(usize),
+    Freed(usize),
+    External(usize),
+}
+
+/// One access of a buffer.
+#[derive(Clone, Debug)]
+struct Access {
+    op: usize,
+    buffer: usize,
+    participant: String,
+    writes: bool,
+    /// An allocation's use (never checked as the later access).
+    alloc: bool,
+    /// First byte, relative to the buffer.
+    start: u64,
+    /// One past the last byte, relative to the buffer; `None`: unbounded (external buffers).
+    end: Option<u64>,
+    /// The node whose reachability decides happens-before; `None`: before everything.
+    at: Option<usize>,
+}
+
+/// A free, to be checked once the graph is complete.
+#[derive(Debug)]
+struct FreeCheck {
+    op: usize,
+    buffer: usize,
+    freer: String,
+    points: Vec<usize>,
+}
+
+type HazardKey = (u64, HazardKind, Option<String>);
+
+struct Builder {
+    graph: DiGraph<usize, ()>,
+    nodes: Vec<NodeIndex>,
+    streams: BTreeMap<String, Stream>,
+    host_last: Option<usize>,
+    events: HashMap<String, Option<usize>>,
+    buffers: Vec<Buffer>,
+    names: HashMap<String, Name>,
+    accesses: Vec<Access>,
+    frees: Vec<FreeCheck>,
+    found: BTreeMap<HazardKey, BTreeSet<u64>>,
+    device: DeviceCachingAllocator<ModelMemory>,
+    pinned: HostCachingAllocator<ModelMemory>,
+    managed: HostCachingAllocator<ModelMemory>,
+    /// Whether allocations carry `addr` (decided by the first non-empty allocation).
+    addr_mode: Option<bool>,
+}
+
+impl Builder {
+    fn new(n: usize) -> Self {
+        let mut graph = DiGraph::with_capacity(n, 4 * n);
+        let nodes = (0..n).map(|i| graph.add_node(i)).collect();
+        let mut streams = BTreeMap::new();
+        streams.insert(
+            DEFAULT_STREAM.to_owned(),
+            Stream {
+                device: 0,
+                blocking: false,
+                key: 0,
+                last_op: None,
+                last_work: None,
+            },
+        );
+        Builder {
+            graph,
+            nodes,
+            streams,
+            host_last: None,
+            events: HashMap::new(),
+            buffers: Vec::new(),
+            names: HashMap::new(),
+            accesses: Vec::new(),
+            frees: Vec::new(),
+            found: BTreeMap::new(),
+            device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
+            pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
+            managed: HostCachingAllocator::new(ModelMemory::new(MANAGED_BASE)),
+            addr_mode: None,
+        }
+    }
+
+    fn edge(&mut self, from: usize, to: usize) {
+        debug_assert!(from < to, "edges go forward in issue order");
+        self.graph.update_edge(self.nodes[from], self.nodes[to], ());
+    }
+
+    fn edge_from(&mut self, from: Option<usize>, to: usize) {
+        if let Some(f) = from {
+            self.edge(f, to);
+        }
+    }
+
+    fn report(&mut self, op: usize, kind: HazardKind, buffer: Option<&str>) {
+        self.found
+            .entry((op as u64, kind, buffer.map(str::to_owned)))
+            .or_default();
+    }
+
+    /// The stream named `id`, created (non-blocking, device 0) on first use.
+    fn stream(&mut self, id: &Id) -> Result<&mut Stream, String> {
+        let name = id.as_str();
+        if name == HOST {
+            return Err("\"host\" is not a stream".into());
+        }
+        let key = self.streams.len() as StreamKey;
+        Ok(self.streams.entry(name.to_owned()).or_insert(Stream {
+            device: 0,
+            blocking: false,
+            key,
+            last_op: None,
+            last_work: None,
+        }))
+    }
+
+    /// The blocking streams of device 0 (never the legacy default stream).
+    fn blocking_streams(&self) -> Vec<String> {
+        self.streams
+            .iter()
+            .filter(|(n, s)| n.as_str() != DEFAULT_STREAM && s.device == 0 && s.blocking)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    fn last_op(&self, stream: &str) -> Option<usize> {
+        self.streams.get(stream).and_then(|s| s.last_op)
+    }
+
+    /// A host op: ordered after the previous host op.
+    fn host_op(&mut self, i: usize) {
+        self.edge_from(self.host_last, i);
+        self.host_last = Some(i);
+    }
+
+    /// An op on stream `id`: rules 1, 2 and 5.
+    fn stream_op(&mut self, i: usize, id: &Id) -> Result<(), String> {
+        let s = self.stream(id)?;
+        let prev = s.last_op;
+        let (device, blocking) = (s.device, s.blocking);
+        self.edge_from(prev, i);
+        self.edge_from(self.host_last, i);
+        let name = id.as_str();
+        if name == DEFAULT_STREAM {
+            for b in self.blocking_streams() {
+                self.edge_from(self.last_op(&b), i);
+            }
+        } else if device == 0 && blocking {
+            self.edge_from(self.last_op(DEFAULT_STREAM), i);
+        }
+        if let Some(s) = self.streams.get_mut(name) {
+            s.last_op = Some(i);
+        }
+        Ok(())
+    }
+
+    /// The host waits for everything issued so far on `stream` (and, for the legacy default
+    /// stream, on the blocking streams of device 0).
+    fn sync_stream(&mut self, i: usize, id: &Id) -> Result<(), String> {
+        self.stream(id)?;
+        self.edge_from(self.last_op(id.as_str()), i);
+        if id.as_str() == DEFAULT_STREAM {
+            for b in self.blocking_streams() {
+                self.edge_from(self.last_op(&b), i);
+            }
+        }
+        Ok(())
+    }
+
+    /// The host waits for everything issued so far on every stream of `device`.
+    fn sync_device(&mut self, i: usize, device: u64) {
+        let lasts: Vec<usize> = self
+            .streams
+            .values()
+            .filter(|s| s.device == device)
+            .filter_map(|s| s.last_op)
+            .collect();
+        for l in lasts {
+            self.edge(l, i);
+        }
+    }
+
+    /// The capture of `event`, if it holds one.
+    fn capture(&self, event: &Id) -> Option<usize> {
+        self.events.get(event.as_str()).copied().flatten()
+    }
+
+    /// Resolves a region at op `i`: the buffer and relative byte range, or `None` after reporting
+    /// a use after free. A region is checked against the size of the buffer its name denotes,
+    /// freed or not.
+    fn resolve(
+        &mut self,
+        i: usize,
+        r: &Region,
+    ) -> Result<Option<(usize, u64, Option<u64>)>, String> {
+        let name = r.buffer.as_str();
+        let buffer = match self.names.get(name).copied() {
+            Some(Name::Live(b)) | Some(Name::External(b)) | Some(Name::Freed(b)) => b,
+            None => self.external(name),
+        };
+        let start = r.offset;
+        let end = match (self.buffers[buffer].size, r.bytes) {
+            (_, Some(n)) => Some(
+                start
+                    .checked_add(n)
+                    .ok_or_else(|| format!("region of {name} overflows"))?,
+            ),
+            (Some(size), None) => Some(size),
+            (None, None) => None,
+        };
+        if let Some(size) = self.buffers[buffer].size {
+            if start > size || end.is_some_and(|e| e > size) {
+                return Err(format!("region of {name} reaches past its end"));
+            }
+        }
+        if let Some(Name::Freed(_)) = self.names.get(name) {
+            // A use after free: reported, not recorded.
+            self.report(i, HazardKind::UseAfterFree, Some(name));
+            return Ok(None);
+        }
+        Ok(Some((buffer, start, end)))
+    }
+
+    /// Starts the external buffer of `name`.
+    fn external(&mut self, name: &str) -> usize {
+        let b = self.buffers.len();
+        self.buffers.push(Buffer {
+            name: name.to_owned(),
+            memory: MemoryKind::Device,
+            size: None,
+            addr: None,
+            owner: None,
+            alloc_op: 0,
+            free_op: None,
+            freed_to: None,
+            recorded: BTreeSet::new(),
+        });
+        self.names.insert(name.to_owned(), Name::External(b));
+        b
+    }
+
+    /// Records an access of region `r` at op `i` by `participant` (ordered at node `i`).
+    fn access(
+        &mut self,
+        i: usize,
+        r: &Region,
+        participant: &str,
+        writes: bool,
+    ) -> Result<(), String> {
+        let Some((buffer, start, end)) = self.resolve(i, r)? else {
+            return Ok(());
+        };
+        if participant == HOST && !self.buffers[buffer].memory.host_accessible() {
+            return Err(format!("host access to device memory {}", r.buffer));
+        }
+        if end == Some(start) {
+            // An empty region touches no byte.
+            return Ok(());
+        }
+        self.accesses.push(Access {
+            op: i,
+            buffer,
+            participant: participant.to_owned(),
+            writes,
+            alloc: false,
+            start,
+            end,
+            at: Some(i),
+        });
+        Ok(())
+    }
+
+    fn op(&mut self, i: usize, op: &Op) -> Result<(), String> {
+        match op {
+            Op::StreamCreate {
+                stream,
+                device,
+                blocking,
+            } => {
+                self.host_op(i);
+                if stream.as_str() == DEFAULT_STREAM {
+                    return if *device == 0 {
+                        Ok(())
+                    } else {
+                        Err("the legacy default stream is on device 0".into())
+                    };
+                }
+                let fresh = !self.streams.contains_key(stream.as_str());
+                let s = self.stream(stream)?;
+                if fresh {
+                    s.device = *device;
+                    s.blocking = *blocking;
+                } else if s.device != *device || s.blocking != *blocking {
+                    return Err(format!("stream {stream} exists with other attributes"));
+                }
+            }
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                addr,
+            } => self.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr)?,
+            Op::Free { buffer, stream } => self.free(i, buffer, stream.as_ref())?,
+            Op::RecordStream { buffer, stream } => {
+                self.host_op(i);
+                self.stream(stream)?;
+                match self.names.get(buffer.as_str()).copied() {
+                    Some(Name::Live(b)) => {
+                        let buf = &mut self.buffers[b];
+                        let owner_ignores = buf.memory == MemoryKind::Device
+                            && buf.owner.as_deref() == Some(stream.as_str());
+                        if !owner_ignores {
+                            buf.recorded.insert(stream.as_str().to_owned());
+                        }
+                    }
+                    Some(Name::Freed(_)) => {
+                        self.report(i, HazardKind::UseAfterFree, Some(buffer.as_str()))
+                    }
+                    Some(Name::External(_)) => {}
+                    None => {
+                        self.external(buffer.as_str());
+                    }
+                }
+            }
+            Op::Launch {
+                stream,
+                reads,
+                writes,
+                ..
+            } => {
+                self.work(i, stream)?;
+                for r in reads {
+                    self.access(i, r, stream.as_str(), false)?;
+                }
+                for r in writes {
+                    self.access(i, r, stream.as_str(), true)?;
+                }
+            }
+            Op::Copy { stream, src, dst } => {
+                self.work(i, stream)?;
+                if src.buffer == dst.buffer {
+                    let s = self.resolve(i, src)?;
+                    let d = self.resolve(i, dst)?;
+                    if let (Some((_, s0, s1)), Some((_, d0, d1))) = (s, d) {
+                        if overlaps(s0, s1, d0, d1) {
+                            return Err("copy source and destination overlap".into());
+                        }
+                    }
+                }
+                self.access(i, src, stream.as_str(), false)?;
+                self.access(i, dst, stream.as_str(), true)?;
+            }
+            Op::Memset { stream, dst } => {
+                self.work(i, stream)?;
+                self.access(i, dst, stream.as_str(), true)?;
+            }
+            Op::HostRead { buffer } => {
+                self.host_op(i);
+                self.access(i, buffer, HOST, false)?;
+            }
+            Op::HostWrite { buffer } => {
+                self.host_op(i);
+                self.access(i, buffer, HOST, true)?;
+            }
+            Op::EventCreate { event } | Op::EventDestroy { event } => {
+                self.host_op(i);
+                self.events.insert(event.as_str().to_owned(), None);
+            }
+            Op::EventRecord { event, stream } => {
+                self.stream_op(i, stream)?;
+                self.events.insert(event.as_str().to_owned(), Some(i));
+            }
+            Op::EventWait { stream, event } => {
+                self.stream_op(i, stream)?;
+                match self.capture(event) {
+                    Some(r) => self.edge(r, i),
+                    None => self.report(i, HazardKind::WaitOnUnrecordedEvent, None),
+                }
+            }
+            Op::EventSync { event } => {
+                self.host_op(i);
+                self.edge_from(self.capture(event), i);
+            }
+            Op::EventQuery { event, complete } => {
+                self.host_op(i);
+                if *complete {
+                    self.edge_from(self.capture(event), i);
+                }
+            }
+            Op::StreamSync { stream } => {
+                self.host_op(i);
+                self.sync_stream(i, stream)?;
+            }
+            Op::StreamQuery { stream, complete } => {
+                self.host_op(i);
+                if *complete {
+                    self.sync_stream(i, stream)?;
+                } else {
+                    self.stream(stream)?;
+                }
+            }
+            Op::DeviceSync { device } => {
+                self.host_op(i);
+                self.sync_device(i, *device);
+            }
+        }
+        Ok(())
+    }
+
+    /// A `launch`, `copy` or `memset` on `stream`: an op on the stream that creates an epoch.
+    fn work(&mut self, i: usize, stream: &Id) -> Result<(), String> {
+        self.stream_op(i, stream)?;
+        if let Some(s) = self.streams.get_mut(stream.as_str()) {
+            s.last_work = Some(i);
+        }
+        Ok(())
+    }
+
+    fn alloc(
+        &mut self,
+        i: usize,
+        buffer: &Id,
+        bytes: u64,
+        stream: Option<&Id>,
+        memory: MemoryKind,
+        addr: Option<u64>,
+    ) -> Result<(), String> {
+        self.host_op(i);
+        let name = buffer.as_str();
+        if let Some(Name::Live(_)) = self.names.get(name) {
+            return Err(format!("{name} is live"));
+        }
+        let owner_id = stream.cloned().unwrap_or_else(|| Id::from(DEFAULT_STREAM));
+        let key = self.stream(&owner_id)?.key;
+        let owner = owner_id.as_str().to_owned();
+        let base = if bytes == 0 {
+            None
+        } else {
+            match self.addr_mode {
+                None => self.addr_mode = Some(addr.is_some()),
+                Some(mode) if mode != addr.is_some() => {
+                    return Err("addr given on some allocations only".into())
+                }
+                Some(_) => {}
+            }
+            match addr {
+                Some(a) => {
+                    let end = a
+                        .checked_add(bytes)
+                        .ok_or_else(|| "addr + bytes overflows".to_owned())?;
+                    let live_overlap = self.names.values().any(|n| match *n {
+                        Name::Live(b) => {
+                            let buf = &self.buffers[b];
+                            buf.memory == memory
+                                && buf.addr.is_some_and(|s| {
+                                    overlaps(s, Some(s + buf.size.unwrap_or(0)), a, Some(end))
+                                })
+                        }
+                        _ => false,
+                    });
+                    if live_overlap {
+                        return Err("addr overlaps a live allocation".into());
+                    }
+                    if memory == MemoryKind::Device && self.reappears_elsewhere(a, end, &owner) {
+                        let device = self.streams[&owner].device;
+                        self.sync_device(i, device);
+                    }
+                    Some(a)
+                }
+                None => {
+                    let block = match memory {
+                        MemoryKind::Device => self.device.allocate(bytes, key),
+                        MemoryKind::Pinned => self.pinned.allocate(bytes),
+                        MemoryKind::Managed => self.managed.allocate(bytes),
+                    }
+                    .map_err(|e| e.to_string())?;
+                    block.map(|b| b.addr)
+                }
+            }
+        };
+        let b = self.buffers.len();
+        let device = memory == MemoryKind::Device;
+        self.buffers.push(Buffer {
+            name: name.to_owned(),
+            memory,
+            size: Some(bytes),
+            addr: base,
+            owner: device.then(|| owner.clone()),
+            alloc_op: i,
+            free_op: None,
+            freed_to: None,
+            recorded: BTreeSet::new(),
+        });
+        self.names.insert(name.to_owned(), Name::Live(b));
+        if bytes > 0 {
+            let (participant, at) = if device {
+                (owner.clone(), self.streams[&owner].last_work)
+            } else {
+                (HOST.to_owned(), Some(i))
+            };
+            self.accesses.push(Access {
+                op: i,
+                buffer: b,
+                participant,
+                writes: true,
+                alloc: true,
+                start: 0,
+                end: Some(bytes),
+                at,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether some byte of device memory `[a, end)` was last freed to a stream other than
+    /// `stream`.
+    fn reappears_elsewhere(&self, a: u64, end: u64, stream: &str) -> bool {
+        let mut freed: Vec<&Buffer> = self
+            .buffers
+            .iter()
+            .filter(|b| b.memory == MemoryKind::Device && b.free_op.is_some())
+            .filter(|b| {
+                b.addr
+                    .is_some_and(|s| overlaps(s, Some(s + b.size.unwrap_or(0)), a, Some(end)))
+            })
+            .collect();
+        // Most recent free first: it decides the bytes it covers.
+        freed.sort_by_key(|b| std::cmp::Reverse(b.free_op));
+        let mut uncovered = vec![(a, end)];
+        for b in freed {
+            let (s, e) = (
+                b.addr.unwrap_or(0),
+                b.addr.unwrap_or(0) + b.size.unwrap_or(0),
+            );
+            let mut rest = Vec::new();
+            for &(u0, u1) in &uncovered {
+                let (c0, c1) = (u0.max(s), u1.min(e));
+                if c0 < c1 {
+                    if b.freed_to.as_deref() != Some(stream) {
+                        return true;
+                    }
+                    if u0 < c0 {
+                        rest.push((u0, c0));
+                    }
+                    if c1 < u1 {
+                        rest.push((c1, u1));
+                    }
+                } else {
+                    rest.push((u0, u1));
+                }
+            }
+            uncovered = rest;
+        }
+        false
+    }
+
+    fn free(&mut self, i: usize, buffer: &Id, stream: Option<&Id>) -> Result<(), String> {
+        match stream {
+            Some(s) => self.stream_op(i, s)?,
+            None => self.host_op(i),
+        }
+        let name = buffer.as_str();
+        let b = match self.names.get(name).copied() {
+            Some(Name::Live(b)) => b,
+            _ => {
+                self.report(i, HazardKind::InvalidFree, Some(name));
+                return Ok(());
+            }
+        };
+        let memory = self.buffers[b].memory;
+        let owner = self.buffers[b].owner.clone();
+        let (freer, mut points) = match (stream, memory) {
+            (Some(s), _) => (s.as_str().to_owned(), vec![i]),
+            (None, MemoryKind::Device) => {
+                let o = owner.clone().unwrap_or_else(|| DEFAULT_STREAM.to_owned());
+                let mut p = vec![i];
+                p.extend(self.last_op(&o));
+                (o, p)
+            }
+            (None, _) => (HOST.to_owned(), vec![i]),
+        };
+        for t in self.buffers[b].recorded.clone() {
+            points.extend(self.last_op(&t));
+        }
+        self.frees.push(FreeCheck {
+            op: i,
+            buffer: b,
+            freer: freer.clone(),
+            points,
+        });
+        let buf = &mut self.buffers[b];
+        buf.free_op = Some(i);
+        if memory == MemoryKind::Device {
+            buf.freed_to = Some(freer.clone());
+        }
+        self.names.insert(name.to_owned(), Name::Freed(b));
+        if self.addr_mode != Some(true) {
+            if let Some(addr) = self.buffers[b].addr {
+                match memory {
+                    MemoryKind::Device => match stream {
+                        Some(s) => {
+                            let key = self.stream(s)?.key;
+                            self.device.free(addr, key)
+                        }
+                        None => self.device.free_caching(addr),
+                    },
+                    MemoryKind::Pinned => self.pinned.free(addr),
+                    MemoryKind::Managed => self.managed.free(addr),
+                }
+                .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every hazard, once the whole trace has been seen.
+    fn hazards(mut self) -> Vec<OracleHazard> {
+        let n = self.nodes.len();
+        let words = n.div_ceil(64);
+        // anc[x]: the nodes with a path to x. Edges go forward, so issue order is topological.
+        let mut anc = vec![vec![0u64; words]; n];
+        for x in 0..n {
+            let preds: Vec<usize> = self
+                .graph
+                .neighbors_directed(self.nodes[x], Direction::Incoming)
+                .map(|p| self.graph[p])
+                .collect();
+            for p in preds {
+                debug_assert!(p < x);
+                let (lo, hi) = anc.split_at_mut(x);
+                for (d, s) in hi[0].iter_mut().zip(&lo[p]) {
+                    *d |= s;
+                }
+                hi[0][p / 64] |= 1 << (p % 64);
+            }
+        }
+        let before = |a: usize, x: usize| a == x || anc[x][a / 64] & (1 << (a % 64)) != 0;
+        let ordered = |at: Option<usize>, x: usize| at.is_none_or(|a| before(a, x));
+
+        // Data races and reuse races, at each later (non-allocation) access.
+        for x in self.accesses.iter().filter(|x| !x.alloc) {
+            let xb = &self.buffers[x.buffer];
+            for a in self.accesses.iter().filter(|a| a.op < x.op) {
+                if a.participant == x.participant || !(a.writes || x.writes) {
+                    continue;
+                }
+                if ordered(a.at, x.op) {
+                    continue;
+                }
+                let ab = &self.buffers[a.buffer];
+                if a.buffer == x.buffer {
+                    if overlaps(a.start, a.end, x.start, x.end) {
+                        self.found
+                            .entry((x.op as u64, HazardKind::DataRace, Some(xb.name.clone())))
+                            .or_default()
+                            .insert(a.op as u64);
+                    }
+                    continue;
+                }
+                let (Some(xa), Some(aa)) = (xb.addr, ab.addr) else {
+                    continue;
+                };
+                let freed_before = ab.free_op.is_some_and(|f| f < xb.alloc_op);
+                if ab.memory != xb.memory || !freed_before || ab.recorded.contains(&a.participant) {
+                    continue;
+                }
+                let abs = |base: u64, s: u64, e: Option<u64>| (base + s, e.map(|e| base + e));
+                let (a0, a1) = abs(aa, a.start, a.end);
+                let (x0, x1) = abs(xa, x.start, x.end);
+                if overlaps(a0, a1, x0, x1) {
+                    self.found
+                        .entry((x.op as u64, HazardKind::ReuseRace, Some(xb.name.clone())))
+                        .or_default()
+                        .insert(a.op as u64);
+                }
+            }
+        }
+
+        // Unsafe frees: accesses by other participants not ordered before the free's clock.
+        for f in &self.frees {
+            let name = self.buffers[f.buffer].name.clone();
+            let mut conflicts = BTreeSet::new();
+            for a in self.accesses.iter().filter(|a| a.buffer == f.buffer) {
+                if a.participant == f.freer {
+                    continue;
+                }
+                let done =
+                    a.at.is_none_or(|at| f.points.iter().any(|&p| before(at, p)));
+                if !done {
+                    conflicts.insert(a.op as u64);
+                }
+            }
+            if !conflicts.is_empty() {
+                self.found
+                    .entry((f.op as u64, HazardKind::UnsafeFree, Some(name)))
+                    .or_default()
+                    .extend(conflicts);
+            }
+        }
+
+        self.found
+            .into_iter()
+            .map(|((op, kind, buffer), conflicts)| OracleHazard {
+                op,
+                kind,
+                buffer,
+                conflicts: conflicts.into_iter().collect(),
+            })
+            .collect()
+    }
+}
+
+/// Whether `[a0, a1)` and `[b0, b1)` share a byte (`None`: unbounded).
+fn overlaps(a0: u64, a1: Option<u64>, b0: u64, b1: Option<u64>) -> bool {
+    a1.is_none_or(|a1| b0 < a1) && b1.is_none_or(|b1| a0 < b1) && a1 != Some(a0) && b1 != Some(b0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alloc(buffer: &str, bytes: u64, stream: &str) -> Op {
+        Op::Alloc {
+            buffer: buffer.into(),
+            bytes,
+            stream: Some(stream.into()),
+            memory: MemoryKind::Device,
+            addr: None,
+        }
+    }
+
+    fn alloc_at(buffer: &str, bytes: u64, stream: &str, addr: u64) -> Op {
+        Op::Alloc {
+            buffer: buffer.into(),
+            bytes,
+            stream: Some(stream.into()),
+            memory: MemoryKind::Device,
+            addr: Some(addr),
+        }
+    }
+
+    fn pinned(buffer: &str, bytes: u64) -> Op {
+        Op::Alloc {
+            buffer: buffer.into(),
+            bytes,
+            stream: None,
+            memory: MemoryKind::Pinned,
+            addr: None,
+        }
+    }
+
+    fn launch(stream: &str, reads: &[&str], writes: &[&str]) -> Op {
+        Op::Launch {
+            stream: stream.into(),
+            name: None,
+            reads: reads.iter().map(|b| Region::whole(*b)).collect(),
+            writes: writes.iter().map(|b| Region::whole(*b)).collect(),
+        }
+    }
+
+    fn copy(stream: &str, src: &str, dst: &str) -> Op {
+        Op::Copy {
+            stream: stream.into(),
+            src: Region::whole(src),
+            dst: Region::whole(dst),
+        }
+    }
+
+    fn record(event: &str, stream: &str) -> Op {
+        Op::EventRecord {
+            event: event.into(),
+            stream: stream.into(),
+        }
+    }
+
+    fn wait(stream: &str, event: &str) -> Op {
+        Op::EventWait {
+            stream: stream.into(),
+            event: event.into(),
+        }
+    }
+
+    fn free(buffer: &str) -> Op {
+        Op::Free {
+            buffer: buffer.into(),
+            stream: None,
+        }
+    }
+
+    fn free_on(buffer: &str, stream: &str) -> Op {
+        Op::Free {
+            buffer: buffer.into(),
+            stream: Some(stream.into()),
+        }
+    }
+
+    fn run(ops: Vec<Op>) -> Vec<(u64, HazardKind, Option<String>, Vec<u64>)> {
+        let ops: Vec<TraceOp> = ops.into_iter().map(TraceOp::from).collect();
+        oracle_hazards(&ops)
+            .expect("valid trace")
+            .into_iter()
+            .map(|h| (h.op, h.kind, h.buffer, h.conflicts))
+            .collect()
+    }
+
+    fn h(
+        op: u64,
+        kind: HazardKind,
+        buffer: &str,
+        conflicts: &[u64],
+    ) -> (u64, HazardKind, Option<String>, Vec<u64>) {
+        (op, kind, Some(buffer.to_owned()), conflicts.to_vec())
+    }
+
+    use HazardKind::{DataRace, ReuseRace, UnsafeFree};
+
+    #[test]
+    fn raw_cross_stream() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            launch("s2", &["a"], &[]),
+        ];
+        assert_eq!(run(ops), vec![h(2, DataRace, "a", &[1])]);
+    }
+
+    #[test]
+    fn raw_cross_stream_fixed() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            record("e", "s1"),
+            wait("s2", "e"),
+            launch("s2", &["a"], &[]),
+        ];
+        assert_eq!(run(ops), vec![]);
+    }
+
+    #[test]
+    fn reuse_race() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            record("e", "s1"),
+            wait("s2", "e"),
+            launch("s2", &["a"], &[]),
+            free("a"),
+            alloc("b", 4096, "s1"),
+            launch("s1", &[], &["b"]),
+        ];
+        assert_eq!(
+            run(ops),
+            vec![h(5, UnsafeFree, "a", &[4]), h(7, ReuseRace, "b", &[4])]
+        );
+    }
+
+    #[test]
+    fn stream_ordered_free() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            free_on("a", "s2"),
+            alloc("b", 4096, "s2"),
+            launch("s2", &[], &["b"]),
+        ];
+        assert_eq!(
+            run(ops),
+            vec![h(2, UnsafeFree, "a", &[1]), h(4, ReuseRace, "b", &[1])]
+        );
+    }
+
+    #[test]
+    fn legacy_default_nonblocking_and_blocking() {
+        for (blocking, expect) in [
+            (
+                false,
+                vec![h(3, DataRace, "a", &[2]), h(4, DataRace, "a", &[3])],
+            ),
+            (true, vec![]),
+        ] {
+            let ops = vec![
+                Op::StreamCreate {
+                    stream: "n".into(),
+                    device: 0,
+                    blocking,
+                },
+                alloc("a", 4096, "n"),
+                launch("n", &[], &["a"]),
+                launch("default", &["a"], &["a"]),
+                launch("n", &["a"], &[]),
+            ];
+            assert_eq!(run(ops), expect, "blocking: {blocking}");
+        }
+    }
+
+    #[test]
+    fn event_snapshot() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            record("e", "s1"),
+            launch("s1", &[], &["a"]),
+            wait("s2", "e"),
+            launch("s2", &["a"], &[]),
+        ];
+        assert_eq!(run(ops), vec![h(5, DataRace, "a", &[3])]);
+    }
+
+    #[test]
+    fn unsafe_free_record_stream() {
+        let ops = vec![
+            alloc("a", 4096, "s1"),
+            launch("s1", &[], &["a"]),
+            record("e", "s1"),
+            wait("s2", "e"),
+            launch("s2", &["a"], &[]),
+            Op::RecordStream {
+                buffer: "a".into(),
+                stream: "s2".into(),
+            },
+            free("a"),
+            alloc("b", 4096, "s1"),
+            launch("s1", &[], &["b"]),
+        ];
+        assert_eq!(run(ops), vec![]);
+    }
+
+    #[test]
+    fn pinned_reuse() {
+        let ops = vec![
+            pinned("p", 1000),
+            alloc("d", 1000, "s1"),
+            copy("s1", "p", "d"),
+            free("p"),
+            pinned("q", 1000),
+            Op::HostWrite {
+                buffer: Region::whole("q"),
+            },
+        ];
+        assert_eq!(
+            run(ops),
+            vec![h(3, UnsafeFree, "p", &[2]), h(5, ReuseRace, "q", &[2])]
+        );
+    }
+
+    #[test]
+    fn addr_reappear() {
+        let a = 1 << 20;
+        let ops = vec![
+            alloc_at("a", 4096, "s1", a),
+            launch("s1", &[], &["a"]),
+            record("e", "s1"),
+            wait("s2", "e"),
+            launch("s2", &["a"], &[]),
+            free("a"),
+            alloc_at("b", 4096, "s3", a),
+            launch("s3", &[], &["b"]),
+            record("f", "s3"),
+            wait("s4", "f"),
+            launch("s4", &["b"], &[]),
+            free("b"),
+            alloc_at("c", 4096, "s3", a),
+            launch("s3", &[], &["c"]),
+        ];
+        assert_eq!(
+            run(ops),
+            vec![
+                h(5, UnsafeFree, "a", &[4]),
+                h(11, UnsafeFree, "b", &[10]),
+                h(13, ReuseRace, "c", &[10]),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error() {
+        let bad = [
+            vec![alloc("a", 10, "s1"), alloc("a", 10, "s1")],
+            vec![alloc("a", 10, "host")],
+            vec![
+                alloc("a", 10, "s1"),
+                Op::Memset {
+                    stream: "s1".into(),
+                    dst: Region::range("a", 8, 4),
+                },
+            ],
+            vec![
+                alloc("a", 10, "s1"),
+                Op::HostRead {
+                    buffer: Region::whole("a"),
+                },
+            ],
+        ];
+        for ops in bad {
+            let ops: Vec<TraceOp> = ops.into_iter().map(TraceOp::from).collect();
+            assert!(oracle_hazards(&ops).is_err(), "{ops:?}");
+        }
+    }
+}
