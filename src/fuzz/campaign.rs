@@ -183,8 +183,12 @@ fn alloc_epoch_op(program: &[TraceOp], alloc: usize, stream: &str) -> Option<usi
         .find(|&k| stream_of(&program[k].op).is_some_and(|s| s.as_str() == stream))
 }
 
-/// How to provoke a hazard: the (possibly extended) program and the holds.
-pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<(Vec<TraceOp>, Vec<(usize, usize)>)> {
+/// A provocation: the program to run (the original, or one extended to reuse freed memory) and
+/// the `(held, until)` pairs of op indices that steer the schedule.
+pub type Provocation = (Vec<TraceOp>, Vec<(usize, usize)>);
+
+/// How to provoke a hazard.
+pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
     let at = h.op as usize;
     let held = |c: &crate::report::Conflict| -> Option<usize> {
         if c.access == AccessKind::Alloc {
