@@ -84,32 +84,39 @@ enum Command {
     /// Examples:
     ///   streamsan fuzz --backend sim --cases 2000 --seed 7 --json
     ///   streamsan fuzz --backend cuda --cases 200
-    Fuzz {
-        /// Where programs run: the CPU simulator, or the GPU (needs a CUDA driver).
-        #[arg(long, value_enum, default_value_t = Backend::Sim)]
-        backend: Backend,
-        /// Number of programs.
-        #[arg(long, default_value_t = 100)]
-        cases: u64,
-        /// Seed of the campaign.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Ops per program.
-        #[arg(long, default_value_t = 40)]
-        ops: usize,
-        /// Probability that a needed synchronization is left out (0 to 1).
-        #[arg(long, default_value_t = 0.2)]
-        missing_sync: f64,
-        /// Random schedules per program.
-        #[arg(long, default_value_t = 3)]
-        schedules: u32,
-        /// Where counterexample traces are written.
-        #[arg(long, default_value = "streamsan-counterexamples")]
-        out_dir: PathBuf,
-        /// Print exactly one JSON object: the summary.
-        #[arg(long)]
-        json: bool,
-    },
+    Fuzz(FuzzArgs),
+}
+
+/// Options of `streamsan fuzz`.
+#[derive(clap::Args, Debug)]
+struct FuzzArgs {
+    /// Where programs run: the CPU simulator, or the GPU (needs a CUDA driver).
+    #[arg(long, value_enum, default_value_t = Backend::Sim)]
+    backend: Backend,
+    /// Number of programs.
+    #[arg(long, default_value_t = 100)]
+    cases: u64,
+    /// Seed of the campaign.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Ops per program.
+    #[arg(long, default_value_t = 40)]
+    ops: usize,
+    /// Probability that a needed synchronization is left out (0 to 1).
+    #[arg(long, default_value_t = 0.2)]
+    missing_sync: f64,
+    /// Random schedules per program.
+    #[arg(long, default_value_t = 3)]
+    schedules: u32,
+    /// Where counterexample traces are written.
+    #[arg(long, default_value = "streamsan-counterexamples")]
+    out_dir: PathBuf,
+    /// Also write up to N programs with a hazard no provocation confirmed, for inspection.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    keep_unconfirmed: usize,
+    /// Print exactly one JSON object: the summary.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -172,25 +179,7 @@ fn main() -> ExitCode {
             write_trace.as_ref(),
             json,
         ),
-        Command::Fuzz {
-            backend,
-            cases,
-            seed,
-            ops,
-            missing_sync,
-            schedules,
-            out_dir,
-            json,
-        } => fuzz(
-            backend,
-            cases,
-            seed,
-            ops,
-            missing_sync,
-            schedules,
-            out_dir,
-            json,
-        ),
+        Command::Fuzz(args) => fuzz(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
@@ -393,17 +382,18 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
     Ok(0)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn fuzz(
-    backend: Backend,
-    cases: u64,
-    seed: u64,
-    ops: usize,
-    missing_sync: f64,
-    schedules: u32,
-    out_dir: PathBuf,
-    json: bool,
-) -> Result<u8, String> {
+fn fuzz(args: FuzzArgs) -> Result<u8, String> {
+    let FuzzArgs {
+        backend,
+        cases,
+        seed,
+        ops,
+        missing_sync,
+        schedules,
+        out_dir,
+        keep_unconfirmed,
+        json,
+    } = args;
     use streamsan::fuzz::campaign::{run_campaign, CampaignConfig, Executor, SimExecutor};
     use streamsan::fuzz::gen::GenConfig;
     if !(0.0..=1.0).contains(&missing_sync) {
@@ -422,6 +412,7 @@ fn fuzz(
         random_schedules: schedules,
         attempts: 3,
         out_dir,
+        keep_unconfirmed,
     };
     let mut exec: Box<dyn Executor> = match backend {
         Backend::Sim => Box::new(SimExecutor::default()),
@@ -487,8 +478,18 @@ fn fuzz(
             pct(s.confirmed, s.hazards)
         );
         println!("  unexplained: {}", s.unexplained);
-        for c in &s.counterexamples {
-            println!("  counterexample: {c}  (streamsan check {c})");
+        for c in s.counterexamples.iter().take(10) {
+            println!("  counterexample: {c}  (reproduce: streamsan check {c})");
+        }
+        if s.counterexamples.len() > 10 {
+            println!(
+                "  … and {} more counterexamples in {}",
+                s.counterexamples.len() - 10,
+                cfg.out_dir.display()
+            );
+        }
+        for c in &res.unconfirmed {
+            println!("  unconfirmed: {c}");
         }
     }
     Ok(if s.unexplained == 0 { 0 } else { 1 })

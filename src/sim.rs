@@ -111,17 +111,21 @@ pub struct Adversarial {
     pub holds: Vec<(usize, usize)>,
     /// Random choices among the rest.
     pub rng: SplitMix,
+    /// Keep held ops back even after their `until` op completed, as long as anything else can
+    /// run: the late access lands as late as possible, where more later work can observe it.
+    pub starve: bool,
 }
 
 impl Scheduler for Adversarial {
     fn pick(&mut self, runnable: &[Runnable], done: &[bool]) -> usize {
+        let starve = self.starve;
         let allowed: Vec<usize> = (0..runnable.len())
             .filter(|&k| {
                 let op = runnable[k].op;
                 !self
                     .holds
                     .iter()
-                    .any(|&(h, u)| h == op && !done.get(u).copied().unwrap_or(true))
+                    .any(|&(h, u)| h == op && (starve || !done.get(u).copied().unwrap_or(true)))
             })
             .collect();
         if allowed.is_empty() {
@@ -174,6 +178,9 @@ pub struct Outcome {
     pub reads: BTreeMap<(usize, usize), (Id, u64)>,
     /// Checksum of every buffer live at the end.
     pub live: BTreeMap<Id, u64>,
+    /// For every buffer generation (by its alloc op): checksum of the last value each of its
+    /// words received from an access of that buffer — its result, even if freed and reused since.
+    pub written: BTreeMap<usize, (Id, u64)>,
     /// Scheduling steps taken.
     pub steps: usize,
 }
@@ -194,6 +201,11 @@ impl Outcome {
         }
         for (b, c) in &self.live {
             if other.live.get(b) != Some(c) {
+                out.insert(b.clone());
+            }
+        }
+        for (g, (b, c)) in &self.written {
+            if other.written.get(g).map(|x| x.1) != Some(*c) {
                 out.insert(b.clone());
             }
         }
@@ -219,8 +231,12 @@ impl Outcome {
 #[derive(Debug)]
 struct Arena {
     model: ModelMemory,
-    segments: BTreeMap<u64, Vec<u32>>,
+    /// Per word: its value and the buffer generation whose access last wrote it.
+    segments: BTreeMap<u64, Vec<(u32, u32)>>,
 }
+
+/// The tag of memory no buffer has written.
+const UNWRITTEN: u32 = u32::MAX;
 
 impl Memory for Arena {
     type Error = <ModelMemory as Memory>::Error;
@@ -239,12 +255,7 @@ impl Arena {
         }
     }
 
-    /// The initial contents of never-written memory: a pattern of the address.
-    fn fresh(addr: u64) -> u32 {
-        fmix((addr >> 2) as u32 ^ 0xa5a5_0000)
-    }
-
-    fn word_mut(&mut self, addr: u64) -> &mut u32 {
+    fn word_mut(&mut self, addr: u64) -> &mut (u32, u32) {
         let (&base, seg) = self
             .segments
             .range_mut(..=addr)
@@ -253,17 +264,27 @@ impl Arena {
         let i = ((addr - base) / 4) as usize;
         if seg.len() <= i {
             let start = seg.len();
-            seg.extend((start..=i).map(|k| Arena::fresh(base + 4 * k as u64)));
+            seg.resize(start.max(i + 1), (0, UNWRITTEN));
         }
         &mut seg[i]
     }
 
-    fn read(&mut self, addr: u64) -> u32 {
-        *self.word_mut(addr)
+    /// Reads a word as buffer generation `gen` sees it. Words `gen` has not written are
+    /// uninitialized: they read as a pattern of the generation and the address, whatever an
+    /// earlier owner of the memory left there, so a program's reads of uninitialized memory are
+    /// deterministic. A write by an earlier owner that lands after `gen` wrote (a reuse race)
+    /// still clobbers `gen`'s data.
+    fn read(&mut self, addr: u64, gen: u32) -> u32 {
+        let (v, tag) = *self.word_mut(addr);
+        if tag == gen {
+            v
+        } else {
+            fmix(gen.wrapping_mul(0x9e37_79b9) ^ (addr >> 2) as u32)
+        }
     }
 
-    fn write(&mut self, addr: u64, v: u32) {
-        *self.word_mut(addr) = v;
+    fn write(&mut self, addr: u64, v: u32, gen: u32) {
+        *self.word_mut(addr) = (v, gen);
     }
 }
 
@@ -271,6 +292,7 @@ impl Arena {
 #[derive(Clone, Debug)]
 struct Span {
     memory: MemoryKind,
+    gen: u32,
     addr: u64,
     words: u32,
     buffer: Id,
@@ -279,6 +301,7 @@ struct Span {
 #[derive(Clone, Debug)]
 struct Buffer {
     memory: MemoryKind,
+    gen: u32,
     addr: u64,
     size: u64,
     /// Ops that must complete before this buffer's memory may be used (record_stream fences of
@@ -357,6 +380,9 @@ struct Run<'p> {
     streams: Vec<Stream>,
     stream_ids: HashMap<Id, usize>,
     buffers: HashMap<Id, Buffer>,
+    /// Per generation (indexed by `Buffer::gen`): its alloc op, name, base, and the last value
+    /// each word received from its own accesses.
+    gens: Vec<(usize, Id, u64, Vec<Option<u32>>)>,
     freed: Vec<Freed>,
     record_streams: HashMap<Id, Vec<usize>>,
     events: HashMap<Id, Option<usize>>,
@@ -387,6 +413,7 @@ pub fn run(
         streams: Vec::new(),
         stream_ids: HashMap::new(),
         buffers: HashMap::new(),
+        gens: Vec::new(),
         freed: Vec::new(),
         record_streams: HashMap::new(),
         events: HashMap::new(),
@@ -419,10 +446,16 @@ pub fn run(
     for (name, b) in live {
         let mut sum = 0u64;
         for i in 0..(b.size / 4) {
-            let w = r.arena(b.memory).read(b.addr + 4 * i);
+            let w = r.arena(b.memory).read(b.addr + 4 * i, b.gen);
             sum = sum.wrapping_add(u64::from(fmix(w ^ i as u32)));
         }
         r.outcome.live.insert(name, sum);
+    }
+    for (op, name, _, words) in &r.gens {
+        let sum = words.iter().enumerate().fold(0u64, |acc, (k, w)| {
+            acc.wrapping_add(w.map_or(0x5a5a, |v| u64::from(fmix(v ^ k as u32))))
+        });
+        r.outcome.written.insert(*op, (name.clone(), sum));
     }
     Ok(r.outcome)
 }
@@ -515,6 +548,7 @@ impl Run<'_> {
         }
         Ok(Span {
             memory: b.memory,
+            gen: b.gen,
             addr: b.addr + r.offset,
             words: (bytes / 4) as u32,
             buffer: r.buffer.clone(),
@@ -598,8 +632,9 @@ impl Run<'_> {
                     let vals: Vec<Option<u32>> = reads
                         .iter()
                         .map(|r| {
-                            (i < r.words)
-                                .then(|| self.arena(r.memory).read(r.addr + 4 * u64::from(i)))
+                            (i < r.words).then(|| {
+                                self.arena(r.memory).read(r.addr + 4 * u64::from(i), r.gen)
+                            })
                         })
                         .collect();
                     for (k, (r, v)) in reads.iter().zip(&vals).enumerate() {
@@ -610,40 +645,52 @@ impl Run<'_> {
                     for (j, w) in writes.iter().enumerate() {
                         if i < w.words {
                             let v = hash_word(id, j as u32, i, vals.iter().copied());
-                            self.arena(w.memory).write(w.addr + 4 * u64::from(i), v);
+                            self.put(w, i, v);
                         }
                     }
                 }
             }
             Work::Copy { src, dst } => {
                 for i in from..to {
-                    let v = self.arena(src.memory).read(src.addr + 4 * u64::from(i));
+                    let v = self
+                        .arena(src.memory)
+                        .read(src.addr + 4 * u64::from(i), src.gen);
                     self.observe(p.op, 0, &src.buffer, i, v);
-                    self.arena(dst.memory).write(dst.addr + 4 * u64::from(i), v);
+                    self.put(dst, i, v);
                 }
             }
             Work::Memset { dst } => {
                 for i in from..to {
-                    self.arena(dst.memory)
-                        .write(dst.addr + 4 * u64::from(i), memset_word(id));
+                    self.put(dst, i, memset_word(id));
                 }
             }
             Work::HostRead { src } => {
                 for i in from..to {
-                    let v = self.arena(src.memory).read(src.addr + 4 * u64::from(i));
+                    let v = self
+                        .arena(src.memory)
+                        .read(src.addr + 4 * u64::from(i), src.gen);
                     self.observe(p.op, 0, &src.buffer, i, v);
                 }
             }
             Work::HostWrite { dst } => {
                 for i in from..to {
-                    self.arena(dst.memory)
-                        .write(dst.addr + 4 * u64::from(i), hash_word(id, 0, i, []));
+                    self.put(dst, i, hash_word(id, 0, i, []));
                 }
             }
             Work::Marker => {}
         }
         p.progress = to;
         to >= total
+    }
+
+    /// Writes a word of a span and remembers it as that generation's latest value there.
+    fn put(&mut self, span: &Span, i: u32, v: u32) {
+        let addr = span.addr + 4 * u64::from(i);
+        self.arena(span.memory).write(addr, v, span.gen);
+        let g = &mut self.gens[span.gen as usize];
+        if let Some(w) = g.3.get_mut(((addr - g.2) / 4) as usize) {
+            *w = Some(v);
+        }
     }
 
     fn observe(&mut self, op: usize, k: usize, buffer: &Id, i: u32, v: u32) {
@@ -689,6 +736,8 @@ impl Run<'_> {
                 let addr = block.map(|b| b.addr).unwrap_or(0);
                 // The block reuses memory of earlier buffers freed with record_stream: fence.
                 let end = addr + bytes;
+                self.gens
+                    .push((i, buffer.clone(), addr, vec![None; (*bytes / 4) as usize]));
                 let fences: Vec<usize> = self
                     .freed
                     .iter()
@@ -699,6 +748,7 @@ impl Run<'_> {
                     buffer.clone(),
                     Buffer {
                         memory: *memory,
+                        gen: self.gens.len() as u32 - 1,
                         addr,
                         size: *bytes,
                         fences,
@@ -1035,6 +1085,7 @@ mod tests {
         let mut adv = Adversarial {
             holds: vec![(5, 8)],
             rng: SplitMix::new(1),
+            starve: false,
         };
         let o = run(&p, &mut adv, SimConfig::default()).unwrap();
         assert_eq!(o.diverging(&r), vec![Id::from("a"), Id::from("out")]);
@@ -1050,6 +1101,7 @@ mod tests {
         let mut adv = Adversarial {
             holds: vec![(5, 9)],
             rng: SplitMix::new(1),
+            starve: false,
         };
         let o = run(&fixed, &mut adv, SimConfig::default()).unwrap();
         assert!(o.diverging(&r).is_empty(), "record_stream fences the reuse");

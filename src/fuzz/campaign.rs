@@ -68,6 +68,8 @@ impl Executor for SimExecutor {
         let mut s = Adversarial {
             holds: holds.to_vec(),
             rng: SplitMix::new(seed),
+            // Odd seeds keep the held accesses back for as long as anything else can run.
+            starve: seed % 2 == 1,
         };
         sim::run(program, &mut s, self.config)
     }
@@ -88,6 +90,8 @@ pub struct CampaignConfig {
     pub attempts: u32,
     /// Where counterexamples are written.
     pub out_dir: PathBuf,
+    /// Also write up to this many programs with a hazard that no provocation confirmed.
+    pub keep_unconfirmed: usize,
 }
 
 impl Default for CampaignConfig {
@@ -99,6 +103,7 @@ impl Default for CampaignConfig {
             random_schedules: 3,
             attempts: 3,
             out_dir: PathBuf::from("streamsan-counterexamples"),
+            keep_unconfirmed: 0,
         }
     }
 }
@@ -138,6 +143,8 @@ pub struct CampaignResult {
     pub by_kind: [KindCounts; 3],
     /// Simulated or device runs made.
     pub runs: u64,
+    /// Trace files of programs with unconfirmed hazards (see `keep_unconfirmed`).
+    pub unconfirmed: Vec<String>,
 }
 
 fn provokable(kind: HazardKind) -> Option<usize> {
@@ -183,9 +190,16 @@ fn alloc_epoch_op(program: &[TraceOp], alloc: usize, stream: &str) -> Option<usi
         .find(|&k| stream_of(&program[k].op).is_some_and(|s| s.as_str() == stream))
 }
 
-/// A provocation: the program to run (the original, or one extended to reuse freed memory) and
-/// the `(held, until)` pairs of op indices that steer the schedule.
-pub type Provocation = (Vec<TraceOp>, Vec<(usize, usize)>);
+/// How to make a hazard manifest.
+#[derive(Clone, Debug)]
+pub struct Provocation {
+    /// The program to run: the original, or one extended to reuse freed memory.
+    pub program: Vec<TraceOp>,
+    /// `(held, until)` pairs of op indices that steer the schedule.
+    pub holds: Vec<(usize, usize)>,
+    /// The buffers whose data show the corruption: the hazard's, and any the provocation added.
+    pub watch: BTreeSet<Id>,
+}
 
 /// How to provoke a hazard.
 pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
@@ -199,13 +213,71 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
     };
     match h.kind {
         HazardKind::DataRace | HazardKind::ReuseRace => {
-            let holds: Vec<(usize, usize)> = h
+            // A conflict with an allocation manifests only if the memory was in use just
+            // before: make it so. Before the allocation, a temporary of the same size on the
+            // owning stream is written and freed, so the allocation reuses its block; that write
+            // is held until the hazard's access is done, and lands in the new buffer.
+            let mut p = program.to_vec();
+            let mut holds = Vec::new();
+            let mut inserted: Vec<usize> = Vec::new();
+            let mut allocs: Vec<&crate::report::Conflict> = h
                 .conflicts
                 .iter()
-                .filter_map(held)
-                .map(|y| (y, at))
+                .filter(|c| c.access == AccessKind::Alloc)
                 .collect();
-            (!holds.is_empty()).then(|| (program.to_vec(), holds))
+            allocs.sort_by_key(|c| std::cmp::Reverse(c.op));
+            allocs.dedup_by_key(|c| c.op);
+            for c in &allocs {
+                let a = c.op as usize;
+                let Op::Alloc {
+                    buffer,
+                    bytes,
+                    stream,
+                    memory,
+                    ..
+                } = &program[a].op
+                else {
+                    continue;
+                };
+                let tmp = Id(format!("{buffer}.previous"));
+                let ops = [
+                    Op::Alloc {
+                        buffer: tmp.clone(),
+                        bytes: *bytes,
+                        stream: stream.clone(),
+                        memory: *memory,
+                        addr: None,
+                    },
+                    Op::Launch {
+                        stream: Id(c.participant.clone()),
+                        name: Some("previous-user".into()),
+                        reads: vec![],
+                        writes: vec![Region::whole(tmp.clone())],
+                    },
+                    Op::Free {
+                        buffer: tmp,
+                        stream: None,
+                    },
+                ];
+                for (k, op) in ops.into_iter().enumerate() {
+                    p.insert(a + k, op.into());
+                }
+                inserted.push(a);
+            }
+            // Op indices after an insertion point shift by 3 per insertion before them.
+            let shift = |i: usize| i + 3 * inserted.iter().filter(|&&a| a <= i).count();
+            let at2 = shift(at);
+            for &a in &inserted {
+                holds.push((shift(a) - 3 + 1, at2));
+            }
+            for c in h.conflicts.iter().filter(|c| c.access != AccessKind::Alloc) {
+                holds.push((shift(c.op as usize), at2));
+            }
+            (!holds.is_empty()).then(|| Provocation {
+                program: p,
+                holds,
+                watch: hazard_buffers(h),
+            })
         }
         HazardKind::UnsafeFree => {
             // Allocate the same size right after the free, on the stream the block goes back to,
@@ -261,7 +333,13 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                 .filter_map(held)
                 .map(|y| (y, at + 2))
                 .collect();
-            (!holds.is_empty()).then_some((p, holds))
+            let mut watch = hazard_buffers(h);
+            watch.insert(Id(format!("{name}.reused")));
+            (!holds.is_empty()).then_some(Provocation {
+                program: p,
+                holds,
+                watch,
+            })
         }
         _ => None,
     }
@@ -324,7 +402,12 @@ pub fn run_campaign(
             };
             res.summary.hazards += 1;
             res.by_kind[slot].hazards += 1;
-            let Some((p, holds)) = provocation(&program, h) else {
+            let Some(Provocation {
+                program: p,
+                holds,
+                watch: buffers,
+            }) = provocation(&program, h)
+            else {
                 continue;
             };
             let p_ref = if p.len() == program.len() {
@@ -332,7 +415,7 @@ pub fn run_campaign(
             } else {
                 exec.reference(&p).map_err(sim_err)?
             };
-            let buffers = hazard_buffers(h);
+            let mut confirmed = false;
             for a in 0..cfg.attempts {
                 let o = exec
                     .provoke(&p, &holds, case_seed.wrapping_add(u64::from(a)))
@@ -341,6 +424,7 @@ pub fn run_campaign(
                 if o.diverging(&p_ref).iter().any(|b| buffers.contains(b)) {
                     res.summary.confirmed += 1;
                     res.by_kind[slot].confirmed += 1;
+                    confirmed = true;
                     break;
                 }
                 if p.len() == program.len() && bad.is_none() {
@@ -348,6 +432,23 @@ pub fn run_campaign(
                         bad = Some((b, 0));
                     }
                 }
+            }
+            if !confirmed && res.unconfirmed.len() < cfg.keep_unconfirmed {
+                let why = format!(
+                    "unconfirmed: {} at op {} on {} (conflicts at ops {:?}); provoked with holds {:?}\n",
+                    h.kind,
+                    h.op,
+                    h.buffer.as_deref().unwrap_or("-"),
+                    h.conflicts.iter().map(|c| c.op).collect::<Vec<_>>(),
+                    holds
+                );
+                let path = write_trace(
+                    &cfg.out_dir,
+                    &format!("unconfirmed-{case}-op{}-{}.jsonl", h.op, h.kind),
+                    &p,
+                    &why,
+                )?;
+                res.unconfirmed.push(path.display().to_string());
             }
         }
         if let Some((buffers, _)) = bad {
@@ -406,16 +507,25 @@ fn write_counterexample(
     program: &[TraceOp],
     buffers: &[Id],
 ) -> Result<PathBuf, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join(format!("unexplained-{case}.jsonl"));
-    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut w = TraceWriter::new(std::io::BufWriter::new(file));
     let names: Vec<&str> = buffers.iter().map(Id::as_str).collect();
     let header = format!(
-        "# streamsan fuzz counterexample: data differed from the sequential reference in buffers {} with no hazard reported on them\n",
+        "streamsan fuzz counterexample: data differed from the sequential reference in buffers {} with no hazard reported on them",
         names.join(", ")
     );
-    w.comment(&header).map_err(|e| e.to_string())?;
+    write_trace(dir, &format!("unexplained-{case}.jsonl"), program, &header)
+}
+
+fn write_trace(
+    dir: &Path,
+    name: &str,
+    program: &[TraceOp],
+    header: &str,
+) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(name);
+    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut w = TraceWriter::new(std::io::BufWriter::new(file));
+    w.comment(header).map_err(|e| e.to_string())?;
     for op in program {
         w.write(op).map_err(|e| e.to_string())?;
     }
