@@ -7,7 +7,9 @@
 //! `Checker::check_access`, `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
 //! `resolve`, `wait-on-unrecorded-event` in the `event_wait` arm of [`Checker::check`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::sync::Arc;
 
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
@@ -16,7 +18,7 @@ use crate::order::{Order, StreamError, Wait};
 use crate::report::{
     AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind, OpNote, Pattern, Report,
 };
-use crate::shadow::{Access, GenId, Generation, Graveyard, OpInfo};
+use crate::shadow::{scan, Access, GenId, Generation, Graveyard, Probe};
 use crate::trace::{Field, Id, MemoryKind, Op, Region, Site, TraceOp};
 
 /// Bad input found while checking an op: the trace is not a valid program.
@@ -135,10 +137,14 @@ pub struct Checker {
     managed: HostCachingAllocator<ModelMemory>,
     /// Whether allocations give `addr` (decided by the first non-empty allocation).
     addr_mode: Option<bool>,
-    /// Live allocations by memory kind: start → (end, generation).
+    /// With `addr`: live allocations by memory kind, start → (end, generation).
     live: [BTreeMap<u64, (u64, GenId)>; 3],
     /// With `addr`: device bytes freed and not yet reallocated → the participant that freed them.
     freed_by: BTreeMap<u64, (u64, Participant)>,
+    /// The serial number of the latest generation.
+    serial: u64,
+    /// Kernel names, shared by every launch of the same name.
+    labels: HashMap<Box<str>, Arc<str>>,
     ops: u64,
     hazards: Vec<Hazard>,
     history: usize,
@@ -179,7 +185,7 @@ impl Checker {
             order: Order::new(),
             gens: Vec::new(),
             free_slots: Vec::new(),
-            names: HashMap::new(),
+            names: HashMap::default(),
             graveyard: Graveyard::default(),
             device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
             pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
@@ -187,6 +193,8 @@ impl Checker {
             addr_mode: None,
             live: Default::default(),
             freed_by: BTreeMap::new(),
+            serial: 0,
+            labels: HashMap::default(),
             ops: 0,
             hazards: Vec::new(),
             history: 0,
@@ -356,7 +364,7 @@ impl Checker {
                     self.resolve(i, r, Field::Read(k as u32), AccessKind::Read, false)?;
                 }
                 self.dedup_regions();
-                let label = name.as_deref().map(Arc::from);
+                let label = name.as_deref().map(|n| self.label(n));
                 self.run_access_op(i, op, p, site, label);
             }
             Op::Copy { stream, src, dst } => {
@@ -446,6 +454,15 @@ impl Checker {
         Ok(())
     }
 
+    fn label(&mut self, name: &str) -> Arc<str> {
+        if let Some(l) = self.labels.get(name) {
+            return l.clone();
+        }
+        let l: Arc<str> = Arc::from(name);
+        self.labels.insert(name.into(), l.clone());
+        l
+    }
+
     fn new_gen(&mut self, g: Generation) -> GenId {
         match self.free_slots.pop() {
             Some(s) => {
@@ -461,7 +478,7 @@ impl Checker {
 
     fn drop_gen(&mut self, g: GenId) {
         if let Some(gen) = self.gens[g.0 as usize].take() {
-            self.history -= gen.accesses.len();
+            self.history -= gen.history_len();
             self.free_slots.push(g.0);
         }
     }
@@ -471,7 +488,10 @@ impl Checker {
     }
 
     fn new_external(&mut self, name: &Id) -> GenId {
+        self.serial += 1;
         self.new_gen(Generation {
+            serial: self.serial,
+            reuses: Vec::new(),
             name: name.clone(),
             memory: MemoryKind::Device,
             owner: Participant::HOST,
@@ -483,6 +503,7 @@ impl Checker {
             free: None,
             record_streams: Vec::new(),
             accesses: Vec::new(),
+            covered: Vec::new(),
         })
     }
 
@@ -594,16 +615,24 @@ impl Checker {
                 kind: AccessKind::Alloc,
                 offset: 0,
                 end: bytes,
-                info: site.clone().map(|s| {
-                    Arc::new(OpInfo {
-                        site: Some(s),
-                        label: None,
-                    })
-                }),
+                site: site.clone(),
+                label: None,
             });
         }
         self.history += accesses.len();
+        let mut reuses = Vec::new();
+        if let Some(a) = base.filter(|_| bytes > 0 && !self.graveyard.is_empty()) {
+            let gens = &self.gens;
+            self.graveyard
+                .overlapping(memory, a, a + bytes, |h, start| {
+                    let serial = gens[h.0 as usize].as_ref().map_or(0, |x| x.serial);
+                    reuses.push((h, serial, start));
+                });
+        }
+        self.serial += 1;
         let g = self.new_gen(Generation {
+            serial: self.serial,
+            reuses,
             name: buffer.clone(),
             memory,
             owner,
@@ -615,8 +644,10 @@ impl Checker {
             free: None,
             record_streams: Vec::new(),
             accesses,
+            covered: Vec::new(),
         });
-        if let Some(a) = base {
+        // Recorded addresses are checked for overlaps; the model's never overlap.
+        if let (Some(a), Some(true)) = (base, self.addr_mode) {
             self.live[kind_slot(memory)].insert(a, (a + bytes, g));
         }
         // A name used so far as external starts a new, unrelated buffer.
@@ -746,18 +777,20 @@ impl Checker {
         }
         let mut conflicts: Vec<Conflict> = Vec::new();
         let gen = self.gens[g.0 as usize].as_mut().expect("live generation");
-        for a in &gen.accesses {
+        for a in gen.accesses.iter().chain(&gen.covered) {
             if a.epoch.participant != by && !clock.covers(a.epoch) {
                 conflicts.push(conflict_of(&self.order, a, &gen.name));
             }
         }
         self.scratch_clock = clock;
-        let alloc_note = OpNote {
-            what: format!("allocated on {}", self.order.name(owner)),
-            op: gen.alloc_op.unwrap_or(0),
-            site: gen.alloc_site.clone(),
-        };
+        let (alloc_op, alloc_site) = (gen.alloc_op.unwrap_or(0), gen.alloc_site.clone());
         gen.free = Some((i, by, site.clone()));
+        if !gen.record_streams.is_empty() {
+            // record_stream excuses some participants from reuse races; an access covered by
+            // an excused one no longer has a stand-in, so it is scanned again.
+            let covered = std::mem::take(&mut gen.covered);
+            gen.accesses.extend(covered);
+        }
         if !conflicts.is_empty() {
             conflicts.sort_by(conflict_order);
             let participant = self.order.name(by).to_string();
@@ -793,14 +826,18 @@ impl Checker {
                     label: None,
                     event: None,
                     participant,
-                    notes: vec![alloc_note],
+                    notes: vec![OpNote {
+                        what: format!("allocated on {}", self.order.name(owner)),
+                        op: alloc_op,
+                        site: alloc_site,
+                    }],
                 },
             });
         }
         // Hand the memory back to the allocator model.
         if let Some(a) = base {
-            self.live[kind_slot(memory)].remove(&a);
             if self.addr_mode == Some(true) {
+                self.live[kind_slot(memory)].remove(&a);
                 if memory == MemoryKind::Device {
                     self.freed_by.insert(a, (a + size, by));
                 }
@@ -824,7 +861,7 @@ impl Checker {
                 free_site: site,
             })),
         );
-        let keep = base.is_some() && size > 0 && !self.gen(g).accesses.is_empty();
+        let keep = base.is_some() && size > 0 && !self.gen(g).history_is_empty();
         if keep {
             self.graveyard
                 .insert(memory, base.unwrap_or(0), base.unwrap_or(0) + size, g);
@@ -974,7 +1011,6 @@ impl Checker {
         if !self.uaf.is_empty() {
             self.report_use_after_free(i, op, p, &site);
         }
-        let info = (site.is_some() || label.is_some()).then(|| Arc::new(OpInfo { site, label }));
         for a in &self.op_accesses {
             if a.offset >= a.end {
                 // An access of no bytes uses no memory: it can never conflict.
@@ -989,7 +1025,8 @@ impl Checker {
                 kind: a.kind,
                 offset: a.offset,
                 end: a.end,
-                info: info.clone(),
+                site: site.clone(),
+                label: label.clone(),
             });
         }
         self.history += self.op_accesses.iter().filter(|a| a.offset < a.end).count();
@@ -1017,73 +1054,101 @@ impl Checker {
         let clock = order.clock(p);
         let host = order.host_clock();
         let gen = gens[g.0 as usize].as_mut().expect("accessed generation");
-        let writes = kind.writes();
-        let mut k = 0;
-        while k < gen.accesses.len() {
-            let a = &gen.accesses[k];
-            if host.covers(a.epoch) {
-                // Ordered before every future access: prune.
-                gen.accesses.swap_remove(k);
-                *history -= 1;
-                continue;
-            }
-            if a.epoch.participant != p
-                && (writes || a.kind.writes())
-                && a.overlaps(offset, end)
-                && !clock.covers(a.epoch)
-            {
-                found.push(Found {
-                    at,
-                    kind: HazardKind::DataRace,
-                    access: a.clone(),
-                    buffer: gen.name.clone(),
-                    free_op: None,
-                    free_site: None,
-                });
-            }
-            k += 1;
+        let probe = Probe {
+            participant: p,
+            clock,
+            writes: kind.writes(),
+            offset,
+            end,
+        };
+        let hits = std::cell::Cell::new(0);
+        let name = &gen.name;
+        let mut hit = |a: &Access| {
+            hits.set(hits.get() + 1);
+            found.push(Found {
+                at,
+                kind: HazardKind::DataRace,
+                access: a.clone(),
+                buffer: name.clone(),
+                free_op: None,
+                free_site: None,
+            });
+        };
+        // An empty access covers nothing and conflicts with nothing.
+        let cover = (offset < end).then_some(&mut gen.covered);
+        *history -= scan(&mut gen.accesses, cover, host, probe, &[], &mut hit);
+        if hits.get() > 0 {
+            *history -= scan(&mut gen.covered, None, host, probe, &[], &mut hit);
         }
+
         // Reuse: earlier, freed buffers whose bytes this region occupies.
         let (Some(base), memory) = (gen.addr, gen.memory) else {
             return;
         };
-        if graveyard.is_empty() || offset >= end {
+        if gen.reuses.is_empty() || offset >= end {
             return;
         }
         let (lo, hi) = (base + offset, base + end.min(gen.size.unwrap_or(0)));
+        let mut reuses = std::mem::take(&mut gen.reuses);
         scratch_gens.clear();
-        graveyard.overlapping(memory, lo, hi, |h, start| scratch_gens.push((h, start)));
+        reuses.retain(|&(h, serial, start)| {
+            let alive = gens[h.0 as usize]
+                .as_ref()
+                .is_some_and(|x| x.serial == serial);
+            if alive && start < hi {
+                scratch_gens.push((h, start));
+            }
+            alive
+        });
+        if let Some(gen) = gens[g.0 as usize].as_mut() {
+            gen.reuses = reuses;
+        }
         for &(h, start) in scratch_gens.iter() {
             let old = gens[h.0 as usize].as_mut().expect("freed generation");
             let free_op = old.free.as_ref().map(|f| f.0);
             let free_site = old.free.as_ref().and_then(|f| f.2.clone());
-            let mut k = 0;
-            while k < old.accesses.len() {
-                let a = &old.accesses[k];
-                if host.covers(a.epoch) {
-                    old.accesses.swap_remove(k);
-                    *history -= 1;
-                    continue;
-                }
-                let q = a.epoch.participant;
-                if q != p
-                    && (writes || a.kind.writes())
-                    && a.overlaps(lo.saturating_sub(start), hi - start)
-                    && !clock.covers(a.epoch)
-                    && !old.record_streams.contains(&q)
-                {
-                    found.push(Found {
-                        at,
-                        kind: HazardKind::ReuseRace,
-                        access: a.clone(),
-                        buffer: old.name.clone(),
-                        free_op,
-                        free_site: free_site.clone(),
-                    });
-                }
-                k += 1;
+            let probe = Probe {
+                offset: lo.saturating_sub(start),
+                end: hi - start,
+                ..probe
+            };
+            let name = &old.name;
+            let hits = std::cell::Cell::new(0);
+            let mut hit = |a: &Access| {
+                hits.set(hits.get() + 1);
+                found.push(Found {
+                    at,
+                    kind: HazardKind::ReuseRace,
+                    access: a.clone(),
+                    buffer: name.clone(),
+                    free_op,
+                    free_site: free_site.clone(),
+                });
+            };
+            *history -= scan(
+                &mut old.accesses,
+                None,
+                host,
+                probe,
+                &old.record_streams,
+                &mut hit,
+            );
+            if hits.get() > 0 {
+                *history -= scan(
+                    &mut old.covered,
+                    None,
+                    host,
+                    probe,
+                    &old.record_streams,
+                    &mut hit,
+                );
             }
             if old.accesses.is_empty() {
+                // Every covered entry happens before one that was pruned: prune them too.
+                *history -= old.covered.len();
+                old.covered.clear();
+            }
+            if old.history_is_empty() {
                 graveyard.remove(memory, start, h);
                 gens[h.0 as usize] = None;
                 free_slots.push(h.0);
@@ -1275,7 +1340,7 @@ impl Checker {
             let empty: Vec<_> = self
                 .graveyard
                 .all()
-                .filter(|&(_, _, g)| self.gen(g).accesses.is_empty())
+                .filter(|&(_, _, g)| self.gen(g).history_is_empty())
                 .collect();
             for (kind, start, g) in empty {
                 self.graveyard.remove(kind, start, g);
@@ -1295,8 +1360,8 @@ fn conflict_of(order: &Order, a: &Access, buffer: &Id) -> Conflict {
         buffer: buffer.to_string(),
         offset: a.offset,
         bytes: bytes_of(a.offset, a.end),
-        site: a.info.as_ref().and_then(|x| x.site.clone()),
-        label: a.info.as_ref().and_then(|x| x.label.clone()),
+        site: a.site.clone(),
+        label: a.label.clone(),
     }
 }
 

@@ -10,7 +10,7 @@
 //! Guarantee: `covers` answers exactly "does this access happen before that point" under the
 //! rules; it is checked against a brute-force reachability oracle in the tests.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::clock::{Epoch, Participant, VectorClock};
 use crate::trace::{Id, DEFAULT_STREAM, HOST};
@@ -86,8 +86,8 @@ impl Order {
         let mut order = Order {
             host: VectorClock::new(),
             streams: Vec::new(),
-            by_name: HashMap::new(),
-            events: HashMap::new(),
+            by_name: HashMap::default(),
+            events: HashMap::default(),
             blocking0: Vec::new(),
         };
         let d = order.add_stream(Id::from(DEFAULT_STREAM), 0, false, true);

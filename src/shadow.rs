@@ -11,21 +11,12 @@
 //! races. Memory thus follows the accesses issued since the host last synchronized with them, not
 //! the trace length.
 
-use std::collections::BTreeMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 
 use crate::clock::{Epoch, Participant, VectorClock};
 use crate::report::AccessKind;
 use crate::trace::{Id, MemoryKind, Site};
-
-/// Extra facts about an op kept with its accesses for reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpInfo {
-    /// The op's site.
-    pub site: Option<Arc<Site>>,
-    /// The kernel name of a launch.
-    pub label: Option<Arc<str>>,
-}
 
 /// One recorded access: an op's use of one region of one generation.
 #[derive(Clone, Debug)]
@@ -40,8 +31,10 @@ pub struct Access {
     pub offset: u64,
     /// One past the last byte; `u64::MAX` for "to the end" of an external buffer.
     pub end: u64,
-    /// Site and label of the op, shared by its accesses.
-    pub info: Option<Arc<OpInfo>>,
+    /// The op's site, shared by its accesses.
+    pub site: Option<Arc<Site>>,
+    /// The kernel name of a launch, shared by every launch of that name.
+    pub label: Option<Arc<str>>,
 }
 
 impl Access {
@@ -55,6 +48,12 @@ impl Access {
 /// The state of one buffer generation.
 #[derive(Clone, Debug)]
 pub struct Generation {
+    /// A number no other generation of the trace has (slots of the table are reused).
+    pub serial: u64,
+    /// The freed generations whose bytes this one's memory reuses, found at its allocation:
+    /// (slot, serial, start). Only those can race with its accesses as reuse, since memory
+    /// freed later was live alongside it and cannot overlap it.
+    pub reuses: Vec<(GenId, u64, u64)>,
     /// The buffer's name.
     pub name: Id,
     /// Its memory kind.
@@ -75,8 +74,14 @@ pub struct Generation {
     pub free: Option<(u64, Participant, Option<Arc<Site>>)>,
     /// Streams named by `record_stream` (other than the owner of device memory).
     pub record_streams: Vec<Participant>,
-    /// The history not yet pruned.
+    /// The history not yet pruned that every access scans.
     pub accesses: Vec<Access>,
+    /// History made redundant for detection by a later access that covers its bytes and that it
+    /// happens before (a write covers anything, a read covers reads): whenever such an entry
+    /// conflicts with an access, so does the covering one — or the one covering that. So an
+    /// access scans this list only once it has found a conflict, to list every conflicting
+    /// access exactly; the common, ordered access never does.
+    pub covered: Vec<Access>,
 }
 
 impl Generation {
@@ -87,10 +92,87 @@ impl Generation {
 
     /// Drops the entries the host's clock covers; returns how many were dropped.
     pub fn prune(&mut self, host: &VectorClock) -> usize {
-        let before = self.accesses.len();
+        let before = self.history_len();
         self.accesses.retain(|a| !host.covers(a.epoch));
-        before - self.accesses.len()
+        if self.accesses.is_empty() {
+            // Every covered entry happens before an entry that the host's clock covers.
+            self.covered.clear();
+        } else {
+            self.covered.retain(|a| !host.covers(a.epoch));
+        }
+        before - self.history_len()
     }
+
+    /// Number of history entries kept.
+    pub fn history_len(&self) -> usize {
+        self.accesses.len() + self.covered.len()
+    }
+
+    /// Whether no history is kept.
+    pub fn history_is_empty(&self) -> bool {
+        self.accesses.is_empty() && self.covered.is_empty()
+    }
+}
+
+/// What one access does, for [`scan`].
+#[derive(Clone, Copy, Debug)]
+pub struct Probe<'c> {
+    /// The accessing participant.
+    pub participant: Participant,
+    /// Its clock at the access.
+    pub clock: &'c VectorClock,
+    /// Whether it writes.
+    pub writes: bool,
+    /// Its byte range, in the scanned generation's offsets.
+    pub offset: u64,
+    /// One past its last byte.
+    pub end: u64,
+}
+
+/// Scans one history list for an access: drops the entries the host's clock covers, calls `hit`
+/// for every entry that conflicts with the access (overlapping bytes, another participant, a
+/// write on either side, not ordered before it), and, with `cover`, moves there the entries the
+/// access covers (see [`Generation::covered`]). Entries of participants in `excluded` never
+/// conflict. Returns the number of entries dropped.
+pub fn scan(
+    list: &mut Vec<Access>,
+    mut cover: Option<&mut Vec<Access>>,
+    host: &VectorClock,
+    probe: Probe<'_>,
+    excluded: &[Participant],
+    mut hit: impl FnMut(&Access),
+) -> usize {
+    let mut dropped = 0;
+    let mut k = 0;
+    while k < list.len() {
+        let a = &list[k];
+        if host.covers(a.epoch) {
+            list.swap_remove(k);
+            dropped += 1;
+            continue;
+        }
+        let ordered = probe.clock.covers(a.epoch);
+        if !ordered
+            && a.epoch.participant != probe.participant
+            && (probe.writes || a.kind.writes())
+            && a.overlaps(probe.offset, probe.end)
+            && !excluded.contains(&a.epoch.participant)
+        {
+            hit(a);
+        }
+        if let Some(c) = cover.as_deref_mut() {
+            if ordered
+                && probe.offset <= a.offset
+                && a.end <= probe.end
+                && (probe.writes || !a.kind.writes())
+            {
+                c.push(list.swap_remove(k));
+                continue;
+            }
+        }
+        k += 1;
+    }
+    dropped
 }
 
 /// A dense index into the generation table.
@@ -98,6 +180,9 @@ impl Generation {
 pub struct GenId(pub u32);
 
 /// Freed generations with live history, by memory kind and address range.
+///
+/// Each memory kind's address space is cut into pages of [`PAGE`] bytes; a page lists the kept
+/// generations that touch it. An overlap query looks only at the pages of its own range.
 #[derive(Clone, Debug, Default)]
 pub struct Graveyard {
     kinds: [Space; 3],
@@ -105,10 +190,17 @@ pub struct Graveyard {
 
 #[derive(Clone, Debug, Default)]
 struct Space {
-    /// (start, generation) → end.
-    ranges: BTreeMap<(u64, GenId), u64>,
-    /// The longest range ever inserted: bounds the backwards search of an overlap query.
-    max_len: u64,
+    ranges: FxHashMap<GenId, (u64, u64)>,
+    /// Page → the kept generations touching it, with their ranges. Emptied pages keep their
+    /// (empty) list, so the address space's pages are allocated once.
+    pages: FxHashMap<u64, Vec<(GenId, u64, u64)>>,
+}
+
+/// The page size of the graveyard's index.
+const PAGE: u64 = 1 << 16;
+
+fn pages(start: u64, end: u64) -> std::ops::RangeInclusive<u64> {
+    (start / PAGE)..=((end - 1) / PAGE)
 }
 
 fn slot(kind: MemoryKind) -> usize {
@@ -120,16 +212,28 @@ fn slot(kind: MemoryKind) -> usize {
 }
 
 impl Graveyard {
-    /// Adds a freed generation occupying `[start, end)`.
+    /// Adds a freed generation occupying `[start, end)` (not empty).
     pub fn insert(&mut self, kind: MemoryKind, start: u64, end: u64, g: GenId) {
         let s = &mut self.kinds[slot(kind)];
-        s.max_len = s.max_len.max(end - start);
-        s.ranges.insert((start, g), end);
+        s.ranges.insert(g, (start, end));
+        for p in pages(start, end) {
+            s.pages.entry(p).or_default().push((g, start, end));
+        }
     }
 
     /// Removes a generation.
-    pub fn remove(&mut self, kind: MemoryKind, start: u64, g: GenId) {
-        self.kinds[slot(kind)].ranges.remove(&(start, g));
+    pub fn remove(&mut self, kind: MemoryKind, _start: u64, g: GenId) {
+        let s = &mut self.kinds[slot(kind)];
+        let Some((start, end)) = s.ranges.remove(&g) else {
+            return;
+        };
+        for p in pages(start, end) {
+            if let Some(v) = s.pages.get_mut(&p) {
+                if let Some(k) = v.iter().position(|x| x.0 == g) {
+                    v.swap_remove(k);
+                }
+            }
+        }
     }
 
     /// Whether no freed generation is kept.
@@ -137,7 +241,7 @@ impl Graveyard {
         self.kinds.iter().all(|s| s.ranges.is_empty())
     }
 
-    /// Calls `f` for each generation overlapping `[start, end)`, with its start.
+    /// Calls `f` once for each generation overlapping `[start, end)`, with its start.
     pub fn overlapping(
         &self,
         kind: MemoryKind,
@@ -149,10 +253,14 @@ impl Graveyard {
         if s.ranges.is_empty() || start >= end {
             return;
         }
-        let lo = start.saturating_sub(s.max_len);
-        for (&(gs, g), &ge) in s.ranges.range((lo, GenId(0))..(end, GenId(0))) {
-            if ge > start && gs < end {
-                f(g, gs);
+        let first = start / PAGE;
+        for p in pages(start, end) {
+            let Some(v) = s.pages.get(&p) else { continue };
+            for &(g, gs, ge) in v {
+                // Report each generation at the first page both ranges share.
+                if gs < end && start < ge && (gs / PAGE).max(first) == p {
+                    f(g, gs);
+                }
             }
         }
     }
@@ -164,8 +272,8 @@ impl Graveyard {
             .flat_map(move |k| {
                 self.kinds[slot(k)]
                     .ranges
-                    .keys()
-                    .map(move |&(s, g)| (k, s, g))
+                    .iter()
+                    .map(move |(&g, &(st, _))| (k, st, g))
             })
     }
 

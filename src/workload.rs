@@ -74,8 +74,8 @@ impl Pipeline {
                 n.set(n.get() + 1);
             }
         };
-        let stream = |s: u32| Id(format!("s{s}"));
-        let buf = |b: u32| Id(format!("b{b}"));
+        let stream = |s: u32| Id::from(format!("s{s}"));
+        let buf = |b: u32| Id::from(format!("b{b}"));
         // Buffer b belongs to stage b mod streams.
         let owned = |s: u32, k: u64| buf(s + streams * (k % (buffers / streams) as u64) as u32);
         for s in 0..streams {
@@ -104,7 +104,7 @@ impl Pipeline {
         push(Op::DeviceSync { device: 0 });
         for s in 0..streams {
             push(Op::EventRecord {
-                event: Id(format!("e{s}")),
+                event: Id::from(format!("e{s}")),
                 stream: stream(s),
             });
         }
@@ -116,10 +116,10 @@ impl Pipeline {
             let prev = (s + streams - 1) % streams;
             push(Op::EventWait {
                 stream: stream(s),
-                event: Id(format!("e{prev}")),
+                event: Id::from(format!("e{prev}")),
             });
             let slot = (step % (2 * LIVE)) as usize;
-            let tmp = Id(format!("t{slot}"));
+            let tmp = Id::from(format!("t{slot}"));
             let bytes = if rng.below(32) == 0 {
                 2 << 20
             } else {
@@ -158,7 +158,7 @@ impl Pipeline {
                 });
             }
             push(Op::EventRecord {
-                event: Id(format!("e{s}")),
+                event: Id::from(format!("e{s}")),
                 stream: stream(s),
             });
             step += 1;

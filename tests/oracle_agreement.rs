@@ -65,8 +65,8 @@ fn compare(ops: &[TraceOp]) -> Result<Option<(Vec<Key>, Vec<Key>)>, String> {
 
 fn id(v: &serde_json::Value) -> Id {
     match v {
-        serde_json::Value::String(s) => Id(s.clone()),
-        serde_json::Value::Number(n) => Id(n.to_string()),
+        serde_json::Value::String(s) => Id::from(s.clone()),
+        serde_json::Value::Number(n) => Id::from(n.to_string()),
         other => panic!("not an id: {other}"),
     }
 }

@@ -158,9 +158,13 @@ fn provokable(kind: HazardKind) -> Option<usize> {
 
 /// The buffers a hazard speaks of: its own, its conflicts', its free's.
 pub fn hazard_buffers(h: &Hazard) -> BTreeSet<Id> {
-    let mut s: BTreeSet<Id> = h.conflicts.iter().map(|c| Id(c.buffer.clone())).collect();
-    s.extend(h.buffer.iter().map(|b| Id(b.clone())));
-    s.extend(h.free.iter().map(|f| Id(f.buffer.clone())));
+    let mut s: BTreeSet<Id> = h
+        .conflicts
+        .iter()
+        .map(|c| Id::from(c.buffer.clone()))
+        .collect();
+    s.extend(h.buffer.iter().map(|b| Id::from(b.clone())));
+    s.extend(h.free.iter().map(|f| Id::from(f.buffer.clone())));
     s
 }
 
@@ -239,7 +243,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                 else {
                     continue;
                 };
-                let tmp = Id(format!("{buffer}.previous"));
+                let tmp = Id::from(format!("{buffer}.previous"));
                 let ops = [
                     Op::Alloc {
                         buffer: tmp.clone(),
@@ -249,7 +253,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                         addr: None,
                     },
                     Op::Launch {
-                        stream: Id(c.participant.clone()),
+                        stream: Id::from(c.participant.clone()),
                         name: Some("previous-user".into()),
                         reads: vec![],
                         writes: vec![Region::whole(tmp.clone())],
@@ -293,19 +297,19 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                 _ => None,
             })?;
             let by = h.access.as_ref()?.participant.clone();
-            let fresh = Id(format!("{name}.reused"));
+            let fresh = Id::from(format!("{name}.reused"));
             let mut p = program.to_vec();
             let (alloc, write) = if memory == MemoryKind::Device {
                 (
                     Op::Alloc {
                         buffer: fresh.clone(),
                         bytes,
-                        stream: Some(Id(by.clone())),
+                        stream: Some(Id::from(by.clone())),
                         memory,
                         addr: None,
                     },
                     Op::Launch {
-                        stream: Id(by),
+                        stream: Id::from(by),
                         name: Some("provoke".into()),
                         reads: vec![],
                         writes: vec![Region::whole(fresh)],
@@ -334,7 +338,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                 .map(|y| (y, at + 2))
                 .collect();
             let mut watch = hazard_buffers(h);
-            watch.insert(Id(format!("{name}.reused")));
+            watch.insert(Id::from(format!("{name}.reused")));
             (!holds.is_empty()).then_some(Provocation {
                 program: p,
                 holds,

@@ -245,7 +245,7 @@ fn stream_name(p: usize) -> Id {
     match p {
         DEFAULT_P => Id::from(DEFAULT_STREAM),
         BLOCKING_P => Id::from("b"),
-        _ => Id(format!("s{}", p - FIRST_S)),
+        _ => Id::from(format!("s{}", p - FIRST_S)),
     }
 }
 
@@ -259,11 +259,11 @@ fn stream_index(name: &Id) -> usize {
 }
 
 fn buffer_name(slot: usize) -> Id {
-    Id(format!("x{slot}"))
+    Id::from(format!("x{slot}"))
 }
 
 fn event_name(e: usize) -> Id {
-    Id(format!("e{e}"))
+    Id::from(format!("e{e}"))
 }
 
 /// The number in a generated name such as `x3` or `e1`.

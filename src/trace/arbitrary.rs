@@ -30,7 +30,7 @@ pub fn arb_text() -> impl Strategy<Value = String> {
 
 /// Any id.
 pub fn arb_id() -> impl Strategy<Value = Id> {
-    arb_text().prop_map(Id)
+    arb_text().prop_map(Id::from)
 }
 
 /// A stream id: any id but `"host"`, often `"default"`.

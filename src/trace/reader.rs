@@ -1215,11 +1215,11 @@ impl<'a> Scanner<'a> {
     #[inline(always)]
     fn id(&mut self, path: Path) -> Scan<Id> {
         match self.peek() {
-            Some(b'"') => Ok(Id(self.string()?.into_owned())),
+            Some(b'"') => Ok(Id::from(self.string()?.into_owned())),
             Some(b'-' | b'0'..=b'9') => {
                 let start = self.pos;
                 self.integer(path, ID)?;
-                Ok(Id(self.slice(start, self.pos)?.to_owned()))
+                Ok(Id::from(self.slice(start, self.pos)?.to_owned()))
             }
             _ => Err(self.wrong_type(path, ID)),
         }
@@ -1779,12 +1779,12 @@ impl<'a> Scanner<'a> {
     #[inline(always)]
     fn fast_id(&mut self) -> Option<Id> {
         match self.peek()? {
-            b'"' => self.fast_string().map(Id),
+            b'"' => self.fast_str().map(Id::from),
             b'0'..=b'9' => {
                 let start = self.pos;
                 self.fast_u64()?;
                 let digits = self.b.get(start..self.pos)?;
-                text(digits, true).map(|digits| Id(digits.to_owned()))
+                text(digits, true).map(|digits| Id::from(digits.to_owned()))
             }
             _ => None,
         }
