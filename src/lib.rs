@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod kernels;
 pub mod order;
 pub mod report;
+pub mod session;
 pub mod shadow;
 pub mod sim;
 pub mod trace;
@@ -16,3 +17,4 @@ pub mod workload;
 
 pub use checker::{CheckError, Checker};
 pub use report::{Hazard, HazardKind, Report};
+pub use session::{Session, SessionError};
