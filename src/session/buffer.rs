@@ -199,7 +199,7 @@ fn element_range(range: impl RangeBounds<usize>, len: usize) -> Option<(usize, u
         Bound::Excluded(&e) => e,
         Bound::Unbounded => len,
     };
-    (start <= end && end <= len).then_some((start, end - start))
+    (start <= end && end <= len).then(|| (start, end - start))
 }
 
 fn slice_of(region: &Region, range: impl RangeBounds<usize>, len: usize) -> Option<Region> {

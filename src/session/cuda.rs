@@ -189,6 +189,10 @@ impl CudaBackend {
         })
     }
 
+    pub(crate) fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
     pub(crate) fn context(&self) -> Arc<CudaContext> {
         self.gpu.context().clone()
     }

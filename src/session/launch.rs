@@ -144,7 +144,7 @@ pub(crate) enum RawTarget<'a> {
     #[cfg(feature = "cuda")]
     Cuda {
         stream: &'a crate::cuda::Stream,
-        context: Option<Arc<cudarc::driver::CudaContext>>,
+        gpu: &'a crate::cuda::Gpu,
     },
 }
 
@@ -216,12 +216,12 @@ impl RawLaunch<'_> {
         }
     }
 
-    /// The cudarc context (event tracking off), to launch cudarc functions; `None` on the
-    /// simulator.
+    /// The session's device (event tracking off): its [`Kernels`](crate::cuda::Kernels) and its
+    /// cudarc context, to launch functions of other modules; `None` on the simulator.
     #[cfg(feature = "cuda")]
-    pub fn context(&self) -> Option<&Arc<cudarc::driver::CudaContext>> {
+    pub fn gpu(&self) -> Option<&crate::cuda::Gpu> {
         match &self.target {
-            RawTarget::Cuda { context, .. } => context.as_ref(),
+            RawTarget::Cuda { gpu, .. } => Some(gpu),
             RawTarget::Sim(_) => None,
         }
     }

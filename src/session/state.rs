@@ -641,7 +641,7 @@ impl Shared {
                     writes: &writes,
                     target: RawTarget::Cuda {
                         stream,
-                        context: self.context.clone(),
+                        gpu: b.gpu(),
                     },
                 };
                 guarded_callback(self.session, || f(&raw))
