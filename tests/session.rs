@@ -15,7 +15,8 @@ use streamsan::checker::Checker;
 use streamsan::kernels::{checksum, count_mismatches, hash_region_cpu};
 use streamsan::report::Hazard;
 use streamsan::session::{
-    AsRegion, BackendKind, DeviceBuffer, RawLaunch, Session, SessionConfig, SessionError, StreamKind,
+    AsRegion, BackendKind, DeviceBuffer, LaunchError, RawLaunch, Session, SessionConfig,
+    SessionError, StreamKind,
 };
 use streamsan::trace::{Id, MemoryKind, Op, Region, Site, TraceOp};
 use streamsan::{HazardKind, Report};
@@ -63,7 +64,6 @@ macro_rules! on_both {
 }
 
 type Result<T = ()> = std::result::Result<T, SessionError>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the hash kernel of launch `op` writes into a region of `len` words (write region `j` = 0).
 fn expected(op: u64, reads: &[&[u32]], len: usize) -> Vec<u32> {
@@ -99,7 +99,11 @@ fn producer_consumer(s: Session) -> Result {
     let ready = s.event()?;
     ready.record(&producer)?;
     consumer.wait(&ready)?;
-    let c = s.launch(&consumer, "consume").read(&a).write(&mut b).hash()?;
+    let c = s
+        .launch(&consumer, "consume")
+        .read(&a)
+        .write(&mut b)
+        .hash()?;
     let got = s.memcpy_dtov::<u32>(&consumer, &b)?;
     let a_words = expected(p, &[], N);
     assert_eq!(got, expected(c, &[&a_words], N));
@@ -114,10 +118,19 @@ fn producer_consumer_without_wait(s: Session) -> Result {
     let mut a = s.alloc::<u32>(&producer, N)?;
     let mut b = s.alloc::<u32>(&consumer, N)?;
     s.launch(&producer, "produce").write(&mut a).hash()?;
-    let c = s.launch(&consumer, "consume").read(&a).write(&mut b).hash()?;
+    let c = s
+        .launch(&consumer, "consume")
+        .read(&a)
+        .write(&mut b)
+        .hash()?;
     s.synchronize()?;
     let report = s.finish()?;
-    assert_eq!(kinds(&report), vec![HazardKind::DataRace], "{}", report.to_json());
+    assert_eq!(
+        kinds(&report),
+        vec![HazardKind::DataRace],
+        "{}",
+        report.to_json()
+    );
     let h = &report.hazards[0];
     assert_eq!(h.op, c);
     assert_eq!(h.buffer.as_deref(), Some(a.id().as_str()));
@@ -168,7 +181,10 @@ fn reuse(s: Session, fixed: bool) -> Result<(Report, bool, u64)> {
 fn reuse_without_record_stream(s: Session) -> Result {
     let gpu = is_gpu(&s);
     let (report, same, corrupted) = reuse(s, false)?;
-    assert!(same, "the freed block is handed to the next allocation on its stream");
+    assert!(
+        same,
+        "the freed block is handed to the next allocation on its stream"
+    );
     assert_eq!(
         kinds(&report),
         vec![HazardKind::UnsafeFree, HazardKind::ReuseRace],
@@ -191,7 +207,10 @@ on_both!(reuse_without_record_stream);
 fn reuse_with_record_stream(s: Session) -> Result {
     let (report, _same, corrupted) = reuse(s, true)?;
     report.assert_clean();
-    assert_eq!(corrupted, 0, "record_stream keeps the block until all_reduce is done");
+    assert_eq!(
+        corrupted, 0,
+        "record_stream keeps the block until all_reduce is done"
+    );
     Ok(())
 }
 on_both!(reuse_with_record_stream);
@@ -253,7 +272,12 @@ on_both!(pinned_staging_with_sync);
 
 fn pinned_staging_without_sync(s: Session) -> Result {
     let (_, _, report) = staging(s, false)?;
-    assert_eq!(kinds(&report), vec![HazardKind::DataRace], "{}", report.to_json());
+    assert_eq!(
+        kinds(&report),
+        vec![HazardKind::DataRace],
+        "{}",
+        report.to_json()
+    );
     let h = &report.hazards[0];
     let access = h.access.as_ref().expect("the host read");
     assert_eq!(access.participant, "host");
@@ -386,7 +410,10 @@ fn exported_trace_rechecks(s: Session) -> Result {
     pinned.write(&vec![1.5; N])?;
     s.copy(&a_stream, &pinned, &mut x)?;
     s.memset(&b_stream, &mut y, 0f32.to_bits())?;
-    s.launch(&b_stream, "racy").read(&x).writes(y.slice(..N / 2)).hash()?;
+    s.launch(&b_stream, "racy")
+        .read(&x)
+        .writes(y.slice(..N / 2))
+        .hash()?;
     let e = s.event()?;
     e.record(&a_stream)?;
     b_stream.wait(&e)?;
@@ -395,7 +422,9 @@ fn exported_trace_rechecks(s: Session) -> Result {
     a_stream.query()?;
     x.free()?;
     drop(e);
-    s.launch(&b_stream, "after_free").reads(y.slice(N / 2..)).hash()?;
+    s.launch(&b_stream, "after_free")
+        .reads(y.slice(N / 2..))
+        .hash()?;
     s.synchronize()?;
     drop(pinned);
 
@@ -475,7 +504,10 @@ on_both!(too_large_is_an_error);
 
 fn legacy_default_stream(s: Session) -> Result {
     let d = s.default_stream().clone();
-    assert_eq!((d.id().as_str(), d.kind()), ("default", StreamKind::LegacyDefault));
+    assert_eq!(
+        (d.id().as_str(), d.kind()),
+        ("default", StreamKind::LegacyDefault)
+    );
     let blocking = s.blocking_stream()?;
     let nonblocking = s.stream()?;
     assert_eq!(blocking.kind(), StreamKind::Blocking);
@@ -541,7 +573,7 @@ fn user_kernel(s: Session) -> Result {
     let st = s.stream()?;
     let a = s.alloc::<u32>(&st, N)?;
     let half = a.slice(N / 2..);
-    let kernel = |raw: &RawLaunch<'_>| -> std::result::Result<(), BoxError> {
+    let kernel = |raw: &RawLaunch<'_>| -> std::result::Result<(), LaunchError> {
         let region = raw.writes()[0];
         if raw.is_simulated() {
             raw.write_words(&region, &vec![7; region.words() as usize])?;
@@ -550,7 +582,8 @@ fn user_kernel(s: Session) -> Result {
         #[cfg(feature = "cuda")]
         {
             let gpu = raw.gpu().ok_or("no GPU")?;
-            let dst = streamsan::cuda::DeviceRegion::new(region.device_ptr(), region.words() as u32);
+            let dst =
+                streamsan::cuda::DeviceRegion::new(region.device_ptr(), region.words() as u32);
             let stream = raw.stream().ok_or("no stream")?;
             // SAFETY: `dst` is the declared region, session memory, on the launch's stream.
             unsafe { gpu.kernels()?.fill(stream, dst, 7) }?;
@@ -572,7 +605,11 @@ fn user_kernel_error_is_returned(s: Session) -> Result {
     let st = s.stream()?;
     let a = s.alloc::<u32>(&st, 16)?;
     // SAFETY: the closure enqueues nothing.
-    let r = unsafe { s.launch(&st, "fails").read(&a).run(|_| Err("no such kernel".into())) };
+    let r = unsafe {
+        s.launch(&st, "fails")
+            .read(&a)
+            .run(|_| Err("no such kernel".into()))
+    };
     assert!(matches!(r, Err(SessionError::Launch(_))), "{r:?}");
     s.finish()?.assert_clean();
     Ok(())
@@ -636,7 +673,12 @@ fn simulator_matches_the_sequential_reference() {
     let reference = streamsan::sim::reference(&trace).expect("the reference runs the trace");
     for b in &bufs {
         let words = s.memcpy_dtov::<u32>(s.default_stream(), b).unwrap();
-        assert_eq!(Some(&checksum(&words)), reference.live.get(b.id()), "{}", b.id());
+        assert_eq!(
+            Some(&checksum(&words)),
+            reference.live.get(b.id()),
+            "{}",
+            b.id()
+        );
     }
     s.finish().unwrap().assert_clean();
 }
@@ -713,7 +755,13 @@ fn names_are_checked() {
     assert!(s.launch(&st, "k").reads(ext).hash().is_err());
     // ...but a user kernel may declare it.
     // SAFETY: the closure enqueues nothing.
-    unsafe { s.launch(&st, "k").reads(ext).writes(a.region()).run(|_| Ok(())) }.unwrap();
+    unsafe {
+        s.launch(&st, "k")
+            .reads(ext)
+            .writes(a.region())
+            .run(|_| Ok(()))
+    }
+    .unwrap();
     let trace = s.trace().unwrap();
     assert!(matches!(&trace.last().unwrap().op,
         Op::Launch { reads, .. } if reads[0] == Region::range("weights", 0, 64)));
@@ -821,7 +869,10 @@ fn overhead_launch_bound_loop() {
             .map(|st| s.alloc(st, WORDS).unwrap())
             .collect();
         // Warm up: compile the kernels, order the allocations.
-        s.launch(&streams[0], "warm").write(&mut bufs[0]).hash().unwrap();
+        s.launch(&streams[0], "warm")
+            .write(&mut bufs[0])
+            .hash()
+            .unwrap();
         s.synchronize().unwrap();
         let t = Instant::now();
         for i in 0..ITERS {
@@ -833,7 +884,11 @@ fn overhead_launch_bound_loop() {
                 let (lo, hi) = bufs.split_at_mut(k);
                 (&hi[0], &mut lo[next])
             };
-            s.launch(&streams[k], "tiny").read(src).write(dst).hash().unwrap();
+            s.launch(&streams[k], "tiny")
+                .read(src)
+                .write(dst)
+                .hash()
+                .unwrap();
             events[k].record(&streams[k]).unwrap();
             streams[next].wait(&events[k]).unwrap();
         }

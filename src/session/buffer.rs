@@ -426,9 +426,7 @@ impl<T: Element> PinnedBuffer<T> {
     /// The host reads the whole buffer now (a `host_read`), without waiting for anything.
     #[track_caller]
     pub fn read(&self) -> Result<Vec<T>, SessionError> {
-        let words = self
-            .shared
-            .host_read(&self.region, Location::caller())?;
+        let words = self.shared.host_read(&self.region, Location::caller())?;
         Ok(words.into_iter().map(T::from_word).collect())
     }
 
@@ -589,7 +587,8 @@ mod tests {
         assert_eq!(element_range(2..=5, 10), Some((2, 4)));
         assert_eq!(element_range(5..5, 10), Some((5, 0)));
         assert_eq!(element_range(5..11, 10), None);
-        assert_eq!(element_range(6..5, 10), None);
+        let (six, five) = (6, 5);
+        assert_eq!(element_range(six..five, 10), None);
         assert_eq!(element_range(..=usize::MAX, 10), None);
     }
 

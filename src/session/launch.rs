@@ -12,6 +12,12 @@ use super::sim::SimBackend;
 use super::state::Shared;
 use super::{SessionError, Stream};
 
+/// The error a user kernel of [`Launch::run`] returns.
+pub type LaunchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A user kernel as [`Launch::run`] passes it on.
+pub(crate) type KernelFn<'f> = dyn FnMut(&RawLaunch<'_>) -> Result<(), LaunchError> + 'f;
+
 /// A kernel launch being declared: made by [`Session::launch`](super::Session::launch), finished by
 /// [`Launch::hash`] or [`Launch::run`].
 ///
@@ -131,7 +137,7 @@ impl<'a> Launch<'a> {
     /// then misses those accesses.
     pub unsafe fn run<F>(self, mut f: F) -> Result<u64, SessionError>
     where
-        F: FnMut(&RawLaunch<'_>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+        F: FnMut(&RawLaunch<'_>) -> Result<(), LaunchError>,
     {
         let shared = self.shared;
         shared.launch_run(self, &mut f)
@@ -240,8 +246,7 @@ impl RawLaunch<'_> {
             }
             #[cfg(feature = "cuda")]
             RawTarget::Cuda { .. } => Err(SessionError::InvalidArgument(
-                "read_words is for the simulator; on a GPU, enqueue a kernel on cu_stream()"
-                    .into(),
+                "read_words is for the simulator; on a GPU, enqueue a kernel on cu_stream()".into(),
             )),
         }
     }

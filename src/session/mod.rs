@@ -134,7 +134,7 @@ pub use buffer::{AsRegion, DeviceBuffer, Element, PinnedBuffer, Region};
 #[cfg(feature = "cuda")]
 pub use cuda::{GpuSegments, PinnedSegments};
 pub use handle::{Event, Stream, StreamKind};
-pub use launch::{Launch, RawLaunch};
+pub use launch::{Launch, LaunchError, RawLaunch};
 pub use sim::SimOutOfMemory;
 
 use state::{Backend, Shared};
@@ -212,7 +212,7 @@ pub enum SessionError {
     Check(CheckError),
     /// The closure of [`Launch::run`] failed.
     #[error("the launch closure failed: {0}")]
-    Launch(Box<dyn std::error::Error + Send + Sync>),
+    Launch(LaunchError),
     /// Writing the trace failed.
     #[error("cannot write the trace: {0}")]
     Io(#[from] std::io::Error),
@@ -323,7 +323,12 @@ impl Session {
     /// A new non-blocking stream (PyTorch's kind), named `s1`, `s2`, …
     #[track_caller]
     pub fn stream(&self) -> Result<Stream, SessionError> {
-        Stream::create(&self.shared, None, StreamKind::NonBlocking, Location::caller())
+        Stream::create(
+            &self.shared,
+            None,
+            StreamKind::NonBlocking,
+            Location::caller(),
+        )
     }
 
     /// A new non-blocking stream with a name for reports (not `"host"` or `"default"`, not the name
@@ -432,7 +437,11 @@ impl Session {
     /// PyTorch's `Tensor.record_stream`: the memory is not handed out again before that work has
     /// finished. Has no effect on the owning stream of device memory.
     #[track_caller]
-    pub fn record_stream(&self, buffer: &impl AsRegion, stream: &Stream) -> Result<(), SessionError> {
+    pub fn record_stream(
+        &self,
+        buffer: &impl AsRegion,
+        stream: &Stream,
+    ) -> Result<(), SessionError> {
         self.shared
             .record_stream(&buffer.region(), stream, Location::caller())
     }

@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, VecDeque};
 use super::buffer::{Region, Regions, WORD};
 use super::handle::StreamKind;
 use super::SessionError;
-use crate::alloc::{AllocError, Block, DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory};
+use crate::alloc::{
+    AllocError, Block, DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory,
+};
 use crate::kernels::{fmix, hash_word};
 use crate::trace::MemoryKind;
 
@@ -59,7 +61,10 @@ impl Memory for SimArena {
             capacity: self.capacity,
             mapped,
         };
-        if mapped.checked_add(bytes).is_none_or(|end| end > self.capacity) {
+        if mapped
+            .checked_add(bytes)
+            .is_none_or(|end| end > self.capacity)
+        {
             return Err(oom);
         }
         let base = self.model.map_segment(bytes).map_err(|_| oom)?;
@@ -103,8 +108,9 @@ impl SimArena {
     }
 }
 
-/// Work waiting on a lagging stream.
+/// Work waiting on a lagging stream (kept inline: it mostly runs at once and is never stored).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 enum Work {
     Hash {
         op: u32,
@@ -520,7 +526,10 @@ mod tests {
         assert_eq!(base, 0x1000);
         let w = a.words_mut(0x1008, 2).unwrap().to_vec();
         assert_eq!(w, vec![SimArena::fresh(0x1008), SimArena::fresh(0x100c)]);
-        assert!(a.words_mut(0x1000 + 4092, 2).is_none(), "crosses the segment end");
+        assert!(
+            a.words_mut(0x1000 + 4092, 2).is_none(),
+            "crosses the segment end"
+        );
         assert!(a.words_mut(0x2, 1).is_none(), "below every segment");
         assert!(a.map_segment(1 << 20).is_err(), "over capacity");
         assert!(a.map_segment(u64::MAX).is_err());
@@ -591,7 +600,10 @@ mod tests {
         let mut xs = Regions::default();
         xs.push(x);
         b.hash(1, 5, &Regions::default(), &xs, true).unwrap();
-        assert!(!b.stream_query(0), "default's query covers blocking streams");
+        assert!(
+            !b.stream_query(0),
+            "default's query covers blocking streams"
+        );
         b.memset(0, &x, 7).unwrap();
         assert!(b.stream_query(1));
         assert_eq!(b.read(&x).unwrap(), vec![7; 16]);

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::buffer::{Region, Regions};
 use super::handle::{Event, Stream, StreamInner, StreamKind};
-use super::launch::{Launch, RawLaunch, RawTarget};
+use super::launch::{KernelFn, Launch, RawLaunch, RawTarget};
 use super::record::{Loc, Rec, Recorder};
 use super::sim::SimBackend;
 use super::{BackendKind, SessionConfig, SessionError};
@@ -24,15 +24,19 @@ use crate::trace::{Id, MemoryKind, TraceOp, DEFAULT_STREAM, HOST};
 /// The GPU stream of a handle (`None` on the simulator).
 #[cfg(feature = "cuda")]
 pub(crate) type GpuStream = Option<Arc<crate::cuda::Stream>>;
+/// Nothing: the handles' GPU parts without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+#[derive(Clone, Debug, Default)]
+pub(crate) struct NoGpu;
 /// The GPU stream of a handle (nothing without the `cuda` feature).
 #[cfg(not(feature = "cuda"))]
-pub(crate) type GpuStream = ();
+pub(crate) type GpuStream = NoGpu;
 /// The GPU event of a handle (`None` on the simulator).
 #[cfg(feature = "cuda")]
 pub(crate) type GpuEvent = Option<crate::cuda::Event>;
 /// The GPU event of a handle (nothing without the `cuda` feature).
 #[cfg(not(feature = "cuda"))]
-pub(crate) type GpuEvent = ();
+pub(crate) type GpuEvent = NoGpu;
 
 /// The backend that executes ops.
 pub(crate) enum Backend {
@@ -167,7 +171,9 @@ impl State {
             None => Ok(self.fresh_name(PINNED, "p")),
             Some(n) => {
                 let id = Id::from(n);
-                if n.is_empty() || self.live_names.contains(&id) || self.external_names.contains(&id)
+                if n.is_empty()
+                    || self.live_names.contains(&id)
+                    || self.external_names.contains(&id)
                 {
                     return Err(SessionError::InvalidArgument(format!(
                         "{n:?} cannot name a buffer: empty, or the name of a live or external buffer"
@@ -179,7 +185,12 @@ impl State {
     }
 
     /// Frees a live buffer on the backend and records the free.
-    fn free(&mut self, region: &Region, to: Option<&StreamInner>, site: Loc) -> Result<(), SessionError> {
+    fn free(
+        &mut self,
+        region: &Region,
+        to: Option<&StreamInner>,
+        site: Loc,
+    ) -> Result<(), SessionError> {
         let Some(live) = self.live.remove(&region.key) else {
             return Err(SessionError::InvalidArgument(
                 "the buffer is not live in this session".into(),
@@ -219,7 +230,11 @@ pub(crate) struct Shared {
     state: Mutex<State>,
 }
 
-fn alloc_error<E: std::error::Error>(e: AllocError<E>, bytes: u64, memory: MemoryKind) -> SessionError {
+fn alloc_error<E: std::error::Error>(
+    e: AllocError<E>,
+    bytes: u64,
+    memory: MemoryKind,
+) -> SessionError {
     let mut reason = e.to_string();
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
@@ -597,7 +612,9 @@ impl Shared {
         match &mut st.backend {
             Backend::Sim(b) => b.hash(s.key, op as u32, &l.reads, &l.writes, l.spin_ns > 0)?,
             #[cfg(feature = "cuda")]
-            Backend::Cuda(b) => b.hash(gpu_stream(s)?, op as u32, &l.reads, &l.writes, l.spin_ns)?,
+            Backend::Cuda(b) => {
+                b.hash(gpu_stream(s)?, op as u32, &l.reads, &l.writes, l.spin_ns)?
+            }
         }
         st.record(Rec::Launch {
             stream: s.key,
@@ -612,7 +629,7 @@ impl Shared {
     pub(crate) fn launch_run(
         &self,
         l: Launch<'_>,
-        f: &mut dyn FnMut(&RawLaunch<'_>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+        f: &mut KernelFn<'_>,
     ) -> Result<u64, SessionError> {
         self.check_launch(&l)?;
         let mut st = self.lock()?;
