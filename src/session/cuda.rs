@@ -315,15 +315,16 @@ impl CudaBackend {
             *slot = device_region(r)?;
         }
         let inputs = &inputs[..reads.len()];
-        let mut outputs = Vec::with_capacity(writes.len());
+        // Check every write region before launching any, so a bad one launches nothing.
         for w in writes.iter() {
-            outputs.push(device_region(w)?);
+            device_region(w)?;
         }
         let kernels = self.gpu.kernels()?;
         if spin_ns > 0 {
             kernels.spin(stream, spin_ns)?;
         }
-        for (j, out) in outputs.into_iter().enumerate() {
+        for (j, w) in writes.iter().enumerate() {
+            let out = device_region(w)?;
             // SAFETY: every region is session memory (mapped until the session ends, and never
             // referenced by the host: host accesses copy through raw pointers) or external memory
             // the caller vouched for when creating the region; aliasing between regions is the

@@ -3,10 +3,12 @@
 //!
 //! A record names streams, events and buffers by dense keys and its site by a `&'static
 //! Location`, so recording an op allocates nothing: ids are sent once, with the op that creates
-//! the thing they name, and sites are formatted on the checker thread. Records go over in batches
-//! of [`BATCH`], so the checker works beside the program instead of inside each call. Every record
-//! but [`Rec::External`] is exactly one op, in issue order: the op indices of the checker are the
-//! session's.
+//! the thing they name, and sites are formatted on the checker thread. A launch's regions go to a
+//! flat side buffer of 32-byte entries, so a record is a cache line or two: records cross to the
+//! checker thread's core, and their size is most of what recording costs the calling thread.
+//! Records go over in batches of [`BATCH`], whose buffers come back to be reused, so the checker
+//! works beside the program instead of inside each call. Every record but [`Rec::External`] is
+//! exactly one op, in issue order: the op indices of the checker are the session's.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -15,6 +17,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use super::buffer::{Region, Regions};
+
 use super::SessionError;
 use crate::checker::{CheckError, Checker};
 use crate::trace::{self, Id, MemoryKind, Op, Site, TraceOp, DEFAULT_STREAM};
@@ -25,12 +28,29 @@ pub(crate) type Loc = Option<&'static Location<'static>>;
 /// Records per batch sent to the checker thread.
 const BATCH: usize = 256;
 
+/// A region as the checker thread needs it: the buffer's key and the byte range.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RegionRec {
+    key: u64,
+    offset: u64,
+    bytes: u64,
+    whole: bool,
+}
+
+impl From<&Region> for RegionRec {
+    #[inline]
+    fn from(r: &Region) -> Self {
+        RegionRec {
+            key: r.key,
+            offset: r.offset,
+            bytes: r.bytes,
+            whole: r.whole,
+        }
+    }
+}
+
 /// One recorded op, with keys instead of ids.
-///
-/// A launch keeps its regions inline, which makes it the largest variant by far: records live in
-/// a batch buffer, and an allocation per launch would cost more than the copy.
 #[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
 pub(crate) enum Rec {
     StreamCreate {
         key: u32,
@@ -65,30 +85,31 @@ pub(crate) enum Rec {
         stream: u32,
         site: Loc,
     },
+    /// The launch's `reads` then `writes` regions are the next entries of the batch's regions.
     Launch {
         stream: u32,
         name: Cow<'static, str>,
-        reads: Regions,
-        writes: Regions,
+        reads: u32,
+        writes: u32,
         site: Loc,
     },
     Copy {
         stream: u32,
-        src: Region,
-        dst: Region,
+        src: RegionRec,
+        dst: RegionRec,
         site: Loc,
     },
     Memset {
         stream: u32,
-        dst: Region,
+        dst: RegionRec,
         site: Loc,
     },
     HostRead {
-        region: Region,
+        region: RegionRec,
         site: Loc,
     },
     HostWrite {
-        region: Region,
+        region: RegionRec,
         site: Loc,
     },
     EventRecord {
@@ -138,15 +159,33 @@ impl Rec {
 
 type Call = Box<dyn FnOnce(&mut Worker) + Send>;
 
+/// Records and the regions of their launches.
+#[derive(Default)]
+struct Batch {
+    recs: Vec<Rec>,
+    regions: Vec<RegionRec>,
+}
+
+impl Batch {
+    fn new() -> Self {
+        Batch {
+            recs: Vec::with_capacity(BATCH),
+            regions: Vec::with_capacity(2 * BATCH),
+        }
+    }
+}
+
 enum Msg {
-    Batch(Vec<Rec>),
+    Batch(Batch),
     Call(Call),
 }
 
 /// The calling thread's end: the current batch and the channel to the checker thread.
 pub(crate) struct Recorder {
-    batch: Vec<Rec>,
+    batch: Batch,
     tx: mpsc::Sender<Msg>,
+    /// Emptied batches coming back, so that batches are allocated (and paged in) once.
+    recycled: mpsc::Receiver<Batch>,
     worker: Option<JoinHandle<Worker>>,
 }
 
@@ -158,16 +197,21 @@ impl Recorder {
     /// Starts the checker thread.
     pub(crate) fn spawn(keep_trace: bool) -> Result<Recorder, SessionError> {
         let (tx, rx) = mpsc::channel::<Msg>();
+        let (recycle, recycled) = mpsc::channel::<Batch>();
         let worker = std::thread::Builder::new()
             .name("streamsan-checker".into())
             .spawn(move || {
                 let mut w = Worker::new(keep_trace);
                 for msg in rx {
                     match msg {
-                        Msg::Batch(batch) => {
-                            for rec in batch {
-                                w.apply(rec);
+                        Msg::Batch(mut batch) => {
+                            let mut regions = batch.regions.drain(..);
+                            for rec in batch.recs.drain(..) {
+                                w.apply(rec, &mut regions);
                             }
+                            drop(regions);
+                            // The recorder may be gone already; then the batch is just freed.
+                            let _ = recycle.send(batch);
                         }
                         Msg::Call(f) => f(&mut w),
                     }
@@ -176,8 +220,9 @@ impl Recorder {
             })
             .map_err(|e| SessionError::Checker(format!("cannot spawn: {e}")))?;
         Ok(Recorder {
-            batch: Vec::with_capacity(BATCH),
+            batch: Batch::new(),
             tx,
+            recycled,
             worker: Some(worker),
         })
     }
@@ -185,15 +230,38 @@ impl Recorder {
     /// Appends a record; sends the batch when it is full.
     #[inline]
     pub(crate) fn push(&mut self, rec: Rec) {
-        self.batch.push(rec);
-        if self.batch.len() >= BATCH {
+        self.batch.recs.push(rec);
+        if self.batch.recs.len() >= BATCH {
             self.send_batch();
         }
     }
 
+    /// Appends a launch: its regions, then its record.
+    #[inline]
+    pub(crate) fn push_launch(
+        &mut self,
+        stream: u32,
+        name: Cow<'static, str>,
+        reads: &Regions,
+        writes: &Regions,
+        site: Loc,
+    ) {
+        let regions = &mut self.batch.regions;
+        regions.extend(reads.iter().map(RegionRec::from));
+        regions.extend(writes.iter().map(RegionRec::from));
+        self.push(Rec::Launch {
+            stream,
+            name,
+            reads: reads.len() as u32,
+            writes: writes.len() as u32,
+            site,
+        });
+    }
+
     fn send_batch(&mut self) {
-        if !self.batch.is_empty() {
-            let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH));
+        if !self.batch.recs.is_empty() {
+            let next = self.recycled.try_recv().unwrap_or_else(|_| Batch::new());
+            let batch = std::mem::replace(&mut self.batch, next);
             // A send fails only if the thread is gone; `call` and `finish` report that.
             let _ = self.tx.send(Msg::Batch(batch));
         }
@@ -296,7 +364,7 @@ impl Worker {
         Self::id(&self.buffers, key as usize, "buffer")
     }
 
-    fn region(&self, r: &Region) -> trace::Region {
+    fn region(&self, r: &RegionRec) -> trace::Region {
         let id = self.buffer(r.key);
         if r.whole {
             trace::Region::whole(id)
@@ -305,12 +373,13 @@ impl Worker {
         }
     }
 
-    fn regions(&self, rs: &Regions) -> Vec<trace::Region> {
-        rs.iter().map(|r| self.region(r)).collect()
+    fn regions(&self, n: u32, from: &mut impl Iterator<Item = RegionRec>) -> Vec<trace::Region> {
+        from.take(n as usize).map(|r| self.region(&r)).collect()
     }
 
-    /// Turns a record into a trace op, checks it, and keeps it.
-    fn apply(&mut self, rec: Rec) {
+    /// Turns a record into a trace op, checks it, and keeps it. A launch takes its regions from
+    /// `regions`.
+    fn apply(&mut self, rec: Rec, regions: &mut impl Iterator<Item = RegionRec>) {
         let (op, loc) = match rec {
             Rec::External { key, id } => {
                 set(&mut self.buffers, key as usize, id, Id::default());
@@ -387,8 +456,8 @@ impl Worker {
                 Op::Launch {
                     stream: self.stream(stream),
                     name: Some(name.into_owned()),
-                    reads: self.regions(&reads),
-                    writes: self.regions(&writes),
+                    reads: self.regions(reads, regions),
+                    writes: self.regions(writes, regions),
                 },
                 site,
             ),

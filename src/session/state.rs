@@ -4,6 +4,7 @@
 //! execute on the backend, record. The op is recorded only once the backend accepted it, so the
 //! trace holds what the device was asked to do, in the order it was asked.
 
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::panic::Location;
@@ -119,6 +120,22 @@ impl State {
         }
         if let Some(r) = &mut self.recorder {
             r.push(rec);
+        }
+    }
+
+    /// Records a launch.
+    #[inline]
+    fn record_launch(
+        &mut self,
+        stream: u32,
+        name: Cow<'static, str>,
+        reads: &Regions,
+        writes: &Regions,
+        site: Loc,
+    ) {
+        self.next_op += 1;
+        if let Some(r) = &mut self.recorder {
+            r.push_launch(stream, name, reads, writes, site);
         }
     }
 
@@ -616,13 +633,7 @@ impl Shared {
                 b.hash(gpu_stream(s)?, op as u32, &l.reads, &l.writes, l.spin_ns)?
             }
         }
-        st.record(Rec::Launch {
-            stream: s.key,
-            name: l.name,
-            reads: l.reads,
-            writes: l.writes,
-            site: Some(l.site),
-        });
+        st.record_launch(s.key, l.name, &l.reads, &l.writes, Some(l.site));
         Ok(op)
     }
 
@@ -665,13 +676,7 @@ impl Shared {
             }
         };
         // Recorded even if the closure failed: it may have enqueued work before failing.
-        st.record(Rec::Launch {
-            stream: s.key,
-            name: l.name,
-            reads: l.reads,
-            writes: l.writes,
-            site: Some(l.site),
-        });
+        st.record_launch(s.key, l.name, &l.reads, &l.writes, Some(l.site));
         result.map_err(SessionError::Launch)?;
         Ok(op)
     }
@@ -706,8 +711,8 @@ impl Shared {
         }
         st.record(Rec::Copy {
             stream: s.key,
-            src,
-            dst,
+            src: (&src).into(),
+            dst: (&dst).into(),
             site: Some(site),
         });
         Ok(())
@@ -731,7 +736,7 @@ impl Shared {
         }
         st.record(Rec::Memset {
             stream: s.key,
-            dst,
+            dst: (&dst).into(),
             site: Some(site),
         });
         Ok(())
@@ -753,13 +758,7 @@ impl Shared {
         } else {
             (regions, Regions::default())
         };
-        st.record(Rec::Launch {
-            stream,
-            name: name.into(),
-            reads,
-            writes,
-            site: Some(site),
-        });
+        st.record_launch(stream, name.into(), &reads, &writes, Some(site));
         st.record(Rec::StreamSync {
             stream,
             site: Some(site),
@@ -846,7 +845,7 @@ impl Shared {
             Backend::Cuda(b) => b.host_read(region)?,
         };
         st.record(Rec::HostRead {
-            region: *region,
+            region: region.into(),
             site: Some(site),
         });
         Ok(words)
@@ -875,7 +874,7 @@ impl Shared {
             }
         }
         st.record(Rec::HostWrite {
-            region: *region,
+            region: region.into(),
             site: Some(site),
         });
         Ok(())
