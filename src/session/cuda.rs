@@ -369,6 +369,9 @@ impl CudaBackend {
         dst: &Region,
         value: u32,
     ) -> Result<(), SessionError> {
+        if dst.bytes == 0 {
+            return Ok(());
+        }
         let region = device_region(dst)?;
         match dst.memory {
             // SAFETY: as for `copy`.
