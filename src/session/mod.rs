@@ -91,11 +91,14 @@
 //!
 //! # Cost
 //!
-//! The calling thread only executes the op and appends a small record to a batch; a checker
-//! thread per session builds the trace ops and checks them. No call allocates on the launch path
-//! unless a launch names more than four read or write regions, and nothing is synchronized that
-//! the caller did not ask for. [`SessionConfig::check`] turns recording off entirely, for
-//! measuring the harness against itself.
+//! The calling thread executes the op and appends a compact record (keys, not ids; the call
+//! site as a `&'static Location`) to a batch; a checker thread per session turns records into
+//! trace ops and checks them, so checking runs beside the program, not inside each call. On a GPU
+//! a launch allocates nothing in the steady state (up to four read and four write regions are
+//! kept inline, and batch buffers are reused), and nothing is synchronized that the caller did not
+//! ask for. [`Session::finish`], [`Session::hazards`] and [`Session::trace`] wait for the checker
+//! to catch up. [`SessionConfig::check`] turns recording off entirely, for measuring the harness
+//! against itself.
 //!
 //! # Threads
 //!
