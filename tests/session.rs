@@ -715,6 +715,19 @@ fn simulator_matches_the_sequential_reference() {
     s.finish().unwrap().assert_clean();
 }
 
+#[cfg(feature = "cuda")]
+#[test]
+fn no_gpu_is_an_error_not_a_panic() {
+    if streamsan::cuda::Gpu::available() {
+        assert!(Session::cuda(usize::MAX).is_err(), "no such ordinal");
+        return;
+    }
+    match Session::cuda(0) {
+        Err(SessionError::NoGpu { reason }) => println!("no GPU: {reason}"),
+        other => panic!("expected NoGpu, got {other:?}"),
+    }
+}
+
 #[test]
 fn calling_the_session_from_its_callback_is_an_error() {
     let s = Session::simulated();
