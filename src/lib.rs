@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod oracle;
 pub mod order;
 pub mod report;
+pub mod session;
 pub mod shadow;
 pub mod sim;
 pub mod trace;
@@ -18,3 +19,4 @@ pub mod workload;
 
 pub use checker::{CheckError, Checker};
 pub use report::{Hazard, HazardKind, Report};
+pub use session::{Session, SessionError};
