@@ -32,6 +32,7 @@ enum Command {
     ///   streamsan check examples/traces/reuse-without-record-stream.jsonl
     ///   streamsan check --format json trace.jsonl > report.json
     ///   my-recorder | streamsan check -
+    #[command(verbatim_doc_comment)]
     Check {
         /// The trace file, or `-` for standard input.
         file: PathBuf,
@@ -84,6 +85,7 @@ enum Command {
     /// Examples:
     ///   streamsan fuzz --backend sim --cases 2000 --seed 7 --json
     ///   streamsan fuzz --backend cuda --cases 200
+    #[command(verbatim_doc_comment)]
     Fuzz(FuzzArgs),
 }
 
@@ -143,6 +145,13 @@ enum Color {
     Always,
     /// Never colour.
     Never,
+}
+
+/// Prints a line to standard output; a closed pipe (`streamsan … | head`) is not an error.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(io::stdout(), $($arg)*);
+    }};
 }
 
 fn main() -> ExitCode {
@@ -357,7 +366,7 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
     let ns_per_op = elapsed.as_nanos() as f64 / n;
     let stats = checker.stats();
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({
                 "ops": ops.len(), "streams": p.streams, "buffers": p.buffers,
@@ -367,7 +376,7 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
             })
         );
     } else {
-        println!(
+        outln!(
             "{} ops, {} streams, {} buffers: {:.1} ns/op, {:.2} M ops/s ({:.3} s); {} hazards; peak history {} accesses",
             ops.len(),
             p.streams,
@@ -442,7 +451,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
     let secs = start.elapsed().as_secs_f64();
     let s = &res.summary;
     if json {
-        println!("{}", serde_json::to_string(s).map_err(|e| e.to_string())?);
+        outln!("{}", serde_json::to_string(s).map_err(|e| e.to_string())?);
     } else {
         let pct = |a: u64, b: u64| {
             if b == 0 {
@@ -451,7 +460,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
                 100.0 * a as f64 / b as f64
             }
         };
-        println!(
+        outln!(
             "{} programs on {} in {:.1} s ({:.0} programs/min, {} runs): {} with hazards",
             s.programs,
             exec.name(),
@@ -464,32 +473,32 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
             .iter()
             .zip(&res.by_kind)
         {
-            println!(
+            outln!(
                 "  {name:12} {:6} reported, {:6} confirmed ({:.1}%)",
                 k.hazards,
                 k.confirmed,
                 pct(k.confirmed, k.hazards)
             );
         }
-        println!(
+        outln!(
             "  all          {:6} reported, {:6} confirmed ({:.1}%)",
             s.hazards,
             s.confirmed,
             pct(s.confirmed, s.hazards)
         );
-        println!("  unexplained: {}", s.unexplained);
+        outln!("  unexplained: {}", s.unexplained);
         for c in s.counterexamples.iter().take(10) {
-            println!("  counterexample: {c}  (reproduce: streamsan check {c})");
+            outln!("  counterexample: {c}  (reproduce: streamsan check {c})");
         }
         if s.counterexamples.len() > 10 {
-            println!(
+            outln!(
                 "  … and {} more counterexamples in {}",
                 s.counterexamples.len() - 10,
                 cfg.out_dir.display()
             );
         }
         for c in &res.unconfirmed {
-            println!("  unconfirmed: {c}");
+            outln!("  unconfirmed: {c}");
         }
     }
     Ok(if s.unexplained == 0 { 0 } else { 1 })

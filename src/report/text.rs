@@ -164,42 +164,56 @@ fn title(h: &Hazard) -> String {
     }
 }
 
-/// Terms of the fix in CUDA and PyTorch, for the hazard's kind.
-fn terms(h: &Hazard) -> Option<String> {
+/// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each.
+fn terms(h: &Hazard) -> Vec<String> {
     let later = h
         .access
         .as_ref()
         .map(|a| a.participant.as_str())
         .unwrap_or(h.detail.participant.as_str());
-    let earlier = h
+    let Some(earlier) = h
         .conflicts
         .iter()
         .map(|c| c.participant.as_str())
-        .find(|p| *p != crate::trace::HOST)?;
-    let wait = if later == crate::trace::HOST {
-        format!("CUDA: cudaEventRecord(ev, {earlier}); cudaEventSynchronize(ev) · PyTorch: ev.record({earlier}); ev.synchronize()")
-    } else {
-        format!(
-            "CUDA: cudaEventRecord(ev, {earlier}); cudaStreamWaitEvent({later}, ev) · PyTorch: ev.record({earlier}); {later}.wait_event(ev)"
-        )
+        .find(|p| *p != crate::trace::HOST)
+    else {
+        return vec![];
     };
-    Some(match h.kind {
-        HazardKind::UnsafeFree | HazardKind::ReuseRace
-            if h.fix
-                .as_deref()
-                .is_some_and(|f| f.contains("record_stream")) =>
-        {
-            let t = h
-                .free
-                .as_ref()
-                .map(|f| f.buffer.as_str())
-                .or(h.buffer.as_deref())
-                .unwrap_or("tensor");
-            format!("PyTorch: {t}.record_stream({earlier}) before {t} is freed · {wait}")
-        }
-        HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree => wait,
-        _ => return None,
-    })
+    if !matches!(
+        h.kind,
+        HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree
+    ) {
+        return vec![];
+    }
+    let mut v = Vec::new();
+    if h.fix
+        .as_deref()
+        .is_some_and(|f| f.contains("record_stream"))
+    {
+        let t = h
+            .free
+            .as_ref()
+            .map(|f| f.buffer.as_str())
+            .or(h.buffer.as_deref())
+            .unwrap_or("tensor");
+        v.push(format!(
+            "in PyTorch: {t}.record_stream({earlier}) before {t} is freed"
+        ));
+    }
+    if later == crate::trace::HOST {
+        v.push(format!(
+            "in CUDA:    cudaEventRecord(ev, {earlier}); cudaEventSynchronize(ev)  (or cudaStreamSynchronize({earlier}))"
+        ));
+        v.push(format!(
+            "in PyTorch: ev.record({earlier}); ev.synchronize()  (or {earlier}.synchronize())"
+        ));
+    } else {
+        v.push(format!(
+            "in CUDA:    cudaEventRecord(ev, {earlier}); cudaStreamWaitEvent({later}, ev)"
+        ));
+        v.push(format!("in PyTorch: ev.record({earlier}); {later}.wait_event(ev)  (or {later}.wait_stream({earlier}))"));
+    }
+    v
 }
 
 /// Renders one hazard.
@@ -211,23 +225,22 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
         Severity::Warning => p.warning(&format!("warning[{}]", h.kind)),
     };
     let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", title(h))));
-    let file = opts
-        .file
-        .as_deref()
-        .map(|f| format!("{f}: "))
-        .unwrap_or_default();
-    let mut at = format!("{file}op {} ({}", h.op, h.detail.op_name);
+    let mut what = format!("op {}: {}", h.op, h.detail.op_name);
     if let Some(l) = &h.detail.label {
-        let _ = write!(at, " `{l}`");
+        let _ = write!(what, " `{l}`");
     }
     if !h.detail.participant.is_empty() {
-        let _ = write!(at, " on {}", h.detail.participant);
+        let _ = write!(what, " on {}", h.detail.participant);
     }
-    at.push(')');
-    if let Some(site) = h.access.as_ref().and_then(|a| a.site.as_ref()) {
-        let _ = write!(at, " at {site}");
+    let file = opts.file.as_deref().unwrap_or("trace");
+    match h.access.as_ref().and_then(|a| a.site.as_ref()) {
+        Some(site) => {
+            let _ = writeln!(s, "  {} {site}  ({file}, {what})", p.blue("-->"));
+        }
+        None => {
+            let _ = writeln!(s, "  {} {file}: {what}", p.blue("-->"));
+        }
     }
-    let _ = writeln!(s, "  {} {at}", p.blue("-->"));
     let bar = p.blue("   |");
     let _ = writeln!(s, "{bar}");
     if let (Some(a), Some(b)) = (&h.access, &h.buffer) {
@@ -260,7 +273,7 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     if let Some(f) = &h.fix {
         let _ = writeln!(s, "{}: {f}", p.help("help"));
     }
-    if let Some(t) = terms(h) {
+    for t in terms(h) {
         let _ = writeln!(s, "      {t}");
     }
     s
