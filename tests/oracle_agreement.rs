@@ -121,7 +121,7 @@ fn parse_op(line: &str) -> Op {
         },
         "launch" => Op::Launch {
             stream: s("stream"),
-            name: v.get("name").and_then(|n| n.as_str()).map(str::to_owned),
+            name: v.get("name").and_then(|n| n.as_str()).map(Into::into),
             reads: regions(v.get("reads")),
             writes: regions(v.get("writes")),
         },

@@ -339,7 +339,7 @@ fn parse_line(line: &str) -> TraceOp {
         },
         "launch" => Op::Launch {
             stream: id("stream"),
-            name: v.get("name").and_then(Value::as_str).map(str::to_owned),
+            name: v.get("name").and_then(Value::as_str).map(Into::into),
             reads: regions("reads"),
             writes: regions("writes"),
         },

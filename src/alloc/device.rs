@@ -1,5 +1,6 @@
 //! The device policy: PyTorch's `CUDACachingAllocator`, as the trace format fixes it.
 
+use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
@@ -75,6 +76,8 @@ fn pool_index(pool: Pool) -> usize {
 #[derive(Clone, Copy, Debug)]
 struct BlockInfo {
     size: u64,
+    /// The block just below in the same segment, if any (the one above starts at `addr + size`).
+    prev: Option<u64>,
     segment: u64,
     stream: StreamKey,
     allocated: bool,
@@ -108,8 +111,8 @@ struct SegmentInfo {
 #[derive(Debug)]
 pub struct DeviceCachingAllocator<M: Memory> {
     memory: M,
-    /// Every block, live or free, by address.
-    blocks: BTreeMap<u64, BlockInfo>,
+    /// Every block, live or free, by address; neighbours are found through `prev` and `size`.
+    blocks: FxHashMap<u64, BlockInfo>,
     /// The free blocks of each pool (small, large) as (stream, size, address): best fit is the
     /// first entry at or after (stream, rounded, 0), if it has the same stream.
     free: [BTreeSet<(StreamKey, u64, u64)>; 2],
@@ -125,7 +128,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
     pub fn new(memory: M) -> Self {
         DeviceCachingAllocator {
             memory,
-            blocks: BTreeMap::new(),
+            blocks: FxHashMap::default(),
             free: [BTreeSet::new(), BTreeSet::new()],
             segments: BTreeMap::new(),
             reserved_bytes: 0,
@@ -175,6 +178,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             info.size = rounded;
             let rest = BlockInfo {
                 size: block_size - rounded,
+                prev: Some(addr),
                 segment: info.segment,
                 stream,
                 allocated: false,
@@ -182,6 +186,12 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             };
             // `addr + rounded` lies inside the block, so it does not overflow.
             let rest_addr = addr + rounded;
+            let segment = info.segment;
+            if let Some(after) = self.blocks.get_mut(&(addr + block_size)) {
+                if after.segment == segment {
+                    after.prev = Some(rest_addr);
+                }
+            }
             self.blocks.insert(rest_addr, rest);
             self.free[pool_index(pool)].insert((stream, rest.size, rest_addr));
         }
@@ -233,6 +243,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             base,
             BlockInfo {
                 size: seg_bytes,
+                prev: None,
                 segment: base,
                 stream,
                 allocated: false,
@@ -258,17 +269,21 @@ impl<M: Memory> DeviceCachingAllocator<M> {
         let set = &mut self.free[pool_index(info.pool)];
         let mut start = addr;
         let mut size = info.size;
-        // The free neighbour below, if it is of the same segment and stream.
-        if let Some((&prev_addr, prev)) = self.blocks.range(..addr).next_back() {
-            if !prev.allocated && prev.segment == info.segment && prev.stream == stream {
-                set.remove(&(prev.stream, prev.size, prev_addr));
-                start = prev_addr;
-                size += prev.size;
+        let mut prev_of_start = info.prev;
+        // The free neighbour below, if it is of the same stream (it is of the same segment).
+        if let Some(prev_addr) = info.prev {
+            if let Some(prev) = self.blocks.get(&prev_addr).copied() {
+                if !prev.allocated && prev.stream == stream {
+                    set.remove(&(prev.stream, prev.size, prev_addr));
+                    start = prev_addr;
+                    size += prev.size;
+                    prev_of_start = prev.prev;
+                }
             }
         }
         // The free neighbour above, likewise. Blocks tile their segment, so it starts at the end.
         let next_addr = addr + info.size;
-        if let Some(next) = self.blocks.get(&next_addr) {
+        if let Some(next) = self.blocks.get(&next_addr).copied() {
             if !next.allocated && next.segment == info.segment && next.stream == stream {
                 set.remove(&(next.stream, next.size, next_addr));
                 size += next.size;
@@ -278,10 +293,17 @@ impl<M: Memory> DeviceCachingAllocator<M> {
         if start != addr {
             self.blocks.remove(&addr);
         }
+        // The block after the merged one now has it below.
+        if let Some(after) = self.blocks.get_mut(&(start + size)) {
+            if after.segment == info.segment {
+                after.prev = Some(start);
+            }
+        }
         self.blocks.insert(
             start,
             BlockInfo {
                 size,
+                prev: prev_of_start,
                 segment: info.segment,
                 stream,
                 allocated: false,
@@ -311,7 +333,13 @@ impl<M: Memory> DeviceCachingAllocator<M> {
 
     /// Every block, live or free, in address order.
     pub fn blocks(&self) -> impl Iterator<Item = BlockState> + '_ {
-        self.blocks.iter().map(|(&addr, info)| state(addr, info))
+        let mut v: Vec<BlockState> = self
+            .blocks
+            .iter()
+            .map(|(&addr, info)| state(addr, info))
+            .collect();
+        v.sort_by_key(|b| b.addr);
+        v.into_iter()
     }
 
     /// Every segment as (base address, bytes), in address order.
@@ -377,7 +405,10 @@ mod tests {
             let mut allocated = 0;
             let mut live = 0;
             let mut reserved = 0;
-            let mut blocks = self.blocks.iter().peekable();
+            let mut sorted: Vec<(&u64, &BlockInfo)> = self.blocks.iter().collect();
+            sorted.sort_by_key(|(a, _)| **a);
+            let mut blocks = sorted.into_iter().peekable();
+            let mut below: Option<u64> = None;
             for (&base, seg) in &self.segments {
                 reserved += seg.bytes;
                 let mut at = base;
@@ -386,6 +417,12 @@ mod tests {
                     let (&a, b) = blocks.next().expect("segment not covered");
                     assert_eq!(a, at, "gap or overlap in segment {base:#x}");
                     assert_eq!(b.segment, base);
+                    assert_eq!(
+                        b.prev,
+                        if a == base { None } else { below },
+                        "prev link of {a:#x}"
+                    );
+                    below = Some(a);
                     assert_eq!(b.pool, seg.pool);
                     assert!(b.size > 0);
                     if b.allocated {

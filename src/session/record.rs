@@ -455,7 +455,7 @@ impl Worker {
             } => (
                 Op::Launch {
                     stream: self.stream(stream),
-                    name: Some(name.into_owned()),
+                    name: Some(name.into()),
                     reads: self.regions(reads, regions),
                     writes: self.regions(writes, regions),
                 },

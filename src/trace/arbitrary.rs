@@ -122,7 +122,7 @@ pub fn arb_op() -> impl Strategy<Value = Op> {
         )
             .prop_map(|(stream, name, reads, writes)| Op::Launch {
                 stream,
-                name,
+                name: name.map(Into::into),
                 reads,
                 writes
             }),

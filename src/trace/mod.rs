@@ -211,8 +211,8 @@ pub enum Op {
     Launch {
         /// The stream.
         stream: Id,
-        /// The kernel's name, for reports.
-        name: Option<String>,
+        /// The kernel's name, for reports (stored inline when short, like ids).
+        name: Option<smol_str::SmolStr>,
         /// Regions the kernel reads.
         reads: Vec<Region>,
         /// Regions the kernel writes (a region both read and written counts as written).

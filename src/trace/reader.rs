@@ -1614,7 +1614,9 @@ impl<'a> Scanner<'a> {
             },
             Kind::Launch => Op::Launch {
                 stream: self.field(Key::Stream, spans, Self::fast_stream)??,
-                name: self.field(Key::Name, spans, Self::fast_string)?,
+                name: self.field(Key::Name, spans, |s: &mut Self| {
+                    s.fast_str().map(smol_str::SmolStr::new)
+                })?,
                 reads: match self.literal(KEY_LITERALS[Key::Reads as usize]) {
                     true => self.fast_regions(&mut spans.reads)?,
                     false => Vec::new(),
@@ -1936,7 +1938,7 @@ fn build(kind: Kind, f: &mut Fields, obj: usize) -> Scan<TraceOp> {
         },
         Kind::Launch => Op::Launch {
             stream: f.stream.take().ok_or_else(|| missing(Key::Stream))?,
-            name: f.name.take(),
+            name: f.name.take().map(Into::into),
             reads: std::mem::take(&mut f.reads),
             writes: std::mem::take(&mut f.writes),
         },
@@ -2110,7 +2112,7 @@ mod tests {
         let line = r#"{"op":"launch","stream":"s3","name":"k","reads":["b12",{"buffer":"t5","offset":0,"bytes":4096}],"writes":["b13"]}"#;
         let expected = Op::Launch {
             stream: Id::from("s3"),
-            name: Some("k".to_owned()),
+            name: Some("k".into()),
             reads: vec![Region::whole("b12"), Region::range("t5", 0, 4096)],
             writes: vec![Region::whole("b13")],
         };

@@ -379,7 +379,7 @@ mod tests {
         let op = TraceOp {
             op: Op::Launch {
                 stream: Id::from(7),
-                name: Some("gemm".to_owned()),
+                name: Some("gemm".into()),
                 reads: vec![Region::whole("a"), Region::range("b", 0, 16)],
                 writes: vec![Region {
                     buffer: Id::from("c"),
