@@ -937,6 +937,8 @@ impl<'g> Run<'g> {
                     // a racy program.
                     unsafe { p.add(k as usize).write_volatile(hash_word(op_id, 0, k, [])) };
                 }
+                // The words are written before any later op is issued to the device.
+                std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
             }
             Op::EventCreate { event } | Op::EventDestroy { event } => {
                 self.events.remove(event);
