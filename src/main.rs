@@ -512,7 +512,9 @@ fn cuda_executor() -> Result<Box<dyn streamsan::fuzz::campaign::Executor>, Strin
                 .into(),
         );
     }
-    Err("--backend cuda: the GPU executor is not built in this version".into())
+    let exec =
+        streamsan::fuzz::cuda::CudaExecutor::new(0).map_err(|e| format!("--backend cuda: {e}"))?;
+    Ok(Box::new(exec))
 }
 
 #[cfg(not(feature = "cuda"))]

@@ -9,4 +9,6 @@
 //! against what the executions did.
 
 pub mod campaign;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod gen;

@@ -1,0 +1,151 @@
+//! Fuzz campaigns on a real GPU through the CUDA executor.
+//!
+//! Every test skips (and passes) on a machine with no CUDA driver. On a GPU the tests take the
+//! device one at a time: the memory check reads device-wide counters.
+
+#![cfg(feature = "cuda")]
+
+use std::sync::Mutex;
+
+use streamsan::cuda::Gpu;
+use streamsan::fuzz::campaign::{check_program, run_campaign, CampaignConfig, Executor};
+use streamsan::fuzz::cuda::CudaExecutor;
+use streamsan::fuzz::gen::{generate, GenConfig};
+use streamsan::workload::SplitMix;
+
+/// One test on the device at a time.
+static DEVICE: Mutex<()> = Mutex::new(());
+
+/// The device lock, or `None` (after saying so) when there is no GPU.
+fn device() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !Gpu::available() {
+        println!("skipped: no CUDA driver");
+        return None;
+    }
+    Some(
+        DEVICE
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    )
+}
+
+fn executor() -> CudaExecutor {
+    match CudaExecutor::new(0) {
+        Ok(e) => e,
+        Err(e) => panic!("the CUDA executor did not start: {e}"),
+    }
+}
+
+fn campaign(cases: u64, seed: u64, dir: &str) -> CampaignConfig {
+    CampaignConfig {
+        cases,
+        seed,
+        out_dir: std::env::temp_dir().join(dir),
+        ..CampaignConfig::default()
+    }
+}
+
+#[test]
+fn campaign_of_50_programs_has_no_unexplained_divergence() {
+    let Some(_gpu) = device() else { return };
+    let mut exec = executor();
+    let cfg = campaign(50, 7, "streamsan-device-fuzz");
+    let res = run_campaign(&cfg, &mut exec, |_, _| {}).unwrap_or_else(|e| panic!("{e}"));
+    let s = &res.summary;
+    println!(
+        "summary: {}",
+        serde_json::to_string(s).unwrap_or_else(|e| format!("<{e}>"))
+    );
+    let share = if s.hazards == 0 {
+        0.0
+    } else {
+        s.confirmed as f64 / s.hazards as f64
+    };
+    println!(
+        "confirmed: {} of {} hazards ({:.1}%) in {} device runs; by kind (data-race, unsafe-free, reuse-race): {:?}",
+        s.confirmed,
+        s.hazards,
+        100.0 * share,
+        res.runs,
+        res.by_kind
+    );
+    assert_eq!(s.programs, 50);
+    assert_eq!(
+        s.unexplained, 0,
+        "divergences no hazard explains; counterexamples: {:?}",
+        s.counterexamples
+    );
+}
+
+#[test]
+fn campaign_returns_device_memory() {
+    let Some(_gpu) = device() else { return };
+    let mut exec = executor();
+    // Warm up: the driver sets up lazily what the first launches need.
+    run_campaign(
+        &campaign(2, 1, "streamsan-device-fuzz-mem"),
+        &mut exec,
+        |_, _| {},
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let before = exec
+        .try_device_memory_in_use()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let res = run_campaign(
+        &campaign(50, 7, "streamsan-device-fuzz-mem"),
+        &mut exec,
+        |_, _| {},
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let after = exec
+        .try_device_memory_in_use()
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "device memory in use: {before} bytes before, {after} after {} runs; cached by the executor: {}",
+        res.runs,
+        exec.cached_bytes()
+    );
+    assert_eq!(exec.cached_bytes(), 0);
+    // Every run maps at least one 2 MiB segment and the slot array; a leak of either would grow
+    // memory by megabytes per run. A little slack allows for the driver's own bookkeeping.
+    const SLACK: u64 = 4 << 20;
+    assert!(
+        after <= before + SLACK,
+        "device memory grew from {before} to {after} bytes over {} runs",
+        res.runs
+    );
+}
+
+#[test]
+fn clean_program_runs_like_the_reference() {
+    let Some(_gpu) = device() else { return };
+    let mut exec = executor();
+    let gen = GenConfig {
+        missing_sync: 0.0,
+        ..GenConfig::default()
+    };
+    for seed in [11u64, 12, 13] {
+        let program = generate(&gen, &mut SplitMix::new(seed)).ops;
+        let report = check_program(&program).expect("a generated program is valid input");
+        assert!(report.is_clean(), "missing_sync 0 gives a clean program");
+        let reference = exec
+            .reference(&program)
+            .unwrap_or_else(|e| panic!("reference of program {seed}: {e}"));
+        assert!(
+            !reference.reads.is_empty(),
+            "the run observes what the ops produce"
+        );
+        for k in 0..20u64 {
+            let o = exec
+                .random(&program, seed * 1000 + k)
+                .unwrap_or_else(|e| panic!("program {seed}, schedule {k}: {e}"));
+            assert_eq!(
+                o.diverging(&reference),
+                Vec::<streamsan::trace::Id>::new(),
+                "program {seed}, schedule {k} differs from the reference"
+            );
+            assert_eq!(o.reads, reference.reads);
+            assert_eq!(o.live, reference.live);
+        }
+    }
+}
