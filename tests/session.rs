@@ -945,19 +945,35 @@ fn overhead_launch_bound_loop() {
         let report = s.finish().unwrap();
         (looped, t.elapsed(), report)
     };
+    // Rounds of raw, unchecked and checked, interleaved so that clock and load drifts hit all
+    // three alike; the medians are compared.
     let _ = raw();
-    let raw_t = raw();
-    let (unchecked_t, _, _) = session(false);
-    let (checked_t, finish_t, report) = session(true);
-    report.assert_clean();
+    const ROUNDS: usize = 5;
+    let (mut raws, mut uncheckeds, mut checkeds, mut finishes) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..ROUNDS {
+        raws.push(raw());
+        uncheckeds.push(session(false).0);
+        let (checked_t, finish_t, report) = session(true);
+        report.assert_clean();
+        checkeds.push(checked_t);
+        finishes.push(finish_t);
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let (raw_t, unchecked_t, checked_t, finish_t) =
+        (median(&mut raws), median(&mut uncheckeds), median(&mut checkeds), median(&mut finishes));
     let per_iter = |d: Duration| d.as_secs_f64() * 1e6 / ITERS as f64;
     let ratio = checked_t.as_secs_f64() / raw_t.as_secs_f64();
     println!(
-        "raw {:.2} us/iter; session unchecked {:.2}, checked {:.2} us/iter: checked / raw = \
-         {ratio:.3}; then finish waited {finish_t:?} for the checker ({:.3} with it)",
+        "medians of {ROUNDS} rounds: raw {:.2} us/iter; session unchecked {:.2}, checked {:.2} \
+         us/iter: checked / raw = {ratio:.3}, checked / unchecked session = {:.3}; then finish \
+         waited {finish_t:?} for the checker ({:.3} with it)",
         per_iter(raw_t),
         per_iter(unchecked_t),
         per_iter(checked_t),
+        checked_t.as_secs_f64() / unchecked_t.as_secs_f64(),
         (checked_t + finish_t).as_secs_f64() / raw_t.as_secs_f64(),
     );
     if !cfg!(debug_assertions) {
