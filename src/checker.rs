@@ -150,11 +150,12 @@ pub struct Checker {
     history: usize,
     prune_at: usize,
     host_at_prune: VectorClock,
+    graveyard_prune_at: usize,
+    host_at_graveyard_prune: VectorClock,
     // Scratch space reused across ops.
     op_accesses: Vec<OpAccess>,
     found: Vec<Found>,
     uaf: Vec<UseAfterFree>,
-    scratch_clock: VectorClock,
     scratch_gens: Vec<(GenId, u64)>,
 }
 
@@ -165,6 +166,7 @@ impl Default for Checker {
 }
 
 const PRUNE_MIN: usize = 4096;
+const GRAVEYARD_MIN: usize = 64;
 
 fn kind_slot(kind: MemoryKind) -> usize {
     match kind {
@@ -200,10 +202,11 @@ impl Checker {
             history: 0,
             prune_at: PRUNE_MIN,
             host_at_prune: VectorClock::new(),
+            graveyard_prune_at: GRAVEYARD_MIN,
+            host_at_graveyard_prune: VectorClock::new(),
             op_accesses: Vec::new(),
             found: Vec::new(),
             uaf: Vec::new(),
-            scratch_clock: VectorClock::new(),
             scratch_gens: Vec::new(),
         }
     }
@@ -769,20 +772,21 @@ impl Checker {
             Participant::HOST
         });
         // The free's clock: the freeing participant's (joined with the host's), joined with the
-        // clock of every stream named by record_stream.
-        let mut clock = std::mem::take(&mut self.scratch_clock);
-        self.order.free_clock(by, &mut clock);
-        for &p in &self.gen(g).record_streams {
-            clock.join(self.order.clock(p));
-        }
+        // clock of every stream named by record_stream. An access happens before it when one of
+        // those clocks covers it.
         let mut conflicts: Vec<Conflict> = Vec::new();
         let gen = self.gens[g.0 as usize].as_mut().expect("live generation");
+        let (order, rs) = (&self.order, &gen.record_streams);
+        let before_free = |e: crate::clock::Epoch| {
+            order.clock(by).covers(e)
+                || order.host_clock().covers(e)
+                || rs.iter().any(|&p| order.clock(p).covers(e))
+        };
         for a in gen.accesses.iter().chain(&gen.covered) {
-            if a.epoch.participant != by && !clock.covers(a.epoch) {
-                conflicts.push(conflict_of(&self.order, a, &gen.name));
+            if a.epoch.participant != by && !before_free(a.epoch) {
+                conflicts.push(conflict_of(order, a, &gen.name));
             }
         }
-        self.scratch_clock = clock;
         let (alloc_op, alloc_site) = (gen.alloc_op.unwrap_or(0), gen.alloc_site.clone());
         gen.free = Some((i, by, site.clone()));
         if !gen.record_streams.is_empty() {
@@ -863,6 +867,9 @@ impl Checker {
         );
         let keep = base.is_some() && size > 0 && !self.gen(g).history_is_empty();
         if keep {
+            if self.graveyard.len() >= self.graveyard_prune_at {
+                self.prune_graveyard();
+            }
             self.graveyard
                 .insert(memory, base.unwrap_or(0), base.unwrap_or(0) + size, g);
         } else {
@@ -1325,6 +1332,29 @@ impl Checker {
 
     /// Drops every history entry that the host's clock covers, and the freed generations left
     /// without history. Runs when the history has doubled since the last pass.
+    /// Drops the history the host's clock covers from the freed generations only, and those left
+    /// without history: keeps reuse lookups short between the sweeps of [`Self::prune`].
+    fn prune_graveyard(&mut self) {
+        if self.order.host_clock() != &self.host_at_graveyard_prune {
+            let host = self.order.host_clock();
+            let mut empty = Vec::new();
+            for (kind, start, g) in self.graveyard.all() {
+                if let Some(gen) = self.gens[g.0 as usize].as_mut() {
+                    self.history -= gen.prune(host);
+                    if gen.history_is_empty() {
+                        empty.push((kind, start, g));
+                    }
+                }
+            }
+            for (kind, start, g) in empty {
+                self.graveyard.remove(kind, start, g);
+                self.drop_gen(g);
+            }
+            self.host_at_graveyard_prune = self.order.host_clock().clone();
+        }
+        self.graveyard_prune_at = (2 * self.graveyard.len()).max(GRAVEYARD_MIN);
+    }
+
     fn prune(&mut self) {
         if self.order.host_clock() != &self.host_at_prune {
             let Checker {

@@ -227,10 +227,17 @@ impl Order {
     pub fn record(&mut self, event: &Id, p: Participant) {
         self.begin_stream_op(p);
         let clock = &self.streams[p.index() - 1].clock;
-        let state = self.events.entry(event.clone()).or_default();
-        match &mut state.capture {
-            Some(c) => c.clone_from(clock),
-            None => state.capture = Some(clock.clone()),
+        match self.events.get_mut(event) {
+            Some(EventState { capture: Some(c) }) => c.clone_from(clock),
+            Some(state) => state.capture = Some(clock.clone()),
+            None => {
+                self.events.insert(
+                    event.clone(),
+                    EventState {
+                        capture: Some(clock.clone()),
+                    },
+                );
+            }
         }
     }
 
@@ -282,15 +289,6 @@ impl Order {
         let Order { host, streams, .. } = self;
         for s in streams.iter().filter(|s| s.device == device) {
             host.join(&s.clock);
-        }
-    }
-
-    /// The clock a free by `p` carries: `p`'s clock joined with the host's (for a stream),
-    /// written into `out`.
-    pub fn free_clock(&self, p: Participant, out: &mut VectorClock) {
-        out.clone_from(&self.host);
-        if !p.is_host() {
-            out.join(&self.streams[p.index() - 1].clock);
         }
     }
 

@@ -10,5 +10,7 @@ fn cli_snapshots() {
         println!("skipped: the streamsan binary or tests/cmd is not here");
         return;
     }
-    trycmd::TestCases::new().register_bin("streamsan", bin).case("tests/cmd/*.toml");
+    trycmd::TestCases::new()
+        .register_bin("streamsan", bin)
+        .case("tests/cmd/*.toml");
 }

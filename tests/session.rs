@@ -962,8 +962,12 @@ fn overhead_launch_bound_loop() {
         v.sort();
         v[v.len() / 2]
     };
-    let (raw_t, unchecked_t, checked_t, finish_t) =
-        (median(&mut raws), median(&mut uncheckeds), median(&mut checkeds), median(&mut finishes));
+    let (raw_t, unchecked_t, checked_t, finish_t) = (
+        median(&mut raws),
+        median(&mut uncheckeds),
+        median(&mut checkeds),
+        median(&mut finishes),
+    );
     let per_iter = |d: Duration| d.as_secs_f64() * 1e6 / ITERS as f64;
     let ratio = checked_t.as_secs_f64() / raw_t.as_secs_f64();
     println!(
