@@ -91,8 +91,13 @@ fn campaign_returns_device_memory() {
     let before = exec
         .try_device_memory_in_use()
         .unwrap_or_else(|e| panic!("{e}"));
+    // 1,000 programs (STREAMSAN_DEVICE_PROGRAMS overrides).
+    let programs = std::env::var("STREAMSAN_DEVICE_PROGRAMS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000);
     let res = run_campaign(
-        &campaign(50, 7, "streamsan-device-fuzz-mem"),
+        &campaign(programs, 7, "streamsan-device-fuzz-mem"),
         &mut exec,
         |_, _| {},
     )
@@ -101,7 +106,8 @@ fn campaign_returns_device_memory() {
         .try_device_memory_in_use()
         .unwrap_or_else(|e| panic!("{e}"));
     println!(
-        "device memory in use: {before} bytes before, {after} after {} runs; cached by the executor: {}",
+        "device memory in use: {before} bytes before, {after} after {} programs ({} runs); cached by the executor: {}",
+        res.summary.programs,
         res.runs,
         exec.cached_bytes()
     );
