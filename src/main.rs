@@ -113,6 +113,11 @@ struct FuzzArgs {
     /// Where counterexample traces are written.
     #[arg(long, default_value = "streamsan-counterexamples")]
     out_dir: PathBuf,
+    /// Generate programs that write every new buffer before reading it (implied by --backend
+    /// cuda: a GPU leaves the previous owner's bytes in new memory, and reading them is a bug
+    /// of its own that the trace format does not define).
+    #[arg(long)]
+    initialize: bool,
     /// Also write up to N programs with a hazard no provocation confirmed, for inspection.
     #[arg(long, default_value_t = 0, value_name = "N")]
     keep_unconfirmed: usize,
@@ -400,6 +405,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         missing_sync,
         schedules,
         out_dir,
+        initialize,
         keep_unconfirmed,
         json,
     } = args;
@@ -416,6 +422,9 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         gen: GenConfig {
             ops,
             missing_sync,
+            // A GPU leaves the previous owner's bytes in new memory; programs there never read
+            // memory they have not written.
+            initialize: initialize || backend == Backend::Cuda,
             ..GenConfig::default()
         },
         random_schedules: schedules,

@@ -40,6 +40,10 @@ fn campaign(cases: u64, seed: u64, dir: &str) -> CampaignConfig {
     CampaignConfig {
         cases,
         seed,
+        gen: GenConfig {
+            initialize: true,
+            ..GenConfig::default()
+        },
         out_dir: std::env::temp_dir().join(dir),
         ..CampaignConfig::default()
     }
@@ -128,6 +132,7 @@ fn clean_program_runs_like_the_reference() {
     let mut exec = executor();
     let gen = GenConfig {
         missing_sync: 0.0,
+        initialize: true,
         ..GenConfig::default()
     };
     for seed in [11u64, 12, 13] {

@@ -44,6 +44,7 @@ fn configs() -> Vec<(&'static str, GenConfig)> {
                 stream_ordered_free: false,
                 use_after_free: false,
                 max_words: 4,
+                initialize: true,
             },
         ),
         (

@@ -15,7 +15,11 @@ use streamsan::trace::{TraceOp, TraceReader, TraceWriter};
 use streamsan::workload::SplitMix;
 
 fn config() -> GenConfig {
-    GenConfig { ops: 24, missing_sync: 0.25, ..GenConfig::default() }
+    GenConfig {
+        ops: 24,
+        missing_sync: 0.25,
+        ..GenConfig::default()
+    }
 }
 
 proptest! {

@@ -73,6 +73,11 @@ pub struct GenConfig {
     pub use_after_free: bool,
     /// Largest buffer size in 4-byte words (at least 4: every buffer has at least 16 bytes).
     pub max_words: u32,
+    /// Write every new buffer whole on its owner right after allocating it, so no program reads
+    /// uninitialized memory. A GPU leaves the previous owner's bytes there, whose value depends on
+    /// timing even in a program free of hazards; the simulator makes such reads deterministic,
+    /// a GPU cannot.
+    pub initialize: bool,
 }
 
 impl Default for GenConfig {
@@ -89,6 +94,7 @@ impl Default for GenConfig {
             stream_ordered_free: true,
             use_after_free: false,
             max_words: 256,
+            initialize: false,
         }
     }
 }
@@ -1127,9 +1133,23 @@ impl<D: Decisions> Builder<D> {
         let words = self.pick_words();
         if self.cfg.pinned && self.chance(0.3) {
             self.alloc(slot, words, MemoryKind::Pinned, None);
+            if self.cfg.initialize {
+                let buffer = Region::whole(buffer_name(slot));
+                self.access(HOST_P, Op::HostWrite { buffer });
+            }
         } else {
             let s = self.pick_stream();
             self.alloc(slot, words, MemoryKind::Device, Some(s));
+            if self.cfg.initialize {
+                let dst = Region::whole(buffer_name(slot));
+                self.access(
+                    s,
+                    Op::Memset {
+                        stream: stream_name(s),
+                        dst,
+                    },
+                );
+            }
         }
         if self.chance(0.5) {
             self.touch_new(slot);
