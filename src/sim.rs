@@ -183,6 +183,10 @@ pub struct Outcome {
     pub written: BTreeMap<usize, (Id, u64)>,
     /// Scheduling steps taken.
     pub steps: usize,
+    /// Words read (by an op, or at the end as part of a live buffer) that the reading buffer had
+    /// not written: reads of uninitialized memory. In the sequential reference these are the
+    /// program's own; a GPU returns the previous owner's bytes for them.
+    pub uninitialized: u64,
 }
 
 impl Outcome {
@@ -233,6 +237,8 @@ struct Arena {
     model: ModelMemory,
     /// Per word: its value and the buffer generation whose access last wrote it.
     segments: BTreeMap<u64, Vec<(u32, u32)>>,
+    /// Reads of words the reading generation had not written.
+    uninitialized: u64,
 }
 
 /// The tag of memory no buffer has written.
@@ -252,6 +258,7 @@ impl Arena {
         Arena {
             model: ModelMemory::new(base),
             segments: BTreeMap::new(),
+            uninitialized: 0,
         }
     }
 
@@ -279,6 +286,7 @@ impl Arena {
         if tag == gen {
             v
         } else {
+            self.uninitialized += 1;
             fmix(gen.wrapping_mul(0x9e37_79b9) ^ (addr >> 2) as u32)
         }
     }
@@ -451,6 +459,9 @@ pub fn run(
         }
         r.outcome.live.insert(name, sum);
     }
+    r.outcome.uninitialized = r.device.memory().uninitialized
+        + r.pinned.memory().uninitialized
+        + r.managed.memory().uninitialized;
     for (op, name, _, words) in &r.gens {
         let sum = words.iter().enumerate().fold(0u64, |acc, (k, w)| {
             acc.wrapping_add(w.map_or(0x5a5a, |v| u64::from(fmix(v ^ k as u32))))

@@ -457,7 +457,19 @@ pub fn run_campaign(
         }
         if let Some((buffers, _)) = bad {
             res.summary.unexplained += 1;
-            let shrunk = shrink(&program, exec, case_seed, cfg.random_schedules);
+            let shrunk = shrink(
+                &program,
+                exec,
+                case_seed,
+                cfg.random_schedules,
+                cfg.gen.initialize,
+            );
+            write_trace(
+                &cfg.out_dir,
+                &format!("unexplained-{case}.original.jsonl"),
+                &program,
+                "streamsan fuzz counterexample, as generated (before shrinking)",
+            )?;
             let path = write_counterexample(&cfg.out_dir, case, &shrunk, &buffers)?;
             res.summary.counterexamples.push(path.display().to_string());
         }
@@ -485,12 +497,14 @@ fn still_unexplained(
     })
 }
 
-/// Greedy shrinking: drop ops one at a time while the program stays valid and unexplained.
+/// Greedy shrinking: drop ops one at a time while the program stays valid and unexplained (and,
+/// with `initialized`, reads no memory it has not written, as the simulator's reference shows).
 pub fn shrink(
     program: &[TraceOp],
     exec: &mut dyn Executor,
     seed: u64,
     schedules: u32,
+    initialized: bool,
 ) -> Vec<TraceOp> {
     let mut p = program.to_vec();
     let mut k = p.len();
@@ -498,7 +512,9 @@ pub fn shrink(
         k -= 1;
         let mut q = p.clone();
         q.remove(k);
-        if still_unexplained(&q, exec, seed, schedules) {
+        let reads_uninitialized =
+            initialized && sim::reference(&q).map_or(true, |o| o.uninitialized > 0);
+        if !reads_uninitialized && still_unexplained(&q, exec, seed, schedules) {
             p = q;
         }
     }

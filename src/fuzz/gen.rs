@@ -76,7 +76,8 @@ pub struct GenConfig {
     /// Write every new buffer whole on its owner right after allocating it, so no program reads
     /// uninitialized memory. A GPU leaves the previous owner's bytes there, whose value depends on
     /// timing even in a program free of hazards; the simulator makes such reads deterministic,
-    /// a GPU cannot.
+    /// a GPU cannot. A program then may end a few ops short of `ops` rather than between an
+    /// allocation and its initializing write.
     pub initialize: bool,
 }
 
@@ -735,6 +736,28 @@ impl<D: Decisions> Builder<D> {
         }
         // A prefix of a generated program is one too: it stops between ops.
         self.ops.truncate(self.cfg.ops);
+        if self.cfg.initialize {
+            // ... but not between an allocation and the write that initializes it.
+            while let Some(k) = self
+                .ops
+                .iter()
+                .rposition(|o| matches!(o.op, Op::Alloc { .. }))
+            {
+                let Op::Alloc { buffer, .. } = &self.ops[k].op else {
+                    break;
+                };
+                let whole = Region::whole(buffer.clone());
+                let initialized = self.ops[k + 1..].iter().any(|o| match &o.op {
+                    Op::Memset { dst, .. } => *dst == whole,
+                    Op::HostWrite { buffer } => *buffer == whole,
+                    _ => false,
+                });
+                if initialized {
+                    break;
+                }
+                self.ops.truncate(k);
+            }
+        }
         Program { ops: self.ops }
     }
 
@@ -1125,6 +1148,19 @@ impl<D: Decisions> Builder<D> {
             memory,
             addr: None,
         });
+        if self.cfg.initialize {
+            let whole = Region::whole(buffer_name(slot));
+            match stream.filter(|_| memory == MemoryKind::Device) {
+                Some(s) => self.access(
+                    s,
+                    Op::Memset {
+                        stream: stream_name(s),
+                        dst: whole,
+                    },
+                ),
+                None => self.access(HOST_P, Op::HostWrite { buffer: whole }),
+            }
+        }
     }
 
     fn step_alloc(&mut self) {
