@@ -25,7 +25,7 @@ use streamsan::{HazardKind, Report};
 /// Schedules explored per program with atomic ops.
 const ATOMIC_LIMIT: usize = 20_000;
 /// Schedules explored per program with one-word chunks.
-const CHUNK_LIMIT: usize = 20_000;
+const CHUNK_LIMIT: usize = 10_000;
 
 const ATOMIC: SimConfig = SimConfig {
     chunk_words: u32::MAX,
@@ -110,7 +110,7 @@ fn explore_program(program: &[TraceOp], t: &mut Totals) -> Result<(), String> {
     t.divergent += ex.divergent.len();
     verify(program, &ex, ATOMIC)?;
     // Chunks multiply the schedules; only small atomic spaces are worth splitting.
-    if ex.complete && ex.schedules <= 200 {
+    if ex.complete && ex.schedules <= 120 {
         let ex = explore(program, CHUNKED, CHUNK_LIMIT).map_err(|e| e.to_string())?;
         t.chunked_programs += 1;
         t.chunked_complete += usize::from(ex.complete);
