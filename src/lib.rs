@@ -14,6 +14,7 @@ pub mod report;
 pub mod session;
 pub mod shadow;
 pub mod sim;
+mod sync;
 pub mod trace;
 pub mod workload;
 

@@ -10,11 +10,11 @@
 //! works beside the program instead of inside each call. Every record but [`Rec::External`] is
 //! exactly one op, in issue order: the op indices of the checker are the session's.
 
+use crate::sync::mpsc;
+use crate::sync::thread::{self, JoinHandle};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::Location;
-use std::sync::mpsc;
-use std::thread::JoinHandle;
 
 use super::buffer::{Region, Regions};
 
@@ -198,7 +198,7 @@ impl Recorder {
     pub(crate) fn spawn(keep_trace: bool) -> Result<Recorder, SessionError> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let (recycle, recycled) = mpsc::channel::<Batch>();
-        let worker = std::thread::Builder::new()
+        let worker = thread::Builder::new()
             .name("streamsan-checker".into())
             .spawn(move || {
                 let mut w = Worker::new(keep_trace);

@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 
 use super::buffer::{Region, Regions};
 use super::handle::{Event, Stream, StreamInner, StreamKind};
@@ -20,6 +20,7 @@ use super::{BackendKind, SessionConfig, SessionError};
 use crate::alloc::{AllocError, AllocatorStats, Block};
 use crate::kernels::MAX_READS;
 use crate::report::{Hazard, Report};
+use crate::sync::{Mutex, MutexGuard};
 use crate::trace::{Id, MemoryKind, TraceOp, DEFAULT_STREAM, HOST};
 
 /// The GPU stream of a handle (`None` on the simulator).

@@ -1,0 +1,661 @@
+//! The checks behind the fuzz targets, shared with `tests/fuzz_corpus.rs` (both include this file
+//! with `#[path]`), so that every corpus and crash file is replayed by a plain `cargo test`.
+//!
+//! - [`check_parse_line`]: `parse_line_bytes` never panics, and an op it parses survives
+//!   `write_op` and `parse_line` unchanged.
+//! - [`check_trace_reader`]: `TraceReader` never panics, and reading a whole file (with the
+//!   reader's buffer as large as the file, and with a tiny buffer that splits lines) gives, line
+//!   for line, what `parse_line_bytes` gives: the same ops, the same field columns, the same
+//!   errors at the same lines and columns.
+//! - [`check_checker_oracle`]: the bytes are decoded ([`decode_program`]) into a small
+//!   well-formed program; the checker never panics and its hazards — op, kind, buffer and sorted
+//!   conflict ops — equal the brute-force oracle's.
+
+use std::io::{BufRead, BufReader};
+
+use streamsan::oracle::{oracle_hazards, OracleHazard};
+use streamsan::report::{render_text, TextOptions};
+use streamsan::trace::{
+    parse_line, parse_line_bytes, write_op, Field, Id, MemoryKind, Op, Region, Spans, TraceOp,
+    TraceReader, DEFAULT_STREAM,
+};
+use streamsan::{Checker, HazardKind};
+
+// ---------------------------------------------------------------------------------------------
+// parse_line
+
+/// `parse_line_bytes` on any bytes; when it parses, the op must come back from its written form.
+pub fn check_parse_line(data: &[u8]) {
+    let Ok(Some((op, _))) = parse_line_bytes(data) else {
+        return;
+    };
+    let mut line = String::new();
+    write_op(&op, &mut line);
+    match parse_line(&line) {
+        Ok(Some((back, _))) => {
+            assert_eq!(
+                back, op,
+                "write_op then parse_line changed the op; line {line}"
+            );
+            let mut again = String::new();
+            write_op(&back, &mut again);
+            assert_eq!(again, line, "write_op is not stable");
+        }
+        other => panic!("parse_line does not take back what write_op wrote: {line:?}: {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// TraceReader
+
+/// One line's result as the checks compare it: the op with its line and field columns, or the
+/// error's line, column, message and expectation.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Read {
+    /// An op, the 1-based line, and the column of every field (see [`columns`]).
+    Op(TraceOp, u64, Vec<Option<u64>>),
+    /// An error: line, column, message, expected.
+    Err(u64, u64, String, Option<String>),
+}
+
+/// The columns of every field of `op` that `spans` may know.
+pub fn columns(spans: &Spans, op: &TraceOp) -> Vec<Option<u64>> {
+    let mut v: Vec<Option<u64>> = [
+        Field::Op,
+        Field::Stream,
+        Field::Event,
+        Field::Buffer,
+        Field::Bytes,
+        Field::Addr,
+        Field::Memory,
+        Field::Device,
+        Field::Blocking,
+        Field::Src,
+        Field::Dst,
+    ]
+    .iter()
+    .map(|&f| spans.column(f))
+    .collect();
+    if let Op::Launch { reads, writes, .. } = &op.op {
+        v.extend((0..reads.len() as u32).map(|i| spans.column(Field::Read(i))));
+        v.extend((0..writes.len() as u32).map(|i| spans.column(Field::Write(i))));
+    }
+    v
+}
+
+/// Every result of a reader until its end. A reader goes on after an error, so the loop ends
+/// at `None`; it is bounded by the number of lines, which a correct reader never exceeds.
+pub fn read_all<R: BufRead>(mut reader: TraceReader<R>, lines: usize) -> Vec<Read> {
+    let mut out = Vec::new();
+    loop {
+        assert!(
+            out.len() <= lines,
+            "the reader returned more results than lines"
+        );
+        match reader.next_op() {
+            Ok(Some((op, spans))) => {
+                let cols = columns(spans, &op);
+                out.push(Read::Op(op, spans.line(), cols));
+            }
+            Ok(None) => return out,
+            Err(e) => out.push(Read::Err(e.line, e.column, e.message, e.expected)),
+        }
+    }
+}
+
+/// What a reader must return for `data`: `parse_line_bytes` of each line, without its `\n`, a
+/// final `\r`, and (on line 1) a byte-order mark.
+pub fn line_by_line(data: &[u8]) -> Vec<Read> {
+    let mut out = Vec::new();
+    let mut pieces: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
+    if data.is_empty() || data.ends_with(b"\n") {
+        pieces.pop();
+    }
+    for (i, mut piece) in pieces.into_iter().enumerate() {
+        let line = i as u64 + 1;
+        if let Some(rest) = piece.strip_suffix(b"\r") {
+            piece = rest;
+        }
+        if line == 1 {
+            if let Some(rest) = piece.strip_prefix(b"\xEF\xBB\xBF") {
+                piece = rest;
+            }
+        }
+        match parse_line_bytes(piece) {
+            Ok(None) => {}
+            Ok(Some((op, spans))) => {
+                let cols = columns(&spans, &op);
+                out.push(Read::Op(op, line, cols));
+            }
+            Err(e) => out.push(Read::Err(line, e.column, e.message, e.expected)),
+        }
+    }
+    out
+}
+
+/// `TraceReader` over `data` as a whole file, with a large and with a tiny buffer, against
+/// [`line_by_line`].
+pub fn check_trace_reader(data: &[u8]) {
+    let lines = data.iter().filter(|&&b| b == b'\n').count() + 1;
+    let expected = line_by_line(data);
+    let whole = read_all(TraceReader::new(data, "fuzz.jsonl"), lines);
+    assert_eq!(
+        whole, expected,
+        "TraceReader (one buffer) against parse_line"
+    );
+    // A buffer of 1 to 16 bytes, chosen by the input, splits lines at varying places.
+    let cap = 1 + data.first().map_or(0, |b| usize::from(*b) % 16);
+    let small = read_all(
+        TraceReader::new(BufReader::with_capacity(cap, data), "fuzz.jsonl"),
+        lines,
+    );
+    assert_eq!(
+        small, expected,
+        "TraceReader (buffer of {cap}) against parse_line"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// checker against oracle
+
+/// At most this many ops per decoded program.
+pub const MAX_OPS: usize = 40;
+
+/// Reads decision bytes; past the end every byte is 0 and [`Bytes::done`] is true.
+struct Bytes<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::from(self.byte()) % n.max(1)
+    }
+
+    fn done(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+}
+
+/// What the decoder knows of a buffer name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Name {
+    /// Not allocated yet: naming it makes an external buffer.
+    Unused,
+    /// Used without an allocation: an external buffer of unknown size.
+    External,
+    /// Allocated and not freed.
+    Live(Buffer),
+    /// Allocated, then freed: naming it is a use-after-free.
+    Freed(Buffer),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Buffer {
+    bytes: u64,
+    memory: MemoryKind,
+    /// The `addr` slot it occupies (while live), in `addr` mode.
+    slot: Option<usize>,
+}
+
+/// Allocation sizes: zero, tiny, around the 512-byte rounding, a few KiB.
+const SIZES: [u64; 8] = [0, 4, 16, 100, 512, 513, 1024, 4096];
+/// `addr` slots per memory kind (1 MiB apart, larger than every size above).
+const SLOTS: usize = 4;
+
+struct Decoder<'a> {
+    bytes: Bytes<'a>,
+    /// `"default"`, then `s1`, `s2`, … (2 to 4 streams).
+    streams: Vec<Id>,
+    /// The attributes of each stream for a redundant `stream_create`: (device, blocking).
+    attrs: Vec<(u64, bool)>,
+    names: Vec<Name>,
+    addr_mode: bool,
+    /// Which name holds each slot, per memory kind (device, pinned, managed).
+    slots: [[Option<usize>; SLOTS]; 3],
+    ops: Vec<TraceOp>,
+}
+
+fn kind_index(m: MemoryKind) -> usize {
+    match m {
+        MemoryKind::Device => 0,
+        MemoryKind::Pinned => 1,
+        MemoryKind::Managed => 2,
+    }
+}
+
+/// Decodes fuzzer bytes into a small program that the trace format calls well-formed: at most
+/// [`MAX_OPS`] ops over 2 to 4 streams (`"default"` among them) and 1 to 4 buffer names, every
+/// region inside its buffer, no live name allocated again, host accesses only of pinned or
+/// managed memory, copies whose source and destination do not overlap, and (in `addr` mode)
+/// addresses on every non-empty allocation that never overlap a live one. Hazards of every kind
+/// are expected: nothing makes the program synchronized.
+pub fn decode_program(data: &[u8]) -> Vec<TraceOp> {
+    let mut bytes = Bytes { data, pos: 0 };
+    let h0 = bytes.byte();
+    let h1 = bytes.byte();
+    let h2 = bytes.byte();
+    let extra = 1 + usize::from(h0 % 3);
+    let addr_mode = (h0 >> 2) & 3 == 0;
+    let buffers = 1 + usize::from(h1 % 4);
+    let mut d = Decoder {
+        bytes,
+        streams: vec![Id::from(DEFAULT_STREAM)],
+        attrs: vec![(0, true)],
+        names: vec![Name::Unused; buffers],
+        addr_mode,
+        slots: [[None; SLOTS]; 3],
+        ops: Vec::new(),
+    };
+    for i in 0..extra {
+        let stream = Id::from(format!("s{}", i + 1));
+        // 0: implicit (non-blocking, device 0); 1: created non-blocking; 2: blocking;
+        // 3: device 1 (blocking in `addr` mode, where the allocator model is per device 0).
+        let (device, blocking, create) = match (h2 >> (2 * i)) & 3 {
+            0 => (0, false, false),
+            1 => (0, false, true),
+            3 if !addr_mode => (1, false, true),
+            _ => (0, true, true),
+        };
+        if create {
+            d.push(Op::StreamCreate {
+                stream: stream.clone(),
+                device,
+                blocking,
+            });
+        }
+        d.streams.push(stream);
+        d.attrs.push((device, blocking));
+    }
+    while !d.bytes.done() && d.ops.len() < MAX_OPS {
+        d.step();
+    }
+    d.ops
+}
+
+impl Decoder<'_> {
+    fn push(&mut self, op: Op) {
+        self.ops.push(TraceOp::from(op));
+    }
+
+    fn stream(&mut self) -> Id {
+        let k = self.bytes.below(self.streams.len());
+        self.streams[k].clone()
+    }
+
+    fn event(&mut self) -> Id {
+        Id::from(format!("e{}", self.bytes.below(3)))
+    }
+
+    fn name(&self, k: usize) -> Id {
+        Id::from(format!("x{k}"))
+    }
+
+    /// A region of name `k`, inside its buffer (for an external buffer: a small range).
+    fn region(&mut self, k: usize) -> Region {
+        let name = self.name(k);
+        let size = match self.names[k] {
+            Name::Live(b) | Name::Freed(b) => Some(b.bytes),
+            Name::Unused | Name::External => None,
+        };
+        if self.names[k] == Name::Unused {
+            self.names[k] = Name::External;
+        }
+        let form = self.bytes.byte();
+        match (form % 4, size) {
+            (0 | 1, _) => Region::whole(name),
+            (_, None) => {
+                let offset = u64::from(self.bytes.byte() % 64);
+                let bytes = u64::from(self.bytes.byte() % 64);
+                if form % 4 == 2 {
+                    Region::range(name, offset, bytes)
+                } else {
+                    Region {
+                        buffer: name,
+                        offset,
+                        bytes: None,
+                    }
+                }
+            }
+            (_, Some(size)) => {
+                let offset = u64::from(self.bytes.byte()) * size / 255;
+                let rest = size - offset;
+                let bytes = u64::from(self.bytes.byte()) * rest / 255;
+                if form % 4 == 2 {
+                    Region::range(name, offset, bytes)
+                } else {
+                    Region {
+                        buffer: name,
+                        offset,
+                        bytes: None,
+                    }
+                }
+            }
+        }
+    }
+
+    fn regions(&mut self) -> Vec<Region> {
+        let n = self.bytes.below(3);
+        (0..n)
+            .map(|_| {
+                let k = self.bytes.below(self.names.len());
+                self.region(k)
+            })
+            .collect()
+    }
+
+    /// A source and a destination that do not overlap: different names, or the two halves of one.
+    fn copy_regions(&mut self) -> Option<(Region, Region)> {
+        let a = self.bytes.below(self.names.len());
+        let b = self.bytes.below(self.names.len());
+        if a != b {
+            let src = self.region(a);
+            let dst = self.region(b);
+            return Some((src, dst));
+        }
+        let size = match self.names[a] {
+            Name::Live(buf) | Name::Freed(buf) => buf.bytes,
+            Name::Unused | Name::External => {
+                self.names[a] = Name::External;
+                128
+            }
+        };
+        if size < 2 {
+            return None;
+        }
+        let half = size / 2;
+        let (lo, hi) = (
+            Region::range(self.name(a), 0, half),
+            Region::range(self.name(a), half, size - half),
+        );
+        Some(if self.bytes.byte() % 2 == 0 {
+            (lo, hi)
+        } else {
+            (hi, lo)
+        })
+    }
+
+    fn alloc(&mut self, k: usize) {
+        let bytes = SIZES[self.bytes.below(SIZES.len())];
+        let memory = match self.bytes.byte() % 8 {
+            0 => MemoryKind::Pinned,
+            1 => MemoryKind::Managed,
+            _ => MemoryKind::Device,
+        };
+        let stream = match self.bytes.byte() % 4 {
+            0 => None,
+            _ if memory != MemoryKind::Device => None,
+            _ => Some(self.stream()),
+        };
+        let (addr, slot) = if self.addr_mode && bytes > 0 {
+            let kind = kind_index(memory);
+            let want = self.bytes.below(SLOTS);
+            // At most 3 other names are live, so a free slot exists.
+            let slot = (0..SLOTS)
+                .map(|i| (want + i) % SLOTS)
+                .find(|&s| self.slots[kind][s].is_none())
+                .expect("a free slot");
+            self.slots[kind][slot] = Some(k);
+            let base = match memory {
+                MemoryKind::Device => 0x10_0000,
+                MemoryKind::Pinned => 0x4000_0000,
+                MemoryKind::Managed => 0x5000_0000,
+            };
+            (Some(base + 0x10_0000 * slot as u64), Some(slot))
+        } else {
+            (None, None)
+        };
+        self.names[k] = Name::Live(Buffer {
+            bytes,
+            memory,
+            slot,
+        });
+        self.push(Op::Alloc {
+            buffer: self.name(k),
+            bytes,
+            stream,
+            memory,
+            addr,
+        });
+    }
+
+    fn free(&mut self, k: usize) {
+        let stream = match self.bytes.byte() % 3 {
+            0 => Some(self.stream()),
+            _ => None,
+        };
+        if let Name::Live(b) = self.names[k] {
+            if let Some(slot) = b.slot {
+                self.slots[kind_index(b.memory)][slot] = None;
+            }
+            self.names[k] = Name::Freed(Buffer { slot: None, ..b });
+        }
+        // Freeing an unused, external or freed name is an `invalid-free`, not bad input.
+        self.push(Op::Free {
+            buffer: self.name(k),
+            stream,
+        });
+    }
+
+    /// A name the host may touch: pinned or managed, live or freed.
+    fn host_name(&mut self) -> Option<usize> {
+        let host: Vec<usize> = (0..self.names.len())
+            .filter(|&k| {
+                matches!(self.names[k], Name::Live(b) | Name::Freed(b)
+                    if b.memory != MemoryKind::Device)
+            })
+            .collect();
+        (!host.is_empty()).then(|| host[self.bytes.below(host.len())])
+    }
+
+    fn step(&mut self) {
+        match self.bytes.byte() % 24 {
+            0..=3 => {
+                let stream = self.stream();
+                let name = (self.bytes.byte() % 4 == 0).then(|| "k".to_owned());
+                let reads = self.regions();
+                let writes = self.regions();
+                self.push(Op::Launch {
+                    stream,
+                    name,
+                    reads,
+                    writes,
+                });
+            }
+            4 | 5 => {
+                let k = self.bytes.below(self.names.len());
+                match self.names[k] {
+                    Name::Live(_) => self.free(k),
+                    _ => self.alloc(k),
+                }
+            }
+            6 | 7 => {
+                let stream = self.stream();
+                match self.copy_regions() {
+                    Some((src, dst)) => self.push(Op::Copy { stream, src, dst }),
+                    None => {
+                        let k = self.bytes.below(self.names.len());
+                        let dst = self.region(k);
+                        self.push(Op::Memset { stream, dst });
+                    }
+                }
+            }
+            8 => {
+                let stream = self.stream();
+                let k = self.bytes.below(self.names.len());
+                let dst = self.region(k);
+                self.push(Op::Memset { stream, dst });
+            }
+            v @ (9 | 10) => {
+                if let Some(k) = self.host_name() {
+                    let buffer = self.region(k);
+                    self.push(if v == 9 {
+                        Op::HostRead { buffer }
+                    } else {
+                        Op::HostWrite { buffer }
+                    });
+                }
+            }
+            11 | 12 => {
+                let k = self.bytes.below(self.names.len());
+                self.free(k);
+            }
+            13 => {
+                let k = self.bytes.below(self.names.len());
+                let stream = self.stream();
+                if self.names[k] == Name::Unused {
+                    self.names[k] = Name::External;
+                }
+                self.push(Op::RecordStream {
+                    buffer: self.name(k),
+                    stream,
+                });
+            }
+            14 => {
+                let event = self.event();
+                self.push(Op::EventCreate { event });
+            }
+            15 => {
+                let event = self.event();
+                self.push(Op::EventDestroy { event });
+            }
+            16 | 17 => {
+                let event = self.event();
+                let stream = self.stream();
+                self.push(Op::EventRecord { event, stream });
+            }
+            18 | 19 => {
+                let stream = self.stream();
+                let event = self.event();
+                self.push(Op::EventWait { stream, event });
+            }
+            20 => {
+                let event = self.event();
+                let b = self.bytes.byte();
+                self.push(if b % 2 == 0 {
+                    Op::EventSync { event }
+                } else {
+                    Op::EventQuery {
+                        event,
+                        complete: b % 4 == 1,
+                    }
+                });
+            }
+            21 => {
+                let stream = self.stream();
+                let b = self.bytes.byte();
+                self.push(if b % 2 == 0 {
+                    Op::StreamSync { stream }
+                } else {
+                    Op::StreamQuery {
+                        stream,
+                        complete: b % 4 == 1,
+                    }
+                });
+            }
+            22 => {
+                let device = u64::from(self.bytes.byte() % 4 == 0);
+                self.push(Op::DeviceSync { device });
+            }
+            _ => {
+                // A redundant stream_create: the same attributes, so it has no effect.
+                let k = self.bytes.below(self.streams.len());
+                if k > 0 {
+                    let (device, blocking) = self.attrs[k];
+                    let stream = self.streams[k].clone();
+                    self.push(Op::StreamCreate {
+                        stream,
+                        device,
+                        blocking,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A hazard reduced to what the checker and the oracle both decide.
+pub type Key = (u64, HazardKind, Option<String>, Vec<u64>);
+
+/// The checker's hazards as keys, or its rejection.
+pub fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
+    let mut checker = Checker::new();
+    for (i, op) in ops.iter().enumerate() {
+        checker.check(op).map_err(|e| format!("op {i}: {e}"))?;
+    }
+    let report = checker.finish();
+    // The reports themselves must render.
+    let _ = report.to_json();
+    let _ = render_text(&report, &TextOptions::plain());
+    let mut keys: Vec<Key> = report
+        .hazards
+        .into_iter()
+        .map(|h| {
+            let mut c: Vec<u64> = h.conflicts.iter().map(|c| c.op).collect();
+            c.sort_unstable();
+            c.dedup();
+            (h.op, h.kind, h.buffer, c)
+        })
+        .collect();
+    keys.sort();
+    Ok(keys)
+}
+
+/// The oracle's hazards as keys, or its rejection.
+pub fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
+    Ok(oracle_hazards(ops)?
+        .into_iter()
+        .map(|h: OracleHazard| (h.op, h.kind, h.buffer, h.conflicts))
+        .collect())
+}
+
+/// The program as a trace.
+pub fn to_jsonl(ops: &[TraceOp]) -> String {
+    let mut s = String::new();
+    for op in ops {
+        write_op(op, &mut s);
+        s.push('\n');
+    }
+    s
+}
+
+/// The checker against the oracle on one program: both accept it and agree, or both reject it.
+pub fn compare_program(ops: &[TraceOp]) {
+    let checker = checker_keys(ops);
+    let oracle = oracle_keys(ops);
+    match (checker, oracle) {
+        (Ok(c), Ok(o)) => assert!(
+            c == o,
+            "checker and oracle disagree\n  oracle  {o:?}\n  checker {c:?}\nprogram:\n{}",
+            to_jsonl(ops)
+        ),
+        (Err(_), Err(_)) => {}
+        (Err(e), Ok(_)) => panic!(
+            "the checker rejects a program the oracle accepts: {e}\nprogram:\n{}",
+            to_jsonl(ops)
+        ),
+        (Ok(_), Err(e)) => panic!(
+            "the oracle rejects a program the checker accepts: {e}\nprogram:\n{}",
+            to_jsonl(ops)
+        ),
+    }
+}
+
+/// Decodes `data` into a program and compares the checker with the oracle on it; the program
+/// also survives writing and reading back.
+pub fn check_checker_oracle(data: &[u8]) {
+    let ops = decode_program(data);
+    let text = to_jsonl(&ops);
+    let back: Vec<TraceOp> = TraceReader::new(text.as_bytes(), "decoded.jsonl")
+        .map(|r| r.map(|(op, _)| op))
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("a decoded program does not read back: {e}\n{text}"));
+    assert_eq!(back, ops, "a decoded program does not read back unchanged");
+    compare_program(&ops);
+}

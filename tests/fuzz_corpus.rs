@@ -1,0 +1,182 @@
+//! Replays the fuzz corpora and crash files through the fuzz targets' own checks, so that a plain
+//! `cargo test` covers them without cargo-fuzz.
+//!
+//! Every file under `fuzz/corpus/<target>/` and `fuzz/artifacts/<target>/` goes through the check
+//! of `<target>` (`fuzz/common.rs`, which the fuzz targets include too). A few thousand decoded
+//! random programs add to the `checker_oracle` seeds. The seeds themselves are written by the
+//! ignored test `write_seeds` (see `docs/fuzzing.md`).
+
+#[path = "../fuzz/common.rs"]
+#[allow(dead_code)]
+mod common;
+
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use streamsan::fuzz::gen::{generate, GenConfig};
+use streamsan::workload::SplitMix;
+
+/// The check of one fuzz target.
+type Check = fn(&[u8]);
+
+/// The fuzz targets and their checks.
+const TARGETS: [(&str, Check); 3] = [
+    ("parse_line", common::check_parse_line),
+    ("trace_reader", common::check_trace_reader),
+    ("checker_oracle", common::check_checker_oracle),
+];
+
+fn fuzz_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+}
+
+/// The files of `dir`, sorted (none when it does not exist).
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut v: Vec<PathBuf> = entries
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.is_file())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs every file of `fuzz/<kind>/<target>/` through its target's check; returns the number of
+/// files and the failures.
+fn replay(kind: &str) -> (usize, Vec<String>) {
+    let mut count = 0;
+    let mut failures = Vec::new();
+    for (target, check) in TARGETS {
+        for path in files(&fuzz_dir().join(kind).join(target)) {
+            let data = std::fs::read(&path).expect("readable corpus file");
+            count += 1;
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| check(&data))) {
+                let msg = payload
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                failures.push(format!("{}: {msg}", path.display()));
+            }
+        }
+    }
+    (count, failures)
+}
+
+#[test]
+fn corpora_pass_their_checks() {
+    let (count, failures) = replay("corpus");
+    println!("replayed {count} corpus files");
+    for (target, _) in TARGETS {
+        assert!(
+            !files(&fuzz_dir().join("corpus").join(target)).is_empty(),
+            "the seed corpus of {target} is missing"
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn crash_files_pass_their_checks() {
+    let (count, failures) = replay("artifacts");
+    println!("replayed {count} crash files");
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Random bytes decode to programs the checker and the oracle agree on (a small, deterministic
+/// taste of the `checker_oracle` fuzzer).
+#[test]
+fn random_decoded_programs_agree() {
+    let mut rng = SplitMix::new(0x5eed_f022);
+    let mut ops = 0;
+    for _ in 0..1500 {
+        let len = 3 + rng.below(120) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        let program = common::decode_program(&data);
+        ops += program.len();
+        common::check_checker_oracle(&data);
+    }
+    println!("1500 decoded programs, {ops} ops");
+}
+
+/// The decoder reaches every hazard kind and every op (so the fuzzer can too).
+#[test]
+fn decoder_reaches_every_hazard_kind() {
+    let mut rng = SplitMix::new(7);
+    let mut kinds = BTreeSet::new();
+    let mut names = BTreeSet::new();
+    for _ in 0..1500 {
+        let data: Vec<u8> = (0..100).map(|_| rng.next_u64() as u8).collect();
+        let program = common::decode_program(&data);
+        assert!(program.len() <= common::MAX_OPS);
+        names.extend(program.iter().map(|op| op.op.name()));
+        let keys = common::checker_keys(&program).expect("a decoded program is well-formed");
+        kinds.extend(keys.into_iter().map(|k| k.1));
+    }
+    assert_eq!(kinds.len(), streamsan::HazardKind::ALL.len(), "{kinds:?}");
+    assert_eq!(names.len(), streamsan::trace::Op::NAMES.len(), "{names:?}");
+}
+
+/// Writes the seed corpora: the conformance traces and a few generated programs (whole files for
+/// `trace_reader`, one line per file for `parse_line`) and random bytes for `checker_oracle`.
+/// Run with `cargo test --test fuzz_corpus -- --ignored write_seeds`.
+#[test]
+#[ignore = "writes fuzz/corpus; run by hand"]
+fn write_seeds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let corpus = fuzz_dir().join("corpus");
+    for (target, _) in TARGETS {
+        std::fs::create_dir_all(corpus.join(target)).expect("corpus directory");
+    }
+    let mut traces: Vec<(String, Vec<u8>)> = Vec::new();
+    for dir in ["tests/conformance", "tests/oracle-regressions"] {
+        for path in files(&root.join(dir)) {
+            let name = path
+                .file_stem()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned();
+            traces.push((name, std::fs::read(&path).expect("trace")));
+        }
+    }
+    for seed in 0..4u64 {
+        let cfg = GenConfig {
+            ops: 24,
+            use_after_free: seed == 3,
+            missing_sync: if seed == 3 { 0.7 } else { 0.3 },
+            ..GenConfig::default()
+        };
+        let program = generate(&cfg, &mut SplitMix::new(seed));
+        traces.push((format!("generated-{seed}"), program.to_jsonl().into_bytes()));
+    }
+    let mut lines = BTreeSet::new();
+    for (name, text) in &traces {
+        std::fs::write(
+            corpus.join("trace_reader").join(format!("{name}.jsonl")),
+            text,
+        )
+        .expect("write seed");
+        for line in text.split(|&b| b == b'\n') {
+            if !line.is_empty() && !line.starts_with(b"# expect") {
+                lines.insert(line.to_vec());
+            }
+        }
+    }
+    for (i, line) in lines.iter().enumerate() {
+        std::fs::write(corpus.join("parse_line").join(format!("line-{i:03}")), line)
+            .expect("write seed");
+    }
+    let mut rng = SplitMix::new(0xc0ffee);
+    for i in 0..24 {
+        let len = 16 + rng.below(160) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        std::fs::write(
+            corpus.join("checker_oracle").join(format!("random-{i:02}")),
+            data,
+        )
+        .expect("write seed");
+    }
+}
