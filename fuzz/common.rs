@@ -463,7 +463,7 @@ impl Decoder<'_> {
                 let writes = self.regions();
                 self.push(Op::Launch {
                     stream,
-                    name,
+                    name: name.map(Into::into),
                     reads,
                     writes,
                 });

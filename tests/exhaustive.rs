@@ -140,6 +140,7 @@ fn sweep_config(i: u64) -> GenConfig {
         stream_ordered_free: i % 2 == 1,
         use_after_free: false,
         max_words: 4,
+        initialize: i % 5 == 0,
     }
 }
 
@@ -179,6 +180,7 @@ fn tiny() -> impl Strategy<Value = GenConfig> {
             stream_ordered_free: true,
             use_after_free: false,
             max_words: 4,
+            initialize: false,
         },
     )
 }
