@@ -239,6 +239,9 @@ struct DeviceSegments<'g> {
     /// A private non-blocking stream for zeroing fresh segments: it orders nothing of the program.
     zero: Stream,
     mapped: Vec<u64>,
+    /// Segments mapped before the run, handed out in order: mapping memory during a run
+    /// (`cuMemAlloc`) may synchronize the device, an ordering the program does not have.
+    prepared: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl<'g> DeviceSegments<'g> {
@@ -247,6 +250,7 @@ impl<'g> DeviceSegments<'g> {
             gpu,
             zero: gpu.new_stream(StreamKind::NonBlocking)?,
             mapped: Vec::new(),
+            prepared: std::collections::VecDeque::new(),
         })
     }
 
@@ -292,14 +296,78 @@ impl Drop for DeviceSegments<'_> {
 impl Memory for DeviceSegments<'_> {
     type Error = GpuError;
     fn map_segment(&mut self, bytes: u64) -> Result<u64, GpuError> {
-        self.map_zeroed(bytes)
+        match self.prepared.front() {
+            Some(&(size, base)) if size == bytes => {
+                self.prepared.pop_front();
+                Ok(base)
+            }
+            _ => self.map_zeroed(bytes),
+        }
     }
+}
+
+/// The sizes of the device and pinned segments the allocator policies will ask for while
+/// `program` runs, found by running the policies over a model address space.
+fn segments_needed(program: &[TraceOp]) -> (Vec<u64>, Vec<u64>) {
+    struct Sizes(crate::alloc::ModelMemory, Vec<u64>);
+    impl Memory for Sizes {
+        type Error = <crate::alloc::ModelMemory as Memory>::Error;
+        fn map_segment(&mut self, bytes: u64) -> Result<u64, Self::Error> {
+            self.1.push(bytes);
+            self.0.map_segment(bytes)
+        }
+    }
+    let mut device =
+        DeviceCachingAllocator::new(Sizes(crate::alloc::ModelMemory::new(1 << 40), Vec::new()));
+    let mut pinned =
+        HostCachingAllocator::new(Sizes(crate::alloc::ModelMemory::new(1 << 40), Vec::new()));
+    let mut keys: HashMap<Id, u32> = HashMap::new();
+    let mut key = |s: Option<&Id>| {
+        let name = s.cloned().unwrap_or_else(|| Id::from(DEFAULT_STREAM));
+        let n = keys.len() as u32;
+        *keys.entry(name).or_insert(n)
+    };
+    let mut live: HashMap<Id, (MemoryKind, u64)> = HashMap::new();
+    for op in program {
+        match &op.op {
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                ..
+            } => {
+                let block = match memory {
+                    MemoryKind::Device => {
+                        device.allocate(*bytes, key(stream.as_ref())).ok().flatten()
+                    }
+                    _ => pinned.allocate(*bytes).ok().flatten(),
+                };
+                if let Some(b) = block {
+                    live.insert(buffer.clone(), (*memory, b.addr));
+                }
+            }
+            Op::Free { buffer, stream } => {
+                if let Some((memory, addr)) = live.remove(buffer) {
+                    let _ = match (memory, stream) {
+                        (MemoryKind::Device, Some(s)) => device.free(addr, key(Some(s))),
+                        (MemoryKind::Device, None) => device.free_caching(addr),
+                        _ => pinned.free(addr),
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    (device.into_memory().1, pinned.into_memory().1)
 }
 
 /// Pinned segments of one run, by device address (`cuMemHostAlloc` zeroes them).
 struct PinnedSegments<'g> {
     gpu: &'g Gpu,
     segments: BTreeMap<u64, PinnedBuffer>,
+    /// Segments allocated before the run, handed out in order (see [`DeviceSegments`]).
+    prepared: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl PinnedSegments<'_> {
@@ -316,9 +384,8 @@ impl PinnedSegments<'_> {
     }
 }
 
-impl Memory for PinnedSegments<'_> {
-    type Error = GpuError;
-    fn map_segment(&mut self, bytes: u64) -> Result<u64, GpuError> {
+impl PinnedSegments<'_> {
+    fn map_fresh(&mut self, bytes: u64) -> Result<u64, GpuError> {
         let size = usize::try_from(bytes).map_err(|_| {
             GpuError::InvalidArgument(format!("a segment of {bytes} bytes does not fit usize"))
         })?;
@@ -326,6 +393,19 @@ impl Memory for PinnedSegments<'_> {
         let base = buf.device_ptr();
         self.segments.insert(base, buf);
         Ok(base)
+    }
+}
+
+impl Memory for PinnedSegments<'_> {
+    type Error = GpuError;
+    fn map_segment(&mut self, bytes: u64) -> Result<u64, GpuError> {
+        match self.prepared.front() {
+            Some(&(size, base)) if size == bytes => {
+                self.prepared.pop_front();
+                Ok(base)
+            }
+            _ => self.map_fresh(bytes),
+        }
     }
 }
 
@@ -410,10 +490,20 @@ impl<'g> Run<'g> {
         let slots = segments
             .map_zeroed(8 * slot_count.max(1) as u64)
             .map_err(setup)?;
-        let pinned = PinnedSegments {
+        let (device_sizes, pinned_sizes) = segments_needed(program);
+        for size in device_sizes {
+            let base = segments.map_zeroed(size).map_err(setup)?;
+            segments.prepared.push_back((size, base));
+        }
+        let mut pinned = PinnedSegments {
             gpu,
             segments: BTreeMap::new(),
+            prepared: std::collections::VecDeque::new(),
         };
+        for size in pinned_sizes {
+            let base = pinned.map_fresh(size).map_err(setup)?;
+            pinned.prepared.push_back((size, base));
+        }
         let mut run = Run {
             gpu,
             k,
