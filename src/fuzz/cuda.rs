@@ -456,8 +456,6 @@ struct Run<'g> {
     pinned: HostCachingAllocator<PinnedSegments<'g>>,
     /// Index 0 is the legacy default stream.
     streams: Vec<Stream>,
-    /// A private non-blocking stream for observations that must order nothing of the program.
-    observer: Stream,
     stream_ids: HashMap<Id, usize>,
     /// Streams replaced by a later `stream_create` of the same name: kept until the end.
     retired: Vec<Stream>,
@@ -517,7 +515,6 @@ impl<'g> Run<'g> {
             device: DeviceCachingAllocator::new(segments),
             pinned: HostCachingAllocator::new(pinned),
             streams: vec![gpu.legacy_stream()],
-            observer: gpu.new_stream(StreamKind::NonBlocking).map_err(setup)?,
             stream_ids: HashMap::new(),
             retired: Vec::new(),
             events: HashMap::new(),
@@ -743,12 +740,6 @@ impl<'g> Run<'g> {
 
     /// Enqueues a checksum of `span` on stream `s` into a fresh slot.
     fn checksum_slot(&mut self, i: usize, s: usize, span: &Span) -> Result<usize, SimError> {
-        self.checksum_on(i, Some(s), span)
-    }
-
-    /// A checksum of `span` into the next slot, on stream `s` or (with `None`) on the private
-    /// observer stream.
-    fn checksum_on(&mut self, i: usize, s: Option<usize>, span: &Span) -> Result<usize, SimError> {
         let slot = self.next_slot;
         if slot >= self.slot_count {
             return Err(unsupported(i, "ran out of checksum slots"));
@@ -757,11 +748,7 @@ impl<'g> Run<'g> {
         let out = self.slots + 8 * slot as u64;
         // SAFETY: the span lies in a live buffer of this run and the slot in the slot array; both
         // stay mapped until `release`, which waits for the device first.
-        let stream = match s {
-            Some(s) => &self.streams[s],
-            None => &self.observer,
-        };
-        unsafe { self.k.checksum(stream, span.region, out) }
+        unsafe { self.k.checksum(&self.streams[s], span.region, out) }
             .map_err(driver(i, "enqueuing a checksum"))?;
         Ok(slot)
     }
@@ -882,12 +869,35 @@ impl<'g> Run<'g> {
                 self.record_streams.remove(buffer);
             }
             Op::Free { buffer, stream } => {
-                let final_span = match self.buffers.get(buffer) {
-                    Some(b) if b.size > 0 && b.size % 4 == 0 => {
-                        Some(self.span(i, &Region::whole(buffer.clone()))?)
+                // The buffer's final contents, seen by the freeing participant at the free: what
+                // its program left there (a write the free is not ordered after is an unsafe free).
+                if let Some(b) = self.buffers.get(buffer).cloned() {
+                    if b.size > 0 && b.size % 4 == 0 {
+                        let whole = Region::whole(buffer.clone());
+                        let sp = self.span(i, &whole)?;
+                        if b.memory == MemoryKind::Device {
+                            let s = match stream {
+                                Some(s) => self.stream(i, s)?,
+                                None => self
+                                    .device
+                                    .block(b.addr)
+                                    .and_then(|x| x.stream)
+                                    .unwrap_or(0) as usize,
+                            };
+                            let out = self.checksum_slot(i, s, &sp)?;
+                            self.observe(i, FREE_KEY, &sp.buffer, Observed::Slots(vec![out]));
+                        } else if stream.is_none() {
+                            let p = self.host_ptr(i, sp.region)?;
+                            let words = read_host(p, sp.region.words);
+                            self.observe(
+                                i,
+                                FREE_KEY,
+                                &sp.buffer,
+                                Observed::Value(checksum(&words)),
+                            );
+                        }
                     }
-                    _ => None,
-                };
+                }
                 let Some(b) = self.buffers.remove(buffer) else {
                     return Ok(());
                 };
@@ -906,55 +916,6 @@ impl<'g> Run<'g> {
                     Some(s) => Some(self.stream(i, s)?),
                     None => None,
                 };
-                // The buffer's final contents as the free sees them: on a private stream that
-                // waits for the freeing stream at the free and for every record_stream fence, so
-                // it observes exactly what the free is ordered after and orders nothing itself.
-                if let Some(sp) = final_span {
-                    let by = match free_stream {
-                        Some(s) => Some(s),
-                        None if b.memory == MemoryKind::Device => Some(
-                            self.device
-                                .block(b.addr)
-                                .and_then(|x| x.stream)
-                                .unwrap_or(0) as usize,
-                        ),
-                        None => None,
-                    };
-                    match by {
-                        Some(s) => {
-                            let at_free = self
-                                .gpu
-                                .new_event()
-                                .map_err(driver(i, "creating an event"))?;
-                            at_free
-                                .record(&self.streams[s])
-                                .map_err(driver(i, "recording an event"))?;
-                            self.observer
-                                .wait(&at_free)
-                                .map_err(driver(i, "waiting on an event"))?;
-                            for f in &fences {
-                                self.observer
-                                    .wait(f)
-                                    .map_err(driver(i, "waiting on a fence"))?;
-                            }
-                            let out = self.checksum_on(i, None, &sp)?;
-                            self.observe(i, FREE_KEY, &sp.buffer, Observed::Slots(vec![out]));
-                        }
-                        None => {
-                            for f in &fences {
-                                f.synchronize().map_err(driver(i, "waiting for a fence"))?;
-                            }
-                            let p = self.host_ptr(i, sp.region)?;
-                            let words = read_host(p, sp.region.words);
-                            self.observe(
-                                i,
-                                FREE_KEY,
-                                &sp.buffer,
-                                Observed::Value(checksum(&words)),
-                            );
-                        }
-                    }
-                }
                 if b.size > 0 {
                     let freed = match b.memory {
                         MemoryKind::Device => {
