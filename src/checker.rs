@@ -45,7 +45,7 @@ const MANAGED_BASE: u64 = 0x3000_0000_0000;
 enum Name {
     Live(GenId),
     External(GenId),
-    Freed(Box<FreedName>),
+    Freed(FreedName),
 }
 
 /// What remains of a freed name: enough to report use-after-free and invalid-free.
@@ -141,6 +141,8 @@ pub struct Checker {
     live: [BTreeMap<u64, (u64, GenId)>; 3],
     /// With `addr`: device bytes freed and not yet reallocated → the participant that freed them.
     freed_by: BTreeMap<u64, (u64, Participant)>,
+    /// History vectors of dropped generations, for reuse.
+    spare: Vec<Vec<Access>>,
     /// The serial number of the latest generation.
     serial: u64,
     /// Kernel names, shared by every launch of the same name.
@@ -195,6 +197,7 @@ impl Checker {
             addr_mode: None,
             live: Default::default(),
             freed_by: BTreeMap::new(),
+            spare: Vec::new(),
             serial: 0,
             labels: HashMap::default(),
             ops: 0,
@@ -483,7 +486,23 @@ impl Checker {
         if let Some(gen) = self.gens[g.0 as usize].take() {
             self.history -= gen.history_len();
             self.free_slots.push(g.0);
+            self.recycle(gen);
         }
+    }
+
+    /// Keeps a dropped generation's history vectors for the next generations: most buffers of a
+    /// trace are short-lived, and their vectors need not be allocated each time.
+    fn recycle(&mut self, gen: Generation) {
+        for mut v in [gen.accesses, gen.covered] {
+            if v.capacity() > 0 && self.spare.len() < 1024 {
+                v.clear();
+                self.spare.push(v);
+            }
+        }
+    }
+
+    fn spare_vec(&mut self) -> Vec<Access> {
+        self.spare.pop().unwrap_or_default()
     }
 
     fn gen(&self, g: GenId) -> &Generation {
@@ -610,7 +629,7 @@ impl Checker {
         // The allocation is a use: a write of the whole buffer by the owner, at the epoch of
         // the owner's latest access (time 0, before everything, if it has none).
         let epoch = self.order.clock(owner).epoch(owner);
-        let mut accesses = Vec::new();
+        let mut accesses = self.spare_vec();
         if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 {
             accesses.push(Access {
                 op: i,
@@ -633,6 +652,7 @@ impl Checker {
                 });
         }
         self.serial += 1;
+        let covered = self.spare_vec();
         let g = self.new_gen(Generation {
             serial: self.serial,
             reuses,
@@ -647,7 +667,7 @@ impl Checker {
             free: None,
             record_streams: Vec::new(),
             accesses,
-            covered: Vec::new(),
+            covered,
         });
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
@@ -854,17 +874,18 @@ impl Checker {
                 };
             }
         }
-        self.names.insert(
-            buffer.clone(),
-            Name::Freed(Box::new(FreedName {
-                size,
-                memory,
-                owner,
-                free_op: i,
-                free_by: by,
-                free_site: site,
-            })),
-        );
+        let freed = Name::Freed(FreedName {
+            size,
+            memory,
+            owner,
+            free_op: i,
+            free_by: by,
+            free_site: site,
+        });
+        // The name is live here, so it is in the table: replace it in place.
+        if let Some(slot) = self.names.get_mut(buffer) {
+            *slot = freed;
+        }
         let keep = base.is_some() && size > 0 && !self.gen(g).history_is_empty();
         if keep {
             if self.graveyard.len() >= self.graveyard_prune_at {
@@ -943,7 +964,7 @@ impl Checker {
                 (None, Some(b)) => r.offset.saturating_add(b),
                 (None, None) => u64::MAX,
             };
-        let g = match (g, self.names.contains_key(&r.buffer)) {
+        let g = match (g, g.is_none() && self.names.contains_key(&r.buffer)) {
             (Some(g), _) => g,
             (None, false) => {
                 let g = self.new_external(&r.buffer);
@@ -1056,6 +1077,7 @@ impl Checker {
             history,
             scratch_gens,
             free_slots,
+            spare,
             ..
         } = self;
         let clock = order.clock(p);
@@ -1157,7 +1179,14 @@ impl Checker {
             }
             if old.history_is_empty() {
                 graveyard.remove(memory, start, h);
-                gens[h.0 as usize] = None;
+                if let Some(old) = gens[h.0 as usize].take() {
+                    for mut v in [old.accesses, old.covered] {
+                        if v.capacity() > 0 && spare.len() < 1024 {
+                            v.clear();
+                            spare.push(v);
+                        }
+                    }
+                }
                 free_slots.push(h.0);
             }
         }

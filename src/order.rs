@@ -69,6 +69,8 @@ pub struct Order {
     events: HashMap<Id, EventState>,
     /// Blocking streams of device 0, which synchronize with the legacy default stream.
     blocking0: Vec<Participant>,
+    /// The stream [`Order::stream`] found last.
+    last_stream: Option<(Id, Participant)>,
 }
 
 impl Default for Order {
@@ -89,6 +91,7 @@ impl Order {
             by_name: HashMap::default(),
             events: HashMap::default(),
             blocking0: Vec::new(),
+            last_stream: None,
         };
         let d = order.add_stream(Id::from(DEFAULT_STREAM), 0, false, true);
         debug_assert_eq!(d, Self::DEFAULT);
@@ -128,10 +131,18 @@ impl Order {
     /// `name` must not be `"host"`; the parser rejects it as a stream id.
     pub fn stream(&mut self, name: &Id) -> Participant {
         debug_assert_ne!(name.as_str(), HOST);
-        match self.by_name.get(name) {
+        // Consecutive ops mostly name the same stream: compare with the last one first.
+        if let Some((last, p)) = &self.last_stream {
+            if last == name {
+                return *p;
+            }
+        }
+        let p = match self.by_name.get(name) {
             Some(&p) => p,
             None => self.add_stream(name.clone(), 0, false, false),
-        }
+        };
+        self.last_stream = Some((name.clone(), p));
+        p
     }
 
     /// The participant of stream `name` if it exists.

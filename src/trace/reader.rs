@@ -358,6 +358,7 @@ impl<R: BufRead> TraceReader<R> {
     ///
     /// Blank and comment lines are skipped. The op's index is `ops_read() - 1` after the call. A
     /// read error is reported as a [`ParseError`] at column 1 of the line being read.
+    #[inline]
     pub fn next_op(&mut self) -> Result<Option<(TraceOp, &Spans)>, ParseError> {
         loop {
             let available = match self.reader.fill_buf() {
@@ -1682,6 +1683,7 @@ impl<'a> Scanner<'a> {
 
     /// A canonical line at the start of `bytes`, which hold it and what follows it in the file:
     /// the op, and the length of the line with its `\n`.
+    #[inline]
     fn canonical_in_place(bytes: &[u8], spans: &mut Spans) -> Option<(TraceOp, usize)> {
         let mut p = Scanner { b: bytes, pos: 0 };
         spans.clear();
