@@ -1039,12 +1039,19 @@ impl Checker {
         if !self.uaf.is_empty() {
             self.report_use_after_free(i, op, p, &site);
         }
-        for a in &self.op_accesses {
+        let Checker {
+            op_accesses,
+            gens,
+            history,
+            ..
+        } = self;
+        for a in op_accesses.iter() {
             if a.offset >= a.end {
                 // An access of no bytes uses no memory: it can never conflict.
                 continue;
             }
-            let gen = self.gens[a.gen.0 as usize]
+            *history += 1;
+            let gen = gens[a.gen.0 as usize]
                 .as_mut()
                 .expect("accessed generation");
             gen.accesses.push(Access {
@@ -1057,7 +1064,6 @@ impl Checker {
                 label: label.clone(),
             });
         }
-        self.history += self.op_accesses.iter().filter(|a| a.offset < a.end).count();
     }
 
     /// `data-race` and `reuse-race`: the earlier accesses that conflict with region `at` of the

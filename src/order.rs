@@ -230,6 +230,7 @@ impl Order {
     }
 
     /// Advances `p`'s own component for an access and returns its epoch.
+    #[inline]
     pub fn tick(&mut self, p: Participant) -> Epoch {
         self.clock_mut(p).tick(p)
     }
