@@ -293,15 +293,23 @@ impl Drop for DeviceSegments<'_> {
     }
 }
 
+/// The next segment mapped before the run, if it has the requested size.
+fn take_prepared(prepared: &mut std::collections::VecDeque<(u64, u64)>, bytes: u64) -> Option<u64> {
+    match prepared.front() {
+        Some(&(size, base)) if size == bytes => {
+            prepared.pop_front();
+            Some(base)
+        }
+        _ => None,
+    }
+}
+
 impl Memory for DeviceSegments<'_> {
     type Error = GpuError;
     fn map_segment(&mut self, bytes: u64) -> Result<u64, GpuError> {
-        match self.prepared.front() {
-            Some(&(size, base)) if size == bytes => {
-                self.prepared.pop_front();
-                Ok(base)
-            }
-            _ => self.map_zeroed(bytes),
+        match take_prepared(&mut self.prepared, bytes) {
+            Some(base) => Ok(base),
+            None => self.map_zeroed(bytes),
         }
     }
 }
@@ -399,12 +407,9 @@ impl PinnedSegments<'_> {
 impl Memory for PinnedSegments<'_> {
     type Error = GpuError;
     fn map_segment(&mut self, bytes: u64) -> Result<u64, GpuError> {
-        match self.prepared.front() {
-            Some(&(size, base)) if size == bytes => {
-                self.prepared.pop_front();
-                Ok(base)
-            }
-            _ => self.map_fresh(bytes),
+        match take_prepared(&mut self.prepared, bytes) {
+            Some(base) => Ok(base),
+            None => self.map_fresh(bytes),
         }
     }
 }
