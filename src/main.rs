@@ -45,6 +45,13 @@ enum Command {
         /// Write the report to this file instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Also try to make each data-race, reuse-race and unsafe-free manifest on this backend,
+        /// and say in the text report in how many attempts corruption was observed.
+        #[arg(long, value_enum, value_name = "BACKEND")]
+        confirm: Option<Backend>,
+        /// Provocation attempts per hazard with --confirm.
+        #[arg(long, default_value_t = 5)]
+        attempts: u32,
     },
     /// Measure the checking engine on a synthetic clean pipeline (no parsing): ns/op and ops/s.
     ///
@@ -175,7 +182,15 @@ fn main() -> ExitCode {
             format,
             color,
             output,
-        } => check(&file, format, color, output.as_ref()),
+            confirm,
+            attempts,
+        } => check(
+            &file,
+            format,
+            color,
+            output.as_ref(),
+            confirm.map(|b| (b, attempts)),
+        ),
         Command::Bench {
             ops,
             streams,
@@ -293,11 +308,14 @@ fn check(
     format: Format,
     color: Color,
     output: Option<&PathBuf>,
+    confirm: Option<(Backend, u32)>,
 ) -> Result<u8, String> {
     let (input, name, len, count) = open_input(file)?;
     let bar = progress(len);
     let mut reader = TraceReader::new(input, name.clone());
     let mut checker = Checker::new();
+    // With --confirm the program is kept, to run it.
+    let mut program = Vec::new();
     loop {
         let (op, spans) = match reader.next_op() {
             Ok(Some(x)) => x,
@@ -308,12 +326,18 @@ fn check(
             let at = spans.locate(e.field);
             return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
         }
+        if confirm.is_some() {
+            program.push(op);
+        }
         if checker.ops() % 65_536 == 0 {
             bar.set_position(count.get());
         }
     }
     bar.finish_and_clear();
-    let report = checker.finish();
+    let mut report = checker.finish();
+    if let Some((backend, attempts)) = confirm {
+        confirm_hazards(&program, &mut report, backend, attempts)?;
+    }
     let mut out = create_output(output)?;
     let text = match format {
         Format::Json => report.to_json() + "\n",
@@ -511,6 +535,43 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         }
     }
     Ok(if s.unexplained == 0 { 0 } else { 1 })
+}
+
+/// Runs each provokable hazard's provocation and notes in the report what was observed.
+fn confirm_hazards(
+    program: &[streamsan::trace::TraceOp],
+    report: &mut streamsan::Report,
+    backend: Backend,
+    attempts: u32,
+) -> Result<(), String> {
+    use streamsan::fuzz::campaign::{confirm, Executor, SimExecutor};
+    let mut exec: Box<dyn Executor> = match backend {
+        Backend::Sim => Box::new(SimExecutor::default()),
+        Backend::Cuda => cuda_executor()?,
+    };
+    let on = if backend == Backend::Cuda {
+        "GPU"
+    } else {
+        "the simulator"
+    };
+    for h in &mut report.hazards {
+        let what = match confirm(program, h, exec.as_mut(), attempts, h.op) {
+            Ok(Some((k, n))) if k > 0 => {
+                format!("confirmed on {on}: corruption observed in {k} of {n} attempts")
+            }
+            Ok(Some((_, n))) => {
+                format!("not confirmed on {on}: no corruption observed in {n} attempts")
+            }
+            Ok(None) => continue,
+            Err(e) => format!("not run on {on}: {e}"),
+        };
+        h.detail.notes.push(streamsan::report::OpNote {
+            what,
+            op: h.op,
+            site: None,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(feature = "cuda")]

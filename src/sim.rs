@@ -827,7 +827,8 @@ impl Run<'_> {
                     .iter()
                     .map(|x| self.span(i, x))
                     .collect::<Result<_, _>>()?;
-                let words = w.iter().map(|x| x.words).max().unwrap_or(0);
+                // Every region is read (and observed) in full, also past the longest write region.
+                let words = w.iter().chain(&r).map(|x| x.words).max().unwrap_or(0);
                 let all: Vec<&Region> = reads.iter().chain(writes).collect();
                 let deps = self.fences(&all);
                 self.enqueue(

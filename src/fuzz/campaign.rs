@@ -552,3 +552,27 @@ fn write_trace(
     w.finish().map_err(|e| e.to_string())?;
     Ok(path)
 }
+
+/// Tries to make a reported hazard manifest: runs its provocation `attempts` times and counts
+/// the runs whose data in the hazard's buffers differ from the sequential reference. Returns
+/// `(observed, attempts)`, or `None` when the hazard kind cannot be provoked.
+pub fn confirm(
+    program: &[TraceOp],
+    hazard: &Hazard,
+    exec: &mut dyn Executor,
+    attempts: u32,
+    seed: u64,
+) -> Result<Option<(u32, u32)>, SimError> {
+    let Some(p) = provocation(program, hazard) else {
+        return Ok(None);
+    };
+    let reference = exec.reference(&p.program)?;
+    let mut observed = 0;
+    for a in 0..attempts {
+        let o = exec.provoke(&p.program, &p.holds, seed.wrapping_add(u64::from(a)))?;
+        if o.diverging(&reference).iter().any(|b| p.watch.contains(b)) {
+            observed += 1;
+        }
+    }
+    Ok(Some((observed, attempts)))
+}
