@@ -120,6 +120,9 @@ struct FuzzArgs {
     /// Where counterexample traces are written.
     #[arg(long, default_value = "streamsan-counterexamples")]
     out_dir: PathBuf,
+    /// Provocation attempts per hazard (each with another schedule; on a GPU, another delay).
+    #[arg(long, default_value_t = 3)]
+    attempts: u32,
     /// Generate programs that write every new buffer before reading it (implied by --backend
     /// cuda: a GPU leaves the previous owner's bytes in new memory, and reading them is a bug
     /// of its own that the trace format does not define).
@@ -429,6 +432,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         missing_sync,
         schedules,
         out_dir,
+        attempts,
         initialize,
         keep_unconfirmed,
         json,
@@ -452,7 +456,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
             ..GenConfig::default()
         },
         random_schedules: schedules,
-        attempts: 3,
+        attempts,
         out_dir,
         keep_unconfirmed,
     };
