@@ -85,6 +85,9 @@ use crate::workload::SplitMix;
 /// `WRITE_KEY + j`; read regions use their own index `k < WRITE_KEY`.
 pub const WRITE_KEY: usize = 1 << 16;
 
+/// The [`Outcome::reads`] key of a free's view of the freed buffer's final contents.
+pub const FREE_KEY: usize = 2 << 16;
+
 /// Shortest delay of a held op under [`Executor::provoke`], in nanoseconds.
 pub const PROVOKE_SPIN_NS: u64 = 1_000_000;
 
@@ -477,7 +480,7 @@ fn slots_of(op: &Op) -> usize {
     match op {
         Op::Launch { reads, writes, .. } => 2 * reads.len() + writes.len(),
         Op::Copy { .. } => 3,
-        Op::Memset { .. } => 1,
+        Op::Memset { .. } | Op::Free { .. } => 1,
         _ => 0,
     }
 }
@@ -871,6 +874,50 @@ impl<'g> Run<'g> {
                 self.record_streams.remove(buffer);
             }
             Op::Free { buffer, stream } => {
+                // The buffer's final contents, seen by the freeing participant at the free: what
+                // its program left there (a write the free is not ordered after is an unsafe free).
+                // Not where the observation itself would need or add ordering: with record_stream
+                // (the free is ordered after the recorded streams, the freeing stream is not), with
+                // fences of earlier owners, or on the legacy stream (whose implicit edges would
+                // order blocking streams that the program leaves unordered).
+                let recorded = self
+                    .record_streams
+                    .get(buffer)
+                    .is_some_and(|v| !v.is_empty());
+                if let Some(b) = self
+                    .buffers
+                    .get(buffer)
+                    .cloned()
+                    .filter(|b| !recorded && b.fences.is_empty())
+                {
+                    if b.size > 0 && b.size % 4 == 0 {
+                        let whole = Region::whole(buffer.clone());
+                        let sp = self.span(i, &whole)?;
+                        if b.memory == MemoryKind::Device {
+                            let s = match stream {
+                                Some(s) => self.stream(i, s)?,
+                                None => self
+                                    .device
+                                    .block(b.addr)
+                                    .and_then(|x| x.stream)
+                                    .unwrap_or(0) as usize,
+                            };
+                            if s != 0 {
+                                let out = self.checksum_slot(i, s, &sp)?;
+                                self.observe(i, FREE_KEY, &sp.buffer, Observed::Slots(vec![out]));
+                            }
+                        } else if stream.is_none() {
+                            let p = self.host_ptr(i, sp.region)?;
+                            let words = read_host(p, sp.region.words);
+                            self.observe(
+                                i,
+                                FREE_KEY,
+                                &sp.buffer,
+                                Observed::Value(checksum(&words)),
+                            );
+                        }
+                    }
+                }
                 let Some(b) = self.buffers.remove(buffer) else {
                     return Ok(());
                 };
