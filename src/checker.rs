@@ -170,14 +170,6 @@ impl Default for Checker {
 const PRUNE_MIN: usize = 4096;
 const GRAVEYARD_MIN: usize = 64;
 
-fn kind_slot(kind: MemoryKind) -> usize {
-    match kind {
-        MemoryKind::Device => 0,
-        MemoryKind::Pinned => 1,
-        MemoryKind::Managed => 2,
-    }
-}
-
 fn bytes_of(offset: u64, end: u64) -> Option<u64> {
     (end != u64::MAX).then(|| end - offset)
 }
@@ -583,8 +575,7 @@ impl Checker {
                             Some("a range below 2^64"),
                         )
                     })?;
-                    if let Some((&s, &(e, g))) =
-                        self.live[kind_slot(memory)].range(..end).next_back()
+                    if let Some((&s, &(e, g))) = self.live[memory.index()].range(..end).next_back()
                     {
                         if e > a {
                             return Err(Self::err(
@@ -671,7 +662,7 @@ impl Checker {
         });
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
-            self.live[kind_slot(memory)].insert(a, (a + bytes, g));
+            self.live[memory.index()].insert(a, (a + bytes, g));
         }
         // A name used so far as external starts a new, unrelated buffer.
         if let Some(Name::External(old)) = self.names.insert(buffer.clone(), Name::Live(g)) {
@@ -861,7 +852,7 @@ impl Checker {
         // Hand the memory back to the allocator model.
         if let Some(a) = base {
             if self.addr_mode == Some(true) {
-                self.live[kind_slot(memory)].remove(&a);
+                self.live[memory.index()].remove(&a);
                 if memory == MemoryKind::Device {
                     self.freed_by.insert(a, (a + size, by));
                 }
@@ -1184,7 +1175,7 @@ impl Checker {
                 old.covered.clear();
             }
             if old.history_is_empty() {
-                graveyard.remove(memory, start, h);
+                graveyard.remove(memory, h);
                 if let Some(old) = gens[h.0 as usize].take() {
                     for mut v in [old.accesses, old.covered] {
                         if v.capacity() > 0 && spare.len() < 1024 {
@@ -1365,31 +1356,37 @@ impl Checker {
         self.uaf = uaf;
     }
 
-    /// Drops every history entry that the host's clock covers, and the freed generations left
-    /// without history. Runs when the history has doubled since the last pass.
     /// Drops the history the host's clock covers from the freed generations only, and those left
     /// without history: keeps reuse lookups short between the sweeps of [`Self::prune`].
     fn prune_graveyard(&mut self) {
         if self.order.host_clock() != &self.host_at_graveyard_prune {
             let host = self.order.host_clock();
-            let mut empty = Vec::new();
-            for (kind, start, g) in self.graveyard.all() {
+            for (_, g) in self.graveyard.all() {
                 if let Some(gen) = self.gens[g.0 as usize].as_mut() {
                     self.history -= gen.prune(host);
-                    if gen.history_is_empty() {
-                        empty.push((kind, start, g));
-                    }
                 }
             }
-            for (kind, start, g) in empty {
-                self.graveyard.remove(kind, start, g);
-                self.drop_gen(g);
-            }
+            self.bury_empty();
             self.host_at_graveyard_prune = self.order.host_clock().clone();
         }
         self.graveyard_prune_at = (2 * self.graveyard.len()).max(GRAVEYARD_MIN);
     }
 
+    /// Drops the freed generations left without history.
+    fn bury_empty(&mut self) {
+        let empty: Vec<_> = self
+            .graveyard
+            .all()
+            .filter(|&(_, g)| self.gen(g).history_is_empty())
+            .collect();
+        for (kind, g) in empty {
+            self.graveyard.remove(kind, g);
+            self.drop_gen(g);
+        }
+    }
+
+    /// Drops every history entry that the host's clock covers, and the freed generations left
+    /// without history. Runs when the history has doubled since the last pass.
     fn prune(&mut self) {
         if self.order.host_clock() != &self.host_at_prune {
             let Checker {
@@ -1402,15 +1399,7 @@ impl Checker {
             for gen in gens.iter_mut().flatten() {
                 *history -= gen.prune(host);
             }
-            let empty: Vec<_> = self
-                .graveyard
-                .all()
-                .filter(|&(_, _, g)| self.gen(g).history_is_empty())
-                .collect();
-            for (kind, start, g) in empty {
-                self.graveyard.remove(kind, start, g);
-                self.drop_gen(g);
-            }
+            self.bury_empty();
             self.host_at_prune = self.order.host_clock().clone();
         }
         self.prune_at = (2 * self.history).max(PRUNE_MIN);

@@ -203,18 +203,10 @@ fn pages(start: u64, end: u64) -> std::ops::RangeInclusive<u64> {
     (start / PAGE)..=((end - 1) / PAGE)
 }
 
-fn slot(kind: MemoryKind) -> usize {
-    match kind {
-        MemoryKind::Device => 0,
-        MemoryKind::Pinned => 1,
-        MemoryKind::Managed => 2,
-    }
-}
-
 impl Graveyard {
     /// Adds a freed generation occupying `[start, end)` (not empty).
     pub fn insert(&mut self, kind: MemoryKind, start: u64, end: u64, g: GenId) {
-        let s = &mut self.kinds[slot(kind)];
+        let s = &mut self.kinds[kind.index()];
         s.ranges.insert(g, (start, end));
         for p in pages(start, end) {
             s.pages.entry(p).or_default().push((g, start, end));
@@ -222,8 +214,8 @@ impl Graveyard {
     }
 
     /// Removes a generation.
-    pub fn remove(&mut self, kind: MemoryKind, _start: u64, g: GenId) {
-        let s = &mut self.kinds[slot(kind)];
+    pub fn remove(&mut self, kind: MemoryKind, g: GenId) {
+        let s = &mut self.kinds[kind.index()];
         let Some((start, end)) = s.ranges.remove(&g) else {
             return;
         };
@@ -249,7 +241,7 @@ impl Graveyard {
         end: u64,
         mut f: impl FnMut(GenId, u64),
     ) {
-        let s = &self.kinds[slot(kind)];
+        let s = &self.kinds[kind.index()];
         if s.ranges.is_empty() || start >= end {
             return;
         }
@@ -265,16 +257,11 @@ impl Graveyard {
         }
     }
 
-    /// Every kept generation with its memory kind and start.
-    pub fn all(&self) -> impl Iterator<Item = (MemoryKind, u64, GenId)> + '_ {
+    /// Every kept generation with its memory kind.
+    pub fn all(&self) -> impl Iterator<Item = (MemoryKind, GenId)> + '_ {
         [MemoryKind::Device, MemoryKind::Pinned, MemoryKind::Managed]
             .into_iter()
-            .flat_map(move |k| {
-                self.kinds[slot(k)]
-                    .ranges
-                    .iter()
-                    .map(move |(&g, &(st, _))| (k, st, g))
-            })
+            .flat_map(move |k| self.kinds[k.index()].ranges.keys().map(move |&g| (k, g)))
     }
 
     /// Number of kept generations.

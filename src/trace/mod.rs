@@ -126,6 +126,15 @@ impl MemoryKind {
         }
     }
 
+    /// A dense index (0, 1, 2), for tables kept per memory kind.
+    pub fn index(self) -> usize {
+        match self {
+            MemoryKind::Device => 0,
+            MemoryKind::Pinned => 1,
+            MemoryKind::Managed => 2,
+        }
+    }
+
     /// Whether the host may touch this memory (`host_read`, `host_write`).
     pub fn host_accessible(self) -> bool {
         !matches!(self, MemoryKind::Device)
