@@ -70,6 +70,7 @@ pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fuzz;
+pub mod graph;
 pub mod kernels;
 pub mod oracle;
 pub mod order;

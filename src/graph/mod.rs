@@ -1,0 +1,6 @@
+//! The stream-dependency graph: ops as nodes, happens-before edges between them; explanations of
+//! hazards, and pictures of them.
+
+pub mod picture;
+
+pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, Role};
