@@ -126,6 +126,7 @@ pub struct Stats {
 /// let report = checker.finish();
 /// assert_eq!(report.errors, 1); // s2 reads what s1 wrote, with no event between them
 /// ```
+#[derive(Clone)]
 pub struct Checker {
     order: Order,
     gens: Vec<Option<Generation>>,
@@ -231,6 +232,12 @@ impl Checker {
     /// The number of ops checked so far: the index the next op gets.
     pub fn ops(&self) -> u64 {
         self.ops
+    }
+
+    /// Moves out the hazards found so far: [`finish`](Self::finish) then reports only later
+    /// ones. For callers that collect hazards as they go (and keep copies of a checker small).
+    pub fn take_hazards(&mut self) -> Vec<Hazard> {
+        std::mem::take(&mut self.hazards)
     }
 
     /// Ends the trace: the report of every hazard found.

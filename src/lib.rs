@@ -69,6 +69,7 @@ pub mod checker;
 pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fix;
 pub mod fuzz;
 pub mod graph;
 pub mod kernels;

@@ -53,6 +53,32 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         attempts: u32,
     },
+    /// Write the trace with the synchronization that removes its races inserted.
+    ///
+    /// Before each op with a data-race, reuse-race or unsafe-free, `fix` inserts what orders
+    /// the unordered accesses before it: `record_stream` before a caching free of device
+    /// memory that other streams still use; otherwise an `event_record` on each earlier stream
+    /// and an `event_wait` (or, for the host, an `event_sync`) on it. At most two ops per
+    /// hazard fixed; one insertion often fixes several. Every original line (comments too) is
+    /// kept as it was, in order; each insertion is preceded by a `# streamsan fix:` comment.
+    /// The written trace is checked as it is written; the summary on standard error says what
+    /// was fixed, and what is left that no synchronization fixes (use-after-free,
+    /// invalid-free, warnings).
+    ///
+    /// Exit status: 0 when the written trace has no error-severity hazard, 1 when some remain,
+    /// 2 on bad input.
+    ///
+    /// Examples:
+    ///   streamsan fix examples/traces/reuse-without-record-stream.jsonl -o fixed.jsonl
+    ///   streamsan fix trace.jsonl | streamsan check -
+    #[command(verbatim_doc_comment)]
+    Fix {
+        /// The trace file, or `-` for standard input.
+        file: PathBuf,
+        /// Write the fixed trace to this file instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Measure the checking engine on a synthetic clean pipeline (no parsing): ns/op and ops/s.
     ///
     /// The workload is a ring of stages over S streams and B persistent buffers, with
@@ -131,6 +157,12 @@ struct FuzzArgs {
     /// Also write up to N programs with a hazard no provocation confirmed, for inspection.
     #[arg(long, default_value_t = 0, value_name = "N")]
     keep_unconfirmed: usize,
+    /// Instead of confirming hazards, fix every program as `streamsan fix` does and run the
+    /// fixed programs: the sequential reference, random schedules, and each original hazard's
+    /// provocation. Counts what was fixed, the inserted ops per hazard, and fixed programs
+    /// whose runs differ from their reference (there must be none).
+    #[arg(long)]
+    fix: bool,
     /// Print exactly one JSON object: the summary.
     #[arg(long)]
     json: bool,
@@ -194,6 +226,7 @@ fn main() -> ExitCode {
             output.as_ref(),
             confirm.map(|b| (b, attempts)),
         ),
+        Command::Fix { file, output } => fix(&file, output.as_ref()),
         Command::Bench {
             ops,
             streams,
@@ -364,6 +397,144 @@ fn check(
     Ok(if report.is_clean() { 0 } else { 1 })
 }
 
+/// The whole input when it is standard input (read twice by `fix`), else the file, opened again.
+enum Source {
+    Memory(Vec<u8>),
+    File(PathBuf),
+}
+
+impl Source {
+    fn open(&self) -> Result<Box<dyn BufRead + '_>, String> {
+        match self {
+            Source::Memory(bytes) => Ok(Box::new(&bytes[..])),
+            Source::File(path) => File::open(path)
+                .map(|f| Box::new(BufReader::with_capacity(1 << 16, f)) as Box<dyn BufRead>)
+                .map_err(|e| format!("{}: cannot open: {e}", path.display())),
+        }
+    }
+}
+
+fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
+    use streamsan::fix::{is_fixable, Fixer};
+    let (source, name) = if file.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut io::stdin(), &mut bytes)
+            .map_err(|e| format!("<stdin>: cannot read: {e}"))?;
+        (Source::Memory(bytes), "<stdin>".to_string())
+    } else {
+        File::open(file).map_err(|e| format!("{}: cannot open: {e}", file.display()))?;
+        if let Some(out) = output {
+            let same = std::fs::canonicalize(out)
+                .ok()
+                .zip(std::fs::canonicalize(file).ok())
+                .is_some_and(|(a, b)| a == b);
+            if same {
+                return Err(format!(
+                    "{}: the output would overwrite the trace being fixed; write it elsewhere",
+                    out.display()
+                ));
+            }
+        }
+        (Source::File(file.clone()), file.display().to_string())
+    };
+    // First walk: the hazards, and the event names in use.
+    let mut reader = TraceReader::new(source.open()?, name.clone());
+    let mut checker = Checker::new();
+    let mut events = std::collections::HashSet::new();
+    while let Some((op, spans)) = reader.next_op().map_err(|e| e.to_string())? {
+        if let Err(e) = checker.check(&op) {
+            let at = spans.locate(e.field);
+            return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
+        }
+        if let Some(e) = op.op.event() {
+            events.insert(e.clone());
+        }
+    }
+    let before = checker.finish();
+    // Second walk: copy every line, with the insertions before their ops.
+    let mut fixer = Fixer::new(&before, events);
+    let mut input = source.open()?;
+    let mut out = create_output(output)?;
+    let write_err = |e: io::Error| format!("cannot write the fixed trace: {e}");
+    let (mut line, mut number, mut index) = (Vec::new(), 0u64, 0u64);
+    let mut text = String::new();
+    loop {
+        line.clear();
+        let n = input
+            .read_until(b'\n', &mut line)
+            .map_err(|e| format!("{name}: cannot read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        number += 1;
+        let mut content = line.strip_suffix(b"\n").unwrap_or(&line);
+        if number == 1 {
+            content = content.strip_prefix(b"\xef\xbb\xbf").unwrap_or(content);
+        }
+        let parsed = streamsan::trace::parse_line_bytes(content)
+            .map_err(|e| format!("{name}:{number}:{}: {}", e.column, e.message))?;
+        if let Some((op, _)) = parsed {
+            let inserted = fixer.op(index, &op).map_err(|e| {
+                format!("{name}:{number}: {e} (the trace changed since it was read?)")
+            })?;
+            if let Some(ins) = inserted {
+                text.clear();
+                text.push_str("# ");
+                text.push_str(&ins.comment);
+                text.push('\n');
+                for extra in &ins.ops {
+                    streamsan::trace::write_op(extra, &mut text);
+                    text.push('\n');
+                }
+                out.write_all(text.as_bytes()).map_err(write_err)?;
+            }
+            index += 1;
+        }
+        out.write_all(&line).map_err(write_err)?;
+    }
+    out.flush().map_err(write_err)?;
+    let (summary, after) = fixer.finish();
+    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    if summary.fixable == 0 {
+        eprintln!("streamsan: no data-race, reuse-race or unsafe-free to fix; the trace is written unchanged");
+    } else {
+        eprintln!(
+            "streamsan: fixed {} of {} with {} ({:.2} per hazard fixed)",
+            summary.fixed,
+            plural(summary.fixable, "hazard"),
+            plural(summary.inserted, "inserted op"),
+            summary.inserted as f64 / summary.fixed.max(1) as f64
+        );
+    }
+    let left: Vec<String> = after
+        .hazards
+        .iter()
+        .map(|h| {
+            let buffer = h
+                .buffer
+                .as_deref()
+                .map(|b| format!(" on {b}"))
+                .unwrap_or_default();
+            format!("{}{buffer} at op {}", h.kind, h.op)
+        })
+        .collect();
+    if after.hazards.iter().any(|h| is_fixable(h.kind)) {
+        return Err(format!(
+            "the fixed trace still has hazards: {}; please report this with the trace",
+            left.join(", ")
+        ));
+    }
+    if left.is_empty() {
+        eprintln!("streamsan: the written trace checks clean");
+    } else {
+        eprintln!(
+            "streamsan: left as they were (no synchronization fixes them): {}",
+            left.join(", ")
+        );
+    }
+    Ok(if after.is_clean() { 0 } else { 1 })
+}
+
 fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {
     if let Some(path) = write_trace {
         let out = create_output(Some(path))?;
@@ -435,6 +606,7 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         attempts,
         initialize,
         keep_unconfirmed,
+        fix,
         json,
     } = args;
     use streamsan::fuzz::campaign::{run_campaign, CampaignConfig, Executor, SimExecutor};
@@ -477,6 +649,9 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         indicatif::ProgressBar::hidden()
     };
     let start = Instant::now();
+    if fix {
+        return fuzz_fix(&cfg, exec.as_mut(), &bar, start, json);
+    }
     let res = run_campaign(&cfg, exec.as_mut(), |n, s| {
         bar.set_position(n);
         bar.set_message(format!(
@@ -539,6 +714,63 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         }
     }
     Ok(if s.unexplained == 0 { 0 } else { 1 })
+}
+
+fn fuzz_fix(
+    cfg: &streamsan::fuzz::campaign::CampaignConfig,
+    exec: &mut dyn streamsan::fuzz::campaign::Executor,
+    bar: &indicatif::ProgressBar,
+    start: Instant,
+    json: bool,
+) -> Result<u8, String> {
+    let res = streamsan::fuzz::fixes::run_fix_campaign(cfg, exec, |n, s| {
+        bar.set_position(n);
+        bar.set_message(format!(
+            "{} hazards, {} fixed, {} inserted ops",
+            s.hazards, s.fixed, s.inserted
+        ));
+    })?;
+    bar.finish_and_clear();
+    let secs = start.elapsed().as_secs_f64();
+    if json {
+        outln!(
+            "{}",
+            serde_json::to_string(&res).map_err(|e| e.to_string())?
+        );
+    } else {
+        outln!(
+            "{} programs fixed on {} in {:.1} s: {} with hazards",
+            res.programs,
+            exec.name(),
+            secs,
+            res.with_hazards
+        );
+        outln!(
+            "  hazards {}, fixed {}, inserted ops {} ({:.2} per hazard fixed, at most {:.2} at one op)",
+            res.hazards,
+            res.fixed,
+            res.inserted,
+            res.per_hazard,
+            res.max_per_hazard
+        );
+        outln!(
+            "  fixed programs run: {} ({} runs, {} provocations of the original hazards); diverged: {}",
+            res.run,
+            res.runs,
+            res.provocations,
+            res.diverged
+        );
+        outln!(
+            "  not fixed: {}; original ops lost or reordered: {}",
+            res.not_fixed,
+            res.reordered
+        );
+        for c in res.counterexamples.iter().take(10) {
+            outln!("  counterexample: {c}  (reproduce: streamsan fix {c} | streamsan check -)");
+        }
+    }
+    let failed = res.not_fixed + res.reordered + res.diverged;
+    Ok(if failed == 0 { 0 } else { 1 })
 }
 
 /// Runs each provokable hazard's provocation and notes in the report what was observed.

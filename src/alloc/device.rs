@@ -108,7 +108,7 @@ struct SegmentInfo {
 ///   that stream reuse it.
 ///
 /// Segments are never given back. Every operation is O(log n) in the number of blocks.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct DeviceCachingAllocator<M: Memory> {
     memory: M,
     /// Every block, live or free, by address; neighbours are found through `prev` and `size`.

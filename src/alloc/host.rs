@@ -27,7 +27,7 @@ struct HostBlock {
 /// - Blocks never split or merge and have no stream.
 ///
 /// Segments are never given back. Every operation is O(log n) in the number of blocks.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct HostCachingAllocator<M: Memory> {
     memory: M,
     /// Every block (each is a whole segment), by address.

@@ -11,4 +11,5 @@
 pub mod campaign;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod fixes;
 pub mod gen;

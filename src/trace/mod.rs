@@ -333,6 +333,19 @@ impl Op {
         }
     }
 
+    /// The event an event op names.
+    pub fn event(&self) -> Option<&Id> {
+        match self {
+            Op::EventCreate { event }
+            | Op::EventDestroy { event }
+            | Op::EventRecord { event, .. }
+            | Op::EventWait { event, .. }
+            | Op::EventSync { event }
+            | Op::EventQuery { event, .. } => Some(event),
+            _ => None,
+        }
+    }
+
     /// Every op name of the trace format, in the order the format lists them.
     pub const NAMES: &'static [&'static str] = &[
         "stream_create",

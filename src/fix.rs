@@ -1,0 +1,334 @@
+//! `streamsan fix`: insert the synchronization that removes a trace's races.
+//!
+//! The fixer walks the trace once more after a first check found its hazards, and keeps a
+//! [`Checker`] over the program it writes (the original ops plus what it inserted). Before each
+//! op that had a `data-race`, `reuse-race` or `unsafe-free` in the original trace, it checks that
+//! op against a copy of this checker: the hazards still there are exactly those that the
+//! insertions so far did not already remove. For each one it inserts, just before the op:
+//!
+//! - a caching free of device memory still used by other streams: `record_stream(buffer, S)` for
+//!   each such stream S (PyTorch's own fix: the allocator waits for S before reusing the memory);
+//! - a later op on a stream Q: `event_record(E, S)` then `event_wait(Q, E)` for each earlier
+//!   stream S with an unordered access (PyTorch's `Q.wait_stream(S)`);
+//! - a later op of the host: `event_record(E, S)` then `event_sync(E)`.
+//!
+//! Each inserted event has a fresh name, recorded just before it is waited on, so it captures
+//! the earlier access (it was issued before) and never changes what an existing event means.
+//! An op's insertions are at most two per hazard at that op: when the events would take more
+//! (a hazard with conflicts on several streams), the host waits instead — one `stream_sync` per
+//! stream, or one `device_sync` per device when even that is too many.
+//!
+//! Insertions only add happens-before edges, which can only remove hazards; the checker over the
+//! written program proves the result: [`Fixer::finish`] returns its report.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashSet as HashSet;
+
+use crate::checker::{CheckError, Checker};
+use crate::report::{Hazard, HazardKind, Report};
+use crate::trace::{Id, Op, Site, TraceOp, HOST};
+
+/// Whether synchronization can remove hazards of this kind (`fix` inserts it).
+pub fn is_fixable(kind: HazardKind) -> bool {
+    matches!(
+        kind,
+        HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree
+    )
+}
+
+/// What was inserted before one op of the original trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Insertion {
+    /// The op index, in the original trace, of the op the insertion precedes.
+    pub before: u64,
+    /// The hazards at that op that the insertion removes: (kind, buffer).
+    pub hazards: Vec<(HazardKind, String)>,
+    /// The inserted ops, in order.
+    pub ops: Vec<TraceOp>,
+    /// One line for the reader of the fixed trace (written as a comment above the ops).
+    pub comment: String,
+}
+
+/// The counts of a fix.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FixSummary {
+    /// Fixable hazards (data-race, reuse-race, unsafe-free) in the original trace.
+    pub fixable: u64,
+    /// Of those, how many the written trace no longer has.
+    pub fixed: u64,
+    /// Ops inserted in all.
+    pub inserted: u64,
+    /// The most ops inserted before one op, per hazard fixed there (0 if none).
+    pub max_per_hazard: f64,
+}
+
+/// Walks a trace a second time and inserts synchronization before the ops whose hazards the
+/// first check found. See the [module docs](self).
+pub struct Fixer {
+    checker: Checker,
+    /// Original op index → the fixable hazards the first check found there.
+    targets: BTreeMap<u64, usize>,
+    fixable: u64,
+    /// Event names the trace uses: inserted events avoid them.
+    taken: HashSet<Id>,
+    next_event: u64,
+    /// The written program's hazards, collected as they are found.
+    found: Vec<Hazard>,
+    insertions: Vec<Insertion>,
+    inserted: u64,
+    max_per_hazard: f64,
+}
+
+impl Fixer {
+    /// A fixer for a trace whose first check gave `original`; `events` are every event name the
+    /// trace uses (inserted events get other names).
+    pub fn new(original: &Report, events: impl IntoIterator<Item = Id>) -> Self {
+        let mut targets = BTreeMap::new();
+        let mut fixable = 0;
+        for h in original.hazards.iter().filter(|h| is_fixable(h.kind)) {
+            *targets.entry(h.op).or_insert(0) += 1;
+            fixable += 1;
+        }
+        Fixer {
+            checker: Checker::new(),
+            targets,
+            fixable,
+            taken: events.into_iter().collect(),
+            next_event: 0,
+            found: Vec::new(),
+            insertions: Vec::new(),
+            inserted: 0,
+            max_per_hazard: 0.0,
+        }
+    }
+
+    /// Takes the original op `index`: returns the ops to write before it (empty for most ops),
+    /// having checked them and the op itself.
+    ///
+    /// The error is bad input in the trace (which the first check would have reported).
+    pub fn op(&mut self, index: u64, op: &TraceOp) -> Result<Option<&Insertion>, CheckError> {
+        if !self.targets.contains_key(&index) {
+            self.feed(op)?;
+            return Ok(None);
+        }
+        // What is left of this op's hazards after the insertions so far.
+        let mut probe = self.checker.clone();
+        let left: Vec<Hazard> = probe
+            .check(op)?
+            .iter()
+            .filter(|h| is_fixable(h.kind))
+            .cloned()
+            .collect();
+        if left.is_empty() {
+            // Already fixed by an earlier insertion: keep the copy that took the op.
+            self.checker = probe;
+            self.collect();
+            return Ok(None);
+        }
+        let insertion = self.plan(index, op, &left);
+        for extra in &insertion.ops {
+            self.feed(extra)?;
+        }
+        self.feed(op)?;
+        self.inserted += insertion.ops.len() as u64;
+        let per = insertion.ops.len() as f64 / left.len() as f64;
+        self.max_per_hazard = self.max_per_hazard.max(per);
+        self.insertions.push(insertion);
+        Ok(self.insertions.last())
+    }
+
+    fn feed(&mut self, op: &TraceOp) -> Result<(), CheckError> {
+        self.checker.check(op)?;
+        self.collect();
+        Ok(())
+    }
+
+    fn collect(&mut self) {
+        self.found.extend(self.checker.take_hazards());
+    }
+
+    fn fresh_event(&mut self) -> Id {
+        loop {
+            self.next_event += 1;
+            let id = Id::from(format!("streamsan-fix-{}", self.next_event).as_str());
+            if !self.taken.contains(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// The ops that order every conflict of `left` (the hazards still at op `index`) before it.
+    fn plan(&mut self, index: u64, op: &TraceOp, left: &[Hazard]) -> Insertion {
+        // Every hazard at one op has the same later participant: the op's (or, for a free, the
+        // freeing participant).
+        let later = left
+            .iter()
+            .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
+            .unwrap_or_else(|| HOST.to_string());
+        let earlier: BTreeSet<String> = left
+            .iter()
+            .flat_map(|h| h.conflicts.iter().map(|c| c.participant.clone()))
+            .filter(|p| *p != later && p != HOST)
+            .collect();
+        let hazards: Vec<(HazardKind, String)> = left
+            .iter()
+            .map(|h| (h.kind, h.buffer.clone().unwrap_or_default()))
+            .collect();
+        let budget = 2 * left.len();
+        let what = hazards
+            .iter()
+            .map(|(k, b)| format!("{k} on {b}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let site = Some(Site::Label(format!("streamsan fix: {what} at op {index}")));
+        let with_site = |op: Op| TraceOp {
+            op,
+            site: site.clone(),
+        };
+        let caching_device_free = matches!(&op.op, Op::Free { stream: None, .. }) && later != HOST;
+        let buffer_of_free = match &op.op {
+            Op::Free { buffer, .. } => Some(buffer.clone()),
+            _ => None,
+        };
+        let list = earlier.iter().cloned().collect::<Vec<_>>().join(", ");
+        let record_stream =
+            buffer_of_free.filter(|_| caching_device_free && earlier.len() <= budget);
+        let (ops, how) = if let Some(buffer) = record_stream {
+            // A caching free of device memory: every conflict is another stream's.
+            let ops = earlier
+                .iter()
+                .map(|s| {
+                    with_site(Op::RecordStream {
+                        buffer: buffer.clone(),
+                        stream: Id::from(s.as_str()),
+                    })
+                })
+                .collect::<Vec<_>>();
+            (ops, format!("record_stream({buffer}, {list})"))
+        } else if 2 * earlier.len() <= budget {
+            let mut ops = Vec::new();
+            for s in &earlier {
+                let event = self.fresh_event();
+                ops.push(with_site(Op::EventRecord {
+                    event: event.clone(),
+                    stream: Id::from(s.as_str()),
+                }));
+                ops.push(with_site(if later == HOST {
+                    Op::EventSync { event }
+                } else {
+                    Op::EventWait {
+                        stream: Id::from(later.as_str()),
+                        event,
+                    }
+                }));
+            }
+            let how = if later == HOST {
+                format!("the host waits for an event recorded on {list}")
+            } else {
+                format!("{later} waits for an event recorded on {list}")
+            };
+            (ops, how)
+        } else if earlier.len() <= budget {
+            let ops = earlier
+                .iter()
+                .map(|s| {
+                    with_site(Op::StreamSync {
+                        stream: Id::from(s.as_str()),
+                    })
+                })
+                .collect();
+            (ops, format!("the host waits for {list}"))
+        } else {
+            let order = self.checker.order();
+            let devices: BTreeSet<u64> = earlier
+                .iter()
+                .filter_map(|s| order.find_stream(&Id::from(s.as_str())))
+                .map(|p| order.device(p))
+                .collect();
+            let ops = devices
+                .iter()
+                .map(|&device| with_site(Op::DeviceSync { device }))
+                .collect();
+            (ops, "the host waits for the device".to_string())
+        };
+        Insertion {
+            before: index,
+            comment: format!("streamsan fix: {how} before op {index} ({what})"),
+            hazards,
+            ops,
+        }
+    }
+
+    /// The insertions made so far, in trace order.
+    pub fn insertions(&self) -> &[Insertion] {
+        &self.insertions
+    }
+
+    /// Ends the walk: the counts, and the report of the written program.
+    pub fn finish(mut self) -> (FixSummary, Report) {
+        self.collect();
+        let ops = self.checker.ops();
+        let after = Report::new(ops, std::mem::take(&mut self.found));
+        let left = after.hazards.iter().filter(|h| is_fixable(h.kind)).count() as u64;
+        let summary = FixSummary {
+            fixable: self.fixable,
+            fixed: self.fixable.saturating_sub(left),
+            inserted: self.inserted,
+            max_per_hazard: self.max_per_hazard,
+        };
+        (summary, after)
+    }
+}
+
+/// A program with its fix: the written ops, where the insertions went, and both reports.
+#[derive(Clone, Debug)]
+pub struct Fixed {
+    /// The written program: the original ops in order, with the insertions before them.
+    pub ops: Vec<TraceOp>,
+    /// Indices into `ops` of the inserted ops.
+    pub inserted_at: Vec<usize>,
+    /// The insertions.
+    pub insertions: Vec<Insertion>,
+    /// The counts.
+    pub summary: FixSummary,
+    /// The original program's report.
+    pub before: Report,
+    /// The written program's report.
+    pub after: Report,
+}
+
+/// Fixes a program held in memory (both walks of [`Fixer`] over `program`).
+pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
+    let mut checker = Checker::new();
+    let mut events: HashSet<Id> = HashSet::default();
+    for op in program {
+        checker.check(op)?;
+        if let Some(e) = op.op.event() {
+            events.insert(e.clone());
+        }
+    }
+    let before = checker.finish();
+    let mut fixer = Fixer::new(&before, events);
+    let mut ops = Vec::with_capacity(program.len());
+    let mut inserted_at = Vec::new();
+    for (i, op) in program.iter().enumerate() {
+        if let Some(ins) = fixer.op(i as u64, op)? {
+            for extra in &ins.ops {
+                inserted_at.push(ops.len());
+                ops.push(extra.clone());
+            }
+        }
+        ops.push(op.clone());
+    }
+    let insertions = fixer.insertions().to_vec();
+    let (summary, after) = fixer.finish();
+    Ok(Fixed {
+        ops,
+        inserted_at,
+        insertions,
+        summary,
+        before,
+        after,
+    })
+}
