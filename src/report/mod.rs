@@ -8,8 +8,10 @@ use serde::Serialize;
 
 use crate::trace::Site;
 
+mod sarif;
 mod text;
 
+pub use sarif::{render_sarif, SarifOptions};
 pub use text::{render_hazard, render_text, TextOptions};
 
 /// The kinds of hazard, in the order reports sort them.

@@ -102,7 +102,8 @@ fn conflict_line(c: &Conflict) -> String {
     s
 }
 
-fn title(h: &Hazard) -> String {
+/// The one-line title of a hazard, naming both operations and their participants.
+pub(crate) fn title(h: &Hazard) -> String {
     let buffer = h.buffer.as_deref().unwrap_or("?");
     let me = h.access.as_ref();
     let first = h.conflicts.last();
