@@ -181,7 +181,7 @@ pub struct GenId(pub u32);
 
 /// Freed generations with live history, by memory kind and address range.
 ///
-/// Each memory kind's address space is cut into pages of [`PAGE`] bytes; a page lists the kept
+/// Each memory kind's address space is cut into pages of `PAGE` bytes; a page lists the kept
 /// generations that touch it. An overlap query looks only at the pages of its own range.
 #[derive(Clone, Debug, Default)]
 pub struct Graveyard {
