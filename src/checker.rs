@@ -433,8 +433,7 @@ impl Checker {
                             label: None,
                             event: Some(event.to_string()),
                             participant: stream.to_string(),
-                            notes: vec![],
-                        },
+                            notes: vec![], why: Vec::new() },
                     });
                 }
             }
@@ -775,6 +774,7 @@ impl Checker {
                         event: None,
                         participant,
                         notes,
+                        why: Vec::new(),
                     },
                 });
                 return Ok(());
@@ -853,6 +853,7 @@ impl Checker {
                         op: alloc_op,
                         site: alloc_site,
                     }],
+                    why: Vec::new(),
                 },
             });
         }
@@ -1295,6 +1296,7 @@ impl Checker {
                     event: None,
                     participant: participant.clone(),
                     notes,
+                    why: Vec::new(),
                 },
             });
             start = stop;
@@ -1355,7 +1357,7 @@ impl Checker {
                 fix: Some(format!(
                     "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
                 )),
-                detail: Detail { op_name: op.name(), label: None, event: None, participant: participant.clone(), notes },
+                detail: Detail { op_name: op.name(), label: None, event: None, participant: participant.clone(), notes, why: Vec::new() },
             });
             start = stop;
         }

@@ -181,7 +181,9 @@ impl Fixer {
             .map(|(k, b)| format!("{k} on {b}"))
             .collect::<Vec<_>>()
             .join(", ");
-        let site = Some(Site::Label(format!("streamsan fix: {what} at op {index}")));
+        let site = Some(Site::Label(format!(
+            "streamsan fix: {what} at op {index} of the original trace"
+        )));
         let with_site = |op: Op| TraceOp {
             op,
             site: site.clone(),
@@ -254,10 +256,28 @@ impl Fixer {
         };
         Insertion {
             before: index,
-            comment: format!("streamsan fix: {how} before op {index} ({what})"),
+            comment: format!("streamsan fix for op {index} of the original trace ({what}): {how}"),
             hazards,
             ops,
         }
+    }
+
+    /// The op index in the original trace of op `written` of the written trace, or `None` for
+    /// an inserted op.
+    pub fn original_index(&self, written: u64) -> Option<u64> {
+        let mut shift = 0u64;
+        for ins in &self.insertions {
+            let n = ins.ops.len() as u64;
+            let first = ins.before + shift;
+            if written < first {
+                break;
+            }
+            if written < first + n {
+                return None;
+            }
+            shift += n;
+        }
+        Some(written - shift)
     }
 
     /// The insertions made so far, in trace order.
@@ -265,8 +285,9 @@ impl Fixer {
         &self.insertions
     }
 
-    /// Ends the walk: the counts, and the report of the written program.
-    pub fn finish(mut self) -> (FixSummary, Report) {
+    /// Ends the walk: the counts, and the report of the written program (whose op indices are
+    /// the written trace's; see [`Fixer::original_index`]).
+    pub fn finish(&mut self) -> (FixSummary, Report) {
         self.collect();
         let ops = self.checker.ops();
         let after = Report::new(ops, std::mem::take(&mut self.found));
@@ -321,8 +342,8 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         }
         ops.push(op.clone());
     }
-    let insertions = fixer.insertions().to_vec();
     let (summary, after) = fixer.finish();
+    let insertions = fixer.insertions().to_vec();
     Ok(Fixed {
         ops,
         inserted_at,
@@ -331,4 +352,33 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         before,
         after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::parse_line;
+
+    #[test]
+    fn original_indices_skip_the_inserted_ops() {
+        let program: Vec<TraceOp> = r#"{"op":"alloc","buffer":"x","bytes":64,"stream":"s1"}
+{"op":"launch","stream":"s1","writes":["x"]}
+{"op":"launch","stream":"s2","reads":["x"]}
+{"op":"launch","stream":"s1","writes":["x"]}"#
+            .lines()
+            .filter_map(|l| parse_line(l).ok().flatten().map(|(op, _)| op))
+            .collect();
+        let f = fix_program(&program).unwrap();
+        let mut fixer = Fixer::new(&f.before, []);
+        for (i, op) in program.iter().enumerate() {
+            fixer.op(i as u64, op).unwrap();
+        }
+        // Written: 0 1 [r w] 2 [r w] 3
+        assert_eq!(f.inserted_at, [2, 3, 5, 6]);
+        let back: Vec<Option<u64>> = (0..8).map(|w| fixer.original_index(w)).collect();
+        assert_eq!(
+            back,
+            [Some(0), Some(1), None, None, Some(2), None, None, Some(3)]
+        );
+    }
 }

@@ -36,7 +36,8 @@ enum Command {
     Check {
         /// The trace file, or `-` for standard input.
         file: PathBuf,
-        /// Report format: rustc-style text, or the JSON report of the trace format.
+        /// Report format: rustc-style text with explanations, the JSON report of the trace
+        /// format, SARIF for code scanning.
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
         /// When to colour text reports.
@@ -182,6 +183,8 @@ enum Format {
     Text,
     /// The trace format's JSON report.
     Json,
+    /// SARIF 2.1.0, for code-scanning tools: hazards at their file:line sites.
+    Sarif,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -348,6 +351,21 @@ fn check(
 ) -> Result<u8, String> {
     let (input, name, len, count) = open_input(file)?;
     let bar = progress(len);
+    // Text, dot and html walk the trace a second time to explain the hazards; standard input is
+    // kept in a temporary file for that.
+    let explains = matches!(format, Format::Text);
+    let mut spool = None;
+    let input: Box<dyn BufRead> = if explains && file.as_os_str() == "-" {
+        let s = Spool::create()?;
+        let tee = Tee {
+            inner: input,
+            copy: io::BufWriter::new(s.file()?),
+        };
+        spool = Some(s);
+        Box::new(BufReader::with_capacity(1 << 16, tee))
+    } else {
+        input
+    };
     let mut reader = TraceReader::new(input, name.clone());
     let mut checker = Checker::new();
     // With --confirm the program is kept, to run it.
@@ -370,13 +388,27 @@ fn check(
         }
     }
     bar.finish_and_clear();
+    drop(reader);
     let mut report = checker.finish();
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
+    let _picture = if explains && (!report.hazards.is_empty() || format != Format::Text) {
+        let source = match &spool {
+            Some(s) => Source::File(s.path.clone()),
+            None => Source::File(file.clone()),
+        };
+        Some(explain(&source, &name, &mut report, len)?)
+    } else {
+        None
+    };
     let mut out = create_output(output)?;
     let text = match format {
         Format::Json => report.to_json() + "\n",
+        Format::Sarif => {
+            let trace = (file.as_os_str() != "-").then(|| name.clone());
+            streamsan::report::render_sarif(&report, &streamsan::report::SarifOptions { trace })
+        }
         Format::Text => {
             let to_terminal = output.is_none() && io::stdout().is_terminal();
             let mut opts = match color {
@@ -515,7 +547,10 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
                 .as_deref()
                 .map(|b| format!(" on {b}"))
                 .unwrap_or_default();
-            format!("{}{buffer} at op {}", h.kind, h.op)
+            match fixer.original_index(h.op) {
+                Some(op) => format!("{}{buffer} at op {op}", h.kind),
+                None => format!("{}{buffer} at inserted op {}", h.kind, h.op),
+            }
         })
         .collect();
     if after.hazards.iter().any(|h| is_fixable(h.kind)) {
@@ -533,6 +568,81 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
         );
     }
     Ok(if after.is_clean() { 0 } else { 1 })
+}
+
+/// Walks the trace a second time through the dependency graph: explains the report's hazards
+/// and returns the picture.
+fn explain(
+    source: &Source,
+    name: &str,
+    report: &mut streamsan::Report,
+    len: Option<u64>,
+) -> Result<streamsan::graph::Picture, String> {
+    use streamsan::graph::{DepGraph, GraphConfig};
+    let bar = progress(len);
+    let mut graph = DepGraph::new(report, GraphConfig::default());
+    let mut reader = TraceReader::new(source.open()?, name.to_string());
+    let mut index = 0u64;
+    while let Some((op, _)) = reader.next_op().map_err(|e| e.to_string())? {
+        graph.add(index, &op);
+        index += 1;
+        if index % 65_536 == 0 {
+            bar.inc(65_536);
+        }
+    }
+    bar.finish_and_clear();
+    let stats = graph.stats();
+    tracing::info!(
+        ops = stats.ops,
+        peak_nodes = stats.peak_nodes,
+        peak_edges = stats.peak_edges,
+        nodes = stats.nodes,
+        edges = stats.edges,
+        lanes = stats.lanes,
+        "dependency graph"
+    );
+    Ok(graph.finish(report, name))
+}
+
+/// A temporary copy of standard input, removed when dropped.
+struct Spool {
+    path: PathBuf,
+}
+
+impl Spool {
+    fn create() -> Result<Self, String> {
+        let path =
+            std::env::temp_dir().join(format!("streamsan-stdin-{}.jsonl", std::process::id()));
+        File::create(&path).map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
+        Ok(Spool { path })
+    }
+
+    fn file(&self) -> Result<File, String> {
+        File::create(&self.path).map_err(|e| format!("{}: cannot create: {e}", self.path.display()))
+    }
+}
+
+impl Drop for Spool {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A reader that copies what it reads to `copy`.
+struct Tee<R, W: Write> {
+    inner: R,
+    copy: W,
+}
+
+impl<R: io::Read, W: Write> io::Read for Tee<R, W> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.copy.write_all(&buf[..n])?;
+        if n == 0 {
+            self.copy.flush()?;
+        }
+        Ok(n)
+    }
 }
 
 fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {

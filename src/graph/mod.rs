@@ -1,6 +1,826 @@
 //! The stream-dependency graph: ops as nodes, happens-before edges between them; explanations of
 //! hazards, and pictures of them.
+//!
+//! [`DepGraph`] takes a trace's ops, in order, after a [`Checker`](crate::Checker) found its
+//! hazards. Each op becomes a node on its lane (the host, or its stream); edges are the order of
+//! the happens-before rules: stream order, host order, the host's issue of stream work (rule 2),
+//! event records captured by waits and syncs (rule 3), host syncs (rule 4) and the legacy default
+//! stream's implicit edges (rule 5), plus `record_stream`, which orders a free after a stream's
+//! work for the allocator.
+//!
+//! Alongside the graph, each lane keeps its *provenance*: for every other lane, the latest of its
+//! ops known to happen before the lane's current point, and the synchronization op through which
+//! that became known. When the walk reaches a hazard's op, this says what synchronization each
+//! side did have and what edge is missing ([`explain`]).
+//!
+//! Memory stays bounded on long traces: the graph keeps only the ops of the hazards (their op,
+//! their conflicting accesses, the synchronization their explanations name), each lane's latest
+//! op, each event's current record, the ops the provenance refers to, and a window of recent
+//! ops; every other node is removed as the walk goes on.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::EdgeRef;
+use petgraph::Direction;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+
+use crate::report::{AccessKind, Hazard, Report};
+use crate::trace::{Id, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
+
+mod explain;
 pub mod picture;
 
 pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, Role};
+
+/// Knobs of the graph.
+#[derive(Clone, Debug)]
+pub struct GraphConfig {
+    /// Recent ops kept besides the ones the hazards need (context for pictures).
+    pub window: u64,
+    /// Traces of at most this many ops are drawn whole.
+    pub draw_whole: u64,
+    /// At most this many hazards are drawn (each with its neighbourhood); all are explained.
+    pub max_drawn_hazards: usize,
+}
+
+impl Default for GraphConfig {
+    fn default() -> Self {
+        GraphConfig {
+            window: 64,
+            draw_whole: 400,
+            max_drawn_hazards: 100,
+        }
+    }
+}
+
+/// Sizes of the graph, for the memory figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GraphStats {
+    /// Ops taken.
+    pub ops: u64,
+    /// Nodes kept now.
+    pub nodes: usize,
+    /// Edges kept now.
+    pub edges: usize,
+    /// The most nodes kept at once.
+    pub peak_nodes: usize,
+    /// The most edges kept at once.
+    pub peak_edges: usize,
+    /// Lanes (the host and the streams).
+    pub lanes: usize,
+}
+
+/// One op, as a node.
+#[derive(Clone, Debug)]
+struct OpNode {
+    op: u64,
+    lane: usize,
+    op_name: &'static str,
+    label: String,
+    accesses: Vec<String>,
+    site: Option<String>,
+}
+
+/// What a lane knows of another lane: the latest op of it that happens before the lane's current
+/// point, and how that became known.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Prov {
+    /// The latest known op of the other lane.
+    upto: Option<u64>,
+    /// The synchronization op that brought it (a wait, a host sync, a legacy-stream op).
+    via: Option<u64>,
+    /// Where that synchronization took it from (the event's record, the synced stream's op).
+    from: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct LaneState {
+    name: String,
+    device: u64,
+    blocking: bool,
+    last: Option<u64>,
+    /// The latest `event_record` on this lane: (op, event).
+    last_record: Option<(u64, Id)>,
+    /// What this lane knows of every lane, by lane index.
+    know: Vec<Prov>,
+    /// The host op whose issue edge into this lane was drawn last.
+    issued_from: Option<u64>,
+    /// Per lane: its op whose legacy edge into this lane was drawn last.
+    legacy_from: HashMap<usize, u64>,
+}
+
+impl LaneState {
+    fn new(name: &str, device: u64, blocking: bool) -> Self {
+        LaneState {
+            name: name.to_string(),
+            device,
+            blocking,
+            last: None,
+            last_record: None,
+            know: Vec::new(),
+            issued_from: None,
+            legacy_from: HashMap::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Capture {
+    op: u64,
+    know: Vec<Prov>,
+}
+
+/// Joins `src` into `dst` where it knows later ops; `via`/`from`, when given, replace the
+/// provenance of what is new (the op through which it arrives now).
+fn join(dst: &mut Vec<Prov>, src: &[Prov], via: Option<u64>, from: Option<u64>) {
+    if dst.len() < src.len() {
+        dst.resize(src.len(), Prov::default());
+    }
+    for (d, s) in dst.iter_mut().zip(src) {
+        if s.upto > d.upto {
+            *d = Prov {
+                upto: s.upto,
+                via: via.or(s.via),
+                from: if via.is_some() { from } else { s.from },
+            };
+        }
+    }
+}
+
+const HOST_LANE: usize = 0;
+const DEFAULT_LANE: usize = 1;
+
+/// The stream-dependency graph of a trace, built op by op. See the [module docs](self).
+pub struct DepGraph {
+    cfg: GraphConfig,
+    g: StableGraph<OpNode, (EdgeKind, Option<Id>)>,
+    nodes: HashMap<u64, NodeIndex>,
+    lanes: Vec<LaneState>,
+    lane_of: HashMap<Id, usize>,
+    events: HashMap<Id, Capture>,
+    /// Ops kept for the hazards.
+    pins: HashSet<u64>,
+    /// The hazards, their ops, and what has been explained.
+    hazards: Vec<Hazard>,
+    next_hazard: usize,
+    why: Vec<Vec<String>>,
+    /// Ops the explanations name (drawn with the hazards).
+    named: Vec<Vec<u64>>,
+    prune_at: usize,
+    pruned: bool,
+    stats: GraphStats,
+}
+
+impl DepGraph {
+    /// A graph for a trace whose check gave `report`: its hazards are explained as the walk
+    /// reaches them, and the ops they need are kept.
+    pub fn new(report: &Report, cfg: GraphConfig) -> Self {
+        let mut pins = HashSet::default();
+        for h in report.hazards.iter().take(cfg.max_drawn_hazards) {
+            pins.insert(h.op);
+            pins.extend(h.conflicts.iter().map(|c| c.op));
+            pins.extend(h.free.as_ref().map(|f| f.op));
+        }
+        let mut lane_of = HashMap::default();
+        lane_of.insert(Id::from(HOST), HOST_LANE);
+        lane_of.insert(Id::from(DEFAULT_STREAM), DEFAULT_LANE);
+        DepGraph {
+            cfg,
+            g: StableGraph::new(),
+            nodes: HashMap::default(),
+            lanes: vec![
+                LaneState::new(HOST, 0, false),
+                LaneState::new(DEFAULT_STREAM, 0, true),
+            ],
+            lane_of,
+            events: HashMap::default(),
+            pins,
+            why: vec![Vec::new(); report.hazards.len()],
+            named: vec![Vec::new(); report.hazards.len()],
+            hazards: report.hazards.clone(),
+            next_hazard: 0,
+            prune_at: 4096,
+            pruned: false,
+            stats: GraphStats::default(),
+        }
+    }
+
+    /// Sizes of the graph.
+    pub fn stats(&self) -> GraphStats {
+        GraphStats {
+            nodes: self.g.node_count(),
+            edges: self.g.edge_count(),
+            lanes: self.lanes.len(),
+            ..self.stats
+        }
+    }
+
+    fn lane(&mut self, name: &Id) -> usize {
+        if let Some(&l) = self.lane_of.get(name) {
+            return l;
+        }
+        let l = self.lanes.len();
+        self.lanes.push(LaneState::new(name.as_str(), 0, false));
+        self.lane_of.insert(name.clone(), l);
+        l
+    }
+
+    fn edge(&mut self, from: Option<u64>, to: u64, kind: EdgeKind, label: Option<&Id>) {
+        let (Some(from), Some(&b)) = (from, self.nodes.get(&to)) else {
+            return;
+        };
+        if let Some(&a) = self.nodes.get(&from) {
+            if a != b {
+                self.g.add_edge(a, b, (kind, label.cloned()));
+            }
+        }
+    }
+
+    /// Takes op `index` of the trace.
+    pub fn add(&mut self, index: u64, op: &TraceOp) {
+        let (lane, label, accesses) = self.describe(op);
+        let node = self.g.add_node(OpNode {
+            op: index,
+            lane,
+            op_name: op.op.name(),
+            label,
+            accesses,
+            site: op.site.as_ref().map(|s| s.to_string()),
+        });
+        self.nodes.insert(index, node);
+        if lane == HOST_LANE {
+            self.host_op(index, &op.op);
+        } else {
+            self.stream_op(index, lane, &op.op);
+        }
+        self.explain_hazards_at(index, op);
+        self.stats.ops = index + 1;
+        self.stats.peak_nodes = self.stats.peak_nodes.max(self.g.node_count());
+        self.stats.peak_edges = self.stats.peak_edges.max(self.g.edge_count());
+        if self.g.node_count() > self.prune_at {
+            self.prune(index);
+        }
+    }
+
+    /// The lane, label and access lines of an op.
+    fn describe(&mut self, op: &TraceOp) -> (usize, String, Vec<String>) {
+        let region = |verb: &str, r: &Region| match r.bytes {
+            Some(b) => format!(
+                "{verb} {}[{}, {})",
+                r.buffer,
+                r.offset,
+                r.offset.saturating_add(b)
+            ),
+            None if r.offset == 0 => format!("{verb} {}", r.buffer),
+            None => format!("{verb} {}[{}, end)", r.buffer, r.offset),
+        };
+        match &op.op {
+            Op::Launch {
+                stream,
+                name,
+                reads,
+                writes,
+            } => {
+                let mut acc: Vec<String> = writes.iter().map(|r| region("writes", r)).collect();
+                acc.extend(reads.iter().map(|r| region("reads", r)));
+                let label = match name {
+                    Some(n) => format!("launch {n}"),
+                    None => "launch".to_string(),
+                };
+                (self.lane(stream), label, acc)
+            }
+            Op::Copy { stream, src, dst } => (
+                self.lane(stream),
+                "copy".into(),
+                vec![region("reads", src), region("writes", dst)],
+            ),
+            Op::Memset { stream, dst } => (
+                self.lane(stream),
+                "memset".into(),
+                vec![region("writes", dst)],
+            ),
+            Op::EventRecord { event, stream } => {
+                (self.lane(stream), format!("record {event}"), vec![])
+            }
+            Op::EventWait { stream, event } => (self.lane(stream), format!("wait {event}"), vec![]),
+            Op::Free {
+                buffer,
+                stream: Some(s),
+            } => (self.lane(s), format!("free {buffer} (async)"), vec![]),
+            Op::Free {
+                buffer,
+                stream: None,
+            } => (HOST_LANE, format!("free {buffer}"), vec![]),
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                ..
+            } => {
+                let on = match (memory, stream) {
+                    (crate::trace::MemoryKind::Device, Some(s)) => format!(" on {s}"),
+                    (crate::trace::MemoryKind::Device, None) => " on default".to_string(),
+                    (m, _) => format!(" ({})", m.as_str()),
+                };
+                (
+                    HOST_LANE,
+                    format!("alloc {buffer}{on}"),
+                    vec![format!("{bytes} bytes")],
+                )
+            }
+            Op::RecordStream { buffer, stream } => {
+                self.lane(stream);
+                (
+                    HOST_LANE,
+                    format!("record_stream({buffer}, {stream})"),
+                    vec![],
+                )
+            }
+            Op::HostRead { buffer } => {
+                (HOST_LANE, "host_read".into(), vec![region("reads", buffer)])
+            }
+            Op::HostWrite { buffer } => (
+                HOST_LANE,
+                "host_write".into(),
+                vec![region("writes", buffer)],
+            ),
+            Op::StreamCreate {
+                stream,
+                device,
+                blocking,
+            } => {
+                let l = self.lane(stream);
+                if l != DEFAULT_LANE && self.lanes[l].last.is_none() {
+                    self.lanes[l].device = *device;
+                    self.lanes[l].blocking = *blocking;
+                }
+                (HOST_LANE, format!("stream_create {stream}"), vec![])
+            }
+            Op::EventCreate { event } => (HOST_LANE, format!("event_create {event}"), vec![]),
+            Op::EventDestroy { event } => (HOST_LANE, format!("event_destroy {event}"), vec![]),
+            Op::EventSync { event } => (HOST_LANE, format!("event_sync {event}"), vec![]),
+            Op::EventQuery { event, complete } => (
+                HOST_LANE,
+                format!(
+                    "event_query {event} ({})",
+                    if *complete { "complete" } else { "busy" }
+                ),
+                vec![],
+            ),
+            Op::StreamSync { stream } => {
+                self.lane(stream);
+                (HOST_LANE, format!("stream_sync {stream}"), vec![])
+            }
+            Op::StreamQuery { stream, complete } => {
+                self.lane(stream);
+                (
+                    HOST_LANE,
+                    format!(
+                        "stream_query {stream} ({})",
+                        if *complete { "complete" } else { "busy" }
+                    ),
+                    vec![],
+                )
+            }
+            Op::DeviceSync { device } => (HOST_LANE, format!("device_sync {device}"), vec![]),
+        }
+    }
+
+    fn is_legacy_partner(&self, lane: usize) -> bool {
+        lane != HOST_LANE
+            && lane != DEFAULT_LANE
+            && self.lanes[lane].blocking
+            && self.lanes[lane].device == 0
+    }
+
+    /// Rules 2, 5 and 3 for an op on a stream lane.
+    fn stream_op(&mut self, i: u64, lane: usize, op: &Op) {
+        let prev = self.lanes[lane].last;
+        self.edge(prev, i, EdgeKind::Stream, None);
+        // Rule 2: the host's work before the issue.
+        let host_last = self.lanes[HOST_LANE].last;
+        if host_last.is_some() && host_last != self.lanes[lane].issued_from {
+            self.edge(host_last, i, EdgeKind::Issue, None);
+            self.lanes[lane].issued_from = host_last;
+        }
+        let host_know = self.lanes[HOST_LANE].know.clone();
+        join(&mut self.lanes[lane].know, &host_know, None, None);
+        // Rule 5: the legacy default stream.
+        let partners: Vec<usize> = if lane == DEFAULT_LANE {
+            (0..self.lanes.len())
+                .filter(|&l| self.is_legacy_partner(l))
+                .collect()
+        } else if self.is_legacy_partner(lane) {
+            vec![DEFAULT_LANE]
+        } else {
+            vec![]
+        };
+        for p in partners {
+            let Some(last) = self.lanes[p].last else {
+                continue;
+            };
+            if self.lanes[lane].legacy_from.get(&p) != Some(&last) {
+                self.edge(Some(last), i, EdgeKind::Legacy, None);
+                self.lanes[lane].legacy_from.insert(p, last);
+            }
+            let mut src = self.lanes[p].know.clone();
+            if src.len() <= p {
+                src.resize(p + 1, Prov::default());
+            }
+            src[p] = Prov {
+                upto: Some(last),
+                via: None,
+                from: None,
+            };
+            join(&mut self.lanes[lane].know, &src, Some(i), Some(last));
+        }
+        match op {
+            Op::EventRecord { event, .. } => {
+                self.set_own(lane, i);
+                self.lanes[lane].last_record = Some((i, event.clone()));
+                let know = self.lanes[lane].know.clone();
+                self.events.insert(event.clone(), Capture { op: i, know });
+            }
+            Op::EventWait { event, .. } => {
+                if let Some(c) = self.events.get(event) {
+                    let (from, know) = (c.op, c.know.clone());
+                    self.edge(Some(from), i, EdgeKind::Event, Some(event));
+                    join(&mut self.lanes[lane].know, &know, Some(i), Some(from));
+                }
+                self.set_own(lane, i);
+            }
+            _ => self.set_own(lane, i),
+        }
+        self.lanes[lane].last = Some(i);
+    }
+
+    fn set_own(&mut self, lane: usize, i: u64) {
+        let know = &mut self.lanes[lane].know;
+        if know.len() <= lane {
+            know.resize(lane + 1, Prov::default());
+        }
+        know[lane] = Prov {
+            upto: Some(i),
+            via: Some(i),
+            from: None,
+        };
+    }
+
+    /// Rule 4 and host order for an op of the host.
+    fn host_op(&mut self, i: u64, op: &Op) {
+        let prev = self.lanes[HOST_LANE].last;
+        self.edge(prev, i, EdgeKind::Host, None);
+        let mut synced: Vec<usize> = Vec::new();
+        match op {
+            Op::HostRead { .. } | Op::HostWrite { .. } => self.set_own(HOST_LANE, i),
+            Op::EventSync { event }
+            | Op::EventQuery {
+                event,
+                complete: true,
+            } => {
+                if let Some(c) = self.events.get(event) {
+                    let (from, know) = (c.op, c.know.clone());
+                    self.edge(Some(from), i, EdgeKind::Event, Some(event));
+                    join(&mut self.lanes[HOST_LANE].know, &know, Some(i), Some(from));
+                }
+            }
+            Op::StreamSync { stream }
+            | Op::StreamQuery {
+                stream,
+                complete: true,
+            } => {
+                let l = self.lane(stream);
+                synced.push(l);
+                if l == DEFAULT_LANE {
+                    synced.extend((0..self.lanes.len()).filter(|&p| self.is_legacy_partner(p)));
+                }
+            }
+            Op::DeviceSync { device } => {
+                synced.extend((1..self.lanes.len()).filter(|&l| self.lanes[l].device == *device));
+            }
+            Op::EventCreate { event } | Op::EventDestroy { event } => {
+                self.events.remove(event);
+            }
+            Op::RecordStream { stream, .. } => {
+                let l = self.lane(stream);
+                let last = self.lanes[l].last;
+                self.edge(last, i, EdgeKind::RecordStream, None);
+            }
+            _ => {}
+        }
+        for l in synced {
+            let Some(last) = self.lanes[l].last else {
+                continue;
+            };
+            self.edge(Some(last), i, EdgeKind::HostSync, None);
+            let src = self.lanes[l].know.clone();
+            join(&mut self.lanes[HOST_LANE].know, &src, Some(i), Some(last));
+        }
+        self.lanes[HOST_LANE].last = Some(i);
+    }
+
+    /// Explains the hazards reported at op `i` (the walk has just taken it).
+    fn explain_hazards_at(&mut self, i: u64, op: &TraceOp) {
+        while let Some(h) = self.hazards.get(self.next_hazard) {
+            if h.op > i {
+                break;
+            }
+            let k = self.next_hazard;
+            self.next_hazard += 1;
+            if h.op < i {
+                continue;
+            }
+            let (why, named) = explain::explain(self, h, op);
+            if k < self.cfg.max_drawn_hazards {
+                self.pins.extend(named.iter().copied());
+            }
+            self.why[k] = why;
+            self.named[k] = named;
+        }
+    }
+
+    /// What `participant` knows, as the hazard's op sees it: its lane's provenance, joined with
+    /// the host's (which every op on a stream and every free joins).
+    fn knowledge(&self, participant: &str) -> Vec<Prov> {
+        let lane = self.lane_of.get(&Id::from(participant)).copied();
+        let mut know = lane.map(|l| self.lanes[l].know.clone()).unwrap_or_default();
+        if lane != Some(HOST_LANE) {
+            join(&mut know, &self.lanes[HOST_LANE].know, None, None);
+        }
+        know
+    }
+
+    fn lane_index(&self, participant: &str) -> Option<usize> {
+        self.lane_of.get(&Id::from(participant)).copied()
+    }
+
+    fn node(&self, op: u64) -> Option<&OpNode> {
+        self.nodes.get(&op).map(|&n| &self.g[n])
+    }
+
+    /// Removes the nodes nothing needs any more.
+    fn prune(&mut self, now: u64) {
+        let mut keep: HashSet<u64> = HashSet::default();
+        for lane in &self.lanes {
+            keep.extend(lane.last);
+            keep.extend(lane.last_record.as_ref().map(|r| r.0));
+            keep.extend(lane.issued_from);
+            for p in &lane.know {
+                keep.extend(p.via);
+                keep.extend(p.from);
+            }
+        }
+        for c in self.events.values() {
+            keep.insert(c.op);
+            for p in &c.know {
+                keep.extend(p.via);
+                keep.extend(p.from);
+            }
+        }
+        let horizon = now.saturating_sub(self.cfg.window);
+        let gone: Vec<(u64, NodeIndex)> = self
+            .nodes
+            .iter()
+            .filter(|(op, _)| **op < horizon && !keep.contains(op) && !self.pins.contains(op))
+            .map(|(&op, &n)| (op, n))
+            .collect();
+        if !gone.is_empty() {
+            self.pruned = true;
+        }
+        for (op, n) in gone {
+            self.g.remove_node(n);
+            self.nodes.remove(&op);
+        }
+        self.prune_at = (2 * self.g.node_count()).max(4096);
+    }
+
+    /// Whether op `a` happens before op `b` through the kept graph: a path of happens-before
+    /// edges (all but `record_stream`'s) from one to the other (`None` if either is not kept). Allocations and frees are the host's nodes
+    /// here, as the host issues them.
+    pub fn reaches(&self, a: u64, b: u64) -> Option<bool> {
+        let (&x, &y) = (self.nodes.get(&a)?, self.nodes.get(&b)?);
+        // record_stream orders the allocator's reuse, nothing else.
+        let hb = petgraph::visit::EdgeFiltered::from_fn(&self.g, |e| {
+            e.weight().0 != EdgeKind::RecordStream
+        });
+        Some(petgraph::algo::has_path_connecting(&hb, x, y, None))
+    }
+
+    /// The explanations, one list of lines per hazard of the report, in report order.
+    pub fn explanations(&self) -> &[Vec<String>] {
+        &self.why
+    }
+
+    /// Ends the walk: the report's hazards with their explanations (in `detail.why`), and the
+    /// picture of the graph around them.
+    pub fn finish(self, report: &mut Report, title: &str) -> Picture {
+        for (h, why) in report.hazards.iter_mut().zip(&self.why) {
+            h.detail.why = why.clone();
+        }
+        self.picture(report, title)
+    }
+
+    fn picture(&self, report: &Report, title: &str) -> Picture {
+        let drawn_hazards = report.hazards.len().min(self.cfg.max_drawn_hazards);
+        let whole = !self.pruned && self.stats.ops <= self.cfg.draw_whole;
+        let mut drawn: BTreeSet<u64> = BTreeSet::new();
+        if whole {
+            drawn.extend(self.nodes.keys().copied());
+        } else {
+            for (k, h) in report.hazards.iter().take(drawn_hazards).enumerate() {
+                drawn.insert(h.op);
+                drawn.extend(h.conflicts.iter().map(|c| c.op));
+                drawn.extend(h.free.as_ref().map(|f| f.op));
+                drawn.extend(self.named[k].iter().copied());
+            }
+            drawn.retain(|op| self.nodes.contains_key(op));
+        }
+        let mut lanes_used: BTreeSet<usize> = drawn
+            .iter()
+            .filter_map(|op| self.node(*op).map(|n| n.lane))
+            .collect();
+        lanes_used.insert(HOST_LANE);
+        let lane_pos: HashMap<usize, usize> = lanes_used
+            .iter()
+            .enumerate()
+            .map(|(pos, &l)| (l, pos))
+            .collect();
+        let lanes = lanes_used
+            .iter()
+            .map(|&l| {
+                let s = &self.lanes[l];
+                let description = if l == HOST_LANE {
+                    "the host".to_string()
+                } else if l == DEFAULT_LANE {
+                    "legacy default stream, device 0".to_string()
+                } else {
+                    format!(
+                        "stream, device {}, {}",
+                        s.device,
+                        if s.blocking {
+                            "blocking"
+                        } else {
+                            "non-blocking"
+                        }
+                    )
+                };
+                Lane {
+                    name: s.name.clone(),
+                    description,
+                }
+            })
+            .collect();
+        let mut nodes: Vec<Node> = Vec::new();
+        for &op in &drawn {
+            let Some(n) = self.node(op) else { continue };
+            let hazards: Vec<usize> = (0..drawn_hazards)
+                .filter(|&k| report.hazards[k].op == op)
+                .collect();
+            let conflicts: Vec<usize> = (0..drawn_hazards)
+                .filter(|&k| report.hazards[k].conflicts.iter().any(|c| c.op == op))
+                .collect();
+            let role = if !hazards.is_empty() {
+                Role::Hazard
+            } else if !conflicts.is_empty() {
+                Role::Conflict
+            } else {
+                Role::Context
+            };
+            nodes.push(Node {
+                op,
+                lane: lane_pos.get(&n.lane).copied().unwrap_or(0),
+                op_name: n.op_name,
+                label: n.label.clone(),
+                accesses: n.accesses.clone(),
+                site: n.site.clone(),
+                role,
+                hazards,
+                conflicts,
+            });
+        }
+        // Edges of the graph between drawn ops; where a lane's consecutive drawn ops have none,
+        // an elided edge stands for the ops between them.
+        let mut edges: Vec<Edge> = Vec::new();
+        let mut linked: HashSet<(u64, u64)> = HashSet::default();
+        for &op in &drawn {
+            let Some(&n) = self.nodes.get(&op) else {
+                continue;
+            };
+            for e in self.g.edges_directed(n, Direction::Incoming) {
+                let from = self.g[e.source()].op;
+                if !drawn.contains(&from) {
+                    continue;
+                }
+                let (kind, label) = e.weight();
+                linked.insert((from, op));
+                edges.push(Edge {
+                    from,
+                    to: op,
+                    kind: *kind,
+                    label: label.as_ref().map(|l| l.to_string()),
+                    hazards: vec![],
+                });
+            }
+        }
+        let mut last_on_lane: HashMap<usize, u64> = HashMap::default();
+        for &op in &drawn {
+            let Some(n) = self.node(op) else { continue };
+            if let Some(prev) = last_on_lane.insert(n.lane, op) {
+                if !linked.contains(&(prev, op)) {
+                    edges.push(Edge {
+                        from: prev,
+                        to: op,
+                        kind: EdgeKind::Elided,
+                        label: None,
+                        hazards: vec![],
+                    });
+                }
+            }
+        }
+        // The missing edges: from each participant's latest conflicting op to the hazard's op.
+        let mut missing: Vec<Edge> = Vec::new();
+        for (k, h) in report.hazards.iter().take(drawn_hazards).enumerate() {
+            for (_, from) in latest_by_participant(h) {
+                if !drawn.contains(&from) || !drawn.contains(&h.op) {
+                    continue;
+                }
+                match missing.iter_mut().find(|e| e.from == from && e.to == h.op) {
+                    Some(e) => e.hazards.push(k),
+                    None => missing.push(Edge {
+                        from,
+                        to: h.op,
+                        kind: EdgeKind::Missing,
+                        label: None,
+                        hazards: vec![k],
+                    }),
+                }
+            }
+        }
+        edges.extend(missing);
+        edges.sort_by_key(|e| (e.to, e.from, e.kind));
+        let hazards = report
+            .hazards
+            .iter()
+            .enumerate()
+            .map(|(k, h)| PictureHazard {
+                kind: h.kind,
+                severity: h.severity,
+                op: h.op,
+                buffer: h.buffer.clone(),
+                title: crate::report::title(h),
+                why: self.why.get(k).cloned().unwrap_or_default(),
+                fix: h.fix.clone(),
+                conflicts: h.conflicts.iter().map(|c| c.op).collect(),
+            })
+            .collect();
+        Picture {
+            title: title.to_string(),
+            ops: self.stats.ops,
+            lanes,
+            elided: self.stats.ops.saturating_sub(nodes.len() as u64),
+            nodes,
+            edges,
+            hazards,
+        }
+    }
+}
+
+/// The latest conflicting op of each earlier participant of a hazard, by participant name.
+fn latest_by_participant(h: &Hazard) -> Vec<(&str, u64)> {
+    let mut v: Vec<(&str, u64)> = Vec::new();
+    for c in &h.conflicts {
+        match v.iter_mut().find(|(p, _)| *p == c.participant) {
+            Some(e) => e.1 = e.1.max(c.op),
+            None => v.push((&c.participant, c.op)),
+        }
+    }
+    v.sort();
+    v
+}
+
+/// A verb for an access kind, for explanations.
+fn did(kind: AccessKind) -> &'static str {
+    match kind {
+        AccessKind::Read => "read",
+        AccessKind::Write => "wrote",
+        AccessKind::Alloc => "was handed",
+        AccessKind::Free => "freed",
+    }
+}
+
+/// Builds the graph of a program held in memory, explains its report's hazards and draws it.
+pub fn explain_program(program: &[TraceOp], report: &mut Report, title: &str) -> Picture {
+    let mut g = DepGraph::new(report, GraphConfig::default());
+    for (i, op) in program.iter().enumerate() {
+        g.add(i as u64, op);
+    }
+    g.finish(report, title)
+}
+
+/// Shared by [`explain`]: the label of a kept op.
+fn op_label(g: &DepGraph, op: u64) -> Option<Arc<str>> {
+    g.node(op).map(|n| Arc::from(n.label.as_str()))
+}

@@ -12,6 +12,7 @@ mod sarif;
 mod text;
 
 pub use sarif::{render_sarif, SarifOptions};
+pub(crate) use text::title;
 pub use text::{render_hazard, render_text, TextOptions};
 
 /// The kinds of hazard, in the order reports sort them.
@@ -257,6 +258,9 @@ pub struct Detail {
     pub participant: String,
     /// Notes: the allocation, the free, the reuse.
     pub notes: Vec<OpNote>,
+    /// Why the hazard happened: the conflicting accesses, the last synchronization each side
+    /// had, the missing edge. Filled by the dependency graph ([`crate::graph`]); empty otherwise.
+    pub why: Vec<String>,
 }
 
 impl Hazard {

@@ -1,7 +1,8 @@
 //! Text reports in the style of rustc and Miri diagnostics: a title naming both operations and
 //! their participants, the hazard's own op as the primary location, the conflicting accesses,
-//! `help:` with the missing synchronization in CUDA and PyTorch terms, and `note:`s with the
-//! allocation and free.
+//! `note:`s with the allocation and free, `why:` (when the dependency graph explained it: the
+//! last synchronization each side had, the missing edge), and `help:` with the missing
+//! synchronization in CUDA and PyTorch terms.
 
 use std::fmt::Write as _;
 
@@ -270,6 +271,12 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
             n.what,
             n.op
         );
+    }
+    if !h.detail.why.is_empty() {
+        let _ = writeln!(s, "{}:", p.bold("why"));
+        for line in &h.detail.why {
+            let _ = writeln!(s, "  - {line}");
+        }
     }
     if let Some(f) = &h.fix {
         let _ = writeln!(s, "{}: {f}", p.help("help"));

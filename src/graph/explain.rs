@@ -1,0 +1,133 @@
+//! Explanations: for a hazard, the conflicting accesses, the last synchronization each side did
+//! have, and the edge that is missing.
+
+use super::{did, latest_by_participant, op_label, DepGraph, Prov};
+use crate::report::{AccessKind, Hazard, HazardKind};
+use crate::trace::{Op, TraceOp, HOST};
+
+fn who(participant: &str) -> String {
+    if participant == HOST {
+        "the host".to_string()
+    } else {
+        format!("stream {participant}")
+    }
+}
+
+/// What a provenance's synchronization op was, in words.
+fn describe(g: &DepGraph, p: Prov, later: &str) -> String {
+    let Some(via) = p.via else {
+        return "an earlier synchronization".to_string();
+    };
+    let label = op_label(g, via);
+    let name = g.node(via).map(|n| n.op_name).unwrap_or("");
+    let label = label.as_deref().unwrap_or(name);
+    let host_op = g.node(via).is_some_and(|n| n.lane == super::HOST_LANE);
+    let whose = if host_op && later != HOST {
+        "the host's "
+    } else {
+        ""
+    };
+    match (name, p.from) {
+        ("event_wait" | "event_sync" | "event_query", Some(from)) => {
+            format!("{whose}`{label}` at op {via} (the event was recorded at op {from})")
+        }
+        ("stream_sync" | "stream_query" | "device_sync", Some(from)) => {
+            format!("{whose}`{label}` at op {via} (which waited for op {from})")
+        }
+        ("launch" | "copy" | "memset" | "event_record" | "free", Some(from)) => {
+            format!("the legacy default stream's implicit wait at op {via} (for op {from})")
+        }
+        _ => format!("{whose}`{label}` at op {via}"),
+    }
+}
+
+/// The explanation of hazard `h`, whose op `op` the graph has just taken: lines of text, and the
+/// ops they name (to draw with the hazard).
+pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, Vec<u64>) {
+    let (mut why, mut named) = (Vec::new(), Vec::new());
+    if !matches!(
+        h.kind,
+        HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree
+    ) {
+        return (why, named);
+    }
+    let Some(access) = &h.access else {
+        return (why, named);
+    };
+    let later = access.participant.as_str();
+    let b = h.op;
+    let know = g.knowledge(later);
+    let latest = latest_by_participant(h);
+    for &(p, a) in &latest {
+        let Some(c) = h.conflicts.iter().find(|c| c.participant == p && c.op == a) else {
+            continue;
+        };
+        let lane = g.lane_index(p);
+        let prov = lane.and_then(|l| know.get(l).copied()).unwrap_or_default();
+        // The earlier side: what it did, and whether it recorded an event after it.
+        let mut line = if c.access == AccessKind::Alloc {
+            format!(
+                "{} {} at op {a}, which counts as a use on {p}",
+                c.buffer,
+                did(c.access).replace("was handed", "was allocated")
+            )
+        } else {
+            format!("{} {} {} at op {a}", who(p), did(c.access), c.buffer)
+        };
+        let record = lane.and_then(|l| g.lanes[l].last_record.clone());
+        match record {
+            Some((r, event)) if r > a && prov.upto.is_none_or(|u| u < r) => {
+                named.push(r);
+                line.push_str(&format!(
+                    "; {p} recorded event {event} after it, at op {r}, but {} did not wait on that record",
+                    who(later)
+                ));
+            }
+            _ if p != HOST => line.push_str(&format!("; {p} recorded no event after it")),
+            _ => {}
+        }
+        why.push(line);
+        // The later side: its latest synchronization with the earlier participant.
+        match prov.upto {
+            None => why.push(format!(
+                "{} has no synchronization with {p} before op {b}",
+                who(later)
+            )),
+            Some(upto) => {
+                named.extend(prov.via);
+                named.extend(prov.from);
+                why.push(format!(
+                    "{}'s latest synchronization with {p} is {}: it orders {p}'s ops up to op {upto} before op {b}, not op {a}",
+                    who(later),
+                    describe(g, prov, later)
+                ));
+            }
+        }
+    }
+    if h.kind == HazardKind::UnsafeFree && matches!(&op.op, Op::Free { stream: None, .. }) {
+        let streams: Vec<&str> = latest
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| *p != HOST && *p != later)
+            .collect();
+        if later != HOST && !streams.is_empty() {
+            why.push(format!(
+                "no record_stream({}, {}) before the free: the caching allocator may hand its memory to the next allocation on {later} while that work runs",
+                h.buffer.as_deref().unwrap_or("?"),
+                streams.join(", ")
+            ));
+        }
+    }
+    let edges: Vec<String> = latest
+        .iter()
+        .map(|(p, a)| format!("{p} op {a} → {later} op {b}"))
+        .collect();
+    why.push(format!(
+        "missing edge{}: {}",
+        if edges.len() == 1 { "" } else { "s" },
+        edges.join(", ")
+    ));
+    named.sort_unstable();
+    named.dedup();
+    (why, named)
+}

@@ -1,0 +1,212 @@
+//! The stream-dependency graph: its edges against the checker's verdicts, its explanations, and
+//! its memory on long traces.
+
+use proptest::prelude::*;
+use streamsan::fuzz::gen::{arb_program, GenConfig};
+use streamsan::graph::{DepGraph, GraphConfig};
+use streamsan::report::{AccessKind, HazardKind};
+use streamsan::trace::{parse_line, Op, TraceOp, HOST};
+use streamsan::workload::Pipeline;
+use streamsan::Checker;
+
+fn program(text: &str) -> Vec<TraceOp> {
+    text.lines()
+        .filter_map(|l| parse_line(l).expect("valid test trace").map(|(op, _)| op))
+        .collect()
+}
+
+fn check(ops: &[TraceOp]) -> streamsan::Report {
+    let mut c = Checker::new();
+    for op in ops {
+        c.check(op).expect("valid input");
+    }
+    c.finish()
+}
+
+fn whole(ops: &[TraceOp], report: &streamsan::Report) -> DepGraph {
+    let cfg = GraphConfig {
+        window: u64::MAX,
+        ..GraphConfig::default()
+    };
+    let mut g = DepGraph::new(report, cfg);
+    for (i, op) in ops.iter().enumerate() {
+        g.add(i as u64, op);
+    }
+    g
+}
+
+#[test]
+fn explains_a_stale_event_and_a_host_sync() {
+    let ops = program(
+        r#"{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}
+{"op":"launch","stream":"s1","name":"a","writes":["x"]}
+{"op":"event_record","event":"e","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"e"}
+{"op":"launch","stream":"s1","name":"b","writes":["x"]}
+{"op":"event_record","event":"e2","stream":"s1"}
+{"op":"launch","stream":"s2","name":"c","reads":["x"]}
+{"op":"stream_sync","stream":"s1"}
+{"op":"launch","stream":"s3","name":"d","reads":["x"]}
+{"op":"launch","stream":"s1","name":"e","writes":["x"]}
+{"op":"launch","stream":"s3","name":"f","reads":["x"]}"#,
+    );
+    let mut report = check(&ops);
+    let picture = streamsan::graph::explain_program(&ops, &mut report, "t");
+    let why: Vec<&[String]> = report.hazards.iter().map(|h| &h.detail.why[..]).collect();
+    assert_eq!(
+        why[0],
+        [
+            "stream s1 wrote x at op 4; s1 recorded event e2 after it, at op 5, but stream s2 did not wait on that record",
+            "stream s2's latest synchronization with s1 is `wait e` at op 3 (the event was recorded at op 2): it orders s1's ops up to op 2 before op 6, not op 4",
+            "missing edge: s1 op 4 → s2 op 6",
+        ]
+    );
+    assert_eq!(
+        why[2],
+        [
+            "stream s1 wrote x at op 9; s1 recorded no event after it",
+            "stream s3's latest synchronization with s1 is the host's `stream_sync s1` at op 7 (which waited for op 5): it orders s1's ops up to op 5 before op 10, not op 9",
+            "missing edge: s1 op 9 → s3 op 10",
+        ]
+    );
+    assert_eq!(
+        why[1].last().map(String::as_str),
+        Some("missing edges: s2 op 6 → s1 op 9, s3 op 8 → s1 op 9")
+    );
+    // The picture: every op (a short trace is drawn whole), lanes host, s1, s2, s3, and one
+    // missing edge per earlier participant of each hazard.
+    assert_eq!(picture.nodes.len(), ops.len());
+    let lanes: Vec<&str> = picture.lanes.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(lanes, ["host", "s1", "s2", "s3"]);
+    let missing: Vec<(u64, u64)> = picture
+        .edges
+        .iter()
+        .filter(|e| e.kind == streamsan::graph::EdgeKind::Missing)
+        .map(|e| (e.from, e.to))
+        .collect();
+    assert_eq!(missing, [(4, 6), (6, 9), (8, 9), (9, 10)]);
+    let event: Vec<(u64, u64)> = picture
+        .edges
+        .iter()
+        .filter(|e| e.kind == streamsan::graph::EdgeKind::Event)
+        .map(|e| (e.from, e.to))
+        .collect();
+    assert_eq!(event, [(2, 3)]);
+}
+
+/// The participant (lane) of an op, as the graph places it.
+fn lane_of(op: &Op) -> &str {
+    match op {
+        Op::Launch { stream, .. }
+        | Op::Copy { stream, .. }
+        | Op::Memset { stream, .. }
+        | Op::EventRecord { stream, .. }
+        | Op::EventWait { stream, .. }
+        | Op::Free {
+            stream: Some(stream),
+            ..
+        } => stream.as_str(),
+        _ => HOST,
+    }
+}
+
+/// The numbers after "up to op " and ", not op " in an explanation line.
+fn bounds(line: &str) -> Option<(u64, u64)> {
+    let upto = line
+        .split("up to op ")
+        .nth(1)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    let a = line.split(", not op ").nth(1)?.parse().ok()?;
+    Some((upto, a))
+}
+
+fn config() -> GenConfig {
+    GenConfig {
+        ops: 40,
+        missing_sync: 0.3,
+        ..GenConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// For every race the checker reports: no path in the graph leads from a conflicting access
+    /// to the racing op; the explanation's "latest synchronization" names an op of the earlier
+    /// participant that does reach it, and no later op of that participant up to the conflict
+    /// does. Every race is explained and ends with its missing edges.
+    #[test]
+    fn explanations_agree_with_the_graph_and_the_checker(program in arb_program(config())) {
+        let ops = &program.ops;
+        let report = check(ops);
+        let g = whole(ops, &report);
+        for (h, why) in report.hazards.iter().zip(g.explanations()) {
+            if !matches!(h.kind, HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree) {
+                prop_assert!(why.is_empty());
+                continue;
+            }
+            prop_assert!(why.last().is_some_and(|l| l.starts_with("missing edge")), "{:?}", why);
+            if h.kind == HazardKind::UnsafeFree {
+                continue;
+            }
+            let b = h.op;
+            for c in h.conflicts.iter().filter(|c| c.access != AccessKind::Alloc) {
+                prop_assert_eq!(g.reaches(c.op, b), Some(false), "op {} reaches op {}\n{}", c.op, b, program);
+            }
+            for line in why {
+                let Some((upto, a)) = bounds(line) else { continue };
+                prop_assert!(upto < a, "{}", line);
+                prop_assert_eq!(g.reaches(upto, b), Some(true), "{}\n{}", line, program);
+                let p = lane_of(&ops[upto as usize].op);
+                for j in upto + 1..=a {
+                    if lane_of(&ops[j as usize].op) == p {
+                        prop_assert_eq!(g.reaches(j, b), Some(false), "op {} of {} reaches op {}: {}\n{}", j, p, b, line, program);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A long pipeline with a wait left out now and then: the graph keeps a bounded neighbourhood,
+/// whatever the trace's length.
+#[test]
+fn memory_stays_bounded_on_long_traces() {
+    let peak = |n: u64| {
+        let mut ops = Vec::new();
+        let mut waits = 0u64;
+        Pipeline {
+            ops: n,
+            streams: 8,
+            buffers: 1_000,
+            seed: 1,
+        }
+        .generate(|op| {
+            if matches!(op.op, Op::EventWait { .. }) {
+                waits += 1;
+                if waits % 2_000 == 0 {
+                    return;
+                }
+            }
+            ops.push(op);
+        });
+        let report = check(&ops);
+        assert!(report.errors > 0, "the left-out waits make hazards");
+        let mut g = DepGraph::new(&report, GraphConfig::default());
+        for (i, op) in ops.iter().enumerate() {
+            g.add(i as u64, op);
+        }
+        let stats = g.stats();
+        assert_eq!(stats.ops, ops.len() as u64);
+        stats.peak_nodes
+    };
+    let (short, long) = (peak(50_000), peak(200_000));
+    assert!(long < 20_000, "peak {long} nodes for 200,000 ops");
+    assert!(
+        long <= short * 2,
+        "peak grows with the trace: {short} → {long}"
+    );
+}
