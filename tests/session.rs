@@ -523,6 +523,17 @@ fn legacy_default_stream(s: Session) -> Result {
     assert_eq!(kinds(&report), vec![HazardKind::DataRace]);
     assert_eq!(report.hazards[0].op, racy);
     assert!(legacy < racy);
+    // The report explains the race from the recorded trace.
+    let why = &report.hazards[0].detail.why;
+    assert!(
+        why.iter()
+            .any(|l| l.contains("has no synchronization with")),
+        "{why:?}"
+    );
+    assert_eq!(
+        why.last().map(|l| l.starts_with("missing edge: ")),
+        Some(true)
+    );
     Ok(())
 }
 on_both!(legacy_default_stream);

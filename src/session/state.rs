@@ -1057,6 +1057,13 @@ impl Shared {
         if let Some(e) = worker.error {
             return Err(SessionError::Check(e));
         }
-        Ok(worker.checker.finish())
+        let mut report = worker.checker.finish();
+        if let Some(trace) = worker.trace.as_deref() {
+            if !report.hazards.is_empty() {
+                // Explain the hazards (the text report's `why:`) from the recorded trace.
+                crate::graph::explain_program(trace, &mut report, "session");
+            }
+        }
+        Ok(report)
     }
 }
