@@ -358,7 +358,7 @@ impl<R: BufRead> TraceReader<R> {
     ///
     /// Blank and comment lines are skipped. The op's index is `ops_read() - 1` after the call. A
     /// read error is reported as a [`ParseError`] at column 1 of the line being read.
-    #[inline]
+    #[inline(always)]
     pub fn next_op(&mut self) -> Result<Option<(TraceOp, &Spans)>, ParseError> {
         loop {
             let available = match self.reader.fill_buf() {
