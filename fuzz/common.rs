@@ -659,3 +659,50 @@ pub fn check_checker_oracle(data: &[u8]) {
     assert_eq!(back, ops, "a decoded program does not read back unchanged");
     compare_program(&ops);
 }
+
+// ---------------------------------------------------------------------------------------------
+// fix
+
+/// The bytes are decoded ([`decode_program`]) into a small well-formed program, which
+/// `fix_program` fixes: the fixed program has no data-race, reuse-race or unsafe-free, keeps
+/// every original op in order, and inserts at most two ops per hazard fixed. The dependency
+/// graph explains every race of the original, ending with its missing edge.
+pub fn check_fix(data: &[u8]) {
+    use streamsan::fix::{fix_program, is_fixable};
+    let ops = decode_program(data);
+    let Ok(f) = fix_program(&ops) else {
+        // Decoded programs may be bad input for the checker; nothing to fix then.
+        return;
+    };
+    let text = to_jsonl(&ops);
+    let left: Vec<(u64, HazardKind)> = f
+        .after
+        .hazards
+        .iter()
+        .filter(|h| is_fixable(h.kind))
+        .map(|h| (h.op, h.kind))
+        .collect();
+    assert!(left.is_empty(), "fix left {left:?}\n{text}");
+    let kept: Vec<&TraceOp> = f
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !f.inserted_at.contains(i))
+        .map(|(_, op)| op)
+        .collect();
+    assert!(
+        kept.len() == ops.len() && kept.iter().zip(&ops).all(|(a, b)| *a == b),
+        "fix lost or moved an op\n{text}"
+    );
+    assert!(f.summary.inserted <= 2 * f.summary.fixed, "{:?}\n{text}", f.summary);
+    let mut report = f.before.clone();
+    streamsan::graph::explain_program(&ops, &mut report, "decoded");
+    for h in report.hazards.iter().filter(|h| is_fixable(h.kind)) {
+        assert!(
+            h.detail.why.last().is_some_and(|l| l.starts_with("missing edge")),
+            "unexplained {} at op {}\n{text}",
+            h.kind,
+            h.op
+        );
+    }
+}

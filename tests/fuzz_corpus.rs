@@ -21,10 +21,11 @@ use streamsan::workload::SplitMix;
 type Check = fn(&[u8]);
 
 /// The fuzz targets and their checks.
-const TARGETS: [(&str, Check); 3] = [
+const TARGETS: [(&str, Check); 4] = [
     ("parse_line", common::check_parse_line),
     ("trace_reader", common::check_trace_reader),
     ("checker_oracle", common::check_checker_oracle),
+    ("fix", common::check_fix),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -86,8 +87,8 @@ fn crash_files_pass_their_checks() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// Random bytes decode to programs the checker and the oracle agree on (a small, deterministic
-/// taste of the `checker_oracle` fuzzer).
+/// Random bytes decode to programs the checker and the oracle agree on, and that `fix` fixes (a
+/// small, deterministic taste of the `checker_oracle` and `fix` fuzzers).
 #[test]
 fn random_decoded_programs_agree() {
     let mut rng = SplitMix::new(0x5eed_f022);
@@ -98,6 +99,7 @@ fn random_decoded_programs_agree() {
         let program = common::decode_program(&data);
         ops += program.len();
         common::check_checker_oracle(&data);
+        common::check_fix(&data);
     }
     println!("1500 decoded programs, {ops} ops");
 }
