@@ -2,5 +2,7 @@
 //! hazards, and pictures of them.
 
 pub mod picture;
+pub mod render;
 
 pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, Role};
+pub use render::{render_dot, render_html};
