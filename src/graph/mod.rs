@@ -31,8 +31,10 @@ use crate::trace::{Id, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
 mod explain;
 pub mod picture;
+pub mod render;
 
 pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, Role};
+pub use render::{render_dot, render_html};
 
 /// Knobs of the graph.
 #[derive(Clone, Debug)]
