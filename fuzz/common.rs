@@ -694,12 +694,19 @@ pub fn check_fix(data: &[u8]) {
         kept.len() == ops.len() && kept.iter().zip(&ops).all(|(a, b)| *a == b),
         "fix lost or moved an op\n{text}"
     );
-    assert!(f.summary.inserted <= 2 * f.summary.fixed, "{:?}\n{text}", f.summary);
+    assert!(
+        f.summary.inserted <= 2 * f.summary.fixed,
+        "{:?}\n{text}",
+        f.summary
+    );
     let mut report = f.before.clone();
     streamsan::graph::explain_program(&ops, &mut report, "decoded");
     for h in report.hazards.iter().filter(|h| is_fixable(h.kind)) {
         assert!(
-            h.detail.why.last().is_some_and(|l| l.starts_with("missing edge")),
+            h.detail
+                .why
+                .last()
+                .is_some_and(|l| l.starts_with("missing edge")),
             "unexplained {} at op {}\n{text}",
             h.kind,
             h.op

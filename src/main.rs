@@ -31,13 +31,16 @@ enum Command {
     /// Examples:
     ///   streamsan check examples/traces/reuse-without-record-stream.jsonl
     ///   streamsan check --format json trace.jsonl > report.json
+    ///   streamsan check --format html -o report.html trace.jsonl
+    ///   streamsan check --format dot trace.jsonl | dot -Tsvg > graph.svg
+    ///   streamsan check --format sarif -o streamsan.sarif trace.jsonl
     ///   my-recorder | streamsan check -
     #[command(verbatim_doc_comment)]
     Check {
         /// The trace file, or `-` for standard input.
         file: PathBuf,
         /// Report format: rustc-style text with explanations, the JSON report of the trace
-        /// format, SARIF for code scanning.
+        /// format, SARIF for code scanning, or a picture of the streams (dot, html).
         #[arg(long, value_enum, default_value_t = Format::Text)]
         format: Format,
         /// When to colour text reports.
@@ -185,6 +188,11 @@ enum Format {
     Json,
     /// SARIF 2.1.0, for code-scanning tools: hazards at their file:line sites.
     Sarif,
+    /// Graphviz DOT of the stream-dependency graph around the hazards (`| dot -Tsvg`).
+    Dot,
+    /// One self-contained HTML page: streams as lanes, sync edges, each hazard's missing edge
+    /// dashed, and the hazard list with its explanations.
+    Html,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -353,7 +361,7 @@ fn check(
     let bar = progress(len);
     // Text, dot and html walk the trace a second time to explain the hazards; standard input is
     // kept in a temporary file for that.
-    let explains = matches!(format, Format::Text);
+    let explains = matches!(format, Format::Text | Format::Dot | Format::Html);
     let mut spool = None;
     let input: Box<dyn BufRead> = if explains && file.as_os_str() == "-" {
         let s = Spool::create()?;
@@ -393,7 +401,7 @@ fn check(
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
-    let _picture = if explains && (!report.hazards.is_empty() || format != Format::Text) {
+    let picture = if explains && (!report.hazards.is_empty() || format != Format::Text) {
         let source = match &spool {
             Some(s) => Source::File(s.path.clone()),
             None => Source::File(file.clone()),
@@ -405,6 +413,11 @@ fn check(
     let mut out = create_output(output)?;
     let text = match format {
         Format::Json => report.to_json() + "\n",
+        Format::Dot | Format::Html => match picture.as_ref() {
+            Some(p) if format == Format::Dot => streamsan::graph::render_dot(p),
+            Some(p) => streamsan::graph::render_html(p),
+            None => String::new(),
+        },
         Format::Sarif => {
             let trace = (file.as_os_str() != "-").then(|| name.clone());
             streamsan::report::render_sarif(&report, &streamsan::report::SarifOptions { trace })
