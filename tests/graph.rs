@@ -96,18 +96,7 @@ fn explains_a_stale_event_and_a_host_sync() {
 
 /// The participant (lane) of an op, as the graph places it.
 fn lane_of(op: &Op) -> &str {
-    match op {
-        Op::Launch { stream, .. }
-        | Op::Copy { stream, .. }
-        | Op::Memset { stream, .. }
-        | Op::EventRecord { stream, .. }
-        | Op::EventWait { stream, .. }
-        | Op::Free {
-            stream: Some(stream),
-            ..
-        } => stream.as_str(),
-        _ => HOST,
-    }
+    op.on_stream().map_or(HOST, |s| s.as_str())
 }
 
 /// The numbers after "up to op " and ", not op " in an explanation line.

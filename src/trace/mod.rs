@@ -333,6 +333,23 @@ impl Op {
         }
     }
 
+    /// The stream of an op on a stream (rule 1 of the trace format: `launch`, `copy`, `memset`,
+    /// `event_record`, `event_wait` and a stream-ordered `free`); `None` for the host's ops.
+    pub fn on_stream(&self) -> Option<&Id> {
+        match self {
+            Op::Launch { stream, .. }
+            | Op::Copy { stream, .. }
+            | Op::Memset { stream, .. }
+            | Op::EventRecord { stream, .. }
+            | Op::EventWait { stream, .. }
+            | Op::Free {
+                stream: Some(stream),
+                ..
+            } => Some(stream),
+            _ => None,
+        }
+    }
+
     /// The event an event op names.
     pub fn event(&self) -> Option<&Id> {
         match self {
