@@ -37,6 +37,20 @@ pub fn is_fixable(kind: HazardKind) -> bool {
     )
 }
 
+/// `text` with control characters (a newline in an id) escaped, to fit on one comment line.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
+}
+
 /// What was inserted before one op of the original trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Insertion {
@@ -252,11 +266,19 @@ impl Fixer {
                 .iter()
                 .map(|&device| with_site(Op::DeviceSync { device }))
                 .collect();
-            (ops, "the host waits for the device".to_string())
+            let list: Vec<String> = devices.iter().map(|d| d.to_string()).collect();
+            let how = if list.len() == 1 {
+                format!("the host waits for device {}", list[0])
+            } else {
+                format!("the host waits for devices {}", list.join(", "))
+            };
+            (ops, how)
         };
         Insertion {
             before: index,
-            comment: format!("streamsan fix for op {index} of the original trace ({what}): {how}"),
+            comment: one_line(&format!(
+                "streamsan fix for op {index} of the original trace ({what}): {how}"
+            )),
             hazards,
             ops,
         }

@@ -359,18 +359,26 @@ fn check(
 ) -> Result<u8, String> {
     let (input, name, len, count) = open_input(file)?;
     let bar = progress(len);
-    // Text, dot and html walk the trace a second time to explain the hazards; standard input is
-    // kept in a temporary file for that.
+    // Text, dot and html walk the trace a second time to explain the hazards; what cannot be
+    // read twice (standard input, a pipe) is kept in a temporary file for that.
     let explains = matches!(format, Format::Text | Format::Dot | Format::Html);
     let mut spool = None;
-    let input: Box<dyn BufRead> = if explains && file.as_os_str() == "-" {
-        let s = Spool::create()?;
-        let tee = Tee {
-            inner: input,
-            copy: io::BufWriter::new(s.file()?),
-        };
-        spool = Some(s);
-        Box::new(BufReader::with_capacity(1 << 16, tee))
+    let input: Box<dyn BufRead> = if explains && !rereadable(file) {
+        match Spool::create() {
+            Ok((s, f)) => {
+                let tee = Tee {
+                    inner: input,
+                    copy: Some(io::BufWriter::new(f)),
+                    failed: s.failed.clone(),
+                };
+                spool = Some(s);
+                Box::new(BufReader::with_capacity(1 << 16, tee))
+            }
+            Err(e) => {
+                eprintln!("streamsan: {e}; the report will not explain its hazards");
+                input
+            }
+        }
     } else {
         input
     };
@@ -401,15 +409,33 @@ fn check(
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
-    let picture = if explains && (!report.hazards.is_empty() || format != Format::Text) {
-        let source = match &spool {
-            Some(s) => Source::File(s.path.clone()),
-            None => Source::File(file.clone()),
-        };
-        Some(explain(&source, &name, &mut report, len)?)
-    } else {
-        None
+    let source = match &spool {
+        Some(s) if !s.failed.get() => Some(Source::File(s.path.clone())),
+        Some(_) => None,
+        None if explains && rereadable(file) => Some(Source::File(file.clone())),
+        None => None,
     };
+    if spool.as_ref().is_some_and(|s| s.failed.get()) {
+        eprintln!(
+            "streamsan: cannot keep a copy of the input; the report will not explain its hazards"
+        );
+    }
+    let wants_graph = explains && (!report.hazards.is_empty() || format != Format::Text);
+    let picture = match source.filter(|_| wants_graph) {
+        Some(source) => match explain(&source, &name, &mut report, len) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("streamsan: {e}; the report will not explain its hazards");
+                None
+            }
+        },
+        None => None,
+    };
+    if picture.is_none() && matches!(format, Format::Dot | Format::Html) {
+        return Err(format!(
+            "{name}: cannot walk the trace a second time to draw it"
+        ));
+    }
     let mut out = create_output(output)?;
     let text = match format {
         Format::Json => report.to_json() + "\n",
@@ -461,26 +487,29 @@ impl Source {
 
 fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
     use streamsan::fix::{is_fixable, Fixer};
-    let (source, name) = if file.as_os_str() == "-" {
-        let mut bytes = Vec::new();
-        io::Read::read_to_end(&mut io::stdin(), &mut bytes)
-            .map_err(|e| format!("<stdin>: cannot read: {e}"))?;
-        (Source::Memory(bytes), "<stdin>".to_string())
+    let name = if file.as_os_str() == "-" {
+        "<stdin>".to_string()
     } else {
-        File::open(file).map_err(|e| format!("{}: cannot open: {e}", file.display()))?;
+        file.display().to_string()
+    };
+    let source = if rereadable(file) {
+        File::open(file).map_err(|e| format!("{name}: cannot open: {e}"))?;
         if let Some(out) = output {
-            let same = std::fs::canonicalize(out)
-                .ok()
-                .zip(std::fs::canonicalize(file).ok())
-                .is_some_and(|(a, b)| a == b);
-            if same {
+            if same_file(file, out) {
                 return Err(format!(
                     "{}: the output would overwrite the trace being fixed; write it elsewhere",
                     out.display()
                 ));
             }
         }
-        (Source::File(file.clone()), file.display().to_string())
+        Source::File(file.clone())
+    } else {
+        // Standard input or a pipe: read once, kept in memory for the second walk.
+        let (mut input, ..) = open_input(file)?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut input, &mut bytes)
+            .map_err(|e| format!("{name}: cannot read: {e}"))?;
+        Source::Memory(bytes)
     };
     // First walk: the hazards, and the event names in use.
     let mut reader = TraceReader::new(source.open()?, name.clone());
@@ -499,8 +528,18 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
     // Second walk: copy every line, with the insertions before their ops.
     let mut fixer = Fixer::new(&before, events);
     let mut input = source.open()?;
-    let mut out = create_output(output)?;
-    let write_err = |e: io::Error| format!("cannot write the fixed trace: {e}");
+    // A file is written beside its final name and renamed there only when complete.
+    let partial = output
+        .filter(|p| p.as_os_str() != "-")
+        .map(|p| Partial::new(p.clone()));
+    let mut out = create_output(partial.as_ref().map(|p| &p.tmp).or(output))?;
+    let write_err = |e: io::Error| {
+        if e.kind() == io::ErrorKind::BrokenPipe {
+            "the reader of the fixed trace went away".to_string()
+        } else {
+            format!("cannot write the fixed trace: {e}")
+        }
+    };
     let (mut line, mut number, mut index) = (Vec::new(), 0u64, 0u64);
     let mut text = String::new();
     loop {
@@ -538,6 +577,16 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
         out.write_all(&line).map_err(write_err)?;
     }
     out.flush().map_err(write_err)?;
+    drop(out);
+    if index != before.ops {
+        return Err(format!(
+            "{name}: the trace changed while it was read ({} ops, then {index})",
+            before.ops
+        ));
+    }
+    if let Some(p) = partial {
+        p.commit()?;
+    }
     let (summary, after) = fixer.finish();
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     if summary.fixable == 0 {
@@ -567,10 +616,11 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
         })
         .collect();
     if after.hazards.iter().any(|h| is_fixable(h.kind)) {
-        return Err(format!(
-            "the fixed trace still has hazards: {}; please report this with the trace",
+        eprintln!(
+            "streamsan: the fixed trace still has hazards: {}; please report this with the trace",
             left.join(", ")
-        ));
+        );
+        return Ok(1);
     }
     if left.is_empty() {
         eprintln!("streamsan: the written trace checks clean");
@@ -604,6 +654,12 @@ fn explain(
         }
     }
     bar.finish_and_clear();
+    if index != report.ops {
+        return Err(format!(
+            "{name}: the trace changed while it was read ({} ops, then {index})",
+            report.ops
+        ));
+    }
     let stats = graph.stats();
     tracing::info!(
         ops = stats.ops,
@@ -617,21 +673,98 @@ fn explain(
     Ok(graph.finish(report, name))
 }
 
-/// A temporary copy of standard input, removed when dropped.
+/// Whether two paths name the same file (also through links).
+fn same_file(a: &PathBuf, b: &PathBuf) -> bool {
+    let (Ok(x), Ok(y)) = (std::fs::metadata(a), std::fs::metadata(b)) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        x.dev() == y.dev() && x.ino() == y.ino()
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (x, y);
+        std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok()
+    }
+}
+
+/// An output file written under a temporary name beside it, renamed when complete; removed if
+/// never committed.
+struct Partial {
+    tmp: PathBuf,
+    path: PathBuf,
+    done: bool,
+}
+
+impl Partial {
+    fn new(path: PathBuf) -> Self {
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let tmp = path.with_file_name(format!(".{file}.streamsan-{}.tmp", std::process::id()));
+        Partial {
+            tmp,
+            path,
+            done: false,
+        }
+    }
+
+    fn commit(mut self) -> Result<(), String> {
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(|e| format!("{}: cannot write: {e}", self.path.display()))?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Whether `path` names a regular file, which can be read a second time.
+fn rereadable(path: &PathBuf) -> bool {
+    path.as_os_str() != "-" && std::fs::metadata(path).is_ok_and(|m| m.is_file())
+}
+
+/// A temporary copy of an input that cannot be read twice, removed when dropped.
 struct Spool {
     path: PathBuf,
+    /// Set when writing the copy failed: the copy is then incomplete.
+    failed: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl Spool {
-    fn create() -> Result<Self, String> {
-        let path =
-            std::env::temp_dir().join(format!("streamsan-stdin-{}.jsonl", std::process::id()));
-        File::create(&path).map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
-        Ok(Spool { path })
-    }
-
-    fn file(&self) -> Result<File, String> {
-        File::create(&self.path).map_err(|e| format!("{}: cannot create: {e}", self.path.display()))
+    /// A new file of this process alone (created exclusively, readable by its owner only).
+    fn create() -> Result<(Self, File), String> {
+        let dir = std::env::temp_dir();
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut rng = streamsan::workload::SplitMix::new(seed ^ u64::from(std::process::id()));
+        let mut last = String::new();
+        for _ in 0..16 {
+            let path = dir.join(format!("streamsan-input-{:016x}.jsonl", rng.next_u64()));
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            match options.open(&path) {
+                Ok(f) => {
+                    let failed = Default::default();
+                    return Ok((Spool { path, failed }, f));
+                }
+                Err(e) => last = format!("{}: cannot create: {e}", path.display()),
+            }
+        }
+        Err(last)
     }
 }
 
@@ -641,18 +774,25 @@ impl Drop for Spool {
     }
 }
 
-/// A reader that copies what it reads to `copy`.
+/// A reader that copies what it reads to `copy`; a failed write stops the copy (and sets
+/// `failed`) without failing the read.
 struct Tee<R, W: Write> {
     inner: R,
-    copy: W,
+    copy: Option<W>,
+    failed: std::rc::Rc<std::cell::Cell<bool>>,
 }
 
 impl<R: io::Read, W: Write> io::Read for Tee<R, W> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.copy.write_all(&buf[..n])?;
-        if n == 0 {
-            self.copy.flush()?;
+        if let Some(copy) = self.copy.as_mut() {
+            let written =
+                copy.write_all(&buf[..n])
+                    .and_then(|_| if n == 0 { copy.flush() } else { Ok(()) });
+            if written.is_err() {
+                self.failed.set(true);
+                self.copy = None;
+            }
         }
         Ok(n)
     }
