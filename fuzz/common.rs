@@ -699,17 +699,32 @@ pub fn check_fix(data: &[u8]) {
         "{:?}\n{text}",
         f.summary
     );
+    // Every race is explained, and the op an explanation says its later side is ordered after
+    // ("up to op U") comes before the conflicting access ("not op A").
+    let mut checker = Checker::new();
+    for op in &ops {
+        let _ = checker.check(op);
+    }
+    let implicit = checker.implicit_syncs().to_vec();
     let mut report = f.before.clone();
-    streamsan::graph::explain_program(&ops, &mut report, "decoded");
+    streamsan::graph::explain_program(&ops, &mut report, &implicit, "decoded");
     for h in report.hazards.iter().filter(|h| is_fixable(h.kind)) {
         assert!(
-            h.detail
-                .why
-                .last()
-                .is_some_and(|l| l.starts_with("missing edge")),
+            !h.detail.why.is_empty(),
             "unexplained {} at op {}\n{text}",
             h.kind,
             h.op
         );
+        for line in &h.detail.why {
+            let upto = line
+                .split("up to op ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next());
+            let a = line.split(", not op ").nth(1);
+            if let (Some(u), Some(a)) = (upto, a) {
+                let (u, a): (u64, u64) = (u.parse().unwrap_or(0), a.parse().unwrap_or(0));
+                assert!(u < a, "{line}\n{text}");
+            }
+        }
     }
 }

@@ -160,6 +160,9 @@ pub struct Checker {
     found: Vec<Found>,
     uaf: Vec<UseAfterFree>,
     scratch_gens: Vec<(GenId, u64)>,
+    /// `alloc`s with `addr` whose memory came back from another stream: (op, device) of the
+    /// device synchronization each implies.
+    implicit_syncs: Vec<(u64, u64)>,
 }
 
 impl Default for Checker {
@@ -204,6 +207,7 @@ impl Checker {
             found: Vec::new(),
             uaf: Vec::new(),
             scratch_gens: Vec::new(),
+            implicit_syncs: Vec::new(),
         }
     }
 
@@ -232,6 +236,13 @@ impl Checker {
     /// The number of ops checked so far: the index the next op gets.
     pub fn ops(&self) -> u64 {
         self.ops
+    }
+
+    /// The device synchronizations the trace implies without an op of their own: `(op, device)`
+    /// of each `alloc` with `addr` whose memory reappears on another stream than the one that
+    /// freed it (the memory went back to the driver, which synchronizes the device).
+    pub fn implicit_syncs(&self) -> &[(u64, u64)] {
+        &self.implicit_syncs
     }
 
     /// Moves out the hazards found so far: [`finish`](Self::finish) then reports only later
@@ -597,7 +608,7 @@ impl Checker {
                         }
                     }
                     if memory == MemoryKind::Device {
-                        self.reappear(a, end, owner);
+                        self.reappear(i, a, end, owner);
                     }
                     base = Some(a);
                     block_size = bytes;
@@ -679,7 +690,7 @@ impl Checker {
 
     /// With `addr`: device memory that reappears on another stream than the one that last freed
     /// it went back to the driver and was allocated again, which synchronizes the device.
-    fn reappear(&mut self, start: u64, end: u64, owner: Participant) {
+    fn reappear(&mut self, i: u64, start: u64, end: u64, owner: Participant) {
         let mut sync = false;
         let mut overlapped = Vec::new();
         for (&s, &(e, p)) in self.freed_by.range(..end) {
@@ -700,6 +711,7 @@ impl Checker {
         if sync {
             let device = self.order.device(owner);
             self.order.device_sync(device);
+            self.implicit_syncs.push((i, device));
         }
     }
 

@@ -405,6 +405,7 @@ fn check(
     }
     bar.finish_and_clear();
     drop(reader);
+    let implicit = checker.implicit_syncs().to_vec();
     let mut report = checker.finish();
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
@@ -422,7 +423,7 @@ fn check(
     }
     let wants_graph = explains && (!report.hazards.is_empty() || format != Format::Text);
     let picture = match source.filter(|_| wants_graph) {
-        Some(source) => match explain(&source, &name, &mut report, len) {
+        Some(source) => match explain(&source, &name, &mut report, &implicit, len) {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("streamsan: {e}; the report will not explain its hazards");
@@ -639,11 +640,12 @@ fn explain(
     source: &Source,
     name: &str,
     report: &mut streamsan::Report,
+    implicit: &[(u64, u64)],
     len: Option<u64>,
 ) -> Result<streamsan::graph::Picture, String> {
     use streamsan::graph::{DepGraph, GraphConfig};
     let bar = progress(len);
-    let mut graph = DepGraph::new(report, GraphConfig::default());
+    let mut graph = DepGraph::new(report, GraphConfig::default()).with_implicit_syncs(implicit);
     let mut reader = TraceReader::new(source.open()?, name.to_string());
     let mut index = 0u64;
     while let Some((op, _)) = reader.next_op().map_err(|e| e.to_string())? {

@@ -15,20 +15,22 @@ fn program(text: &str) -> Vec<TraceOp> {
         .collect()
 }
 
-fn check(ops: &[TraceOp]) -> streamsan::Report {
+/// The report, and the implicit device synchronizations.
+fn check(ops: &[TraceOp]) -> (streamsan::Report, Vec<(u64, u64)>) {
     let mut c = Checker::new();
     for op in ops {
         c.check(op).expect("valid input");
     }
-    c.finish()
+    let implicit = c.implicit_syncs().to_vec();
+    (c.finish(), implicit)
 }
 
-fn whole(ops: &[TraceOp], report: &streamsan::Report) -> DepGraph {
+fn whole(ops: &[TraceOp], (report, implicit): &(streamsan::Report, Vec<(u64, u64)>)) -> DepGraph {
     let cfg = GraphConfig {
         window: u64::MAX,
         ..GraphConfig::default()
     };
-    let mut g = DepGraph::new(report, cfg);
+    let mut g = DepGraph::new(report, cfg).with_implicit_syncs(implicit);
     for (i, op) in ops.iter().enumerate() {
         g.add(i as u64, op);
     }
@@ -50,8 +52,8 @@ fn explains_a_stale_event_and_a_host_sync() {
 {"op":"launch","stream":"s1","name":"e","writes":["x"]}
 {"op":"launch","stream":"s3","name":"f","reads":["x"]}"#,
     );
-    let mut report = check(&ops);
-    let picture = streamsan::graph::explain_program(&ops, &mut report, "t");
+    let (mut report, implicit) = check(&ops);
+    let picture = streamsan::graph::explain_program(&ops, &mut report, &implicit, "t");
     let why: Vec<&[String]> = report.hazards.iter().map(|h| &h.detail.why[..]).collect();
     assert_eq!(
         why[0],
@@ -94,6 +96,46 @@ fn explains_a_stale_event_and_a_host_sync() {
     assert_eq!(event, [(2, 3)]);
 }
 
+#[test]
+fn explains_legacy_waits_and_implicit_device_syncs() {
+    let legacy = program(
+        r#"{"op":"stream_create","stream":"b","blocking":true}
+{"op":"launch","stream":"s","writes":["y"]}
+{"op":"event_record","event":"e1","stream":"s"}
+{"op":"event_wait","stream":"default","event":"e1"}
+{"op":"launch","stream":"s","writes":["x"]}
+{"op":"event_wait","stream":"b","event":"e2"}
+{"op":"launch","stream":"b","reads":["x"]}"#,
+    );
+    let (mut report, implicit) = check(&legacy);
+    streamsan::graph::explain_program(&legacy, &mut report, &implicit, "t");
+    let race = report
+        .hazards
+        .iter()
+        .find(|h| h.kind == HazardKind::DataRace)
+        .expect("a data race");
+    assert_eq!(
+        race.detail.why[1],
+        "stream b's latest synchronization with s is the legacy default stream's implicit wait at op 5 (for op 3): it orders s's ops up to op 2 before op 6, not op 4"
+    );
+    // Memory freed on s1 comes back on s2 at op 3: the driver synchronized the device there.
+    let reappear = program(
+        r#"{"op":"alloc","buffer":"x","bytes":512,"stream":"s1","addr":4096}
+{"op":"launch","stream":"s1","writes":["x"]}
+{"op":"free","buffer":"x"}
+{"op":"alloc","buffer":"y","bytes":512,"stream":"s2","addr":4096}
+{"op":"launch","stream":"s1","writes":["z"]}
+{"op":"launch","stream":"s2","reads":["z"]}"#,
+    );
+    let (mut report, implicit) = check(&reappear);
+    assert_eq!(implicit, [(3, 0)]);
+    streamsan::graph::explain_program(&reappear, &mut report, &implicit, "t");
+    assert_eq!(
+        report.hazards[0].detail.why[1],
+        "stream s2's latest synchronization with s1 is the host's `alloc y on s2` at op 3 (its memory came back from another stream, which synchronized the device): it orders s1's ops up to op 1 before op 5, not op 4"
+    );
+}
+
 /// The participant (lane) of an op, as the graph places it.
 fn lane_of(op: &Op) -> &str {
     op.on_stream().map_or(HOST, |s| s.as_str())
@@ -130,8 +172,9 @@ proptest! {
     #[test]
     fn explanations_agree_with_the_graph_and_the_checker(program in arb_program(config())) {
         let ops = &program.ops;
-        let report = check(ops);
-        let g = whole(ops, &report);
+        let checked = check(ops);
+        let g = whole(ops, &checked);
+        let report = &checked.0;
         for (h, why) in report.hazards.iter().zip(g.explanations()) {
             if !matches!(h.kind, HazardKind::DataRace | HazardKind::ReuseRace | HazardKind::UnsafeFree) {
                 prop_assert!(why.is_empty());
@@ -164,16 +207,31 @@ proptest! {
 /// whatever the trace's length.
 #[test]
 fn memory_stays_bounded_on_long_traces() {
-    let peak = |n: u64| {
+    let peak = |n: u64, fresh: bool| {
         let mut ops = Vec::new();
         let mut waits = 0u64;
+        let mut records: std::collections::HashMap<String, u64> = Default::default();
         Pipeline {
             ops: n,
             streams: 8,
             buffers: 1_000,
             seed: 1,
         }
-        .generate(|op| {
+        .generate(|mut op| {
+            if fresh {
+                match &mut op.op {
+                    Op::EventRecord { event, .. } => {
+                        let k = records.entry(event.to_string()).or_default();
+                        *k += 1;
+                        *event = format!("{event}#{k}").as_str().into();
+                    }
+                    Op::EventWait { event, .. } | Op::EventSync { event } => {
+                        let k = records.get(event.as_str()).copied().unwrap_or(0);
+                        *event = format!("{event}#{k}").as_str().into();
+                    }
+                    _ => {}
+                }
+            }
             if matches!(op.op, Op::EventWait { .. }) {
                 waits += 1;
                 if waits % 2_000 == 0 {
@@ -182,7 +240,7 @@ fn memory_stays_bounded_on_long_traces() {
             }
             ops.push(op);
         });
-        let report = check(&ops);
+        let (report, _) = check(&ops);
         assert!(report.errors > 0, "the left-out waits make hazards");
         let mut g = DepGraph::new(&report, GraphConfig::default());
         for (i, op) in ops.iter().enumerate() {
@@ -192,10 +250,13 @@ fn memory_stays_bounded_on_long_traces() {
         assert_eq!(stats.ops, ops.len() as u64);
         stats.peak_nodes
     };
-    let (short, long) = (peak(50_000), peak(200_000));
+    let (short, long) = (peak(50_000, false), peak(200_000, false));
     assert!(long < 20_000, "peak {long} nodes for 200,000 ops");
     assert!(
         long <= short * 2,
         "peak grows with the trace: {short} → {long}"
     );
+    // Every record under a new event name: the nodes stay bounded all the same.
+    let fresh = peak(200_000, true);
+    assert!(fresh < 20_000, "peak {fresh} nodes with fresh event names");
 }

@@ -1,7 +1,7 @@
 //! Explanations: for a hazard, the conflicting accesses, the last synchronization each side did
 //! have, and the edge that is missing.
 
-use super::{did, latest_by_participant, op_label, DepGraph, Prov};
+use super::{did, latest_by_participant, DepGraph, How, Prov};
 use crate::report::{AccessKind, Hazard, HazardKind};
 use crate::trace::{Op, TraceOp, HOST};
 
@@ -14,30 +14,29 @@ fn who(participant: &str) -> String {
 }
 
 /// What a provenance's synchronization op was, in words.
-fn describe(g: &DepGraph, p: Prov, later: &str) -> String {
+fn describe(p: &Prov, later: &str) -> String {
     let Some(via) = p.via else {
         return "an earlier synchronization".to_string();
     };
-    let label = op_label(g, via);
-    let name = g.node(via).map(|n| n.op_name).unwrap_or("");
-    let label = label.as_deref().unwrap_or(name);
-    let host_op = g.node(via).is_some_and(|n| n.lane == super::HOST_LANE);
-    let whose = if host_op && later != HOST {
+    let label = p.label.as_deref().unwrap_or("?");
+    let whose = if p.on_host && later != HOST {
         "the host's "
     } else {
         ""
     };
-    match (name, p.from) {
-        ("event_wait" | "event_sync" | "event_query", Some(from)) => {
+    let from = p.from.map(|f| f.to_string()).unwrap_or_else(|| "?".into());
+    match p.how {
+        How::Event => {
             format!("{whose}`{label}` at op {via} (the event was recorded at op {from})")
         }
-        ("stream_sync" | "stream_query" | "device_sync", Some(from)) => {
-            format!("{whose}`{label}` at op {via} (which waited for op {from})")
-        }
-        ("launch" | "copy" | "memset" | "event_record" | "free", Some(from)) => {
+        How::HostSync => format!("{whose}`{label}` at op {via} (which waited for op {from})"),
+        How::Legacy => {
             format!("the legacy default stream's implicit wait at op {via} (for op {from})")
         }
-        _ => format!("{whose}`{label}` at op {via}"),
+        How::Implicit => format!(
+            "{whose}`{label}` at op {via} (its memory came back from another stream, which synchronized the device)"
+        ),
+        How::Own => format!("op {via}"),
     }
 }
 
@@ -63,7 +62,7 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             continue;
         };
         let lane = g.lane_index(p);
-        let prov = lane.and_then(|l| know.get(l).copied()).unwrap_or_default();
+        let prov = lane.and_then(|l| know.get(l).cloned()).unwrap_or_default();
         // The earlier side: what it did, and whether it recorded an event after it.
         let mut line = if c.access == AccessKind::Alloc {
             format!(
@@ -99,7 +98,7 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
                 why.push(format!(
                     "{}'s latest synchronization with {p} is {}: it orders {p}'s ops up to op {upto} before op {b}, not op {a}",
                     who(later),
-                    describe(g, prov, later)
+                    describe(&prov, later)
                 ));
             }
         }

@@ -85,9 +85,26 @@ struct OpNode {
     site: Option<String>,
 }
 
-/// What a lane knows of another lane: the latest op of it that happens before the lane's current
-/// point, and how that became known.
+/// How a lane came to know of another lane's work.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum How {
+    /// Its own ops.
+    #[default]
+    Own,
+    /// An `event_wait`, `event_sync` or successful `event_query` of an event's record.
+    Event,
+    /// A `stream_sync`, `device_sync` or successful `stream_query`.
+    HostSync,
+    /// An implicit edge of the legacy default stream.
+    Legacy,
+    /// The device synchronization of an `alloc` whose memory came back from another stream.
+    Implicit,
+}
+
+/// What a lane knows of another lane: the latest op of it that happens before the lane's current
+/// point, and how that became known. It carries its own description, so that explanations do
+/// not need the nodes it names.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Prov {
     /// The latest known op of the other lane.
     upto: Option<u64>,
@@ -95,6 +112,21 @@ struct Prov {
     via: Option<u64>,
     /// Where that synchronization took it from (the event's record, the synced stream's op).
     from: Option<u64>,
+    /// What kind of synchronization `via` is.
+    how: How,
+    /// `via`'s label (`wait e`, `stream_sync s1`).
+    label: Option<Arc<str>>,
+    /// Whether `via` is an op of the host.
+    on_host: bool,
+}
+
+/// A synchronization op through which knowledge arrives.
+struct Arrival {
+    via: u64,
+    from: Option<u64>,
+    how: How,
+    label: Arc<str>,
+    on_host: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -134,18 +166,25 @@ struct Capture {
     know: Vec<Prov>,
 }
 
-/// Joins `src` into `dst` where it knows later ops; `via`/`from`, when given, replace the
-/// provenance of what is new (the op through which it arrives now).
-fn join(dst: &mut Vec<Prov>, src: &[Prov], via: Option<u64>, from: Option<u64>) {
+/// Joins `src` into `dst` where it knows later ops. With an `arrival`, what is new arrives
+/// through it; without (the host's knowledge flowing into a stream op, rule 2), it keeps the
+/// provenance it had.
+fn join(dst: &mut Vec<Prov>, src: &[Prov], arrival: Option<&Arrival>) {
     if dst.len() < src.len() {
         dst.resize(src.len(), Prov::default());
     }
     for (d, s) in dst.iter_mut().zip(src) {
         if s.upto > d.upto {
-            *d = Prov {
-                upto: s.upto,
-                via: via.or(s.via),
-                from: if via.is_some() { from } else { s.from },
+            *d = match arrival {
+                Some(a) => Prov {
+                    upto: s.upto,
+                    via: Some(a.via),
+                    from: a.from,
+                    how: a.how,
+                    label: Some(a.label.clone()),
+                    on_host: a.on_host,
+                },
+                None => s.clone(),
             };
         }
     }
@@ -173,6 +212,9 @@ pub struct DepGraph {
     prune_at: usize,
     pruned: bool,
     stats: GraphStats,
+    /// (op, device) of the implicit device synchronizations, in op order; see
+    /// [`Checker::implicit_syncs`](crate::Checker::implicit_syncs).
+    implicit: std::collections::VecDeque<(u64, u64)>,
 }
 
 impl DepGraph {
@@ -206,7 +248,14 @@ impl DepGraph {
             prune_at: 4096,
             pruned: false,
             stats: GraphStats::default(),
+            implicit: Default::default(),
         }
+    }
+
+    /// The implicit device synchronizations of the trace (from the checker of the first walk).
+    pub fn with_implicit_syncs(mut self, syncs: &[(u64, u64)]) -> Self {
+        self.implicit = syncs.iter().copied().collect();
+        self
     }
 
     /// Sizes of the graph.
@@ -252,10 +301,11 @@ impl DepGraph {
             site: op.site.as_ref().map(|s| s.to_string()),
         });
         self.nodes.insert(index, node);
+        let label: Arc<str> = Arc::from(self.g[node].label.as_str());
         if lane == HOST_LANE {
-            self.host_op(index, &op.op);
+            self.host_op(index, &op.op, &label);
         } else {
-            self.stream_op(index, lane, &op.op);
+            self.stream_op(index, lane, &op.op, &label);
         }
         self.explain_hazards_at(index, op);
         self.stats.ops = index + 1;
@@ -399,7 +449,7 @@ impl DepGraph {
     }
 
     /// Rules 2, 5 and 3 for an op on a stream lane.
-    fn stream_op(&mut self, i: u64, lane: usize, op: &Op) {
+    fn stream_op(&mut self, i: u64, lane: usize, op: &Op, label: &Arc<str>) {
         let prev = self.lanes[lane].last;
         self.edge(prev, i, EdgeKind::Stream, None);
         // Rule 2: the host's work before the issue.
@@ -409,7 +459,7 @@ impl DepGraph {
             self.lanes[lane].issued_from = host_last;
         }
         let host_know = self.lanes[HOST_LANE].know.clone();
-        join(&mut self.lanes[lane].know, &host_know, None, None);
+        join(&mut self.lanes[lane].know, &host_know, None);
         // Rule 5: the legacy default stream.
         let partners: Vec<usize> = if lane == DEFAULT_LANE {
             (0..self.lanes.len())
@@ -434,10 +484,16 @@ impl DepGraph {
             }
             src[p] = Prov {
                 upto: Some(last),
-                via: None,
-                from: None,
+                ..Prov::default()
             };
-            join(&mut self.lanes[lane].know, &src, Some(i), Some(last));
+            let arrival = Arrival {
+                via: i,
+                from: Some(last),
+                how: How::Legacy,
+                label: label.clone(),
+                on_host: false,
+            };
+            join(&mut self.lanes[lane].know, &src, Some(&arrival));
         }
         match op {
             Op::EventRecord { event, .. } => {
@@ -450,7 +506,14 @@ impl DepGraph {
                 if let Some(c) = self.events.get(event) {
                     let (from, know) = (c.op, c.know.clone());
                     self.edge(Some(from), i, EdgeKind::Event, Some(event));
-                    join(&mut self.lanes[lane].know, &know, Some(i), Some(from));
+                    let arrival = Arrival {
+                        via: i,
+                        from: Some(from),
+                        how: How::Event,
+                        label: label.clone(),
+                        on_host: false,
+                    };
+                    join(&mut self.lanes[lane].know, &know, Some(&arrival));
                 }
                 self.set_own(lane, i);
             }
@@ -467,12 +530,12 @@ impl DepGraph {
         know[lane] = Prov {
             upto: Some(i),
             via: Some(i),
-            from: None,
+            ..Prov::default()
         };
     }
 
     /// Rule 4 and host order for an op of the host.
-    fn host_op(&mut self, i: u64, op: &Op) {
+    fn host_op(&mut self, i: u64, op: &Op, label: &Arc<str>) {
         let prev = self.lanes[HOST_LANE].last;
         self.edge(prev, i, EdgeKind::Host, None);
         let mut synced: Vec<usize> = Vec::new();
@@ -486,7 +549,14 @@ impl DepGraph {
                 if let Some(c) = self.events.get(event) {
                     let (from, know) = (c.op, c.know.clone());
                     self.edge(Some(from), i, EdgeKind::Event, Some(event));
-                    join(&mut self.lanes[HOST_LANE].know, &know, Some(i), Some(from));
+                    let arrival = Arrival {
+                        via: i,
+                        from: Some(from),
+                        how: How::Event,
+                        label: label.clone(),
+                        on_host: true,
+                    };
+                    join(&mut self.lanes[HOST_LANE].know, &know, Some(&arrival));
                 }
             }
             Op::StreamSync { stream }
@@ -513,13 +583,27 @@ impl DepGraph {
             }
             _ => {}
         }
+        let mut how = How::HostSync;
+        if self.implicit.front().is_some_and(|&(op, _)| op == i) {
+            if let Some((_, device)) = self.implicit.pop_front() {
+                how = How::Implicit;
+                synced.extend((1..self.lanes.len()).filter(|&l| self.lanes[l].device == device));
+            }
+        }
         for l in synced {
             let Some(last) = self.lanes[l].last else {
                 continue;
             };
             self.edge(Some(last), i, EdgeKind::HostSync, None);
             let src = self.lanes[l].know.clone();
-            join(&mut self.lanes[HOST_LANE].know, &src, Some(i), Some(last));
+            let arrival = Arrival {
+                via: i,
+                from: Some(last),
+                how,
+                label: label.clone(),
+                on_host: true,
+            };
+            join(&mut self.lanes[HOST_LANE].know, &src, Some(&arrival));
         }
         self.lanes[HOST_LANE].last = Some(i);
     }
@@ -550,7 +634,7 @@ impl DepGraph {
         let lane = self.lane_of.get(&Id::from(participant)).copied();
         let mut know = lane.map(|l| self.lanes[l].know.clone()).unwrap_or_default();
         if lane != Some(HOST_LANE) {
-            join(&mut know, &self.lanes[HOST_LANE].know, None, None);
+            join(&mut know, &self.lanes[HOST_LANE].know, None);
         }
         know
     }
@@ -571,13 +655,6 @@ impl DepGraph {
             keep.extend(lane.last_record.as_ref().map(|r| r.0));
             keep.extend(lane.issued_from);
             for p in &lane.know {
-                keep.extend(p.via);
-                keep.extend(p.from);
-            }
-        }
-        for c in self.events.values() {
-            keep.insert(c.op);
-            for p in &c.know {
                 keep.extend(p.via);
                 keep.extend(p.from);
             }
@@ -814,15 +891,16 @@ fn did(kind: AccessKind) -> &'static str {
 }
 
 /// Builds the graph of a program held in memory, explains its report's hazards and draws it.
-pub fn explain_program(program: &[TraceOp], report: &mut Report, title: &str) -> Picture {
-    let mut g = DepGraph::new(report, GraphConfig::default());
+/// `implicit` are the checker's [`implicit_syncs`](crate::Checker::implicit_syncs).
+pub fn explain_program(
+    program: &[TraceOp],
+    report: &mut Report,
+    implicit: &[(u64, u64)],
+    title: &str,
+) -> Picture {
+    let mut g = DepGraph::new(report, GraphConfig::default()).with_implicit_syncs(implicit);
     for (i, op) in program.iter().enumerate() {
         g.add(i as u64, op);
     }
     g.finish(report, title)
-}
-
-/// Shared by [`explain`]: the label of a kept op.
-fn op_label(g: &DepGraph, op: u64) -> Option<Arc<str>> {
-    g.node(op).map(|n| Arc::from(n.label.as_str()))
 }

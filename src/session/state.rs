@@ -1057,11 +1057,12 @@ impl Shared {
         if let Some(e) = worker.error {
             return Err(SessionError::Check(e));
         }
+        let implicit = worker.checker.implicit_syncs().to_vec();
         let mut report = worker.checker.finish();
         if let Some(trace) = worker.trace.as_deref() {
             if !report.hazards.is_empty() {
                 // Explain the hazards (the text report's `why:`) from the recorded trace.
-                crate::graph::explain_program(trace, &mut report, "session");
+                crate::graph::explain_program(trace, &mut report, &implicit, "session");
             }
         }
         Ok(report)
