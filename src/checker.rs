@@ -1437,6 +1437,7 @@ fn conflict_of(order: &Order, a: &Access, buffer: &Id) -> Conflict {
         bytes: bytes_of(a.offset, a.end),
         site: a.site.clone(),
         label: a.label.clone(),
+        epoch: Some(a.epoch),
     }
 }
 

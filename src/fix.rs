@@ -2,9 +2,10 @@
 //!
 //! The fixer walks the trace once more after a first check found its hazards, and keeps a
 //! [`Checker`] over the program it writes (the original ops plus what it inserted). Before each
-//! op that had a `data-race`, `reuse-race` or `unsafe-free` in the original trace, it checks that
-//! op against a copy of this checker: the hazards still there are exactly those that the
-//! insertions so far did not already remove. For each one it inserts, just before the op:
+//! op that had a `data-race`, `reuse-race` or `unsafe-free` in the original trace, it asks which
+//! of that hazard's conflicting accesses the op's clock in the written program does not cover
+//! yet (insertions only add order, so these are all that can be left), and inserts, just before
+//! the op:
 //!
 //! - a caching free of device memory still used by other streams: `record_stream(buffer, S)` for
 //!   each such stream S (PyTorch's own fix: the allocator waits for S before reusing the memory);
@@ -16,14 +17,15 @@
 //! the earlier access (it was issued before) and never changes what an existing event means.
 //! An op's insertions are at most two per hazard at that op: when the events would take more
 //! (a hazard with conflicts on several streams), the host waits instead — one `stream_sync` per
-//! stream, or one `device_sync` per device when even that is too many.
+//! stream, or one `device_sync` per device when even that is too many. Only the last can exceed
+//! two: a hazard whose unordered accesses are on streams of three or more devices.
 //!
 //! Insertions only add happens-before edges, which can only remove hazards; the checker over the
 //! written program proves the result: [`Fixer::finish`] returns its report.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashSet as HashSet;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::checker::{CheckError, Checker};
 use crate::report::{Hazard, HazardKind, Report};
@@ -82,7 +84,11 @@ pub struct FixSummary {
 pub struct Fixer {
     checker: Checker,
     /// Original op index → the fixable hazards the first check found there.
-    targets: BTreeMap<u64, usize>,
+    targets: BTreeMap<u64, Vec<Hazard>>,
+    /// The latest `alloc` of each buffer name (original op index).
+    allocs: HashMap<Id, u64>,
+    /// The inserted `record_stream`s: (buffer, stream, its alloc, its free), original indices.
+    record_streams: Vec<(Id, String, u64, u64)>,
     fixable: u64,
     /// Event names the trace uses: inserted events avoid them.
     taken: HashSet<Id>,
@@ -101,12 +107,14 @@ impl Fixer {
         let mut targets = BTreeMap::new();
         let mut fixable = 0;
         for h in original.hazards.iter().filter(|h| is_fixable(h.kind)) {
-            *targets.entry(h.op).or_insert(0) += 1;
+            targets.entry(h.op).or_insert_with(Vec::new).push(h.clone());
             fixable += 1;
         }
         Fixer {
             checker: Checker::new(),
             targets,
+            allocs: HashMap::default(),
+            record_streams: Vec::new(),
             fixable,
             taken: events.into_iter().collect(),
             next_event: 0,
@@ -122,22 +130,19 @@ impl Fixer {
     ///
     /// The error is bad input in the trace (which the first check would have reported).
     pub fn op(&mut self, index: u64, op: &TraceOp) -> Result<Option<&Insertion>, CheckError> {
-        if !self.targets.contains_key(&index) {
+        if let Op::Alloc { buffer, .. } = &op.op {
+            self.allocs.insert(buffer.clone(), index);
+        }
+        let Some(original) = self.targets.remove(&index) else {
             self.feed(op)?;
             return Ok(None);
-        }
-        // What is left of this op's hazards after the insertions so far.
-        let mut probe = self.checker.clone();
-        let left: Vec<Hazard> = probe
-            .check(op)?
-            .iter()
-            .filter(|h| is_fixable(h.kind))
-            .cloned()
-            .collect();
+        };
+        // What is left of this op's hazards after the insertions so far: the conflicts that the
+        // clock of the op, issued now, does not cover. Insertions only add order, so no other
+        // conflict can have appeared.
+        let left = self.left(index, op, original);
         if left.is_empty() {
-            // Already fixed by an earlier insertion: keep the copy that took the op.
-            self.checker = probe;
-            self.collect();
+            self.feed(op)?;
             return Ok(None);
         }
         let insertion = self.plan(index, op, &left);
@@ -150,6 +155,54 @@ impl Fixer {
         self.max_per_hazard = self.max_per_hazard.max(per);
         self.insertions.push(insertion);
         Ok(self.insertions.last())
+    }
+
+    /// The hazards of `original` (at op `index`) that still have conflicts the op's clock does
+    /// not cover, with only those conflicts.
+    ///
+    /// The clock is the one the checker would give the op: for an op on a stream, the stream's
+    /// clock joined with the host's (and the legacy default stream's); for a caching free, the
+    /// owning stream's joined with the host's; for the host, the host's. A reuse race is also
+    /// covered when an inserted `record_stream` names the earlier access's stream for its
+    /// buffer. (A free's `record_stream` streams of the trace itself are not counted: the fix may
+    /// then insert more than needed, never less; the checker over the written trace decides.)
+    fn left(&self, index: u64, op: &TraceOp, original: Vec<Hazard>) -> Vec<Hazard> {
+        let order = self.checker.order();
+        let later = original
+            .iter()
+            .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
+            .unwrap_or_else(|| HOST.to_string());
+        let stream = (later != HOST)
+            .then(|| order.find_stream(&Id::from(later.as_str())))
+            .flatten();
+        let clock = match stream {
+            Some(q) if op.op.on_stream().is_some() => order.issue_clock(q),
+            Some(q) => {
+                let mut c = order.clock(q).clone();
+                c.join(order.host_clock());
+                c
+            }
+            None => order.host_clock().clone(),
+        };
+        original
+            .into_iter()
+            .filter_map(|mut h| {
+                let reuse = h.kind == HazardKind::ReuseRace;
+                h.conflicts.retain(|c| {
+                    let covered = c.epoch.is_some_and(|e| clock.covers(e))
+                        || (reuse
+                            && self.record_streams.iter().any(|(b, p, alloc, free)| {
+                                b.as_str() == c.buffer
+                                    && *p == c.participant
+                                    && *alloc <= c.op
+                                    && c.op < *free
+                                    && *free < index
+                            }));
+                    !covered
+                });
+                (!h.conflicts.is_empty()).then_some(h)
+            })
+            .collect()
     }
 
     fn feed(&mut self, op: &TraceOp) -> Result<(), CheckError> {
@@ -211,6 +264,11 @@ impl Fixer {
         let record_stream =
             buffer_of_free.filter(|_| caching_device_free && earlier.len() <= budget);
         let (ops, how) = if let Some(buffer) = record_stream {
+            let alloc = self.allocs.get(&buffer).copied().unwrap_or(0);
+            for p in &earlier {
+                self.record_streams
+                    .push((buffer.clone(), p.clone(), alloc, index));
+            }
             // A caching free of device memory: every conflict is another stream's.
             let ops = earlier
                 .iter()

@@ -63,7 +63,9 @@ enum Command {
     /// the unordered accesses before it: `record_stream` before a caching free of device
     /// memory that other streams still use; otherwise an `event_record` on each earlier stream
     /// and an `event_wait` (or, for the host, an `event_sync`) on it. At most two ops per
-    /// hazard fixed; one insertion often fixes several. Every original line (comments too) is
+    /// hazard fixed (where events would take more, the host waits: `stream_sync`s, or one
+    /// `device_sync` per device, the only case that can exceed two: unordered accesses on three
+    /// or more devices); one insertion often fixes several. Every original line (comments too) is
     /// kept as it was, in order; each insertion is preceded by a `# streamsan fix:` comment.
     /// The written trace is checked as it is written; the summary on standard error says what
     /// was fixed, and what is left that no synchronization fixes (use-after-free,

@@ -229,6 +229,27 @@ impl Order {
         }
     }
 
+    /// The clock an op on stream `p` issued now would have: [`begin_stream_op`]'s joins
+    /// (rules 2 and 5), without changing anything.
+    ///
+    /// [`begin_stream_op`]: Order::begin_stream_op
+    pub fn issue_clock(&self, p: Participant) -> VectorClock {
+        if p.is_host() {
+            return self.host.clone();
+        }
+        let idx = p.index() - 1;
+        let mut clock = self.streams[idx].clock.clone();
+        clock.join(&self.host);
+        if p == Self::DEFAULT {
+            for b in &self.blocking0 {
+                clock.join(&self.streams[b.index() - 1].clock);
+            }
+        } else if self.streams[idx].blocking && self.streams[idx].device == 0 {
+            clock.join(&self.streams[0].clock);
+        }
+        clock
+    }
+
     /// Advances `p`'s own component for an access and returns its epoch.
     #[inline]
     pub fn tick(&mut self, p: Participant) -> Epoch {

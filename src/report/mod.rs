@@ -197,6 +197,10 @@ pub struct Conflict {
     /// Extra context for text reports (kernel name); not part of the JSON report.
     #[serde(skip)]
     pub label: Option<Arc<str>>,
+    /// The access's epoch in the checker's clocks (`streamsan fix` asks whether a later point
+    /// covers it); not part of the JSON report.
+    #[serde(skip)]
+    pub epoch: Option<crate::clock::Epoch>,
 }
 
 /// The free behind a reuse race.
