@@ -151,6 +151,60 @@ fn conflicts_on_three_streams_make_the_host_wait() {
 }
 
 #[test]
+fn a_stream_ordered_free_waits_on_its_stream() {
+    let p = program(
+        r#"{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}
+{"op":"launch","stream":"s2","reads":["x"]}
+{"op":"free","buffer":"x","stream":"s1"}"#,
+    );
+    let f = fix_program(&p).unwrap();
+    let kinds: Vec<HazardKind> = f.before.hazards.iter().map(|h| h.kind).collect();
+    assert!(kinds.contains(&HazardKind::UnsafeFree), "{kinds:?}");
+    // No record_stream for a stream-ordered free: s1 itself waits for s2's read.
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on s2", "s1 waits streamsan-fix-1"]
+    );
+    assert!(fixable_left(&f).is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn readers_on_three_devices_take_one_device_sync_each() {
+    // The one case where an op gets more than two inserted ops per hazard: nothing narrower
+    // than a host wait per device orders three devices' streams before the write.
+    let p = program(
+        r#"{"op":"stream_create","stream":"a","device":0}
+{"op":"stream_create","stream":"b","device":1}
+{"op":"stream_create","stream":"c","device":2}
+{"op":"launch","stream":"a","reads":["x"]}
+{"op":"launch","stream":"b","reads":["x"]}
+{"op":"launch","stream":"c","reads":["x"]}
+{"op":"launch","stream":"d","writes":["x"]}"#,
+    );
+    let f = fix_program(&p).unwrap();
+    assert_eq!(f.before.errors, 1);
+    assert_eq!(
+        inserted(&f),
+        ["device_sync 0", "device_sync 1", "device_sync 2"]
+    );
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+    assert_eq!(f.summary.max_per_hazard, 3.0);
+}
+
+#[test]
+fn comments_stay_on_one_line_whatever_the_ids() {
+    let p = program(
+        r#"{"op":"launch","stream":"s1","writes":["x\ny"]}
+{"op":"launch","stream":"s2\nz","reads":["x\ny"]}"#,
+    );
+    let f = fix_program(&p).unwrap();
+    assert_eq!(f.insertions.len(), 1);
+    let comment = &f.insertions[0].comment;
+    assert!(!comment.contains('\n'), "{comment}");
+    assert!(comment.contains(r"x\ny"), "{comment}");
+}
+
+#[test]
 fn inserted_events_avoid_the_trace_s_names() {
     let p = program(
         r#"{"op":"event_create","event":"streamsan-fix-1"}

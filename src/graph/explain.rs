@@ -95,8 +95,13 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             Some(upto) => {
                 named.extend(prov.via);
                 named.extend(prov.from);
+                let missed = if c.access == AccessKind::Alloc {
+                    format!("not {p}'s work before the allocation at op {a}")
+                } else {
+                    format!("not op {a}")
+                };
                 why.push(format!(
-                    "{}'s latest synchronization with {p} is {}: it orders {p}'s ops up to op {upto} before op {b}, not op {a}",
+                    "{}'s latest synchronization with {p} is {}: it orders {p}'s ops up to op {upto} before op {b}, {missed}",
                     who(later),
                     describe(&prov, later)
                 ));
@@ -119,7 +124,17 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
     }
     let edges: Vec<String> = latest
         .iter()
-        .map(|(p, a)| format!("{p} op {a} → {later} op {b}"))
+        .map(|&(p, a)| {
+            let alloc = h
+                .conflicts
+                .iter()
+                .any(|c| c.participant == p && c.op == a && c.access == AccessKind::Alloc);
+            if alloc {
+                format!("{p} (its work before the allocation at op {a}) → {later} op {b}")
+            } else {
+                format!("{p} op {a} → {later} op {b}")
+            }
+        })
         .collect();
     why.push(format!(
         "missing edge{}: {}",
