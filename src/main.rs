@@ -1028,15 +1028,16 @@ fn fuzz_fix(
             res.diverged
         );
         outln!(
-            "  not fixed: {}; original ops lost or reordered: {}",
+            "  not fixed: {}; original ops lost or reordered: {}; over two ops per hazard: {}",
             res.not_fixed,
-            res.reordered
+            res.reordered,
+            res.over_budget
         );
         for c in res.counterexamples.iter().take(10) {
             outln!("  counterexample: {c}  (reproduce: streamsan fix {c} | streamsan check -)");
         }
     }
-    let failed = res.not_fixed + res.reordered + res.diverged;
+    let failed = res.not_fixed + res.reordered + res.over_budget + res.diverged;
     Ok(if failed == 0 { 0 } else { 1 })
 }
 

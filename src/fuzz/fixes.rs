@@ -42,6 +42,9 @@ pub struct FixCampaign {
     pub not_fixed: u64,
     /// Fixed programs whose original ops are not all there, in order (must be 0).
     pub reordered: u64,
+    /// Fixed programs with more than two inserted ops per hazard at some op (must be 0: the
+    /// generator's streams are all on one device).
+    pub over_budget: u64,
     /// Fixed programs with no error left, which were run.
     pub run: u64,
     /// Runs of fixed programs (references, random schedules, provocations).
@@ -127,6 +130,9 @@ pub fn run_fix_campaign(
         } else if !keeps_original(&program, &f, &map) {
             res.reordered += 1;
             failure = Some("the fixed program does not keep the original ops in order");
+        } else if f.summary.max_per_hazard > 2.0 {
+            res.over_budget += 1;
+            failure = Some("more than two ops were inserted per hazard at one op");
         } else if f.after.is_clean() {
             res.run += 1;
             let sim_err = |e: SimError| format!("case {case} (seed {case_seed}): {e}");
