@@ -706,6 +706,27 @@ pub fn check_fix(data: &[u8]) {
         let _ = checker.check(op);
     }
     let implicit = checker.implicit_syncs().to_vec();
+    // The graph's paths are the oracle's happens-before, for every pair of ops.
+    if let Ok(paths) = streamsan::oracle::oracle_paths(&ops) {
+        let cfg = streamsan::graph::GraphConfig {
+            window: u64::MAX,
+            ..Default::default()
+        };
+        let mut g = streamsan::graph::DepGraph::new(&f.before, cfg).with_implicit_syncs(&implicit);
+        for (i, op) in ops.iter().enumerate() {
+            g.add(i as u64, op);
+        }
+        for x in 0..ops.len() {
+            for a in 0..x {
+                let oracle = paths[x][a / 64] & (1 << (a % 64)) != 0;
+                assert_eq!(
+                    g.reaches(a as u64, x as u64),
+                    Some(oracle),
+                    "graph and oracle disagree on op {a} → op {x}\n{text}"
+                );
+            }
+        }
+    }
     let mut report = f.before.clone();
     streamsan::graph::explain_program(&ops, &mut report, &implicit, "decoded");
     for h in report.hazards.iter().filter(|h| is_fixable(h.kind)) {

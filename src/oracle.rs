@@ -73,6 +73,19 @@ pub fn oracle_hazards(ops: &[TraceOp]) -> Result<Vec<OracleHazard>, String> {
     Ok(b.hazards())
 }
 
+/// The oracle's happens-before between ops: `paths[x]` is the bit set (bit `a % 64` of word
+/// `a / 64`) of the ops from which a path of the happens-before graph leads to op `x`.
+/// `record_stream` adds no edge here (it orders the allocator's reuse only). Errors as
+/// [`oracle_hazards`].
+pub fn oracle_paths(ops: &[TraceOp]) -> Result<Vec<Vec<u64>>, String> {
+    let mut b = Builder::new(ops.len());
+    for (i, op) in ops.iter().enumerate() {
+        b.op(i, &op.op)
+            .map_err(|e| format!("op {i} ({}): {e}", op.op.name()))?;
+    }
+    Ok(b.ancestors())
+}
+
 /// What a participant's state is during the single pass.
 #[derive(Debug)]
 struct Stream {
@@ -727,10 +740,11 @@ impl Builder {
     }
 
     /// Every hazard, once the whole trace has been seen.
-    fn hazards(mut self) -> Vec<OracleHazard> {
+    /// `anc[x]`: the bit set of the nodes with a path to node `x`.
+    fn ancestors(&self) -> Vec<Vec<u64>> {
         let n = self.nodes.len();
         let words = n.div_ceil(64);
-        // anc[x]: the nodes with a path to x. Edges go forward, so issue order is topological.
+        // Edges go forward, so issue order is topological.
         let mut anc = vec![vec![0u64; words]; n];
         for x in 0..n {
             let preds: Vec<usize> = self
@@ -747,6 +761,11 @@ impl Builder {
                 hi[0][p / 64] |= 1 << (p % 64);
             }
         }
+        anc
+    }
+
+    fn hazards(mut self) -> Vec<OracleHazard> {
+        let anc = self.ancestors();
         let before = |a: usize, x: usize| a == x || anc[x][a / 64] & (1 << (a % 64)) != 0;
         let ordered = |at: Option<usize>, x: usize| at.is_none_or(|a| before(a, x));
 

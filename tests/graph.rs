@@ -203,6 +203,30 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// The graph's happens-before (paths of its edges, all ops kept) is the oracle's — the
+    /// brute-force reference written from the trace format alone — for every pair of ops.
+    #[test]
+    fn paths_of_the_graph_are_the_oracle_s_happens_before(program in arb_program(config())) {
+        let ops = &program.ops;
+        let checked = check(ops);
+        let g = whole(ops, &checked);
+        let paths = streamsan::oracle::oracle_paths(ops).expect("generated programs are valid");
+        for x in 0..ops.len() {
+            for a in 0..x {
+                let oracle = paths[x][a / 64] & (1 << (a % 64)) != 0;
+                prop_assert_eq!(
+                    g.reaches(a as u64, x as u64),
+                    Some(oracle),
+                    "op {} → op {}\n{}", a, x, program
+                );
+            }
+        }
+    }
+}
+
 /// A long pipeline with a wait left out now and then: the graph keeps a bounded neighbourhood,
 /// whatever the trace's length.
 #[test]
