@@ -716,9 +716,9 @@ pub fn check_fix(data: &[u8]) {
         for (i, op) in ops.iter().enumerate() {
             g.add(i as u64, op);
         }
-        for x in 0..ops.len() {
+        for (x, before) in paths.iter().enumerate() {
             for a in 0..x {
-                let oracle = paths[x][a / 64] & (1 << (a % 64)) != 0;
+                let oracle = before[a / 64] & (1 << (a % 64)) != 0;
                 assert_eq!(
                     g.reaches(a as u64, x as u64),
                     Some(oracle),

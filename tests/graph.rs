@@ -214,9 +214,9 @@ proptest! {
         let checked = check(ops);
         let g = whole(ops, &checked);
         let paths = streamsan::oracle::oracle_paths(ops).expect("generated programs are valid");
-        for x in 0..ops.len() {
+        for (x, before) in paths.iter().enumerate() {
             for a in 0..x {
-                let oracle = paths[x][a / 64] & (1 << (a % 64)) != 0;
+                let oracle = before[a / 64] & (1 << (a % 64)) != 0;
                 prop_assert_eq!(
                     g.reaches(a as u64, x as u64),
                     Some(oracle),
