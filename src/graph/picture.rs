@@ -15,7 +15,8 @@ pub struct Picture {
     pub title: String,
     /// Number of ops in the trace.
     pub ops: u64,
-    /// Lanes, top to bottom: the host first, then the streams in order of first appearance.
+    /// Lanes, top to bottom: the host first, then the legacy default stream (when it has a
+    /// drawn op), then the streams in order of first appearance; only lanes with drawn ops.
     pub lanes: Vec<Lane>,
     /// The ops drawn, sorted by op index (issue order). Ops far from every hazard of a long trace
     /// are left out; `elided` counts them.
