@@ -16,7 +16,7 @@ pub struct Picture {
     /// Number of ops in the trace.
     pub ops: u64,
     /// Lanes, top to bottom: the host first, then the legacy default stream (when it has a
-    /// drawn op), then the streams in order of first appearance; only lanes with drawn ops.
+    /// drawn op), then the streams in order of first appearance (a stream only with a drawn op).
     pub lanes: Vec<Lane>,
     /// The ops drawn, sorted by op index (issue order). Ops far from every hazard of a long trace
     /// are left out; `elided` counts them.
