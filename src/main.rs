@@ -66,7 +66,8 @@ enum Command {
     /// hazard fixed (where events would take more, the host waits: `stream_sync`s, or one
     /// `device_sync` per device, the only case that can exceed two: unordered accesses on three
     /// or more devices); one insertion often fixes several. Every original line (comments too) is
-    /// kept as it was, in order; each insertion is preceded by a `# streamsan fix:` comment.
+    /// kept as it was, in order; each insertion is preceded by a `# streamsan fix for op N`
+    /// comment (N: the op index in the original trace).
     /// The written trace is checked as it is written; the summary on standard error says what
     /// was fixed, and what is left that no synchronization fixes (use-after-free,
     /// invalid-free, warnings).
