@@ -16,7 +16,8 @@ use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
 use crate::clock::{Participant, VectorClock};
 use crate::order::{Order, StreamError, Wait};
 use crate::report::{
-    AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind, OpNote, Pattern, Report,
+    latest_by_participant, AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind,
+    OpNote, Pattern, Report,
 };
 use crate::shadow::{scan, Access, GenId, Generation, Graveyard, Probe};
 use crate::trace::{Field, Id, MemoryKind, Op, Region, Site, TraceOp};
@@ -1444,19 +1445,6 @@ fn conflict_of(order: &Order, a: &Access, buffer: &Id) -> Conflict {
 fn conflict_order(a: &Conflict, b: &Conflict) -> std::cmp::Ordering {
     (a.op, &a.buffer, a.offset, a.bytes, a.access)
         .cmp(&(b.op, &b.buffer, b.offset, b.bytes, b.access))
-}
-
-/// The latest conflicting op of each earlier participant, in order of participant name.
-fn latest_by_participant(conflicts: &[Conflict]) -> Vec<(&str, u64)> {
-    let mut v: Vec<(&str, u64)> = Vec::new();
-    for c in conflicts {
-        match v.iter_mut().find(|(p, _)| *p == c.participant) {
-            Some(e) => e.1 = e.1.max(c.op),
-            None => v.push((&c.participant, c.op)),
-        }
-    }
-    v.sort();
-    v
 }
 
 fn list(items: &[String]) -> String {

@@ -53,6 +53,15 @@ fn one_line(text: &str) -> String {
         .collect()
 }
 
+/// The participant of the hazards at one op: the op's (for a free, the freeing participant's).
+/// Every hazard at one op has the same.
+fn later_participant(hazards: &[Hazard]) -> String {
+    hazards
+        .iter()
+        .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
+        .unwrap_or_else(|| HOST.to_string())
+}
+
 /// What was inserted before one op of the original trace.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Insertion {
@@ -168,10 +177,7 @@ impl Fixer {
     /// then insert more than needed, never less; the checker over the written trace decides.)
     fn left(&self, index: u64, op: &TraceOp, original: Vec<Hazard>) -> Vec<Hazard> {
         let order = self.checker.order();
-        let later = original
-            .iter()
-            .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
-            .unwrap_or_else(|| HOST.to_string());
+        let later = later_participant(&original);
         let stream = (later != HOST)
             .then(|| order.find_stream(&Id::from(later.as_str())))
             .flatten();
@@ -227,12 +233,7 @@ impl Fixer {
 
     /// The ops that order every conflict of `left` (the hazards still at op `index`) before it.
     fn plan(&mut self, index: u64, op: &TraceOp, left: &[Hazard]) -> Insertion {
-        // Every hazard at one op has the same later participant: the op's (or, for a free, the
-        // freeing participant).
-        let later = left
-            .iter()
-            .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
-            .unwrap_or_else(|| HOST.to_string());
+        let later = later_participant(left);
         let earlier: BTreeSet<String> = left
             .iter()
             .flat_map(|h| h.conflicts.iter().map(|c| c.participant.clone()))

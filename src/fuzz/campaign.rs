@@ -535,7 +535,8 @@ fn write_counterexample(
     write_trace(dir, &format!("unexplained-{case}.jsonl"), program, &header)
 }
 
-fn write_trace(
+/// Writes `program` to `dir/name` as a trace, `header` as its first (comment) line.
+pub(crate) fn write_trace(
     dir: &Path,
     name: &str,
     program: &[TraceOp],

@@ -14,11 +14,11 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::fix::{fix_program, is_fixable, Fixed};
-use crate::fuzz::campaign::{check_program, provocation, CampaignConfig, Executor};
+use crate::fuzz::campaign::{check_program, provocation, write_trace, CampaignConfig, Executor};
 use crate::fuzz::gen::generate;
 use crate::report::Hazard;
 use crate::sim::SimError;
-use crate::trace::{TraceOp, TraceWriter};
+use crate::trace::TraceOp;
 use crate::workload::SplitMix;
 
 /// The counts of a fix campaign.
@@ -192,15 +192,7 @@ pub fn run_fix_campaign(
 }
 
 fn write_failure(dir: &Path, case: u64, program: &[TraceOp], why: &str) -> Result<String, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join(format!("fix-{case}.jsonl"));
-    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut w = TraceWriter::new(std::io::BufWriter::new(file));
     let header = format!("streamsan fuzz --fix counterexample: {why} (run `streamsan fix` on it)");
-    w.comment(&header).map_err(|e| e.to_string())?;
-    for op in program {
-        w.write(op).map_err(|e| e.to_string())?;
-    }
-    w.finish().map_err(|e| e.to_string())?;
+    let path = write_trace(dir, &format!("fix-{case}.jsonl"), program, &header)?;
     Ok(path.display().to_string())
 }

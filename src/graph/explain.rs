@@ -1,7 +1,8 @@
 //! Explanations: for a hazard, the conflicting accesses, the last synchronization each side did
 //! have, and the edge that is missing.
 
-use super::{did, latest_by_participant, DepGraph, How, Prov};
+use super::{did, DepGraph, How, Prov};
+use crate::report::latest_by_participant;
 use crate::report::{AccessKind, Hazard, HazardKind};
 use crate::trace::{Op, TraceOp, HOST};
 
@@ -56,7 +57,7 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
     let later = access.participant.as_str();
     let b = h.op;
     let know = g.knowledge(later);
-    let latest = latest_by_participant(h);
+    let latest = latest_by_participant(&h.conflicts);
     for &(p, a) in &latest {
         let Some(c) = h.conflicts.iter().find(|c| c.participant == p && c.op == a) else {
             continue;

@@ -26,7 +26,7 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::report::{AccessKind, Hazard, Report};
+use crate::report::{latest_by_participant, AccessKind, Hazard, Report};
 use crate::trace::{Id, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
 mod explain;
@@ -80,7 +80,7 @@ struct OpNode {
     op: u64,
     lane: usize,
     op_name: &'static str,
-    label: String,
+    label: Arc<str>,
     accesses: Vec<String>,
     site: Option<String>,
 }
@@ -292,16 +292,16 @@ impl DepGraph {
     /// Takes op `index` of the trace.
     pub fn add(&mut self, index: u64, op: &TraceOp) {
         let (lane, label, accesses) = self.describe(op);
+        let label: Arc<str> = Arc::from(label);
         let node = self.g.add_node(OpNode {
             op: index,
             lane,
             op_name: op.op.name(),
-            label,
+            label: label.clone(),
             accesses,
             site: op.site.as_ref().map(|s| s.to_string()),
         });
         self.nodes.insert(index, node);
-        let label: Arc<str> = Arc::from(self.g[node].label.as_str());
         if lane == HOST_LANE {
             self.host_op(index, &op.op, &label);
         } else {
@@ -631,7 +631,7 @@ impl DepGraph {
     /// What `participant` knows, as the hazard's op sees it: its lane's provenance, joined with
     /// the host's (which every op on a stream and every free joins).
     fn knowledge(&self, participant: &str) -> Vec<Prov> {
-        let lane = self.lane_of.get(&Id::from(participant)).copied();
+        let lane = self.lane_index(participant);
         let mut know = lane.map(|l| self.lanes[l].know.clone()).unwrap_or_default();
         if lane != Some(HOST_LANE) {
             join(&mut know, &self.lanes[HOST_LANE].know, None);
@@ -772,7 +772,7 @@ impl DepGraph {
                 op,
                 lane: lane_pos.get(&n.lane).copied().unwrap_or(0),
                 op_name: n.op_name,
-                label: n.label.clone(),
+                label: n.label.to_string(),
                 accesses: n.accesses.clone(),
                 site: n.site.clone(),
                 role,
@@ -822,7 +822,7 @@ impl DepGraph {
         // The missing edges: from each participant's latest conflicting op to the hazard's op.
         let mut missing: Vec<Edge> = Vec::new();
         for (k, h) in report.hazards.iter().take(drawn_hazards).enumerate() {
-            for (_, from) in latest_by_participant(h) {
+            for (_, from) in latest_by_participant(&h.conflicts) {
                 if !drawn.contains(&from) || !drawn.contains(&h.op) {
                     continue;
                 }
@@ -865,19 +865,6 @@ impl DepGraph {
             hazards,
         }
     }
-}
-
-/// The latest conflicting op of each earlier participant of a hazard, by participant name.
-fn latest_by_participant(h: &Hazard) -> Vec<(&str, u64)> {
-    let mut v: Vec<(&str, u64)> = Vec::new();
-    for c in &h.conflicts {
-        match v.iter_mut().find(|(p, _)| *p == c.participant) {
-            Some(e) => e.1 = e.1.max(c.op),
-            None => v.push((&c.participant, c.op)),
-        }
-    }
-    v.sort();
-    v
 }
 
 /// A verb for an access kind, for explanations.

@@ -279,6 +279,19 @@ impl Hazard {
     }
 }
 
+/// The latest conflicting op of each earlier participant, in order of participant name.
+pub(crate) fn latest_by_participant(conflicts: &[Conflict]) -> Vec<(&str, u64)> {
+    let mut v: Vec<(&str, u64)> = Vec::new();
+    for c in conflicts {
+        match v.iter_mut().find(|(p, _)| *p == c.participant) {
+            Some(e) => e.1 = e.1.max(c.op),
+            None => v.push((&c.participant, c.op)),
+        }
+    }
+    v.sort();
+    v
+}
+
 /// All hazards of a trace, with counts: the JSON report of the trace format.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Report {
