@@ -495,31 +495,35 @@ impl DepGraph {
             };
             join(&mut self.lanes[lane].know, &src, Some(&arrival));
         }
+        self.set_own(lane, i);
         match op {
             Op::EventRecord { event, .. } => {
-                self.set_own(lane, i);
                 self.lanes[lane].last_record = Some((i, event.clone()));
                 let know = self.lanes[lane].know.clone();
                 self.events.insert(event.clone(), Capture { op: i, know });
             }
-            Op::EventWait { event, .. } => {
-                if let Some(c) = self.events.get(event) {
-                    let (from, know) = (c.op, c.know.clone());
-                    self.edge(Some(from), i, EdgeKind::Event, Some(event));
-                    let arrival = Arrival {
-                        via: i,
-                        from: Some(from),
-                        how: How::Event,
-                        label: label.clone(),
-                        on_host: false,
-                    };
-                    join(&mut self.lanes[lane].know, &know, Some(&arrival));
-                }
-                self.set_own(lane, i);
-            }
-            _ => self.set_own(lane, i),
+            Op::EventWait { event, .. } => self.wait_event(i, lane, event, label),
+            _ => {}
         }
         self.lanes[lane].last = Some(i);
+    }
+
+    /// Rules 3 and 4: `lane` (a stream's `event_wait`, or the host's `event_sync` or successful
+    /// `event_query`) at op `i` waits for the event's capture, if it was recorded.
+    fn wait_event(&mut self, i: u64, lane: usize, event: &Id, label: &Arc<str>) {
+        let Some(c) = self.events.get(event) else {
+            return;
+        };
+        let (from, know) = (c.op, c.know.clone());
+        self.edge(Some(from), i, EdgeKind::Event, Some(event));
+        let arrival = Arrival {
+            via: i,
+            from: Some(from),
+            how: How::Event,
+            label: label.clone(),
+            on_host: lane == HOST_LANE,
+        };
+        join(&mut self.lanes[lane].know, &know, Some(&arrival));
     }
 
     fn set_own(&mut self, lane: usize, i: u64) {
@@ -545,20 +549,7 @@ impl DepGraph {
             | Op::EventQuery {
                 event,
                 complete: true,
-            } => {
-                if let Some(c) = self.events.get(event) {
-                    let (from, know) = (c.op, c.know.clone());
-                    self.edge(Some(from), i, EdgeKind::Event, Some(event));
-                    let arrival = Arrival {
-                        via: i,
-                        from: Some(from),
-                        how: How::Event,
-                        label: label.clone(),
-                        on_host: true,
-                    };
-                    join(&mut self.lanes[HOST_LANE].know, &know, Some(&arrival));
-                }
-            }
+            } => self.wait_event(i, HOST_LANE, event, label),
             Op::StreamSync { stream }
             | Op::StreamQuery {
                 stream,

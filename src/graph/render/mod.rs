@@ -582,17 +582,7 @@ pub(crate) mod tests {
     /// Any picture: lane indices, ops, edges and hazard indices in and out of range, duplicates,
     /// edges backwards and to themselves.
     pub(crate) fn arb_picture() -> impl Strategy<Value = Picture> {
-        let kind = prop::sample::select(vec![
-            EdgeKind::Stream,
-            EdgeKind::Host,
-            EdgeKind::Issue,
-            EdgeKind::Event,
-            EdgeKind::HostSync,
-            EdgeKind::Legacy,
-            EdgeKind::RecordStream,
-            EdgeKind::Elided,
-            EdgeKind::Missing,
-        ]);
+        let kind = prop::sample::select(super::EDGE_KINDS.to_vec());
         let role = prop::sample::select(vec![Role::Context, Role::Hazard, Role::Conflict]);
         let small = || prop::collection::vec(0usize..6, 0..3);
         let node = (
