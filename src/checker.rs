@@ -821,10 +821,19 @@ impl Checker {
         let (alloc_op, alloc_site) = (gen.alloc_op.unwrap_or(0), gen.alloc_site.clone());
         gen.free = Some((i, by, site.clone()));
         if !gen.record_streams.is_empty() {
-            // record_stream excuses some participants from reuse races; an access covered by
-            // an excused one no longer has a stand-in, so it is scanned again.
-            let covered = std::mem::take(&mut gen.covered);
-            gen.accesses.extend(covered);
+            // The allocator hands these bytes out again only after the events it records now on
+            // the record_stream streams complete: whatever those streams' clocks cover happens
+            // before every access to memory that reuses them, so it can never be a reuse race.
+            // (An access covered by another one stays covered: the coverer happens after it,
+            // so a clock that covers the coverer covers it too.)
+            let mut excused = VectorClock::new();
+            for &p in rs {
+                excused.join(order.clock(p));
+            }
+            let before = gen.history_len();
+            gen.accesses.retain(|a| !excused.covers(a.epoch));
+            gen.covered.retain(|a| !excused.covers(a.epoch));
+            self.history -= before - gen.history_len();
         }
         if !conflicts.is_empty() {
             conflicts.sort_by(conflict_order);
@@ -1123,9 +1132,9 @@ impl Checker {
         };
         // An empty access covers nothing and conflicts with nothing.
         let cover = (offset < end).then_some(&mut gen.covered);
-        *history -= scan(&mut gen.accesses, cover, host, probe, &[], &mut hit);
+        *history -= scan(&mut gen.accesses, cover, host, probe, &mut hit);
         if hits.get() > 0 {
-            *history -= scan(&mut gen.covered, None, host, probe, &[], &mut hit);
+            *history -= scan(&mut gen.covered, None, host, probe, &mut hit);
         }
 
         // Reuse: earlier, freed buffers whose bytes this region occupies.
@@ -1172,23 +1181,9 @@ impl Checker {
                     free_site: free_site.clone(),
                 });
             };
-            *history -= scan(
-                &mut old.accesses,
-                None,
-                host,
-                probe,
-                &old.record_streams,
-                &mut hit,
-            );
+            *history -= scan(&mut old.accesses, None, host, probe, &mut hit);
             if hits.get() > 0 {
-                *history -= scan(
-                    &mut old.covered,
-                    None,
-                    host,
-                    probe,
-                    &old.record_streams,
-                    &mut hit,
-                );
+                *history -= scan(&mut old.covered, None, host, probe, &mut hit);
             }
             if old.accesses.is_empty() {
                 // Every covered entry happens before one that was pruned: prune them too.
@@ -1520,6 +1515,44 @@ fn fix_race(
     fix_wait(order, i, p, conflicts)
 }
 
+/// Of `streams`, the ones to name by `record_stream` at a free, now, so that every conflict is
+/// ordered before the reuse of the memory: a stream is left out when the clocks of the others
+/// kept cover all of its conflicts (`record_stream` orders what the named stream had
+/// synchronized with by the free, not only its own work). Each stream kept is needed given the
+/// others; with none left out, `streams` in order.
+pub(crate) fn fewest_record_streams(
+    order: &Order,
+    streams: &[String],
+    conflicts: &[Conflict],
+) -> Vec<String> {
+    let clock_of = |p: &str| {
+        order
+            .find_stream(&Id::from(p))
+            .map(|q| order.clock(q).clone())
+            .unwrap_or_default()
+    };
+    let mut kept = streams.to_vec();
+    let mut k = 0;
+    while k < kept.len() {
+        let mut others = VectorClock::new();
+        for (j, q) in kept.iter().enumerate() {
+            if j != k {
+                others.join(&clock_of(q));
+            }
+        }
+        let covered = conflicts
+            .iter()
+            .filter(|c| c.participant == kept[k])
+            .all(|c| c.epoch.is_some_and(|e| others.covers(e)));
+        if covered {
+            kept.remove(k);
+        } else {
+            k += 1;
+        }
+    }
+    kept
+}
+
 #[allow(clippy::too_many_arguments)]
 fn fix_unsafe_free(
     order: &Order,
@@ -1544,6 +1577,7 @@ fn fix_unsafe_free(
                 && (memory != MemoryKind::Device || c.participant != order.name(owner))
         });
     if all_recordable && !streams.is_empty() {
+        let streams = fewest_record_streams(order, &streams, conflicts);
         format!(
             "call record_stream({buffer}, {}) before the free at op {i}, or {}",
             list(&streams),

@@ -27,8 +27,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
-use crate::checker::{CheckError, Checker};
-use crate::report::{Hazard, HazardKind, Report};
+use crate::checker::{fewest_record_streams, CheckError, Checker};
+use crate::clock::VectorClock;
+use crate::report::{Conflict, Hazard, HazardKind, Report};
 use crate::trace::{Id, Op, Site, TraceOp, HOST};
 
 /// Whether synchronization can remove hazards of this kind (`fix` inserts it).
@@ -96,8 +97,9 @@ pub struct Fixer {
     targets: BTreeMap<u64, Vec<Hazard>>,
     /// The latest `alloc` of each buffer name (original op index).
     allocs: HashMap<Id, u64>,
-    /// The inserted `record_stream`s: (buffer, stream, its alloc, its free), original indices.
-    record_streams: Vec<(Id, String, u64, u64)>,
+    /// The inserted `record_stream`s of each free: (buffer, the join of the named streams'
+    /// clocks at the free, its alloc, its free), original indices.
+    record_streams: Vec<(Id, VectorClock, u64, u64)>,
     fixable: u64,
     /// Event names the trace uses: inserted events avoid them.
     taken: HashSet<Id>,
@@ -172,8 +174,9 @@ impl Fixer {
     /// The clock is the one the checker would give the op: for an op on a stream, the stream's
     /// clock joined with the host's (and the legacy default stream's); for a caching free, the
     /// owning stream's joined with the host's; for the host, the host's. A reuse race is also
-    /// covered when an inserted `record_stream` names the earlier access's stream for its
-    /// buffer. (A free's `record_stream` streams of the trace itself are not counted: the fix may
+    /// covered when the clock, at the free, of a stream an inserted `record_stream` names for its
+    /// buffer covers the earlier access (the allocator waits for that stream before reusing the
+    /// bytes). (A free's `record_stream` streams of the trace itself are not counted: the fix may
     /// then insert more than needed, never less; the checker over the written trace decides.)
     fn left(&self, index: u64, op: &TraceOp, original: Vec<Hazard>) -> Vec<Hazard> {
         let order = self.checker.order();
@@ -197,13 +200,16 @@ impl Fixer {
                 h.conflicts.retain(|c| {
                     let covered = c.epoch.is_some_and(|e| clock.covers(e))
                         || (reuse
-                            && self.record_streams.iter().any(|(b, p, alloc, free)| {
-                                b.as_str() == c.buffer
-                                    && *p == c.participant
-                                    && *alloc <= c.op
-                                    && c.op < *free
-                                    && *free < index
-                            }));
+                            && self
+                                .record_streams
+                                .iter()
+                                .any(|(b, recorded, alloc, free)| {
+                                    b.as_str() == c.buffer
+                                        && c.epoch.is_some_and(|e| recorded.covers(e))
+                                        && *alloc <= c.op
+                                        && c.op < *free
+                                        && *free < index
+                                }));
                     !covered
                 });
                 (!h.conflicts.is_empty()).then_some(h)
@@ -266,12 +272,23 @@ impl Fixer {
             buffer_of_free.filter(|_| caching_device_free && earlier.len() <= budget);
         let (ops, how) = if let Some(buffer) = record_stream {
             let alloc = self.allocs.get(&buffer).copied().unwrap_or(0);
-            for p in &earlier {
-                self.record_streams
-                    .push((buffer.clone(), p.clone(), alloc, index));
+            // A caching free of device memory: every conflict is another stream's. A stream
+            // whose accesses the other named streams' clocks already cover needs no
+            // record_stream of its own.
+            let earlier: Vec<String> = earlier.iter().cloned().collect();
+            let conflicts: Vec<Conflict> = left.iter().flat_map(|h| h.conflicts.clone()).collect();
+            let named = fewest_record_streams(self.checker.order(), &earlier, &conflicts);
+            let list = named.join(", ");
+            let order = self.checker.order();
+            let mut recorded = VectorClock::new();
+            for p in &named {
+                if let Some(q) = order.find_stream(&Id::from(p.as_str())) {
+                    recorded.join(order.clock(q));
+                }
             }
-            // A caching free of device memory: every conflict is another stream's.
-            let ops = earlier
+            self.record_streams
+                .push((buffer.clone(), recorded, alloc, index));
+            let ops = named
                 .iter()
                 .map(|s| {
                     with_site(Op::RecordStream {

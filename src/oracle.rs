@@ -25,6 +25,9 @@
 //! - A free is checked against the set of nodes its clock joins: the owning stream's latest op and
 //!   the free itself (caching free of device memory), the free itself (stream-ordered free, pinned
 //!   or managed caching free), and the latest op of every stream named by `record_stream`.
+//! - Reuse: an access of a freed buffer that has a path to the latest op, at the free, of a
+//!   stream named by `record_stream` happens before every access to memory that reuses the
+//!   buffer's bytes (the allocator waits for an event recorded there); no other access does.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -117,6 +120,10 @@ struct Buffer {
     freed_to: Option<String>,
     /// Streams named by `record_stream` with an effect (not the owner of device memory).
     recorded: BTreeSet<String>,
+    /// At the free: the latest op of each stream in `recorded`. The allocator reuses the memory
+    /// only after an event recorded there completes, so every access with a path to one of
+    /// these ops happens before every access to memory that reuses the buffer's bytes.
+    recorded_at_free: Vec<usize>,
 }
 
 /// What a name denotes now.
@@ -359,6 +366,7 @@ impl Builder {
             free_op: None,
             freed_to: None,
             recorded: BTreeSet::new(),
+            recorded_at_free: Vec::new(),
         });
         self.names.insert(name.to_owned(), Name::External(b));
         b
@@ -616,6 +624,7 @@ impl Builder {
             free_op: None,
             freed_to: None,
             recorded: BTreeSet::new(),
+            recorded_at_free: Vec::new(),
         });
         self.names.insert(name.to_owned(), Name::Live(b));
         if bytes > 0 {
@@ -705,9 +714,13 @@ impl Builder {
             }
             (None, _) => (HOST.to_owned(), vec![i]),
         };
-        for t in self.buffers[b].recorded.clone() {
-            points.extend(self.last_op(&t));
-        }
+        let recorded_at_free: Vec<usize> = self.buffers[b]
+            .recorded
+            .iter()
+            .filter_map(|t| self.last_op(t))
+            .collect();
+        points.extend(&recorded_at_free);
+        self.buffers[b].recorded_at_free = recorded_at_free;
         self.frees.push(FreeCheck {
             op: i,
             buffer: b,
@@ -793,7 +806,11 @@ impl Builder {
                     continue;
                 };
                 let freed_before = ab.free_op.is_some_and(|f| f < xb.alloc_op);
-                if ab.memory != xb.memory || !freed_before || ab.recorded.contains(&a.participant) {
+                if ab.memory != xb.memory || !freed_before {
+                    continue;
+                }
+                // Ordered before the reuse by the allocator's record_stream events.
+                if ab.recorded_at_free.iter().any(|&r| ordered(a.at, r)) {
                     continue;
                 }
                 let abs = |base: u64, s: u64, e: Option<u64>| (base + s, e.map(|e| base + e));

@@ -132,14 +132,12 @@ pub struct Probe<'c> {
 /// Scans one history list for an access: drops the entries the host's clock covers, calls `hit`
 /// for every entry that conflicts with the access (overlapping bytes, another participant, a
 /// write on either side, not ordered before it), and, with `cover`, moves there the entries the
-/// access covers (see [`Generation::covered`]). Entries of participants in `excluded` never
-/// conflict. Returns the number of entries dropped.
+/// access covers (see [`Generation::covered`]). Returns the number of entries dropped.
 pub fn scan(
     list: &mut Vec<Access>,
     mut cover: Option<&mut Vec<Access>>,
     host: &VectorClock,
     probe: Probe<'_>,
-    excluded: &[Participant],
     mut hit: impl FnMut(&Access),
 ) -> usize {
     let mut dropped = 0;
@@ -156,7 +154,6 @@ pub fn scan(
             && a.epoch.participant != probe.participant
             && (probe.writes || a.kind.writes())
             && a.overlaps(probe.offset, probe.end)
-            && !excluded.contains(&a.epoch.participant)
         {
             hit(a);
         }

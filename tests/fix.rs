@@ -103,6 +103,31 @@ fn one_record_stream_fixes_the_free_and_the_reuse() {
 }
 
 #[test]
+fn record_stream_names_only_the_streams_it_needs() {
+    // s1 waited for s2's write before reading: record_stream(b, s1) orders both before the reuse
+    // (the allocator's event on s1 follows s2's write too), so s2 needs none of its own.
+    let p = program(
+        r#"{"op":"alloc","buffer":"b","bytes":4096,"stream":"compute"}
+{"op":"launch","stream":"compute","writes":["b"]}
+{"op":"event_record","event":"e0","stream":"compute"}
+{"op":"event_wait","stream":"s2","event":"e0"}
+{"op":"launch","stream":"s2","writes":["b"]}
+{"op":"event_record","event":"e1","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"e1"}
+{"op":"launch","stream":"s1","reads":["b"]}
+{"op":"free","buffer":"b"}
+{"op":"alloc","buffer":"c","bytes":4096,"stream":"compute"}
+{"op":"launch","stream":"compute","writes":["c"]}"#,
+    );
+    let f = fix_program(&p).unwrap();
+    let kinds: Vec<HazardKind> = f.before.hazards.iter().map(|h| h.kind).collect();
+    assert_eq!(kinds, [HazardKind::UnsafeFree, HazardKind::ReuseRace]);
+    assert_eq!(inserted(&f), ["record_stream(b, s1)"]);
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+    assert_eq!((f.summary.fixed, f.summary.inserted), (2, 1));
+}
+
+#[test]
 fn one_wait_fixes_every_later_read_of_the_same_write() {
     let p = program(
         r#"{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}

@@ -304,6 +304,10 @@ struct Buffer {
     accesses: Vec<Access>,
     /// Streams named by `record_stream` (not the owning stream of device memory).
     record: Vec<usize>,
+    /// Once freed: the join of the clocks of the `record` streams at the free. What it covers
+    /// happens before every reuse of the buffer's bytes (the allocator waits for events
+    /// recorded on those streams at the free).
+    excused: Clock,
     /// Whether a synchronization its free needed was left out: the bug then carries on into the
     /// reuse of its bytes instead of being repaired there.
     sloppy: bool,
@@ -475,7 +479,8 @@ impl Model {
     /// Calls `f(from, t, reuse, sloppy)` for every earlier access that an access by `p` to
     /// `touches` conflicts with and does not happen after: by another participant, overlapping,
     /// one of the two a write, on the same buffer or (`reuse`) on the same bytes of an earlier,
-    /// freed buffer whose free did not `record_stream` the accessing stream. `sloppy`: that
+    /// freed buffer, unless a stream named by `record_stream` for it had synchronized with the
+    /// access by the free. `sloppy`: that
     /// buffer's free was left unsafe.
     fn conflicts(&self, p: usize, touches: &[Touch], mut f: impl FnMut(usize, u64, bool, bool)) {
         let c = self.issue_clock(p);
@@ -498,7 +503,7 @@ impl Model {
                         && alo < hi
                         && lo < ahi
                         && c[a.p] < a.t
-                        && !old.record.contains(&a.p)
+                        && old.excused[a.p] < a.t
                     {
                         f(a.p, a.t, true, old.sloppy);
                     }
@@ -578,6 +583,7 @@ impl Model {
                     live: true,
                     accesses,
                     record: Vec::new(),
+                    excused: [0; PARTICIPANTS],
                     sloppy: false,
                 });
             }
@@ -588,8 +594,13 @@ impl Model {
                 if named.is_some() {
                     self.begin(by);
                 }
+                let mut excused = [0; PARTICIPANTS];
+                for &r in &self.bufs[b].record {
+                    join(&mut excused, &self.clocks[r]);
+                }
                 let buf = &mut self.bufs[b];
                 buf.live = false;
+                buf.excused = excused;
                 // The model handed this block out, so giving it back cannot fail.
                 let _ = if buf.memory == MemoryKind::Device {
                     self.device.free(buf.addr, by as u32)

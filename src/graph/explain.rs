@@ -123,6 +123,29 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             ));
         }
     }
+    if let (HazardKind::ReuseRace, Some(free)) = (h.kind, &h.free) {
+        // record_stream orders, before the reuse, what the named streams had synchronized with
+        // by the free; the conflicts are what it did not cover.
+        for r in g.recorded_at_free(free.op) {
+            named.push(r.op);
+            let upto = match r.last {
+                Some(last) => format!("up to op {last}"),
+                None => "(it had none)".to_string(),
+            };
+            let missed: Vec<String> = latest.iter().map(|(p, a)| format!("{p} op {a}")).collect();
+            why.push(format!(
+                "record_stream({}, {}) at op {}: before handing out {}'s memory again the allocator waits for {}'s work {upto} and for what {} had waited for by the free at op {} — not for {}",
+                free.buffer,
+                r.stream,
+                r.op,
+                free.buffer,
+                r.stream,
+                r.stream,
+                free.op,
+                missed.join(", ")
+            ));
+        }
+    }
     let edges: Vec<String> = latest
         .iter()
         .map(|&(p, a)| {

@@ -215,6 +215,26 @@ pub struct DepGraph {
     /// (op, device) of the implicit device synchronizations, in op order; see
     /// [`Checker::implicit_syncs`](crate::Checker::implicit_syncs).
     implicit: std::collections::VecDeque<(u64, u64)>,
+    /// Live allocated buffers with their owner (device memory) and the `record_stream`s named
+    /// for them so far.
+    recorded: HashMap<Id, Recorded>,
+    /// The frees that reuse races name, with the `record_stream`s the freed buffer had.
+    reuse_frees: HashMap<u64, Vec<RecordedStream>>,
+}
+
+/// A live buffer's owning stream (device memory) and its `record_stream`s.
+#[derive(Clone, Debug, Default)]
+struct Recorded {
+    owner: Option<String>,
+    streams: Vec<RecordedStream>,
+}
+
+/// One `record_stream` of a buffer: its op, the stream, and that stream's latest op then.
+#[derive(Clone, Debug)]
+pub(crate) struct RecordedStream {
+    op: u64,
+    stream: String,
+    last: Option<u64>,
 }
 
 impl DepGraph {
@@ -222,6 +242,12 @@ impl DepGraph {
     /// reaches them, and the ops they need are kept.
     pub fn new(report: &Report, cfg: GraphConfig) -> Self {
         let mut pins = HashSet::default();
+        let reuse_frees = report
+            .hazards
+            .iter()
+            .filter(|h| h.kind == crate::report::HazardKind::ReuseRace)
+            .filter_map(|h| h.free.as_ref().map(|f| (f.op, Vec::new())))
+            .collect();
         for h in report.hazards.iter().take(cfg.max_drawn_hazards) {
             pins.insert(h.op);
             pins.extend(h.conflicts.iter().map(|c| c.op));
@@ -249,6 +275,8 @@ impl DepGraph {
             pruned: false,
             stats: GraphStats::default(),
             implicit: Default::default(),
+            recorded: HashMap::default(),
+            reuse_frees,
         }
     }
 
@@ -302,6 +330,7 @@ impl DepGraph {
             site: op.site.as_ref().map(|s| s.to_string()),
         });
         self.nodes.insert(index, node);
+        self.track_record_streams(index, &op.op);
         if lane == HOST_LANE {
             self.host_op(index, &op.op, &label);
         } else {
@@ -314,6 +343,59 @@ impl DepGraph {
         if self.g.node_count() > self.prune_at {
             self.prune(index);
         }
+    }
+
+    /// Keeps, for the frees that reuse races name, the `record_stream`s of the freed buffer:
+    /// which streams the allocator waited for, up to which op, before handing its memory out
+    /// again.
+    fn track_record_streams(&mut self, i: u64, op: &Op) {
+        match op {
+            Op::Alloc {
+                buffer,
+                stream,
+                memory,
+                ..
+            } => {
+                let owner = (*memory == crate::trace::MemoryKind::Device).then(|| {
+                    stream
+                        .as_ref()
+                        .map_or(DEFAULT_STREAM.to_string(), |s| s.to_string())
+                });
+                self.recorded.insert(
+                    buffer.clone(),
+                    Recorded {
+                        owner,
+                        streams: Vec::new(),
+                    },
+                );
+            }
+            Op::RecordStream { buffer, stream } => {
+                let last = self
+                    .lane_index(stream.as_str())
+                    .and_then(|l| self.lanes[l].last);
+                if let Some(r) = self.recorded.get_mut(buffer) {
+                    if r.owner.as_deref() != Some(stream.as_str()) {
+                        r.streams.push(RecordedStream {
+                            op: i,
+                            stream: stream.to_string(),
+                            last,
+                        });
+                    }
+                }
+            }
+            Op::Free { buffer, .. } => {
+                let streams = self.recorded.remove(buffer).map(|r| r.streams);
+                if let (Some(slot), Some(streams)) = (self.reuse_frees.get_mut(&i), streams) {
+                    *slot = streams;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The `record_stream`s the buffer freed at op `free` had, if a reuse race names that free.
+    fn recorded_at_free(&self, free: u64) -> &[RecordedStream] {
+        self.reuse_frees.get(&free).map_or(&[], |v| v.as_slice())
     }
 
     /// The lane, label and access lines of an op.
