@@ -446,6 +446,7 @@ impl Checker {
                             event: Some(event.to_string()),
                             participant: stream.to_string(),
                             notes: vec![], why: Vec::new() },
+                        confirmation: None,
                     });
                 }
             }
@@ -789,6 +790,7 @@ impl Checker {
                         notes,
                         why: Vec::new(),
                     },
+                    confirmation: None,
                 });
                 return Ok(());
             }
@@ -877,6 +879,7 @@ impl Checker {
                     }],
                     why: Vec::new(),
                 },
+                confirmation: None,
             });
         }
         // Hand the memory back to the allocator model.
@@ -1306,6 +1309,7 @@ impl Checker {
                     notes,
                     why: Vec::new(),
                 },
+                confirmation: None,
             });
             start = stop;
         }
@@ -1366,6 +1370,7 @@ impl Checker {
                     "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
                 )),
                 detail: Detail { op_name: op.name(), label: None, event: None, participant: participant.clone(), notes, why: Vec::new() },
+                confirmation: None,
             });
             start = stop;
         }

@@ -10,7 +10,9 @@
 //! [`SimConfig::chunk_words`] words that interleave with other participants' chunks.
 //!
 //! Memory comes from the same allocator policies as the checker's model ([`crate::alloc`]) over a
-//! simulated arena, so a buffer freed while in use is handed out again and overwritten, exactly as
+//! simulated arena — or, for allocations with `addr` (recorded traces made runnable by
+//! [`crate::fuzz::runnable`]), from where the program places it, with the device synchronization
+//! the trace format implies when device memory comes back on another stream — so a buffer freed while in use is handed out again and overwritten, exactly as
 //! on a GPU. Kernels compute [`crate::kernels::hash_word`]: each written word depends on the op,
 //! its index and every word read at that index, so any reordering changes the result.
 //!
@@ -312,6 +314,10 @@ struct Buffer {
     gen: u32,
     addr: u64,
     size: u64,
+    /// The owning stream (device memory).
+    owner: usize,
+    /// Whether the program placed it (`addr`) rather than the allocator.
+    placed: bool,
     /// Ops that must complete before this buffer's memory may be used (record_stream fences of
     /// the freed buffers whose blocks it reuses).
     fences: Vec<usize>,
@@ -392,6 +398,10 @@ struct Run<'p> {
     /// each word received from its own accesses.
     gens: Vec<(usize, Id, u64, Vec<Option<u32>>)>,
     freed: Vec<Freed>,
+    /// Placed device memory freed and not yet allocated again: start → (end, the stream its
+    /// free gave it to). Memory that comes back on another stream went back to the driver,
+    /// which synchronized the device.
+    freed_to: BTreeMap<u64, (u64, usize)>,
     record_streams: HashMap<Id, Vec<usize>>,
     events: HashMap<Id, Option<usize>>,
     done: Vec<bool>,
@@ -405,6 +415,18 @@ struct Run<'p> {
 const DEVICE_BASE: u64 = 0x7f00_0000_0000;
 const PINNED_BASE: u64 = 0x2000_0000_0000;
 const MANAGED_BASE: u64 = 0x3000_0000_0000;
+
+/// Where memory placed by the program (`addr`) may lie: from the base of its kind's compressed
+/// space ([`crate::fuzz::runnable::BASES`]), at most [`MAX_WORDS`] words up.
+const PLACED_BASES: [u64; 3] = crate::fuzz::runnable::BASES;
+
+/// The most words the simulator gives one buffer, or placed memory of one kind: larger programs
+/// are not simulated (an `Unsupported` error says so).
+pub const MAX_WORDS: u64 = 1 << 24;
+
+fn addr_given(op: &Op) -> bool {
+    matches!(op, Op::Alloc { addr: Some(_), bytes, .. } if *bytes > 0)
+}
 
 /// Runs `program` under `scheduler`.
 pub fn run(
@@ -423,6 +445,7 @@ pub fn run(
         buffers: HashMap::new(),
         gens: Vec::new(),
         freed: Vec::new(),
+        freed_to: BTreeMap::new(),
         record_streams: HashMap::new(),
         events: HashMap::new(),
         done: vec![false; program.len()],
@@ -734,27 +757,61 @@ impl Run<'_> {
                 memory,
                 addr,
             } => {
-                if addr.is_some() {
-                    return Err(Self::unsupported(i, "explicit addresses"));
+                if *bytes / 4 > MAX_WORDS {
+                    return Err(Self::unsupported(
+                        i,
+                        format!(
+                            "buffer {buffer} of {bytes} bytes is too large to simulate (at most {} bytes)",
+                            4 * MAX_WORDS
+                        ),
+                    ));
                 }
-                let key = stream.as_ref().map(|s| self.stream(s)).unwrap_or(0) as u32;
-                let block = match memory {
-                    MemoryKind::Device => self.device.allocate(*bytes, key),
-                    MemoryKind::Pinned => self.pinned.allocate(*bytes),
-                    MemoryKind::Managed => self.managed.allocate(*bytes),
-                }
-                .map_err(|e| Self::unsupported(i, e.to_string()))?;
-                let addr = block.map(|b| b.addr).unwrap_or(0);
+                let key = stream.as_ref().map(|s| self.stream(s)).unwrap_or(0);
+                let addr = match addr {
+                    Some(a) if *bytes > 0 => {
+                        self.place(i, *memory, *a, *bytes)?;
+                        if *memory == MemoryKind::Device && self.reappears(*a, a + bytes, key) {
+                            // The memory went back to the driver and came back: the device
+                            // was synchronized.
+                            let device = self.streams[key].device;
+                            self.host_wait = self
+                                .streams
+                                .iter()
+                                .filter(|s| s.device == device)
+                                .filter_map(|s| s.last)
+                                .collect();
+                        }
+                        *a
+                    }
+                    _ => {
+                        let block = match memory {
+                            MemoryKind::Device => self.device.allocate(*bytes, key as u32),
+                            MemoryKind::Pinned => self.pinned.allocate(*bytes),
+                            MemoryKind::Managed => self.managed.allocate(*bytes),
+                        }
+                        .map_err(|e| Self::unsupported(i, e.to_string()))?;
+                        block.map(|b| b.addr).unwrap_or(0)
+                    }
+                };
                 // The block reuses memory of earlier buffers freed with record_stream: fence.
                 let end = addr + bytes;
                 self.gens
                     .push((i, buffer.clone(), addr, vec![None; (*bytes / 4) as usize]));
-                let fences: Vec<usize> = self
-                    .freed
-                    .iter()
-                    .filter(|f| f.memory == *memory && f.addr < end && addr < f.addr + f.size)
-                    .flat_map(|f| f.fences.iter().copied())
-                    .collect();
+                let mut fences: Vec<usize> = Vec::new();
+                let done = &self.done;
+                self.freed.retain(|f| {
+                    let overlaps = f.memory == *memory && f.addr < end && addr < f.addr + f.size;
+                    if overlaps {
+                        for &x in &f.fences {
+                            if !done[x] && !fences.contains(&x) {
+                                fences.push(x);
+                            }
+                        }
+                    }
+                    // A freed range the new buffer covers whole hands its fences on to it.
+                    let covered = overlaps && addr <= f.addr && f.addr + f.size <= end;
+                    !covered && f.fences.iter().any(|&x| !done[x])
+                });
                 self.buffers.insert(
                     buffer.clone(),
                     Buffer {
@@ -762,6 +819,8 @@ impl Run<'_> {
                         gen: self.gens.len() as u32 - 1,
                         addr,
                         size: *bytes,
+                        owner: key,
+                        placed: addr_given(op),
                         fences,
                     },
                 );
@@ -773,28 +832,42 @@ impl Run<'_> {
                     self.done[i] = true;
                     return Ok(());
                 };
-                let owner_key = self.owner_key(i, &b);
                 let rs = self.record_streams.remove(buffer).unwrap_or_default();
-                let mut fences: Vec<usize> =
-                    rs.iter().filter_map(|&s| self.streams[s].last).collect();
-                fences.extend(&b.fences);
+                let mut fences: Vec<usize> = Vec::new();
+                for f in rs
+                    .iter()
+                    .filter_map(|&s| self.streams[s].last)
+                    .chain(b.fences)
+                {
+                    if !self.done[f] && !fences.contains(&f) {
+                        fences.push(f);
+                    }
+                }
+                let to = match stream {
+                    Some(s) => self.stream(s),
+                    None => b.owner,
+                };
                 if b.size > 0 {
-                    let res = match (b.memory, stream) {
-                        (MemoryKind::Device, Some(s)) => {
-                            let s = self.stream(s);
-                            self.device.free(b.addr, s as u32)
+                    if b.placed {
+                        if b.memory == MemoryKind::Device {
+                            self.freed_to.insert(b.addr, (b.addr + b.size, to));
                         }
-                        (MemoryKind::Device, None) => self.device.free(b.addr, owner_key),
-                        (MemoryKind::Pinned, _) => self.pinned.free(b.addr),
-                        (MemoryKind::Managed, _) => self.managed.free(b.addr),
-                    };
-                    res.map_err(|e| Self::unsupported(i, e.to_string()))?;
-                    self.freed.push(Freed {
-                        memory: b.memory,
-                        addr: b.addr,
-                        size: b.size,
-                        fences,
-                    });
+                    } else {
+                        let res = match b.memory {
+                            MemoryKind::Device => self.device.free(b.addr, to as u32),
+                            MemoryKind::Pinned => self.pinned.free(b.addr),
+                            MemoryKind::Managed => self.managed.free(b.addr),
+                        };
+                        res.map_err(|e| Self::unsupported(i, e.to_string()))?;
+                    }
+                    if !fences.is_empty() {
+                        self.freed.push(Freed {
+                            memory: b.memory,
+                            addr: b.addr,
+                            size: b.size,
+                            fences,
+                        });
+                    }
                 }
                 match stream {
                     Some(s) => {
@@ -946,12 +1019,55 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn owner_key(&self, _i: usize, b: &Buffer) -> u32 {
-        // The device allocator remembers each block's stream; a caching free returns it there.
-        self.device
-            .block(b.addr)
-            .and_then(|s| s.stream)
-            .unwrap_or(0)
+    /// Makes the program's placement of `[addr, addr + bytes)` usable: one segment per memory
+    /// kind from its base up (see [`crate::fuzz::runnable`], which places memory compactly).
+    fn place(
+        &mut self,
+        i: usize,
+        memory: MemoryKind,
+        addr: u64,
+        bytes: u64,
+    ) -> Result<(), SimError> {
+        let base = PLACED_BASES[memory.index()];
+        let inside = addr >= base
+            && addr
+                .checked_add(bytes)
+                .is_some_and(|e| (e - base) / 4 <= MAX_WORDS);
+        if !inside {
+            return Err(Self::unsupported(
+                i,
+                format!(
+                    "{} memory at {addr:#x} is outside what the simulator can place ({} bytes from {base:#x})",
+                    memory.as_str(),
+                    4 * MAX_WORDS
+                ),
+            ));
+        }
+        self.arena(memory).segments.entry(base).or_default();
+        Ok(())
+    }
+
+    /// Whether placed device memory `[start, end)`, allocated on stream `owner`, was last freed
+    /// to another stream (it went back to the driver).
+    fn reappears(&mut self, start: u64, end: u64, owner: usize) -> bool {
+        let mut other = false;
+        let overlapped: Vec<(u64, u64, usize)> = self
+            .freed_to
+            .range(..end)
+            .filter(|(_, &(e, _))| e > start)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        for (s, e, p) in overlapped {
+            other |= p != owner;
+            self.freed_to.remove(&s);
+            if s < start {
+                self.freed_to.insert(s, (start, p));
+            }
+            if e > end {
+                self.freed_to.insert(end, (e, p));
+            }
+        }
+        other
     }
 }
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::checker::Checker;
 use crate::fuzz::gen::{generate, GenConfig};
-use crate::report::{AccessKind, Hazard, HazardKind, Report};
+use crate::report::{AccessKind, Confirmation, Hazard, HazardKind, Report};
 use crate::sim::{self, Adversarial, Outcome, RandomScheduler, SimConfig, SimError};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, TraceWriter};
 use crate::workload::SplitMix;
@@ -238,19 +238,21 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                     bytes,
                     stream,
                     memory,
-                    ..
+                    addr,
                 } = &program[a].op
                 else {
                     continue;
                 };
                 let tmp = Id::from(format!("{buffer}.previous"));
+                // With addresses given, the temporary takes the allocation's own bytes (they are
+                // free just before it).
                 let ops = [
                     Op::Alloc {
                         buffer: tmp.clone(),
                         bytes: *bytes,
                         stream: stream.clone(),
                         memory: *memory,
-                        addr: None,
+                        addr: *addr,
                     },
                     Op::Launch {
                         stream: Id::from(c.participant.clone()),
@@ -287,16 +289,37 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
             // Allocate the same size right after the free, on the stream the block goes back to,
             // and overwrite it; hold the unordered accesses until that write is done.
             let name = h.buffer.as_ref()?;
-            let (bytes, memory) = program[..at].iter().rev().find_map(|op| match &op.op {
+            let (bytes, memory, addr) = program[..at].iter().rev().find_map(|op| match &op.op {
                 Op::Alloc {
                     buffer,
                     bytes,
                     memory,
+                    addr,
                     ..
-                } if buffer.as_str() == name => Some((*bytes, *memory)),
+                } if buffer.as_str() == name => Some((*bytes, *memory, *addr)),
                 _ => None,
             })?;
             let by = h.access.as_ref()?.participant.clone();
+            if let Some(a) = addr.filter(|_| bytes > 0) {
+                // The program places its memory: a buffer of its own may take these bytes later,
+                // and one put here would share them with it. When the program writes such a
+                // buffer, that write is the reuse to corrupt.
+                if let Some((reuser, until)) = reuse_in_program(program, at, memory, a, a + bytes) {
+                    let holds: Vec<(usize, usize)> = h
+                        .conflicts
+                        .iter()
+                        .filter_map(held)
+                        .map(|y| (y, until))
+                        .collect();
+                    let mut watch = hazard_buffers(h);
+                    watch.insert(reuser);
+                    return (!holds.is_empty()).then(|| Provocation {
+                        program: program.to_vec(),
+                        holds,
+                        watch,
+                    });
+                }
+            }
             let fresh = Id::from(format!("{name}.reused"));
             let mut p = program.to_vec();
             let (alloc, write) = if memory == MemoryKind::Device {
@@ -306,7 +329,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                         bytes,
                         stream: Some(Id::from(by.clone())),
                         memory,
-                        addr: None,
+                        addr,
                     },
                     Op::Launch {
                         stream: Id::from(by),
@@ -322,7 +345,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                         bytes,
                         stream: None,
                         memory,
-                        addr: None,
+                        addr,
                     },
                     Op::HostWrite {
                         buffer: Region::whole(fresh),
@@ -347,6 +370,48 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
         }
         _ => None,
     }
+}
+
+/// With placed memory: the first buffer allocated after op `at` on bytes `[start, end)` of
+/// `memory`, if the program writes it, and its first write.
+fn reuse_in_program(
+    program: &[TraceOp],
+    at: usize,
+    memory: MemoryKind,
+    start: u64,
+    end: u64,
+) -> Option<(Id, usize)> {
+    let (k, name) = program
+        .iter()
+        .enumerate()
+        .skip(at + 1)
+        .find_map(|(k, op)| match &op.op {
+            Op::Alloc {
+                buffer,
+                bytes,
+                memory: m,
+                addr: Some(a),
+                ..
+            } if *m == memory && *a < end && start < a.saturating_add(*bytes) => {
+                Some((k, buffer.clone()))
+            }
+            _ => None,
+        })?;
+    let writes = |op: &Op| match op {
+        Op::Launch { writes, .. } => writes.iter().any(|r| r.buffer == name),
+        Op::Copy { dst, .. } | Op::Memset { dst, .. } | Op::HostWrite { buffer: dst } => {
+            dst.buffer == name
+        }
+        _ => false,
+    };
+    let until = program
+        .iter()
+        .enumerate()
+        .skip(k + 1)
+        .take_while(|(_, op)| !matches!(&op.op, Op::Free { buffer, .. } if *buffer == name))
+        .find(|(_, op)| writes(&op.op))?
+        .0;
+    Some((name, until))
 }
 
 /// Whether a program's runs are explained by its report: every divergent run touches a buffer
@@ -552,6 +617,62 @@ pub(crate) fn write_trace(
     }
     w.finish().map_err(|e| e.to_string())?;
     Ok(path)
+}
+
+/// Provokes every hazard of `report`, the check of `trace`, on `exec` (`attempts` runs each) and
+/// records in each hazard what was seen ([`Confirmation`]): corruption observed in k of n
+/// attempts, or why the provocation did not run. The trace is first made runnable
+/// ([`runnable`](crate::fuzz::runnable::runnable)): recorded traces with real addresses,
+/// external buffers, pinned and managed memory run as well as generated programs. `progress` is
+/// called after each hazard with (done, total).
+pub fn confirm_report(
+    trace: &[TraceOp],
+    report: &mut Report,
+    exec: &mut dyn Executor,
+    attempts: u32,
+    mut progress: impl FnMut(usize, usize),
+) {
+    let backend = exec.name();
+    let skipped = |why: String| Confirmation::Skipped {
+        backend,
+        skipped: why,
+    };
+    let runnable = crate::fuzz::runnable::runnable(trace);
+    let total = report.hazards.len();
+    for (k, h) in report.hazards.iter_mut().enumerate() {
+        let c = match (provokable(h.kind), &runnable) {
+            (None, _) => skipped(not_provoked(h.kind).to_string()),
+            (Some(_), Err(e)) => skipped(format!("the trace cannot be run: {e}")),
+            (Some(_), Ok(r)) => {
+                let moved = r.hazard(h);
+                match confirm(&r.program, &moved, exec, attempts, h.op) {
+                    Ok(Some((observed, attempts))) => Confirmation::Ran {
+                        backend,
+                        observed,
+                        attempts,
+                    },
+                    Ok(None) => skipped(
+                        "no unordered access to hold back (its conflicts happen before everything the provocation can delay)"
+                            .into(),
+                    ),
+                    Err(SimError::Unsupported { message, .. }) => skipped(message),
+                }
+            }
+        };
+        h.confirmation = Some(c);
+        progress(k + 1, total);
+    }
+}
+
+/// Why a hazard of a kind that is not a race is not provoked.
+fn not_provoked(kind: HazardKind) -> &'static str {
+    match kind {
+        HazardKind::UseAfterFree => {
+            "a use after free is found in the trace itself: the op names a freed buffer, there is no race to provoke"
+        }
+        HazardKind::InvalidFree => "an invalid free frees nothing: there is no race to provoke",
+        _ => "a warning, not a race: there is nothing to provoke",
+    }
 }
 
 /// Tries to make a reported hazard manifest: runs its provocation `attempts` times and counts

@@ -23,13 +23,19 @@
 //!   so reads of never-written memory see the same words in every run. All segments are unmapped
 //!   once the device is idle at the end of the run; nothing is cached across runs, so device
 //!   memory in use ([`CudaExecutor::device_memory_in_use`]) returns to its starting value.
+//! - **Placed memory**: allocations with `addr` (the compressed addresses of
+//!   [`crate::fuzz::runnable`], which `check --confirm` runs recorded traces through) lie in one
+//!   segment per memory kind, mapped and zeroed before the run (managed memory is pinned memory
+//!   here); device memory that comes back on another stream than the one its free gave it to
+//!   synchronizes the device at its `alloc`, as the trace format says.
 //! - **`record_stream`**: as in the simulator, a free records a fence event on every stream
 //!   recorded for the buffer; every later access of memory that reuses the freed bytes waits for
 //!   those fences first (a stream op with `cuStreamWaitEvent`, a host access with
 //!   `cuEventSynchronize`).
 //!
 //! Kernels are those of [`crate::kernels`]: a launch at op index `i` runs `hash_launch` with
-//! `op_id = i` once per write region `j`, reads in order; a memset writes
+//! `op_id = i` once per write region `j`, reads in order (the first [`MAX_READS`] of them; every
+//! read region is observed); a memset writes
 //! [`memset_word`]`(i)`; a copy is the `copy_words` kernel; a host write writes
 //! [`hash_word`]`(i, 0, k, [])` at word `k`.
 //!
@@ -76,6 +82,7 @@ use std::rc::Rc;
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory};
 use crate::cuda::{DeviceRegion, Event, Gpu, GpuError, Kernels, PinnedBuffer, Stream, StreamKind};
 use crate::fuzz::campaign::Executor;
+use crate::fuzz::runnable::BASES;
 use crate::kernels::{checksum, hash_word, memset_word, MAX_READS};
 use crate::sim::{Outcome, SimError};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
@@ -373,6 +380,31 @@ fn segments_needed(program: &[TraceOp]) -> (Vec<u64>, Vec<u64>) {
     (device.into_memory().1, pinned.into_memory().1)
 }
 
+/// The most bytes of placed memory of one kind a run maps.
+pub const MAX_PLACED_BYTES: u64 = 4 << 30;
+
+/// The bytes each memory kind's placed memory spans: the highest end of an allocation with
+/// `addr`, from its kind's base ([`BASES`]).
+fn placed_extents(program: &[TraceOp]) -> [u64; 3] {
+    let mut extent = [0u64; 3];
+    for op in program {
+        if let Op::Alloc {
+            bytes,
+            memory,
+            addr: Some(a),
+            ..
+        } = &op.op
+        {
+            if *bytes > 0 {
+                let k = memory.index();
+                let end = a.saturating_sub(BASES[k]).saturating_add(*bytes);
+                extent[k] = extent[k].max(end.next_multiple_of(4));
+            }
+        }
+    }
+    extent
+}
+
 /// Pinned segments of one run, by device address (`cuMemHostAlloc` zeroes them).
 struct PinnedSegments<'g> {
     gpu: &'g Gpu,
@@ -423,6 +455,10 @@ struct Buffer {
     memory: MemoryKind,
     addr: u64,
     size: u64,
+    /// The owning stream (the allocation's).
+    owner: usize,
+    /// Whether the program placed it (`addr`) rather than the allocator.
+    placed: bool,
     /// `record_stream` fences of the freed buffers whose bytes it reuses.
     fences: Vec<Rc<Event>>,
 }
@@ -467,6 +503,12 @@ struct Run<'g> {
     events: HashMap<Id, Event>,
     buffers: HashMap<Id, Buffer>,
     freed: Vec<Freed>,
+    /// Where memory the program places (`addr`) lies, per memory kind: the real base of the
+    /// segment that holds it and its size (managed memory is pinned memory here).
+    placed: [Option<(u64, u64)>; 3],
+    /// Placed device memory freed and not yet allocated again: start → (end, the stream its
+    /// free gave it to).
+    freed_to: BTreeMap<u64, (u64, usize)>,
     record_streams: HashMap<Id, Vec<usize>>,
     /// The device array of checksum slots (`u64` each) and how many there are.
     slots: u64,
@@ -512,6 +554,24 @@ impl<'g> Run<'g> {
             let base = pinned.map_fresh(size).map_err(setup)?;
             pinned.prepared.push_back((size, base));
         }
+        let mut placed = [None; 3];
+        for (k, extent) in placed_extents(program).into_iter().enumerate() {
+            if extent == 0 {
+                continue;
+            }
+            if extent > MAX_PLACED_BYTES {
+                return Err(unsupported(
+                    0,
+                    format!("the program places {extent} bytes of memory of one kind; at most {MAX_PLACED_BYTES} are run"),
+                ));
+            }
+            let base = if k == MemoryKind::Device.index() {
+                segments.map_zeroed(extent).map_err(setup)?
+            } else {
+                pinned.map_fresh(extent).map_err(setup)?
+            };
+            placed[k] = Some((base, extent));
+        }
         let mut run = Run {
             gpu,
             k,
@@ -525,6 +585,8 @@ impl<'g> Run<'g> {
             events: HashMap::new(),
             buffers: HashMap::new(),
             freed: Vec::new(),
+            placed,
+            freed_to: BTreeMap::new(),
             record_streams: HashMap::new(),
             slots,
             slot_count,
@@ -634,6 +696,65 @@ impl<'g> Run<'g> {
         // Pinned segments go with the allocator's memory when the run is dropped; free them now.
         self.pinned.memory_mut().segments.clear();
         synced.and(unmapped)
+    }
+
+    /// The real address of memory the program placed at `addr` (compressed, see
+    /// [`crate::fuzz::runnable`]); device memory that comes back on another stream than the one
+    /// its free gave it to went back to the driver, which synchronizes the device.
+    fn place(
+        &mut self,
+        i: usize,
+        memory: MemoryKind,
+        addr: u64,
+        bytes: u64,
+        owner: usize,
+    ) -> Result<u64, SimError> {
+        let base = BASES[memory.index()];
+        let (real, extent) = self.placed[memory.index()]
+            .ok_or_else(|| unsupported(i, "placed memory without its segment"))?;
+        let offset = addr
+            .checked_sub(base)
+            .filter(|o| o.checked_add(bytes).is_some_and(|e| e <= extent))
+            .ok_or_else(|| {
+                unsupported(
+                    i,
+                    format!(
+                        "{} memory at {addr:#x} is outside the placed memory",
+                        memory.as_str()
+                    ),
+                )
+            })?;
+        let real = real + offset;
+        if memory == MemoryKind::Device && self.reappears(real, real + bytes, owner) {
+            self.gpu.synchronize().map_err(driver(
+                i,
+                "synchronizing the device for memory that came back",
+            ))?;
+        }
+        Ok(real)
+    }
+
+    /// Whether placed device memory `[start, end)`, allocated on stream `owner`, was last freed
+    /// to another stream.
+    fn reappears(&mut self, start: u64, end: u64, owner: usize) -> bool {
+        let overlapped: Vec<(u64, u64, usize)> = self
+            .freed_to
+            .range(..end)
+            .filter(|(_, &(e, _))| e > start)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        let mut other = false;
+        for (s, e, p) in overlapped {
+            other |= p != owner;
+            self.freed_to.remove(&s);
+            if s < start {
+                self.freed_to.insert(s, (start, p));
+            }
+            if e > end {
+                self.freed_to.insert(end, (e, p));
+            }
+        }
+        other
     }
 
     fn host_ptr(&mut self, op: usize, region: DeviceRegion) -> Result<*mut u32, SimError> {
@@ -821,9 +942,6 @@ impl<'g> Run<'g> {
                 memory,
                 addr,
             } => {
-                if addr.is_some() {
-                    return Err(unsupported(i, "explicit addresses"));
-                }
                 if bytes % 4 != 0 {
                     return Err(unsupported(
                         i,
@@ -834,21 +952,31 @@ impl<'g> Run<'g> {
                     Some(s) => self.stream(i, s)?,
                     None => 0,
                 };
+                let owner = key;
                 let key = u32::try_from(key).map_err(|_| unsupported(i, "too many streams"))?;
-                let block = match memory {
-                    MemoryKind::Device => self
-                        .device
-                        .allocate(*bytes, key)
-                        .map_err(|e| unsupported(i, format!("allocating {buffer}: {e}")))?,
-                    MemoryKind::Pinned => self
-                        .pinned
-                        .allocate(*bytes)
-                        .map_err(|e| unsupported(i, format!("allocating {buffer}: {e}")))?,
-                    MemoryKind::Managed => {
-                        return Err(unsupported(i, "managed memory is not supported"))
+                let placed = addr.is_some() && *bytes > 0;
+                let addr = match addr {
+                    Some(a) if *bytes > 0 => self.place(i, *memory, *a, *bytes, owner)?,
+                    _ => {
+                        let block = match memory {
+                            MemoryKind::Device => self
+                                .device
+                                .allocate(*bytes, key)
+                                .map_err(|e| unsupported(i, format!("allocating {buffer}: {e}")))?,
+                            MemoryKind::Pinned => self
+                                .pinned
+                                .allocate(*bytes)
+                                .map_err(|e| unsupported(i, format!("allocating {buffer}: {e}")))?,
+                            MemoryKind::Managed => {
+                                return Err(unsupported(
+                                    i,
+                                    "managed memory is run only where the program places it",
+                                ))
+                            }
+                        };
+                        block.map(|b| b.addr).unwrap_or(0)
                     }
                 };
-                let addr = block.map(|b| b.addr).unwrap_or(0);
                 let end = addr + bytes;
                 let mut fences: Vec<Rc<Event>> = Vec::new();
                 for f in self
@@ -868,6 +996,8 @@ impl<'g> Run<'g> {
                         memory: *memory,
                         addr,
                         size: *bytes,
+                        owner,
+                        placed,
                         fences,
                     },
                 );
@@ -896,11 +1026,7 @@ impl<'g> Run<'g> {
                         if b.memory == MemoryKind::Device {
                             let s = match stream {
                                 Some(s) => self.stream(i, s)?,
-                                None => self
-                                    .device
-                                    .block(b.addr)
-                                    .and_then(|x| x.stream)
-                                    .unwrap_or(0) as usize,
+                                None => b.owner,
                             };
                             if s != 0 {
                                 let out = self.checksum_slot(i, s, &sp)?;
@@ -937,22 +1063,22 @@ impl<'g> Run<'g> {
                     None => None,
                 };
                 if b.size > 0 {
-                    let freed = match b.memory {
-                        MemoryKind::Device => {
-                            let key = match free_stream {
-                                Some(s) => u32::try_from(s)
-                                    .map_err(|_| unsupported(i, "too many streams"))?,
-                                None => self
-                                    .device
-                                    .block(b.addr)
-                                    .and_then(|x| x.stream)
-                                    .unwrap_or(0),
-                            };
-                            self.device.free(b.addr, key)
+                    let to = free_stream.unwrap_or(b.owner);
+                    if b.placed {
+                        if b.memory == MemoryKind::Device {
+                            self.freed_to.insert(b.addr, (b.addr + b.size, to));
                         }
-                        _ => self.pinned.free(b.addr),
-                    };
-                    freed.map_err(|e| unsupported(i, format!("freeing {buffer}: {e}")))?;
+                    } else {
+                        let freed = match b.memory {
+                            MemoryKind::Device => {
+                                let key = u32::try_from(to)
+                                    .map_err(|_| unsupported(i, "too many streams"))?;
+                                self.device.free(b.addr, key)
+                            }
+                            _ => self.pinned.free(b.addr),
+                        };
+                        freed.map_err(|e| unsupported(i, format!("freeing {buffer}: {e}")))?;
+                    }
                     self.freed.push(Freed {
                         memory: b.memory,
                         addr: b.addr,
@@ -974,12 +1100,6 @@ impl<'g> Run<'g> {
                 writes,
                 ..
             } => {
-                if reads.len() > MAX_READS {
-                    return Err(unsupported(
-                        i,
-                        format!("a launch reads at most {MAX_READS} regions"),
-                    ));
-                }
                 let s = self.stream(i, stream)?;
                 let r: Vec<Span> = reads
                     .iter()
@@ -995,7 +1115,10 @@ impl<'g> Run<'g> {
                     .iter()
                     .map(|x| self.checksum_slot(i, s, x))
                     .collect::<Result<_, _>>()?;
-                let read_regions: Vec<DeviceRegion> = r.iter().map(|x| x.region).collect();
+                // The kernel hashes at most MAX_READS read regions into its writes; every read
+                // region is observed all the same.
+                let read_regions: Vec<DeviceRegion> =
+                    r.iter().take(MAX_READS).map(|x| x.region).collect();
                 let op_id = u32::try_from(i).map_err(|_| unsupported(i, "op index too large"))?;
                 for (j, out) in w.iter().enumerate() {
                     // SAFETY: every region lies in a live buffer of this run, mapped until

@@ -13,3 +13,4 @@ pub mod campaign;
 pub mod cuda;
 pub mod fixes;
 pub mod gen;
+pub mod runnable;

@@ -247,6 +247,70 @@ pub struct Hazard {
     /// Context for text reports; not part of the JSON report.
     #[serde(skip)]
     pub detail: Detail,
+    /// What `check --confirm` saw when it provoked the hazard: the report's one extension of
+    /// the trace format, present only with `--confirm`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub confirmation: Option<Confirmation>,
+}
+
+/// The outcome of provoking one hazard on an executor (`check --confirm sim|cuda`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Confirmation {
+    /// The provocation ran `attempts` times; `observed` of them corrupted the hazard's data.
+    Ran {
+        /// `"sim"` or `"cuda"`.
+        backend: &'static str,
+        /// Attempts whose data differed from the sequential reference.
+        observed: u32,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// The provocation did not run, and why.
+    Skipped {
+        /// `"sim"` or `"cuda"`.
+        backend: &'static str,
+        /// Why not.
+        skipped: String,
+    },
+}
+
+impl Confirmation {
+    /// One line for text reports: "confirmed on the simulator: corruption observed in 3 of 5
+    /// attempts", "not confirmed on GPU: …", "not run on GPU: …".
+    pub fn describe(&self) -> String {
+        let on = |backend: &str| {
+            if backend == "cuda" {
+                "GPU"
+            } else {
+                "the simulator"
+            }
+        };
+        match self {
+            Confirmation::Ran {
+                backend,
+                observed,
+                attempts,
+            } if *observed > 0 => format!(
+                "confirmed on {}: corruption observed in {observed} of {attempts} attempts",
+                on(backend)
+            ),
+            Confirmation::Ran {
+                backend, attempts, ..
+            } => format!(
+                "not confirmed on {}: no corruption observed in {attempts} attempts",
+                on(backend)
+            ),
+            Confirmation::Skipped { backend, skipped } => {
+                format!("not run on {}: {skipped}", on(backend))
+            }
+        }
+    }
+
+    /// Whether corruption was observed.
+    pub fn is_confirmed(&self) -> bool {
+        matches!(self, Confirmation::Ran { observed, .. } if *observed > 0)
+    }
 }
 
 /// Context that text reports show and the JSON report leaves out.

@@ -212,6 +212,9 @@ struct ResultProperties {
     pattern: Option<&'static str>,
     participant: Option<String>,
     fix: Option<String>,
+    /// What `check --confirm` saw, as in the JSON report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    confirmation: Option<super::Confirmation>,
 }
 
 #[derive(Default, Serialize)]
@@ -457,6 +460,7 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
             pattern: h.pattern.map(|p| p.as_str()),
             participant,
             fix: h.fix.clone(),
+            confirmation: h.confirmation.clone(),
         },
     }
 }
