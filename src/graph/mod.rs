@@ -11,7 +11,7 @@
 //! Alongside the graph, each lane keeps its *provenance*: for every other lane, the latest of its
 //! ops known to happen before the lane's current point, and the synchronization op through which
 //! that became known. When the walk reaches a hazard's op, this says what synchronization each
-//! side did have and what edge is missing ([`explain`]).
+//! side did have and what edge is missing (the `explain` module).
 //!
 //! Memory stays bounded on long traces: the graph keeps only the ops of the hazards (their op,
 //! their conflicting accesses, the synchronization their explanations name), each lane's latest
