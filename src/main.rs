@@ -220,13 +220,23 @@ macro_rules! outln {
 }
 
 fn main() -> ExitCode {
+    ExitCode::from(run(std::env::args_os()))
+}
+
+/// Runs the command line `args` (the program name first) and returns the exit status. The
+/// Python package's `streamsan` command runs this too.
+pub(crate) fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     init_tracing();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { 2 } else { 0 };
             let _ = e.print();
-            return ExitCode::from(code);
+            return code;
         }
     };
     let result = match cli.command {
@@ -265,10 +275,10 @@ fn main() -> ExitCode {
         Command::Fuzz(args) => fuzz(args),
     };
     match result {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(message) => {
             eprintln!("streamsan: {message}");
-            ExitCode::from(2)
+            2
         }
     }
 }

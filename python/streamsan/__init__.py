@@ -1,0 +1,45 @@
+"""streamsan: finds the synchronization bugs of multi-stream GPU programs.
+
+Two streams touching the same bytes with no event between them, and a buffer freed to a caching
+allocator while another stream still uses it: streamsan checks programs for both, from a trace
+(`check_trace`), op by op (`Checker`), or as a PyTorch program runs (`streamsan.torch`).
+
+    >>> import streamsan
+    >>> c = streamsan.Checker(explain=False)
+    >>> c.push({"op": "alloc", "buffer": "a", "bytes": 4096, "stream": "s1"})
+    []
+    >>> c.push({"op": "launch", "stream": "s1", "writes": ["a"]})
+    []
+    >>> c.push({"op": "launch", "stream": "s2", "reads": ["a"]})[0]["kind"]
+    'data-race'
+    >>> c.finish()
+    <streamsan.Report 1 error, 0 warnings in 3 ops: data-race on a at op 2>
+"""
+
+from __future__ import annotations
+
+from ._streamsan import Checker, Report, TraceError, __version__, check_trace
+
+__all__ = [
+    "Checker",
+    "HazardError",
+    "Report",
+    "TraceError",
+    "__version__",
+    "check_trace",
+]
+
+
+class HazardError(AssertionError):
+    """Raised when a checked program has hazards of severity error.
+
+    Its message is the text report (`report.to_text()`): every hazard with its accesses, why
+    it happened and how to fix it. `report` is the `Report`.
+    """
+
+    def __init__(self, report: Report) -> None:
+        super().__init__(report.to_text())
+        self.report = report
+
+    def __reduce__(self):  # pickling (pytest-xdist, multiprocessing) keeps the message
+        return (AssertionError, (str(self),))

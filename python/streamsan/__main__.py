@@ -1,0 +1,5 @@
+"""`python -m streamsan …` runs the `streamsan` command."""
+
+from ._cli import main
+
+main()

@@ -1,0 +1,144 @@
+"""streamsan.torch: check a PyTorch program for stream synchronization bugs as it runs.
+
+    import streamsan.torch
+
+    with streamsan.torch.check():          # raises streamsan.HazardError on a hazard
+        train_step()
+
+    with streamsan.torch.check(raise_on_hazard=False, trace="run.jsonl") as run:
+        train_step()
+    print(run.report.to_text())
+
+    streamsan.torch.record("run.jsonl")     # only write the trace (a context manager too)
+
+    python -m streamsan.torch train.py ARGS…   # a whole script; exit status 1 on hazards
+    pytest --streamsan                         # every test under check()
+
+What is recorded: every aten op's reads and writes as regions of their allocations, on the stream
+current for it (the autograd engine's threads too); allocations and frees with their real
+address, size and stream; record_stream; events, waits, queries and syncs; host reads of CUDA
+tensors (`.item()`, `.cpu()`, `print`) as the copy plus the synchronization they are; pinned host
+memory and `non_blocking` copies; collectives of torch.distributed. See docs/pytorch.md for what
+is not seen. `torch` is imported when a check starts, not before.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+from .. import Checker, HazardError, Report
+
+__all__ = ["Run", "check", "note_host_read", "note_host_write", "record"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Run:
+    """A check or recording in progress (a context manager); `report` is set when it ends.
+
+    `raise_on_hazard`: raise `streamsan.HazardError` at exit when errors were found (not when the
+    block itself raised). `trace`: also write the trace (format v1) there. `explain`: keep the
+    ops (in `trace`, or a temporary file) to explain hazards (`why:`) and draw the report.
+    `backend`: "auto" (the C++ recorder when it can be built, else Python), "native" or
+    "python" (also set by STREAMSAN_TORCH_BACKEND). `check=False` only writes the trace.
+    """
+
+    def __init__(
+        self,
+        raise_on_hazard: bool = True,
+        trace: Optional[PathLike] = None,
+        explain: bool = True,
+        backend: str = "auto",
+        check: bool = True,
+        _fake_device: bool = False,
+    ) -> None:
+        if not check and trace is None:
+            raise ValueError("record() needs a trace path")
+        self.raise_on_hazard = raise_on_hazard
+        self.trace = os.fspath(trace) if trace is not None else None
+        self.explain = explain
+        self.backend_choice = backend
+        self.checking = check
+        # For streamsan's own tests: CPU tensors stand for device memory.
+        self.fake_device = _fake_device or os.environ.get("STREAMSAN_TORCH_FAKE_DEVICE") == "1"
+        self.report: Optional[Report] = None
+        self.hazards: list[dict[str, Any]] = []
+        self._checker: Optional[Checker] = None
+        self._file = None
+        self._recorder = None
+
+    @property
+    def backend(self) -> Optional[str]:
+        """The recorder in use: "native" or "python"."""
+        return self._recorder.backend.name if self._recorder is not None else None
+
+    def _sink(self, data: bytes) -> None:
+        if self._checker is not None:
+            self.hazards.extend(self._checker.push_lines(data))
+        else:
+            self._file.write(data)
+
+    def __enter__(self) -> "Run":
+        from ._recorder import Recorder
+
+        if self.checking:
+            self._checker = Checker(trace=self.trace, explain=self.explain, name=self.trace or "<streamsan.torch>")
+        else:
+            self._file = open(self.trace, "wb")
+        try:
+            self._recorder = Recorder(self._sink, backend=self.backend_choice, fake_device=self.fake_device)
+            self._recorder.start()
+        except BaseException:
+            if self._file is not None:
+                self._file.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self._recorder.stop()
+        finally:
+            if self._file is not None:
+                self._file.close()
+            if self._checker is not None:
+                self.report = self._checker.finish()
+        if (
+            exc_type is None
+            and self.raise_on_hazard
+            and self.report is not None
+            and self.report.errors
+        ):
+            raise HazardError(self.report)
+
+
+def check(
+    raise_on_hazard: bool = True,
+    trace: Optional[PathLike] = None,
+    explain: bool = True,
+    backend: str = "auto",
+) -> Run:
+    """Checks the program inside the `with` block as it runs; see `Run`."""
+    return Run(raise_on_hazard=raise_on_hazard, trace=trace, explain=explain, backend=backend)
+
+
+def record(path: PathLike, backend: str = "auto") -> Run:
+    """Only writes the trace of the `with` block to `path`, for `streamsan check` later."""
+    return Run(raise_on_hazard=False, trace=path, check=False, backend=backend)
+
+
+def note_host_read(tensor) -> bool:
+    """Declares that the host reads `tensor`'s pinned memory (e.g. through a numpy view).
+
+    Returns whether it was recorded (a check is on, and the memory is pinned memory it knows).
+    """
+    from ._recorder import note_host_access
+
+    return note_host_access(tensor, False)
+
+
+def note_host_write(tensor) -> bool:
+    """Declares that the host writes `tensor`'s pinned memory (e.g. through a numpy view)."""
+    from ._recorder import note_host_access
+
+    return note_host_access(tensor, True)

@@ -1,0 +1,92 @@
+"""Builds and loads the C++ recorder (csrc/recorder.cpp) for the torch in use.
+
+A C++ extension of torch has no stable ABI: it is built once per torch version and Python, with
+`torch.utils.cpp_extension` (a C++ compiler and ninja are needed), and cached. Set
+STREAMSAN_TORCH_EXT to a built module (`.so`) to load it instead, and STREAMSAN_TORCH_EXT_DIR
+to choose the cache directory.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+import sysconfig
+
+_module = None
+_error: str | None = None
+
+SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "recorder.cpp")
+
+
+def _name() -> str:
+    import torch
+
+    tag = torch.__version__.replace(".", "_").replace("+", "_")
+    return f"streamsan_recorder_t{tag}_py{sys.version_info[0]}{sys.version_info[1]}"
+
+
+def _cuda_includes() -> list[str]:
+    """Where cuda_runtime_api.h is: the CUDA toolkit, or the pip packages of the CUDA runtime."""
+    out = []
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+
+        if CUDA_HOME and os.path.isdir(os.path.join(CUDA_HOME, "include")):
+            out.append(os.path.join(CUDA_HOME, "include"))
+    except Exception:
+        pass
+    for root in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        for h in glob.glob(os.path.join(root, "nvidia", "*", "include", "cuda_runtime_api.h")):
+            out.append(os.path.dirname(h))
+        for h in glob.glob(os.path.join(root, "nvidia", "cuda_runtime", "include", "cuda_runtime_api.h")):
+            out.append(os.path.dirname(h))
+    return out
+
+
+def build_dir() -> str:
+    d = os.environ.get("STREAMSAN_TORCH_EXT_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "streamsan", "torch-ext", _name()
+    )
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def load(verbose: bool = False):
+    """The extension module, built if needed; raises on failure (the message says why)."""
+    global _module, _error
+    if _module is not None:
+        return _module
+    if _error is not None:
+        raise RuntimeError(_error)
+    try:
+        path = os.environ.get("STREAMSAN_TORCH_EXT")
+        if path:
+            import torch  # noqa: F401  (the module links against torch's libraries)
+
+            spec = importlib.util.spec_from_file_location(_name(), path)
+            if spec is None or spec.loader is None:
+                raise RuntimeError(f"STREAMSAN_TORCH_EXT={path}: not a loadable module")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            import torch
+            from torch.utils import cpp_extension
+
+            lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+            mod = cpp_extension.load(
+                name=_name(),
+                sources=[SOURCE],
+                build_directory=build_dir(),
+                extra_include_paths=_cuda_includes(),
+                extra_cflags=["-O2", "-DNDEBUG", "-std=c++17"],
+                extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
+                with_cuda=False,
+                verbose=verbose,
+            )
+        _module = mod
+        return mod
+    except BaseException as e:  # a failed compiler run raises several kinds
+        _error = f"the C++ recorder could not be built or loaded: {type(e).__name__}: {e}"
+        raise RuntimeError(_error) from e

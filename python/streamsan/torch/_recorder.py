@@ -1,0 +1,841 @@
+"""The recorder: what a running PyTorch program does to memory and streams, as trace-format ops.
+
+Two backends write the same ops:
+
+- ``native``: the C++ extension (csrc/recorder.cpp): a RecordFunction observer on every dispatcher
+  op (the autograd engine's threads included) and the CUDA caching allocator's trace tracker
+  (allocations and frees with their real address, size and owning stream). Fast.
+- ``python``: a TorchDispatchMode and torch.cuda._gpu_trace's allocation callbacks. Works wherever
+  torch does, no compiler needed; slower (a Python call per op), and allocation sizes come from
+  the storage, their stream from the current stream.
+
+Both get synchronizations from torch.cuda._gpu_trace (event record, wait and synchronize; stream
+and device synchronize) and from wrappers of what that does not report (event and stream
+queries, elapsed_time). Ops go to a sink in batches: the Rust checker (online check), a trace
+file, or both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import warnings
+import weakref
+from typing import Any, Callable, Optional
+
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The recorder that is on, if any (one at a time in a process).
+_active: Optional["Recorder"] = None
+_callbacks_registered = False
+_alloc_callbacks_registered = False
+_lock = threading.Lock()
+
+
+def _q(s: str) -> str:
+    return json.dumps(s)
+
+
+def _site(quoted: str) -> str:
+    """The end of an op's line: its site when known, and the closing brace."""
+    return "}\n" if quoted == "null" else ',"site":' + quoted + "}\n"
+
+
+class _Warned:
+    """Warnings given once per check."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, key: str, message: str) -> None:
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sites: the innermost frame outside torch and streamsan
+
+
+class Sites:
+    def __init__(self) -> None:
+        import torch
+
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.own_dir = _PKG_DIR + os.sep
+        self.cwd = os.getcwd().rstrip(os.sep) + os.sep
+        self.cache: dict[Any, Optional[str]] = {}
+
+    def shown(self, code) -> Optional[str]:
+        try:
+            return self.cache[code]
+        except KeyError:
+            pass
+        f = code.co_filename
+        if f.startswith(self.torch_dir) or f.startswith(self.own_dir) or f.startswith("<frozen "):
+            shown = None
+        else:
+            shown = f[len(self.cwd):] if f.startswith(self.cwd) else f
+        self.cache[code] = shown
+        return shown
+
+    def site(self, depth: int = 2) -> Optional[str]:
+        try:
+            f = sys._getframe(depth)
+        except ValueError:
+            return None
+        while f is not None:
+            shown = self.shown(f.f_code)
+            if shown is not None:
+                return f"{shown}:{f.f_lineno}"
+            f = f.f_back
+        return None
+
+    def quoted(self, depth: int = 3) -> str:
+        s = self.site(depth)
+        return "null" if s is None else _q(s)
+
+
+# ----------------------------------------------------------------------------------------------
+# The pure-Python backend
+
+
+class _OpInfo:
+    __slots__ = ("name", "kind", "arg_write", "arg_names", "fresh", "copy", "factory", "pins")
+
+    def __init__(self, func) -> None:
+        schema = func._schema
+        name = schema.name
+        self.name = _q(name)
+        self.kind = "normal"
+        self.factory = name.startswith("aten::empty") or name.startswith("aten::new_empty")
+        self.pins = name in ("aten::_pin_memory", "aten::pin_memory")
+        self.copy = name in ("aten::copy_", "aten::_to_copy", "aten::to")
+        self.arg_write = [bool(a.alias_info is not None and a.alias_info.is_write) for a in schema.arguments]
+        self.arg_names = [a.name for a in schema.arguments]
+        returns = list(schema.returns)
+        self.fresh = any(r.alias_info is None for r in returns)
+        if name == "aten::record_stream":
+            self.kind = "record_stream"
+        elif name.startswith("c10d::"):
+            self.kind = "collective"
+        elif name in _SKIP:
+            self.kind = "skip"
+        elif returns and all(r.alias_info is not None for r in returns) and not any(self.arg_write):
+            self.kind = "skip"  # views
+
+
+_SKIP = {
+    "aten::size", "aten::stride", "aten::sym_size", "aten::sym_stride", "aten::sym_numel",
+    "aten::sym_storage_offset", "aten::is_pinned", "aten::is_same_size", "aten::dim",
+    "aten::numel", "aten::is_contiguous", "aten::_version", "aten::output_nr",
+    "aten::requires_grad_", "aten::retain_grad", "aten::set_data", "aten::data",
+    "aten::_is_zerotensor", "aten::is_conj", "aten::is_neg", "aten::result_type",
+    "aten::can_cast", "aten::promote_types", "aten::detach", "aten::alias", "aten::lift_fresh",
+    "aten::_unsafe_view", "aten::_reshape_alias", "aten::view", "aten::resolve_conj",
+    "aten::resolve_neg",
+}
+
+
+class _Access:
+    __slots__ = ("base", "offset", "bytes", "write", "device", "dev_index", "storage_bytes", "name")
+
+    def __init__(self) -> None:
+        self.name = None
+
+
+class PythonBackend:
+    """Records ops with a TorchDispatchMode (the same ops as the C++ recorder writes)."""
+
+    name = "python"
+
+    def __init__(self, rec: "Recorder", fake_device: bool = False) -> None:
+        import torch
+
+        self.torch = torch
+        self.rec = rec
+        self.sites = Sites()
+        self.fake_device = fake_device
+        self.fake_stream = 0
+        self.mu = threading.RLock()
+        self.batch: list[str] = []
+        self.size = 0
+        self.threshold = 4096  # lines
+        self.infos: dict[Any, _OpInfo] = {}
+        self.device_bufs: dict[int, tuple[str, int]] = {}  # base -> (quoted name, size)
+        self.pinned_bufs: dict[int, tuple[str, int]] = {}
+        self.pending_allocs: dict[int, tuple[int, int, Optional[str]]] = {}  # ptr -> (stream, dev, site)
+        self.streams: dict[int, str] = {}
+        self.next_buf = 0
+        self.local = threading.local()
+        self.counters = {"external_accesses": 0, "bad_regions": 0}
+        self.mode = None
+
+    # -- plumbing shared with the native backend's interface
+    def frames(self) -> list:
+        f = getattr(self.local, "frames", None)
+        if f is None:
+            f = self.local.frames = []
+        return f
+
+    def emit(self, line: str) -> None:
+        with self.mu:
+            self.batch.append(line)
+            if len(self.batch) >= self.threshold:
+                self.flush()
+
+    def flush(self) -> None:
+        with self.mu:
+            if not self.batch:
+                return
+            data = "".join(self.batch).encode()
+            self.batch = []
+        self.rec._sink(data)
+
+    def drain(self) -> bytes:
+        with self.mu:
+            data = "".join(self.batch).encode()
+            self.batch = []
+        return data
+
+    def stream_id(self, raw: int, device: int = 0) -> str:
+        s = self.streams.get(raw)
+        if s is None:
+            if raw == 0:
+                s = _q("default" if device == 0 else f"default@cuda:{device}")
+            else:
+                s = _q(f"stream {raw:#x}")
+            self.streams[raw] = s
+        return s
+
+    def name_stream(self, raw: int, name: str) -> None:
+        self.streams.setdefault(raw, _q(name))
+
+    def host_op(self, partial: str) -> None:
+        line = partial + _site(self.sites.quoted(3))
+        frames = self.frames()
+        if frames:
+            frames[-1][1].append(line)
+        else:
+            self.emit(line)
+
+    def host_access(self, t, write: bool) -> bool:
+        a = self.region(t, write)
+        if a is None or a.device:
+            return False
+        with self.mu:
+            if not self.resolve(a):
+                return False
+        line = ('{"op":"host_write","buffer":' if write else '{"op":"host_read","buffer":') + self.put(a)
+        line += _site(self.sites.quoted(3))
+        frames = self.frames()
+        if frames:
+            frames[-1][1].append(line)
+        else:
+            self.emit(line)
+        return True
+
+    # -- memory
+    def is_pinned(self, t) -> bool:
+        try:
+            return t.is_pinned()
+        except Exception:
+            return False
+
+    def region(self, t, write: bool) -> Optional[_Access]:
+        torch = self.torch
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            return None
+        if t.is_cuda:
+            device = True
+        elif t.device.type == "cpu":
+            if self.fake_device:
+                device = True
+            elif self.is_pinned(t):
+                device = False
+            else:
+                return None
+        else:
+            return None
+        try:
+            st = t.untyped_storage()
+            base = st.data_ptr()
+        except Exception:
+            return None
+        if base == 0:
+            return None
+        extent = 1
+        for n, s in zip(t.shape, t.stride()):
+            if s < 0:
+                return None
+            extent += (n - 1) * s
+        a = _Access()
+        a.base = base
+        a.offset = t.storage_offset() * t.element_size()
+        a.bytes = extent * t.element_size()
+        a.write = write
+        a.device = device
+        a.dev_index = t.device.index or 0 if t.is_cuda else 0
+        a.storage_bytes = st.nbytes()
+        return a
+
+    def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str) -> str:
+        bufs = self.pinned_bufs if pinned else self.device_bufs
+        for base, (name, n) in list(bufs.items()):
+            if base < addr + size and addr < base + max(n, 1):
+                self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
+                del bufs[base]
+        self.next_buf += 1
+        name = _q(("h" if pinned else "d") + str(self.next_buf))
+        mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
+        self.batch.append(
+            '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, addr, _site(site))
+        )
+        bufs[addr] = (name, size)
+        return name
+
+    def resolve(self, a: _Access) -> bool:
+        bufs = self.device_bufs if a.device else self.pinned_bufs
+        hit = bufs.get(a.base)
+        if hit is None and a.device and a.base in self.pending_allocs:
+            stream, dev, site = self.pending_allocs.pop(a.base)
+            self.new_alloc(a.base, a.storage_bytes, False, self.stream_id(stream, dev), site or "null")
+            hit = bufs.get(a.base)
+        if hit is None:
+            for base, (name, n) in bufs.items():
+                if base <= a.base < base + n:
+                    a.offset += a.base - base
+                    hit = (name, n)
+                    break
+        if hit is None:
+            if not a.device:
+                return False
+            a.name = _q(f"ext {a.base:#x}")
+            self.counters["external_accesses"] += 1
+            return True
+        name, n = hit
+        if a.offset + a.bytes > n:
+            self.counters["bad_regions"] += 1
+            if a.offset >= n:
+                return False
+            a.bytes = n - a.offset
+        a.name = name
+        return True
+
+    @staticmethod
+    def put(a: _Access) -> str:
+        return '{"buffer":%s,"offset":%d,"bytes":%d}' % (a.name, a.offset, a.bytes)
+
+    def on_alloc(self, ptr: int) -> None:
+        torch = self.torch
+        try:
+            dev = torch.cuda.current_device()
+            stream = torch._C._cuda_getCurrentRawStream(dev)
+        except Exception:
+            dev, stream = 0, 0
+        self.pending_allocs[ptr] = (stream, dev, self.sites.quoted(3))
+
+    def on_free(self, ptr: int) -> None:
+        with self.mu:
+            self.pending_allocs.pop(ptr, None)
+            hit = self.device_bufs.pop(ptr, None)
+            if hit is not None:
+                self.batch.append('{"op":"free","buffer":%s%s' % (hit[0], _site(self.sites.quoted(3))))
+
+    # -- ops
+    def info(self, func) -> _OpInfo:
+        i = self.infos.get(func)
+        if i is None:
+            i = self.infos[func] = _OpInfo(func)
+        return i
+
+    def collect(self, v, write: bool, out: list, frame: dict) -> None:
+        torch = self.torch
+        if isinstance(v, torch.Tensor):
+            a = self.region(v, write)
+            if a is not None:
+                if a.device and not frame["any_device"]:
+                    frame["any_device"] = True
+                    frame["device"] = a.dev_index
+                out.append(a)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                self.collect(x, write, out, frame)
+
+    def dispatch(self, func, types, args, kwargs):
+        info = self.info(func)
+        if info.kind == "skip" or not self.rec.on:
+            return func(*args, **(kwargs or {}))
+        frame = {"any_device": False, "device": 0}
+        ins: list[_Access] = []
+        non_blocking = False
+        kwargs = kwargs or {}
+        for i, v in enumerate(args):
+            w = info.arg_write[i] if i < len(info.arg_write) and info.kind != "record_stream" else False
+            self.collect(v, w, ins, frame)
+        for k, v in kwargs.items():
+            if k == "non_blocking":
+                non_blocking = bool(v)
+                continue
+            try:
+                w = info.arg_write[info.arg_names.index(k)] and info.kind != "record_stream"
+            except ValueError:
+                w = False
+            self.collect(v, w, ins, frame)
+        if info.copy and "non_blocking" in info.arg_names:
+            i = info.arg_names.index("non_blocking")
+            if i < len(args):
+                non_blocking = bool(args[i])
+        torch = self.torch
+        stream = 0
+        if info.kind == "record_stream":
+            s = args[1] if len(args) > 1 else kwargs.get("s")
+            stream = getattr(s, "cuda_stream", None) if s is not None else 0
+            if stream is None:  # a torch.Stream: its CUDA handle
+                stream = torch.cuda.Stream(
+                    stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
+                ).cuda_stream
+        elif frame["any_device"]:
+            stream = self.fake_stream if self.fake_device else torch._C._cuda_getCurrentRawStream(frame["device"])
+        site = self.sites.quoted(4)
+        frames = self.frames()
+        pending: list[str] = []
+        frames.append((site, pending))
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            frames.pop()
+        outs: list[_Access] = []
+        if info.kind != "record_stream":
+            self.collect(out, True, outs, frame)
+        with self.mu:
+            lines = self.batch
+            sid = self.stream_id(stream, frame["device"])
+            if info.fresh or info.factory:
+                for o in outs:
+                    if o.device and not self.fake_device:
+                        continue
+                    if any(a.base == o.base for a in ins):
+                        continue
+                    bufs = self.device_bufs if o.device else self.pinned_bufs
+                    if o.base in bufs:
+                        continue
+                    self.new_alloc(o.base, o.storage_bytes, not o.device, sid, site)
+            if info.factory:
+                lines.extend(pending)
+                self._maybe_flush()
+                return out
+            used: list[_Access] = []
+            for a in ins + outs:
+                dup = next((u for u in used if u.base == a.base and u.offset == a.offset and u.bytes == a.bytes), None)
+                if dup is not None:
+                    dup.write = dup.write or a.write
+                    continue
+                used.append(a)
+            used = [a for a in used if self.resolve(a)]
+            if info.kind == "record_stream":
+                for a in used:
+                    if a.name.startswith('"ext '):
+                        continue
+                    lines.append('{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, sid, _site(site)))
+                lines.extend(pending)
+            else:
+                split = 0
+                if info.kind == "collective":
+                    for i, p in enumerate(pending):
+                        if p.startswith('{"op":"event_wait","stream":'):
+                            s = p[len('{"op":"event_wait","stream":'):].split(',"event"', 1)[0]
+                            if s != sid:
+                                sid, split = s, i + 1
+                                break
+                    lines.extend(pending[:split])
+                if used and frame["any_device"]:
+                    reads = ",".join(self.put(a) for a in used if not a.write)
+                    writes = ",".join(self.put(a) for a in used if a.write)
+                    line = '{"op":"launch","stream":%s,"name":%s' % (sid, info.name)
+                    if reads:
+                        line += ',"reads":[' + reads + "]"
+                    if writes:
+                        line += ',"writes":[' + writes + "]"
+                    lines.append(line + _site(site))
+                    if info.copy and non_blocking:
+                        for a in used:
+                            if not a.device:
+                                lines.append(
+                                    '{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, sid, _site(site))
+                                )
+                else:
+                    for a in used:
+                        op = "host_write" if a.write else "host_read"
+                        lines.append('{"op":"%s","buffer":%s%s' % (op, self.put(a), _site(site)))
+                lines.extend(pending[split:])
+            self._maybe_flush()
+        return out
+
+    def _maybe_flush(self) -> None:
+        if len(self.batch) >= self.threshold:
+            self.flush()
+
+    def start(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        backend = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return backend.dispatch(func, types, args, kwargs)
+
+        self.mode = _Mode()
+        self.mode.__enter__()
+
+    def stop(self) -> None:
+        if self.mode is not None:
+            self.mode.__exit__(None, None, None)
+            self.mode = None
+
+
+# ----------------------------------------------------------------------------------------------
+# The native backend
+
+
+class NativeBackend:
+    """Records ops with the C++ recorder (RecordFunction observer + allocator trace tracker)."""
+
+    name = "native"
+
+    def __init__(self, rec: "Recorder", fake_device: bool = False) -> None:
+        import torch
+
+        from . import _native
+
+        self.ext = _native.load()
+        self.rec = rec
+        self.sites = Sites()
+        self.fake_device = fake_device
+        cuda = torch.cuda.is_available()
+        pinned = torch.empty(1, pin_memory=True) if cuda else None
+        self.ext.configure(
+            self.sites.torch_dir, self.sites.own_dir, self.sites.cwd, 1 << 18, rec._sink, fake_device, pinned
+        )
+        self.cuda = cuda
+        self.ext.reset()
+        self.host_op = self.ext.host_op
+        self.host_access = self.ext.host_access
+        self.name_stream = self.ext.name_stream
+        self.stream_id = self.ext.stream_id
+        self.drain = self.ext.drain
+        self.on_alloc = None
+        self.on_free = None
+
+    @property
+    def counters(self) -> dict:
+        return self.ext.counters()
+
+    def start(self) -> None:
+        self.ext.install(self.cuda)
+        self.ext.set_active(True)
+
+    def stop(self) -> None:
+        self.ext.set_active(False)
+        # Off the dispatcher: no RecordFunction cost once the check is over.
+        self.ext.uninstall()
+
+
+# ----------------------------------------------------------------------------------------------
+# Synchronizations: torch.cuda._gpu_trace callbacks (registered once; they cannot be removed)
+
+
+def _ev(e: int) -> str:
+    return '"ev %#x"' % e
+
+
+def _cb_record(event: int, stream: int) -> None:
+    r = _active
+    if r is not None and r.on:
+        b = r.backend
+        b.host_op('{"op":"event_record","event":%s,"stream":%s' % (_ev(event), b.stream_id(stream, r.device())))
+
+
+def _cb_wait(event: int, stream: int) -> None:
+    r = _active
+    if r is not None and r.on:
+        b = r.backend
+        b.host_op('{"op":"event_wait","stream":%s,"event":%s' % (b.stream_id(stream, r.device()), _ev(event)))
+
+
+def _cb_event_sync(event: int) -> None:
+    r = _active
+    if r is not None and r.on:
+        r.backend.host_op('{"op":"event_sync","event":%s' % _ev(event))
+
+
+def _cb_stream_sync(stream: int) -> None:
+    r = _active
+    if r is not None and r.on:
+        b = r.backend
+        b.host_op('{"op":"stream_sync","stream":%s' % b.stream_id(stream, r.device()))
+
+
+def _cb_device_sync() -> None:
+    r = _active
+    if r is not None and r.on:
+        r.backend.host_op('{"op":"device_sync","device":%d' % r.device())
+
+
+def _cb_alloc(ptr: int) -> None:
+    r = _active
+    if r is not None and r.on and r.backend.on_alloc is not None:
+        r.backend.on_alloc(ptr)
+
+
+def _cb_free(ptr: int) -> None:
+    r = _active
+    if r is not None and r.on and r.backend.on_free is not None:
+        r.backend.on_free(ptr)
+
+
+def _register_callbacks(allocations: bool) -> None:
+    global _callbacks_registered, _alloc_callbacks_registered
+    import torch
+
+    if not torch.cuda.is_available():
+        return
+    import torch.cuda._gpu_trace as gt
+    if not _callbacks_registered:
+        torch._C._activate_gpu_trace()
+        gt.register_callback_for_event_record(_cb_record)
+        gt.register_callback_for_event_wait(_cb_wait)
+        gt.register_callback_for_event_synchronization(_cb_event_sync)
+        gt.register_callback_for_stream_synchronization(_cb_stream_sync)
+        gt.register_callback_for_device_synchronization(_cb_device_sync)
+        _callbacks_registered = True
+    if allocations and not _alloc_callbacks_registered:
+        gt.register_callback_for_memory_allocation(_cb_alloc)
+        gt.register_callback_for_memory_deallocation(_cb_free)
+        _alloc_callbacks_registered = True
+
+
+# ----------------------------------------------------------------------------------------------
+# Wrappers of what the callbacks do not report
+
+
+class _Patches:
+    def __init__(self) -> None:
+        self.saved: list[tuple[Any, str, Any]] = []
+
+    def patch(self, owner, attr: str, make: Callable[[Any], Any]) -> None:
+        orig = owner.__dict__.get(attr)
+        if orig is None:
+            return
+        self.saved.append((owner, attr, orig))
+        setattr(owner, attr, make(orig))
+
+    def restore(self) -> None:
+        for owner, attr, orig in reversed(self.saved):
+            setattr(owner, attr, orig)
+        self.saved.clear()
+
+
+def _install_patches(rec: "Recorder") -> _Patches:
+    import torch
+
+    p = _Patches()
+    b = rec.backend
+
+    def on() -> bool:
+        return rec.on and _active is rec
+
+    if torch.cuda.is_available():
+        Event = torch.cuda.Event
+        Stream = torch.cuda.Stream
+
+        def make_query(orig):
+            def query(self):
+                done = orig(self)
+                h = getattr(self, "cuda_event", 0)
+                if on() and h:
+                    b.host_op('{"op":"event_query","event":%s,"complete":%s' % (_ev(h), "true" if done else "false"))
+                return done
+
+            return query
+
+        def make_elapsed(orig):
+            def elapsed_time(self, end_event):
+                t = orig(self, end_event)
+                # It succeeds only when both events are complete: the host knows it.
+                if on():
+                    for e in (self, end_event):
+                        h = getattr(e, "cuda_event", 0)
+                        if h:
+                            b.host_op('{"op":"event_query","event":%s,"complete":true' % _ev(h))
+                return t
+
+            return elapsed_time
+
+        def make_squery(orig):
+            def query(self):
+                done = orig(self)
+                if on():
+                    b.host_op(
+                        '{"op":"stream_query","stream":%s,"complete":%s'
+                        % (b.stream_id(self.cuda_stream, self.device_index or 0), "true" if done else "false")
+                    )
+                return done
+
+            return query
+
+        def make_new(orig):
+            def __new__(cls, *args, **kwargs):
+                s = orig(cls, *args, **kwargs)
+                if on():
+                    site = rec.sites.site(2) or "stream"
+                    name = rec.unique_stream_name(site)
+                    b.name_stream(s.cuda_stream, name)
+                return s
+
+            return staticmethod(__new__) if isinstance(Stream.__dict__.get("__new__"), staticmethod) else __new__
+
+        p.patch(Event, "query", make_query)
+        p.patch(Event, "elapsed_time", make_elapsed)
+        p.patch(Stream, "query", make_squery)
+        p.patch(Stream, "__new__", make_new)
+
+        def make_graph(orig):
+            def wrapped(*args, **kwargs):
+                if on():
+                    rec.warn("graphs", "CUDA graph capture and replay are not recorded: the work of a "
+                             "captured graph is invisible to this check")
+                return orig(*args, **kwargs)
+
+            return wrapped
+
+        G = torch.cuda.CUDAGraph
+        p.patch(G, "capture_begin", make_graph)
+        p.patch(G, "replay", make_graph)
+
+    def make_tolist(orig):
+        def tolist(self):
+            if on() and not self.is_cuda:
+                b.host_access(self, False)
+            return orig(self)
+
+        return tolist
+
+    p.patch(torch.Tensor, "tolist", make_tolist)
+    return p
+
+
+# ----------------------------------------------------------------------------------------------
+# The recorder
+
+
+class Recorder:
+    """Feeds a running program's ops to `sink(bytes)` (JSON Lines of the trace format)."""
+
+    def __init__(self, sink: Callable[[bytes], None], backend: str = "auto", fake_device: bool = False) -> None:
+        import torch
+
+        self.torch = torch
+        self.on = False
+        self.sink = sink
+        self.warn = _Warned()
+        self.sites = Sites()
+        self.stream_names: dict[str, int] = {}
+        self.error: Optional[BaseException] = None
+        self.backend_error: Optional[str] = None
+        choice = os.environ.get("STREAMSAN_TORCH_BACKEND", backend)
+        if choice not in ("auto", "native", "python"):
+            raise ValueError(f"backend={choice!r}: expected 'auto', 'native' or 'python'")
+        self.backend: Any = None
+        if choice in ("auto", "native"):
+            try:
+                self.backend = NativeBackend(self, fake_device)
+            except Exception as e:
+                if choice == "native":
+                    raise
+                self.backend_error = str(e)
+        if self.backend is None:
+            self.backend = PythonBackend(self, fake_device)
+        self.patches: Optional[_Patches] = None
+        self._compiled_before = self._compiled_frames()
+
+    def device(self) -> int:
+        try:
+            return self.torch.cuda.current_device()
+        except Exception:
+            return 0
+
+    def unique_stream_name(self, base: str) -> str:
+        n = self.stream_names.get(base, 0) + 1
+        self.stream_names[base] = n
+        return base if n == 1 else f"{base}#{n}"
+
+    def _compiled_frames(self) -> int:
+        dyn = sys.modules.get("torch._dynamo.utils")
+        try:
+            return int(dyn.counters["frames"]["ok"]) if dyn is not None else 0
+        except Exception:
+            return 0
+
+    def _sink(self, data: bytes) -> None:
+        try:
+            self.sink(data)
+        except BaseException as e:  # kept and raised at stop: never inside the program's ops
+            if self.error is None:
+                self.error = e
+
+    def start(self) -> None:
+        global _active
+        with _lock:
+            if _active is not None:
+                raise RuntimeError("streamsan.torch: a check or record is already running in this process")
+            _active = self
+        _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
+        self.patches = _install_patches(self)
+        try:
+            torch = self.torch
+            if torch.cuda.is_available():
+                self.backend.name_stream(0, "default")
+        except Exception:
+            pass
+        self.on = True
+        self.backend.start()
+
+    def stop(self) -> None:
+        global _active
+        self.backend.stop()
+        self.on = False
+        if self.patches is not None:
+            self.patches.restore()
+        data = self.backend.drain()
+        if data:
+            self._sink(data)
+        with _lock:
+            if _active is self:
+                _active = None
+        c = self.backend.counters
+        if c.get("external_accesses"):
+            self.warn(
+                "external",
+                "some accesses touched device memory allocated before the check began: they are "
+                "checked for races, not for allocator reuse",
+            )
+        if self._compiled_frames() > self._compiled_before:
+            self.warn(
+                "compile",
+                "torch.compile'd code ran: the Triton kernels it generates bypass the dispatcher "
+                "and are not recorded (only its calls into aten are)",
+            )
+        if self.error is not None:
+            e, self.error = self.error, None
+            raise e
+
+
+def note_host_access(t, write: bool) -> bool:
+    r = _active
+    if r is None or not r.on:
+        return False
+    return bool(r.backend.host_access(t, write))

@@ -1,0 +1,900 @@
+// The fast recorder of streamsan.torch: a RecordFunction observer and the CUDA caching
+// allocator's trace tracker, writing trace-format ops (JSON Lines) into a batch that Python hands
+// to the Rust checker.
+//
+// Built on the machine that runs the program (torch.utils.cpp_extension), against its torch: a
+// C++ extension has no stable ABI across torch versions.
+//
+// What it writes, per dispatcher op that touches CUDA memory or pinned host memory:
+//   - a `launch` on the op's current stream with its reads and writes as regions of their
+//     allocations (offset and extent of the view), named after the op, with the user's file:line;
+//   - for a CPU op on pinned memory, `host_read` / `host_write`;
+//   - `record_stream` for aten::record_stream, and for every non_blocking copy that reads or
+//     writes pinned memory (PyTorch's host allocator records an event for it);
+//   - `alloc` / `free` of device memory from the allocator's trace entries (real address, size
+//     and owning stream), of pinned memory from the ops that return fresh pinned storage.
+// Nested ops: an op's accesses already written by ops it called are not written again.
+// Synchronizations (events, syncs) come from Python (torch.cuda._gpu_trace callbacks) through
+// host_op(); those issued inside an op are written after the op's own launch.
+//
+// Locks: the allocator calls the tracker with its own lock held, so the tracker never takes the
+// GIL; it only takes `mu`. The op callbacks take the GIL (to find the user's frame) before `mu`,
+// never while holding it. Python reads the batch holding the GIL, then `mu`.
+
+#include <torch/extension.h>
+
+#include <ATen/record_function.h>
+#include <c10/core/Stream.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <frameobject.h>
+
+#include <atomic>
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// JSON writing
+
+void put_u64(std::string& out, uint64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void put_hex(std::string& out, uint64_t v) {
+  char buf[24];
+  auto r = std::to_chars(buf, buf + sizeof buf, v, 16);
+  out.append("0x");
+  out.append(buf, r.ptr);
+}
+
+// A JSON string literal of `s`.
+std::string jstr(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What is known about allocations
+
+enum class Mem : uint8_t { Device, Pinned };
+
+struct Buf {
+  std::string name;  // quoted
+  uint64_t size;
+  Mem mem;
+};
+
+struct Access {
+  const Buf* buf = nullptr;  // null: an external buffer (see ext_name)
+  std::string ext_name;      // quoted, for external buffers
+  uint64_t base = 0;         // the storage's data pointer
+  uint64_t offset = 0;       // from the buffer's start
+  uint64_t bytes = 0;
+  bool write = false;
+  bool device = true;  // device memory (else pinned host memory)
+  uint64_t storage_bytes = 0;
+  c10::DeviceIndex device_index = 0;
+};
+
+// How an op is treated.
+enum class Kind : uint8_t {
+  Normal,
+  Skip,          // no memory access (metadata, factories, views)
+  RecordStream,  // aten::record_stream
+  Collective,    // c10d::*: runs on the process group's stream
+};
+
+struct OpInfo {
+  Kind kind = Kind::Normal;
+  std::vector<uint8_t> arg_write;  // per schema argument
+  bool fresh_returns = false;      // some return is not an alias of an argument
+  bool copy = false;               // copy_ / _to_copy / to: non_blocking matters
+  bool factory = false;            // empty*: allocates, touches nothing
+  bool pins = false;               // _pin_memory: copies into fresh pinned memory
+  int non_blocking_arg = -1;
+  std::string name;  // quoted
+};
+
+struct Frame {
+  const OpInfo* info = nullptr;
+  bool active = false;
+  std::vector<Access> accesses;  // the inputs' regions (from the start callback)
+  // Accesses written by ops this one called: (base, offset, bytes, write).
+  std::vector<std::tuple<uint64_t, uint64_t, uint64_t, bool>> covered;
+  std::vector<std::string> pending;  // host ops issued inside this op, written after it
+  bool non_blocking = false;
+  bool any_device = false;
+  std::string site = "null";  // quoted, or null
+  c10::DeviceIndex device = 0;
+  uint64_t stream = 0;
+};
+
+struct State {
+  std::mutex mu;
+  std::string batch;  // JSON Lines not yet handed to Python
+  std::atomic<bool> active{false};
+  bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
+  uint64_t fake_stream = 0;
+  size_t threshold = 1 << 18;
+  py::object sink;  // called with the batch (bytes) when it passes the threshold
+  uint64_t next_buf = 0;
+  std::map<uint64_t, Buf> device_bufs;  // by address
+  std::map<uint64_t, Buf> pinned_bufs;
+  std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
+  std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
+  std::string last_site = "null";                           // for threads without Python frames
+  std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
+  std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, quoted file)
+  uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
+  std::vector<std::string> notices;
+  bool tracker_attached = false;
+  bool callback_added = false;
+  at::CallbackHandle handle = 0;
+  void* pinned_deleter = nullptr;
+};
+
+State* S = new State();  // never destroyed: callbacks may outlive the module's teardown
+
+thread_local std::vector<Frame> frames;
+// The site of the op running on this thread ("null" outside ops): the allocator's tracker runs
+// on the allocating thread and cannot take the GIL, so it takes the site from here.
+thread_local std::string cur_site = "null";
+// Op kinds already looked up by this thread (no lock).
+thread_local std::unordered_map<const char*, const OpInfo*> local_ops;
+
+// The quoted stream id of a raw handle; `mu` held.
+const std::string& stream_name(uint64_t raw, c10::DeviceIndex device) {
+  auto it = S->stream_names.find(raw);
+  if (it != S->stream_names.end()) return it->second;
+  std::string name;
+  if (raw == 0) {
+    name = device == 0 ? "default" : "default@cuda:" + std::to_string(device);
+  } else {
+    std::string h;
+    put_hex(h, raw);
+    name = "stream " + h;
+  }
+  return S->stream_names.emplace(raw, jstr(name)).first->second;
+}
+
+// The live buffer containing [addr, addr + 1), or null; `mu` held.
+const Buf* find_buf(std::map<uint64_t, Buf>& bufs, uint64_t addr, uint64_t* base) {
+  auto it = bufs.upper_bound(addr);
+  if (it == bufs.begin()) return nullptr;
+  --it;
+  if (addr >= it->first + std::max<uint64_t>(it->second.size, 1)) return nullptr;
+  *base = it->first;
+  return &it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The user's file:line
+
+bool internal_file(const std::string& f) {
+  if (!S->torch_dir.empty() && f.compare(0, S->torch_dir.size(), S->torch_dir) == 0) return true;
+  if (!S->own_dir.empty() && f.compare(0, S->own_dir.size(), S->own_dir) == 0) return true;
+  return f.compare(0, 8, "<frozen ") == 0;
+}
+
+// The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
+std::string user_site() {
+  PyFrameObject* f = PyEval_GetFrame();
+  if (!f) return "null";
+  Py_INCREF(f);
+  std::string site = "null";
+  for (int depth = 0; f && depth < 64; depth++) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    auto it = S->code_cache.find(reinterpret_cast<PyObject*>(code));
+    if (it == S->code_cache.end()) {
+      std::string file;
+      PyObject* fn = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename");
+      if (fn && PyUnicode_Check(fn)) {
+        const char* s = PyUnicode_AsUTF8(fn);
+        if (s) file = s;
+      }
+      Py_XDECREF(fn);
+      PyErr_Clear();
+      bool internal = internal_file(file);
+      // Keep the code object alive: its address is the cache key.
+      Py_INCREF(code);
+      std::string shown = file;
+      if (!S->cwd.empty() && file.compare(0, S->cwd.size(), S->cwd) == 0) shown = file.substr(S->cwd.size());
+      it = S->code_cache.emplace(reinterpret_cast<PyObject*>(code),
+                                 std::make_pair(internal, shown)).first;
+    }
+    if (!it->second.first) {
+      int line = PyFrame_GetLineNumber(f);
+      site = jstr(it->second.second + ":" + std::to_string(line));
+      Py_DECREF(code);
+      Py_DECREF(f);
+      return site;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  return site;
+}
+
+// The site of an op on this thread: the user's frame when the thread runs Python, else the
+// latest site seen (ops of the autograd engine's threads belong to the `backward()` that
+// started them).
+std::string op_site() {
+  if (PyGILState_GetThisThreadState() == nullptr) {
+    std::lock_guard<std::mutex> g(S->mu);
+    S->foreign_threads++;
+    return S->last_site;
+  }
+  PyGILState_STATE st = PyGILState_Ensure();
+  std::string site = user_site();
+  PyGILState_Release(st);
+  if (site != "null") {
+    std::lock_guard<std::mutex> g(S->mu);
+    S->last_site = site;
+  }
+  return site;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Regions of tensors
+
+// The region of `t`'s view, or false when it touches no tracked memory.
+bool region_of(const at::Tensor& t, bool write, Access& a) {
+  if (!t.defined() || !t.has_storage()) return false;
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return false;  // a Python scalar
+  const auto& st = t.storage();
+  if (!st.data()) return false;
+  int64_t numel = t.numel();
+  if (numel == 0) return false;
+  bool cuda = t.is_cuda();
+  bool device = cuda;
+  if (!cuda) {
+    if (!t.is_cpu()) return false;
+    if (S->fake_device) {
+      device = true;
+    } else {
+      // Pinned memory: the host allocator's deleter.
+      if (!S->pinned_deleter || st.data_ptr().get_deleter() != S->pinned_deleter) return false;
+      device = false;
+    }
+  }
+  uint64_t itemsize = t.element_size();
+  uint64_t extent = 1;
+  auto sizes = t.sizes();
+  auto strides = t.strides();
+  for (size_t d = 0; d < sizes.size(); d++) {
+    if (strides[d] < 0) return false;
+    extent += static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+  }
+  a.base = reinterpret_cast<uint64_t>(st.data());
+  a.storage_bytes = st.nbytes();
+  a.offset = static_cast<uint64_t>(t.storage_offset()) * itemsize;
+  a.bytes = extent * itemsize;
+  a.write = write;
+  a.device = device;
+  a.device_index = cuda ? t.device().index() : 0;
+  return true;
+}
+
+void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out, Frame& fr) {
+  Access a;
+  if (!region_of(t, write, a)) return;
+  if (a.device) {
+    if (!fr.any_device) fr.device = a.device_index;
+    fr.any_device = true;
+  }
+  out.push_back(std::move(a));
+}
+
+void add_ivalue(const c10::IValue& v, bool write, std::vector<Access>& out, Frame& fr) {
+  if (v.isTensor()) {
+    add_tensor(v.toTensor(), write, out, fr);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) add_tensor(t, write, out, fr);
+  } else if (v.isList()) {
+    for (const c10::IValue& x : v.toListRef()) {
+      if (x.isTensor()) add_tensor(x.toTensor(), write, out, fr);
+    }
+  } else if (v.isTuple()) {
+    for (const c10::IValue& x : v.toTupleRef().elements()) add_ivalue(x, write, out, fr);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Op classification (once per op)
+
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+
+const OpInfo& op_info_slow(const at::RecordFunction& fn);
+
+const OpInfo& op_info(const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  auto it = local_ops.find(key);
+  if (it != local_ops.end()) return *it->second;
+  const OpInfo& info = op_info_slow(fn);
+  local_ops.emplace(key, &info);
+  return info;
+}
+
+const OpInfo& op_info_slow(const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    auto it = S->ops.find(key);
+    if (it != S->ops.end()) return it->second;
+  }
+  OpInfo info;
+  std::string name = key ? key : "";
+  info.name = jstr(name);
+  auto schema = fn.operator_schema();
+  static const char* skip[] = {
+      "aten::size",     "aten::stride",      "aten::sym_size",
+      "aten::sym_stride",   "aten::sym_numel",     "aten::sym_storage_offset",
+      "aten::is_pinned",    "aten::is_same_size",  "aten::dim",         "aten::numel",
+      "aten::is_contiguous", "aten::_version",     "aten::output_nr",   "aten::requires_grad_",
+      "aten::retain_grad",  "aten::set_data",      "aten::data",        "aten::_is_zerotensor",
+      "aten::is_conj",      "aten::is_neg",        "aten::result_type", "aten::can_cast",
+      "aten::promote_types", "aten::detach",       "aten::alias",       "aten::lift_fresh",
+      "aten::_unsafe_view", "aten::_reshape_alias", "aten::view",       "aten::resolve_conj",
+      "aten::resolve_neg",  "aten::record_stream",
+  };
+  info.pins = name == "aten::_pin_memory" || name == "aten::pin_memory";
+  info.factory = starts_with(name, "aten::empty") || starts_with(name, "aten::new_empty");
+  if (info.factory) {
+    // Handled apart: allocation only.
+  } else if (name == "aten::record_stream") {
+    info.kind = Kind::RecordStream;
+  } else if (starts_with(name, "c10d::")) {
+    info.kind = Kind::Collective;
+  } else {
+    for (const char* s : skip) {
+      if (name == s) info.kind = Kind::Skip;
+    }
+  }
+  if (schema) {
+    bool all_alias = !schema->returns().empty();
+    for (const auto& r : schema->returns()) {
+      if (!r.alias_info()) {
+        all_alias = false;
+        info.fresh_returns = true;
+      }
+    }
+    bool any_write = false;
+    int i = 0;
+    for (const auto& a : schema->arguments()) {
+      bool w = a.alias_info() && a.alias_info()->isWrite();
+      any_write |= w;
+      info.arg_write.push_back(w ? 1 : 0);
+      if (a.name() == "non_blocking") info.non_blocking_arg = i;
+      i++;
+    }
+    // View ops: every return aliases an argument and nothing is written.
+    if (info.kind == Kind::Normal && !info.factory && all_alias && !any_write) info.kind = Kind::Skip;
+  }
+  info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
+              starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
+  std::lock_guard<std::mutex> g(S->mu);
+  return S->ops.emplace(key, std::move(info)).first->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing ops (`mu` held)
+
+// Ends an op's line: its site when there is one (an op may have none), the closing brace.
+void put_site(std::string& out, const std::string& site) {
+  if (site != "null") {
+    out += ",\"site\":";
+    out += site;
+  }
+  out += "}\n";
+}
+
+void put_region(std::string& out, const Access& a) {
+  out += "{\"buffer\":";
+  out += a.buf ? a.buf->name : a.ext_name;
+  out += ",\"offset\":";
+  put_u64(out, a.offset);
+  out += ",\"bytes\":";
+  put_u64(out, a.bytes);
+  out += '}';
+}
+
+// Resolves an access's buffer; false when it cannot be written (a region past its allocation).
+bool resolve(Access& a) {
+  uint64_t base = 0;
+  const Buf* b = find_buf(a.device ? S->device_bufs : S->pinned_bufs, a.base, &base);
+  if (b) {
+    a.buf = b;
+    a.offset += a.base - base;
+    if (a.offset + a.bytes > b->size) {
+      S->bad_regions++;
+      if (a.offset >= b->size) return false;
+      a.bytes = b->size - a.offset;
+    }
+    return true;
+  }
+  if (!a.device) return false;  // pinned memory allocated before the check: not tracked
+  // Device memory allocated before the check began: an external buffer of the trace.
+  std::string h;
+  put_hex(h, a.base);
+  a.ext_name = jstr("ext " + h);
+  S->external_accesses++;
+  return true;
+}
+
+void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
+               const std::string& site) {
+  auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
+  // Memory handed out again: what still overlaps it was freed (pinned memory's frees are not
+  // traced; they are inferred here).
+  for (;;) {
+    uint64_t base = 0;
+    const Buf* old = find_buf(bufs, addr, &base);
+    if (!old) {
+      auto it = bufs.lower_bound(addr);
+      if (it != bufs.end() && it->first < addr + size) {
+        base = it->first;
+        old = &it->second;
+      }
+    }
+    if (!old) break;
+    S->batch += "{\"op\":\"free\",\"buffer\":";
+    S->batch += old->name;
+    put_site(S->batch, site);
+    bufs.erase(base);
+  }
+  Buf b;
+  b.name = jstr((mem == Mem::Device ? "d" : "h") + std::to_string(++S->next_buf));
+  b.size = size;
+  b.mem = mem;
+  S->batch += "{\"op\":\"alloc\",\"buffer\":";
+  S->batch += b.name;
+  S->batch += ",\"bytes\":";
+  put_u64(S->batch, size);
+  if (mem == Mem::Device) {
+    S->batch += ",\"stream\":";
+    S->batch += stream;
+  } else {
+    S->batch += ",\"memory\":\"pinned\"";
+  }
+  S->batch += ",\"addr\":";
+  put_u64(S->batch, addr);
+  put_site(S->batch, site);
+  bufs.emplace(addr, std::move(b));
+}
+
+// Hands the batch to Python when it is large enough; GIL held, `mu` not held.
+void maybe_flush() {
+  std::string out;
+  py::object sink;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->batch.size() < S->threshold || !S->sink) return;
+    out.swap(S->batch);
+    sink = S->sink;
+  }
+  try {
+    sink(py::bytes(out));
+  } catch (py::error_already_set& e) {
+    // The sink reports its own errors; never let one escape into the op.
+    e.restore();
+    PyErr_Clear();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The RecordFunction callbacks
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  frames.emplace_back();
+  Frame& fr = frames.back();
+  if (!S->active.load(std::memory_order_relaxed)) return nullptr;
+  const OpInfo& info = op_info(fn);
+  fr.info = &info;
+  if (info.kind == Kind::Skip) return nullptr;
+  auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size(); i++) {
+    bool w = i < info.arg_write.size() && info.arg_write[i];
+    if (info.kind == Kind::RecordStream) w = false;
+    add_ivalue(inputs[i], w, fr.accesses, fr);
+    if (static_cast<int>(i) == info.non_blocking_arg && inputs[i].isBool()) {
+      fr.non_blocking = inputs[i].toBool();
+    }
+  }
+  if (info.kind == Kind::RecordStream) {
+    if (inputs.size() >= 2 && inputs[1].isStream()) {
+      c10::Stream s = inputs[1].toStream();
+      if (s.device_type() == c10::DeviceType::CUDA) {
+        fr.stream = reinterpret_cast<uint64_t>(
+            c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream());
+        fr.device = s.device_index();
+      }
+    }
+  } else if (fr.any_device) {
+    fr.stream = S->fake_device
+                    ? S->fake_stream
+                    : reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(fr.device).stream());
+  } else if (info.factory) {
+    // A factory's output decides: pinned memory (found at the end) or device memory (traced).
+    if (S->fake_device) fr.stream = S->fake_stream;
+  } else if (fr.accesses.empty() && !(S->fake_device && info.fresh_returns) && !info.pins) {
+    return nullptr;
+  }
+  fr.active = true;
+  // The user's frame, for this op and for what the allocator does inside it.
+  fr.site = op_site();
+  cur_site = fr.site;
+  return nullptr;
+}
+
+bool is_covered(const Frame& fr, const Access& a) {
+  for (const auto& c : fr.covered) {
+    if (std::get<0>(c) == a.base && std::get<1>(c) == a.offset && std::get<2>(c) == a.bytes &&
+        (std::get<3>(c) || !a.write))
+      return true;
+  }
+  return false;
+}
+
+void put_regions(std::string& out, const char* key, const std::vector<Access*>& v, bool write) {
+  bool first = true;
+  for (Access* a : v) {
+    if (a->write != write) continue;
+    if (first) {
+      out += key;
+      out += '[';
+    } else {
+      out += ',';
+    }
+    first = false;
+    put_region(out, *a);
+  }
+  if (!first) out += ']';
+}
+
+// Host ops of a frame that ends without writing anything of its own go to its parent, or out.
+void pass_pending(Frame& fr, Frame* parent) {
+  if (fr.pending.empty()) return;
+  if (parent) {
+    for (auto& p : fr.pending) parent->pending.push_back(std::move(p));
+    return;
+  }
+  std::lock_guard<std::mutex> g(S->mu);
+  for (auto& p : fr.pending) S->batch += p;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (frames.empty()) return;
+  Frame fr = std::move(frames.back());
+  frames.pop_back();
+  Frame* parent = frames.empty() ? nullptr : &frames.back();
+  cur_site = parent ? parent->site : std::string("null");
+  if (!fr.active || !S->active.load(std::memory_order_relaxed)) {
+    pass_pending(fr, parent);
+    return;
+  }
+  const OpInfo& info = *fr.info;
+  std::vector<Access> outs;
+  if (info.kind != Kind::RecordStream) {
+    for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
+  }
+  if (fr.accesses.empty() && outs.empty()) {
+    pass_pending(fr, parent);
+    return;
+  }
+  const std::string& site = fr.site;
+  bool flush = false;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    std::string& out = S->batch;
+    // Fresh pinned storage (and, in tests, CPU storage standing for device memory) is a new
+    // allocation; device allocations come from the allocator's tracker.
+    if (info.fresh_returns || info.factory) {
+      for (Access& o : outs) {
+        if (o.device && !S->fake_device) continue;
+        bool input_storage = false;
+        for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
+        if (input_storage) continue;
+        auto& bufs = o.device ? S->device_bufs : S->pinned_bufs;
+        if (bufs.count(o.base)) continue;
+        new_alloc(o.base, o.storage_bytes, o.device ? Mem::Device : Mem::Pinned,
+                  stream_name(fr.stream, fr.device), site);
+      }
+    }
+    if (info.factory) {
+      for (auto& p : fr.pending) out += p;
+      return;
+    }
+    std::vector<Access> all;
+    all.reserve(fr.accesses.size() + outs.size());
+    for (Access& a : fr.accesses) all.push_back(std::move(a));
+    for (Access& o : outs) {
+      // An output that is an input (in-place ops return `self`) is written already.
+      bool dup = false;
+      for (Access& a : all) {
+        if (a.base == o.base && a.offset == o.offset && a.bytes == o.bytes) {
+          a.write = true;
+          dup = true;
+        }
+      }
+      if (!dup) all.push_back(std::move(o));
+    }
+    if (info.kind == Kind::RecordStream) {
+      for (Access& a : all) {
+        if (!resolve(a) || !a.buf) continue;
+        out += "{\"op\":\"record_stream\",\"buffer\":";
+        out += a.buf->name;
+        out += ",\"stream\":";
+        out += stream_name(fr.stream, fr.device);
+        put_site(out, site);
+      }
+      for (auto& p : fr.pending) out += p;
+    } else {
+      std::vector<Access*> used;
+      bool any_host = false;
+      for (Access& a : all) {
+        if (is_covered(fr, a)) continue;
+        if (!resolve(a)) continue;
+        any_host |= !a.device;
+        used.push_back(&a);
+      }
+      // A collective runs on the process group's stream: after the wait that hands the work to
+      // that stream, which it names.
+      size_t split = 0;
+      std::string stream_id = stream_name(fr.stream, fr.device);
+      if (info.kind == Kind::Collective) {
+        for (size_t i = 0; i < fr.pending.size(); i++) {
+          const std::string& w = fr.pending[i];
+          static const std::string prefix = "{\"op\":\"event_wait\",\"stream\":";
+          if (w.rfind(prefix, 0) != 0) continue;
+          size_t start = prefix.size();
+          size_t end = w.find(",\"event\"", start);
+          if (end == std::string::npos) continue;
+          std::string s = w.substr(start, end - start);
+          if (s == stream_id) continue;
+          stream_id = s;
+          split = i + 1;
+          break;
+        }
+        for (size_t i = 0; i < split; i++) out += fr.pending[i];
+      }
+      if (!used.empty() && fr.any_device) {
+        // Work on a stream: kernels, and copies to and from pinned memory.
+        out += "{\"op\":\"launch\",\"stream\":";
+        out += stream_id;
+        out += ",\"name\":";
+        out += info.name;
+        put_regions(out, ",\"reads\":", used, false);
+        put_regions(out, ",\"writes\":", used, true);
+        put_site(out, site);
+        if (any_host && info.copy && fr.non_blocking) {
+          // PyTorch's host allocator records an event for the copy: the pinned block is not
+          // handed out again before the copy is done.
+          for (Access* a : used) {
+            if (a->device || !a->buf) continue;
+            out += "{\"op\":\"record_stream\",\"buffer\":";
+            out += a->buf->name;
+            out += ",\"stream\":";
+            out += stream_id;
+            put_site(out, site);
+          }
+        }
+      } else {
+        // A CPU op on pinned memory: the host reads or writes it.
+        for (Access* a : used) {
+          out += a->write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
+          put_region(out, *a);
+          put_site(out, site);
+        }
+      }
+      for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
+      if (parent) {
+        for (Access* a : used) parent->covered.emplace_back(a->base, a->offset, a->bytes, a->write);
+        for (auto& c : fr.covered) parent->covered.push_back(c);
+      }
+    }
+    flush = out.size() >= S->threshold;
+  }
+  if (flush && PyGILState_GetThisThreadState() != nullptr) {
+    PyGILState_STATE st = PyGILState_Ensure();
+    maybe_flush();
+    PyGILState_Release(st);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The allocator's trace tracker (allocator lock held: no GIL here)
+
+void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
+  using A = c10::CachingDeviceAllocator::TraceEntry::Action;
+  if (!S->active.load(std::memory_order_relaxed)) return;
+  if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
+  std::lock_guard<std::mutex> g(S->mu);
+  if (e.action_ == A::ALLOC) {
+    if (e.size_ == 0) return;
+    std::string stream = stream_name(reinterpret_cast<uint64_t>(e.stream_), e.device_);
+    new_alloc(e.addr_, e.size_, Mem::Device, stream, cur_site);
+  } else {
+    auto it = S->device_bufs.find(e.addr_);
+    if (it == S->device_bufs.end()) return;  // allocated before the check began
+    S->batch += "{\"op\":\"free\",\"buffer\":";
+    S->batch += it->second.name;
+    put_site(S->batch, cur_site);
+    S->device_bufs.erase(it);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python API
+
+void install(bool with_cuda) {
+  if (with_cuda && !S->tracker_attached) {
+    c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(on_trace);
+    S->tracker_attached = true;
+  }
+  if (!S->callback_added) {
+    S->handle = at::addGlobalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                          .needsInputs(true)
+                                          .needsOutputs(true)
+                                          .scopes({at::RecordScope::FUNCTION}));
+    S->callback_added = true;
+  }
+}
+
+// Takes the observer off the dispatcher (the tracker cannot be detached: it checks `active`).
+void uninstall() {
+  if (S->callback_added) {
+    at::removeCallback(S->handle);
+    S->callback_added = false;
+  }
+}
+
+void configure(const std::string& torch_dir, const std::string& own_dir, const std::string& cwd,
+               size_t threshold, py::object sink, bool fake_device, py::object pinned_example) {
+  std::lock_guard<std::mutex> g(S->mu);
+  if (S->cwd != cwd) {
+    for (auto& kv : S->code_cache) Py_DECREF(kv.first);
+    S->code_cache.clear();
+  }
+  S->cwd = cwd;
+  S->torch_dir = torch_dir;
+  S->own_dir = own_dir;
+  S->threshold = threshold;
+  S->sink = sink;
+  S->fake_device = fake_device;
+  if (!pinned_example.is_none()) {
+    at::Tensor t = pinned_example.cast<at::Tensor>();
+    S->pinned_deleter = reinterpret_cast<void*>(t.storage().data_ptr().get_deleter());
+  }
+}
+
+void set_active(bool on) { S->active.store(on); }
+
+// Starts a new check: forgets every buffer, name and counter.
+void reset() {
+  std::lock_guard<std::mutex> g(S->mu);
+  S->batch.clear();
+  S->device_bufs.clear();
+  S->pinned_bufs.clear();
+  S->stream_names.clear();
+  S->next_buf = 0;
+  S->last_site = "null";
+  S->external_accesses = S->foreign_threads = S->bad_regions = 0;
+}
+
+py::bytes drain() {
+  std::string out;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    out.swap(S->batch);
+  }
+  return py::bytes(out);
+}
+
+void name_stream(uint64_t raw, const std::string& name) {
+  std::lock_guard<std::mutex> g(S->mu);
+  S->stream_names.emplace(raw, jstr(name));
+}
+
+std::string stream_id(uint64_t raw, int device) {
+  std::lock_guard<std::mutex> g(S->mu);
+  return stream_name(raw, static_cast<c10::DeviceIndex>(device));
+}
+
+void set_fake_stream(uint64_t raw) { S->fake_stream = raw; }
+
+// A host-side op (an event or sync) as a JSON line without its closing brace; the site is added
+// here. Inside an op it is written after the op's own work.
+void host_op(const std::string& partial) {
+  std::string site = user_site();
+  std::string line = partial;
+  put_site(line, site);
+  if (!frames.empty()) {
+    frames.back().pending.push_back(std::move(line));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    S->batch += line;
+  }
+  maybe_flush();
+}
+
+// A declared host access of a tensor's memory (numpy views): `host_read`/`host_write` of its
+// region when it is pinned memory the check knows. Returns whether it was written.
+bool host_access(const at::Tensor& t, bool write) {
+  Access a;
+  if (!region_of(t, write, a) || a.device) return false;
+  std::string site = user_site();
+  std::lock_guard<std::mutex> g(S->mu);
+  if (!resolve(a)) return false;
+  std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
+  put_region(line, a);
+  put_site(line, site);
+  if (!frames.empty()) {
+    frames.back().pending.push_back(std::move(line));
+  } else {
+    S->batch += line;
+  }
+  return true;
+}
+
+py::dict counters() {
+  std::lock_guard<std::mutex> g(S->mu);
+  py::dict d;
+  d["external_accesses"] = S->external_accesses;
+  d["foreign_threads"] = S->foreign_threads;
+  d["bad_regions"] = S->bad_regions;
+  d["live_device_buffers"] = S->device_bufs.size();
+  d["live_pinned_buffers"] = S->pinned_bufs.size();
+  d["tracker"] = S->tracker_attached;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "streamsan.torch's fast recorder (RecordFunction observer + allocator tracker)";
+  m.def("install", &install, py::arg("with_cuda"));
+  m.def("uninstall", &uninstall);
+  m.def("configure", &configure);
+  m.def("set_active", &set_active);
+  m.def("reset", &reset);
+  m.def("drain", &drain);
+  m.def("name_stream", &name_stream);
+  m.def("stream_id", &stream_id);
+  m.def("set_fake_stream", &set_fake_stream);
+  m.def("host_op", &host_op);
+  m.def("host_access", &host_access);
+  m.def("counters", &counters);
+}

@@ -1,0 +1,124 @@
+"""The program suite on a GPU: every buggy variant is reported at its `# RACE` line and every
+fixed one is clean; widened, the buggy variants corrupt data and the fixed ones never do."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = [os.environ.get("STREAMSAN_TEST_BACKEND", "auto")]
+
+
+def _programs():
+    import programs
+
+    return programs
+
+
+def _cases():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if importlib.util.find_spec("torch") is None:
+        return ["(torch missing)"]
+    import programs
+
+    return list(programs.PROGRAMS) + list(programs.CLEAN)
+
+
+def _fn(programs, name):
+    return programs.PROGRAMS.get(name) or programs.CLEAN[name]
+
+
+@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_verdicts(gpu, name, backend):
+    import streamsan.torch
+
+    programs = _programs()
+    fn = _fn(programs, name)
+    lines = programs.race_lines(fn)
+    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as fixed:
+        assert fn(True, False)
+    assert fixed.report.errors == 0, fixed.report.to_text()
+    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as buggy:
+        fn(False, False)
+    if name in programs.CLEAN:
+        assert buggy.report.errors == 0, buggy.report.to_text()
+        return
+    assert buggy.report.errors > 0
+    file = os.path.basename(programs.__file__)
+    reported = {
+        int(h["access"]["site"].rsplit(":", 1)[1])
+        for h in buggy.report.hazards
+        if h.get("access") and (h["access"].get("site") or "").rsplit(":", 1)[0].endswith(file)
+    }
+    assert reported & lines, (sorted(reported), sorted(lines), buggy.report.to_text())
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_widened_runs_corrupt_only_the_buggy_variant(gpu, name):
+    programs = _programs()
+    fn = _fn(programs, name)
+    fixed_bad = sum(not fn(True, True) for _ in range(3))
+    assert fixed_bad == 0
+    buggy_bad = sum(not fn(False, True) for _ in range(3))
+    if name in programs.CLEAN:
+        assert buggy_bad == 0
+    else:
+        assert buggy_bad > 0
+
+
+def test_check_raises_hazard_error(gpu):
+    import streamsan
+    import streamsan.torch
+
+    programs = _programs()
+    with pytest.raises(streamsan.HazardError) as e:
+        with streamsan.torch.check():
+            programs.side_stream_without_wait(False, False)
+    assert "data-race" in str(e.value) and "programs.py" in str(e.value)
+
+
+def test_trace_file_rechecks_the_same(gpu, tmp_path):
+    import streamsan
+    import streamsan.torch
+
+    programs = _programs()
+    path = tmp_path / "run.jsonl"
+    with streamsan.torch.check(raise_on_hazard=False, trace=path) as run:
+        programs.free_without_record_stream(False, False)
+    again = streamsan.check_trace(path)
+    assert again.hazards == run.report.hazards and again.errors > 0
+    path2 = tmp_path / "rec.jsonl"
+    with streamsan.torch.record(path2):
+        programs.free_without_record_stream(False, False)
+    assert streamsan.check_trace(path2).errors > 0
+
+
+def test_events_queries_and_syncs_order_work(gpu):
+    import streamsan.torch
+
+    torch = gpu
+    with streamsan.torch.check() as run:
+        side = torch.cuda.Stream()
+        x = torch.ones(1 << 16, device="cuda")
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        side.wait_event(ev)
+        with torch.cuda.stream(side):
+            y = x * 2
+            done = torch.cuda.Event(enable_timing=True)
+            done.record(side)
+        while not done.query():
+            pass
+        ev.elapsed_time(done)
+        _ = y.sum().item()
+        del y
+        torch.cuda.synchronize()
+    assert run.report.errors == 0
+    assert run.report.ops > 8
