@@ -3,7 +3,7 @@
 //! them after a deliberate change).
 //!
 //! Fixtures: `tests/cmd/`, read in place where the source tree is here (`CARGO_MANIFEST_DIR`
-//! exists, so that `TRYCMD=overwrite` can update it), and otherwise written out from the copy
+//! holds its `Cargo.toml`; so that `TRYCMD=overwrite` can update it), and otherwise written out from the copy
 //! embedded at build time (`tests/common/mod.rs`) into a temporary directory. The binary: the one
 //! cargo built (`CARGO_BIN_EXE_streamsan`) where it exists, otherwise `bin/streamsan` next to the
 //! directory of this executable (`.device/bin/streamsan` for `.device/tests/cli`, as
@@ -47,8 +47,7 @@ impl Drop for TempDir {
 /// The directory of the cases: the source tree's `tests/cmd`, or the embedded copy written out
 /// (with the guard that removes it).
 fn case_dir() -> (PathBuf, Option<TempDir>) {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if root.is_dir() {
+    if let Some(root) = common::source_tree() {
         let dir = root.join("tests/cmd");
         assert!(dir.is_dir(), "{} is missing", dir.display());
         return (dir, None);

@@ -8,7 +8,7 @@
 //!
 //! Fixtures: `fuzz/corpus/` and `fuzz/artifacts/`, embedded at build time (`tests/common/mod.rs`),
 //! so the replay runs wherever the test executable is. `write_seeds` writes into the source
-//! tree's `fuzz/corpus/` where `CARGO_MANIFEST_DIR` exists, and into a temporary directory
+//! tree's `fuzz/corpus/` where the source tree is here, and into a temporary directory
 //! elsewhere.
 
 #[path = "../fuzz/common.rs"]
@@ -19,7 +19,6 @@ mod fixtures;
 
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 
 use fixtures::Fixture;
 
@@ -154,17 +153,17 @@ fn decoder_reaches_every_hazard_kind() {
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand"]
 fn write_seeds() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus = if root.is_dir() {
-        root.join("fuzz/corpus")
-    } else {
-        let dir = std::env::temp_dir().join(format!("streamsan-seeds-{}", std::process::id()));
-        println!(
-            "no source tree at {}: writing to {}",
-            root.display(),
-            dir.display()
-        );
-        dir
+    let corpus = match fixtures::source_tree() {
+        Some(root) => root.join("fuzz/corpus"),
+        None => {
+            let dir = std::env::temp_dir().join(format!("streamsan-seeds-{}", std::process::id()));
+            println!(
+                "no source tree at {}: writing to {}",
+                env!("CARGO_MANIFEST_DIR"),
+                dir.display()
+            );
+            dir
+        }
     };
     for (target, _) in TARGETS {
         std::fs::create_dir_all(corpus.join(target)).expect("corpus directory");

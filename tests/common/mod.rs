@@ -10,6 +10,13 @@
 
 include!(concat!(env!("OUT_DIR"), "/fixtures.rs"));
 
+/// The source tree this executable was built from (`CARGO_MANIFEST_DIR`), where it is still
+/// here (its `Cargo.toml` exists); `None` for an executable copied away from it.
+pub fn source_tree() -> Option<&'static std::path::Path> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    root.join("Cargo.toml").is_file().then_some(root)
+}
+
 /// One embedded fixture file.
 #[derive(Clone, Copy, Debug)]
 pub struct Fixture {
@@ -57,4 +64,80 @@ pub fn fixtures_with_extension(
         .into_iter()
         .filter(|f| f.extension() == ext)
         .collect()
+}
+
+/// proptest's failure persistence with a regression file embedded (`include_str!` of
+/// `tests/<suite>.proptest-regressions`): its seeds are replayed wherever the test executable
+/// runs, where proptest would look for the file next to a source file that may not be there. A
+/// new failure is saved as proptest saves it, next to the source file where that is found.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EmbeddedRegressions {
+    seeds: Vec<proptest::test_runner::PersistedSeed>,
+    save: proptest::test_runner::FileFailurePersistence,
+}
+
+impl EmbeddedRegressions {
+    /// The seeds of a regression file's text. Panics on a line that is neither blank, a comment,
+    /// nor a seed: a broken regression file must not be skipped silently.
+    pub fn new(text: &str) -> Self {
+        let seeds = text
+            .lines()
+            .enumerate()
+            .filter_map(|(i, line)| {
+                let line = line.split('#').next().unwrap_or("").trim();
+                (!line.is_empty()).then(|| {
+                    line.parse()
+                        .unwrap_or_else(|()| panic!("regression file, line {}: not a seed", i + 1))
+                })
+            })
+            .collect();
+        EmbeddedRegressions {
+            seeds,
+            save: proptest::test_runner::FileFailurePersistence::default(),
+        }
+    }
+
+    /// Whether the file holds no seed.
+    pub fn is_empty(&self) -> bool {
+        self.seeds.is_empty()
+    }
+
+    /// For `ProptestConfig::failure_persistence`.
+    pub fn boxed(text: &str) -> Option<Box<dyn proptest::test_runner::FailurePersistence>> {
+        Some(Box::new(EmbeddedRegressions::new(text)))
+    }
+}
+
+impl proptest::test_runner::FailurePersistence for EmbeddedRegressions {
+    fn load_persisted_failures2(
+        &self,
+        _source_file: Option<&'static str>,
+    ) -> Vec<proptest::test_runner::PersistedSeed> {
+        self.seeds.clone()
+    }
+
+    fn save_persisted_failure2(
+        &mut self,
+        source_file: Option<&'static str>,
+        seed: proptest::test_runner::PersistedSeed,
+        shrunken_value: &dyn std::fmt::Debug,
+    ) {
+        self.save
+            .save_persisted_failure2(source_file, seed, shrunken_value);
+    }
+
+    fn box_clone(&self) -> Box<dyn proptest::test_runner::FailurePersistence> {
+        Box::new(self.clone())
+    }
+
+    fn eq(&self, other: &dyn proptest::test_runner::FailurePersistence) -> bool {
+        other
+            .as_any()
+            .downcast_ref::<EmbeddedRegressions>()
+            .is_some_and(|o| o == self)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
