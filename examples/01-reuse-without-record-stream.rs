@@ -6,8 +6,8 @@
 //! tensor overwrites it while the all-reduce is still reading. Nothing crashes; the sums are wrong.
 //!
 //! This example runs the program twice — with the bug, then with the fix — on GPU 0 if there is
-//! one, else on the simulator, and shows for each run the report streamsan gives and the damage
-//! actually done:
+//! one, else on the simulator (unless `STREAMSAN_REQUIRE_GPU=1` asks for a GPU), and shows for
+//! each run the report streamsan gives and the damage actually done:
 //!
 //! ```text
 //! cargo run --example 01-reuse-without-record-stream
@@ -35,12 +35,15 @@ struct Run {
     corrupted: u64,
 }
 
-/// 1. A session on GPU 0 if there is one, else on the simulator. Everything issued through it is
-///    executed and, at the same time, recorded and checked.
+/// 1. A session on GPU 0 if there is one, else on the simulator (an error instead where
+///    `STREAMSAN_REQUIRE_GPU=1` asks for a GPU). Everything issued through it is executed and, at
+///    the same time, recorded and checked.
 fn session() -> Result<Session, SessionError> {
     #[cfg(feature = "cuda")]
-    if streamsan::cuda::Gpu::available() {
-        return Session::cuda(0);
+    match streamsan::cuda::gpu_need() {
+        streamsan::cuda::GpuNeed::Run => return Session::cuda(0),
+        streamsan::cuda::GpuNeed::Fail(reason) => return Err(SessionError::NoGpu { reason }),
+        streamsan::cuda::GpuNeed::Skip(_) => {}
     }
     Ok(Session::simulated())
 }

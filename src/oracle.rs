@@ -7,6 +7,13 @@
 //! the two can be compared on random programs, and it is only meant for small traces (hundreds of
 //! ops).
 //!
+//! What it shares with the checker: the allocator policies. Where an `alloc` without `addr` lands
+//! comes from [`crate::alloc`] ([`DeviceCachingAllocator`], [`HostCachingAllocator`] over
+//! [`ModelMemory`]), the same code the checker uses, so agreement between the two says nothing
+//! about the allocator: a block handed out too early or too late would be wrong on both sides
+//! alike. The allocator's independent check is `tests/alloc.rs`, which compares it with a naive
+//! reference written from the trace format's "Allocator model" on random sequences.
+//!
 //! The model, rule by rule:
 //!
 //! - Nodes are op indices. An op on a stream (`launch`, `copy`, `memset`, `event_record`,

@@ -1,6 +1,17 @@
 //! The allocator policies against the trace format's "Allocator model": scripted sequences with
 //! exact addresses, error cases, and random sequences checked for invariants and against a naive
-//! reference implementation of the same rules.
+//! reference of the same rules.
+//!
+//! This file is the independent check of `streamsan::alloc`. The checker and the oracle
+//! (`streamsan::oracle`) both place allocations with it, so their agreement
+//! (`tests/oracle_agreement.rs`) cannot catch a wrong address: a block reused too early or too
+//! late would be wrong on both sides alike. The references below ([`RefDevice`], [`RefHost`]) are
+//! written from the spec's "Allocator model" alone, rule by rule, as linear scans over plain
+//! vectors, sharing no code with `streamsan::alloc` (only its result types, to compare), and the
+//! random sequences compare them with the allocators after every call: every result and error,
+//! every block (address, size, pool, stream, live or free), every segment.
+//!
+//! Fixtures: none (every input is built in the test).
 
 use std::convert::Infallible;
 
@@ -557,7 +568,9 @@ fn host_free_errors() {
 // ---------------------------------------------------------------------------------------------
 // Random sequences: invariants and a naive reference of the same rules
 
-/// The spec's device rules, written as plainly as possible (linear scans).
+/// The spec's device rules ("Allocator model", device memory), written as plainly as possible
+/// (linear scans), from the spec and not from `streamsan::alloc`. Segments come from `next`
+/// upwards, each right above the earlier ones, as `ModelMemory` places them.
 #[derive(Default)]
 struct RefDevice {
     next: u64,
@@ -568,16 +581,22 @@ struct RefDevice {
 }
 
 impl RefDevice {
+    /// `Some(Some(block))`, `Some(None)` for an empty request (no memory), `None` where the
+    /// allocator must fail (a size or address that does not fit in 64 bits).
     fn allocate(&mut self, bytes: u64, stream: StreamKey) -> Option<Option<Block>> {
         if bytes == 0 {
             return Some(None);
         }
+        // "Sizes round up to a multiple of 512 bytes. Requests up to 1 MiB use the small pool,
+        // larger ones the large pool."
         let rounded = bytes.checked_next_multiple_of(512)?;
         let pool = if rounded <= MIB {
             Pool::Small
         } else {
             Pool::Large
         };
+        // "A request takes the best-fitting free block of its pool owned by its stream:
+        // smallest, then lowest address."
         let best = self
             .blocks
             .iter()
@@ -590,6 +609,8 @@ impl RefDevice {
         let (i, fresh) = match best {
             Some(i) => (i, false),
             None => {
+                // "A new segment is 2 MiB for the small pool, 20 MiB for requests under 10 MiB,
+                // and otherwise the request rounded up to 2 MiB", above every earlier one.
                 let seg = if pool == Pool::Small {
                     2 * MIB
                 } else if rounded < 10 * MIB {
@@ -611,6 +632,8 @@ impl RefDevice {
                 (self.blocks.len() - 1, true)
             }
         };
+        // "A block is split when what remains is at least 512 bytes (small pool) or more than
+        // 1 MiB (large pool); the allocation takes the lower addresses."
         let remaining = self.blocks[i].size - rounded;
         let split = match pool {
             Pool::Small => remaining >= 512,
@@ -635,6 +658,25 @@ impl RefDevice {
         }))
     }
 
+    /// The stream that allocated the live block at `addr`: the owner a caching free returns it to.
+    fn owner(&self, addr: u64) -> Option<StreamKey> {
+        self.blocks
+            .iter()
+            .find(|b| b.addr == addr && b.allocated)
+            .and_then(|b| b.stream)
+    }
+
+    /// A caching free: the block goes back to the stream that owns it. `false` where `addr` is
+    /// not the start of a live block.
+    fn free_caching(&mut self, addr: u64) -> bool {
+        match self.owner(addr) {
+            Some(owner) => self.free(addr, owner),
+            None => false,
+        }
+    }
+
+    /// A stream-ordered free: the block goes to `stream`, "reused only by later allocations on
+    /// its stream". `false` where `addr` is not the start of a live block.
     fn free(&mut self, addr: u64, stream: StreamKey) -> bool {
         let Some(mut i) = self
             .blocks
@@ -645,6 +687,8 @@ impl RefDevice {
         };
         self.blocks[i].allocated = false;
         self.blocks[i].stream = Some(stream);
+        // "A freed block merges with free neighbours of its segment that belong to the same
+        // stream."
         let mergeable = |a: &BlockState, b: &BlockState| {
             !a.allocated && !b.allocated && a.segment == b.segment && a.stream == b.stream
         };
@@ -658,6 +702,73 @@ impl RefDevice {
             self.blocks.remove(i + 1);
         }
         true
+    }
+}
+
+/// The spec's pinned and managed rules ("Allocator model", `CachingHostAllocator`), as plainly as
+/// possible: "sizes round up to a power of two; a request is served only from the free blocks of
+/// exactly that size, the most recently freed first; blocks never split or merge and have no
+/// stream". Each new block is a segment of its own, right above the earlier ones.
+#[derive(Default)]
+struct RefHost {
+    next: u64,
+    /// (addr, size, allocated), in address order.
+    blocks: Vec<(u64, u64, bool)>,
+    /// The addresses of free blocks, most recently freed last.
+    freed: Vec<u64>,
+}
+
+impl RefHost {
+    /// As [`RefDevice::allocate`].
+    fn allocate(&mut self, bytes: u64) -> Option<Option<Block>> {
+        if bytes == 0 {
+            return Some(None);
+        }
+        let size = bytes.checked_next_power_of_two()?;
+        let size_of = |addr: u64, blocks: &[(u64, u64, bool)]| {
+            blocks.iter().find(|b| b.0 == addr).map(|b| b.1)
+        };
+        if let Some(k) = self
+            .freed
+            .iter()
+            .rposition(|&a| size_of(a, &self.blocks) == Some(size))
+        {
+            let addr = self.freed.remove(k);
+            let b = self.blocks.iter_mut().find(|b| b.0 == addr)?;
+            b.2 = true;
+            return Some(Some(block(addr, size, Pool::Host, false)));
+        }
+        let addr = self.next;
+        self.next = addr.checked_add(size)?;
+        self.blocks.push((addr, size, true));
+        Some(Some(block(addr, size, Pool::Host, true)))
+    }
+
+    /// `false` where `addr` is not the start of a live block.
+    fn free(&mut self, addr: u64) -> bool {
+        match self.blocks.iter_mut().find(|b| b.0 == addr && b.2) {
+            Some(b) => {
+                b.2 = false;
+                self.freed.push(addr);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The blocks as the allocator lists them.
+    fn states(&self) -> Vec<BlockState> {
+        self.blocks
+            .iter()
+            .map(|&(addr, size, allocated)| BlockState {
+                addr,
+                size,
+                segment: addr,
+                pool: Pool::Host,
+                stream: None,
+                allocated,
+            })
+            .collect()
     }
 }
 
@@ -751,7 +862,7 @@ fn base() -> impl Strategy<Value = u64> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     #[test]
     fn device_random_sequences(base in base(), ops in prop::collection::vec(op(), 0..120)) {
@@ -780,12 +891,16 @@ proptest! {
                         continue;
                     }
                     let b = live.swap_remove(pick % live.len());
-                    let owner = a.block(b.addr).and_then(|s| s.stream).unwrap();
                     match stream {
-                        Some(s) => a.free(b.addr, s).unwrap(),
-                        None => a.free_caching(b.addr).unwrap(),
+                        Some(s) => {
+                            a.free(b.addr, s).unwrap();
+                            prop_assert!(r.free(b.addr, s));
+                        }
+                        None => {
+                            a.free_caching(b.addr).unwrap();
+                            prop_assert!(r.free_caching(b.addr));
+                        }
                     }
-                    prop_assert!(r.free(b.addr, stream.unwrap_or(owner)));
                 }
                 Op::FreeAt { addr, stream } => {
                     let valid = live.iter().position(|l| l.addr == addr);
@@ -815,28 +930,13 @@ proptest! {
     #[test]
     fn host_random_sequences(base in base(), ops in prop::collection::vec(op(), 0..120)) {
         let mut h = HostCachingAllocator::new(ModelMemory::new(base));
-        // Reference: free lists by size (LIFO), next base.
-        let mut next = base;
-        let mut free: Vec<(u64, u64)> = Vec::new(); // (size, addr), most recent last
+        let mut r = RefHost { next: base, ..RefHost::default() };
         let mut live: Vec<Block> = Vec::new();
         for op in ops {
             match op {
                 Op::Alloc { bytes, .. } => {
                     let got = h.allocate(bytes);
-                    let want = if bytes == 0 {
-                        Some(None)
-                    } else {
-                        bytes.checked_next_power_of_two().and_then(|size| {
-                            if let Some(i) = free.iter().rposition(|&(s, _)| s == size) {
-                                let (_, addr) = free.remove(i);
-                                Some(Some(block(addr, size, Pool::Host, false)))
-                            } else {
-                                let b = next;
-                                next = b.checked_add(size)?;
-                                Some(Some(block(b, size, Pool::Host, true)))
-                            }
-                        })
-                    };
+                    let want = r.allocate(bytes);
                     match (&got, want) {
                         (Ok(g), Some(w)) => prop_assert_eq!(*g, w),
                         (Err(_), None) => {}
@@ -855,22 +955,26 @@ proptest! {
                     }
                     let b = live.swap_remove(pick % live.len());
                     h.free(b.addr).unwrap();
-                    free.push((b.size, b.addr));
+                    prop_assert!(r.free(b.addr));
                 }
                 Op::FreeAt { addr, .. } => {
                     let valid = live.iter().position(|l| l.addr == addr);
                     prop_assert_eq!(h.free(addr).is_ok(), valid.is_some());
+                    prop_assert_eq!(r.free(addr), valid.is_some());
                     if let Some(i) = valid {
-                        let b = live.swap_remove(i);
-                        free.push((b.size, b.addr));
+                        live.swap_remove(i);
                     }
                 }
             }
             let blocks: Vec<BlockState> = h.blocks().collect();
             let segments: Vec<(u64, u64)> = h.segments().collect();
             check_tiling(&segments, &blocks, h.stats())?;
+            prop_assert_eq!(&blocks, &r.states());
+            prop_assert_eq!(
+                segments,
+                r.blocks.iter().map(|&(a, n, _)| (a, n)).collect::<Vec<_>>()
+            );
             prop_assert_eq!(blocks.iter().filter(|b| b.allocated).count(), live.len());
-            prop_assert_eq!(blocks.len() - live.len(), free.len());
         }
     }
 }

@@ -2,10 +2,13 @@
 //! files under `tests/conformance/`. Each file states the hazards it must produce in comment
 //! lines, `# expect: OP KIND [BUFFER] [[CONFLICT,OPS]]`, or `# expect: clean`; the checker must
 //! report exactly those hazards (no more, no fewer), with exactly those conflicting ops.
+//!
+//! Fixtures: `tests/conformance/*.jsonl`, embedded at build time (`tests/common/mod.rs`), so the
+//! test runs wherever its executable is.
 
-use std::fs;
-use std::path::Path;
+mod common;
 
+use common::Fixture;
 use streamsan::trace::TraceReader;
 use streamsan::Checker;
 
@@ -54,15 +57,15 @@ fn parse_expectations(text: &str) -> Vec<Expected> {
     v
 }
 
-fn check_file(path: &Path) -> Result<(), String> {
-    let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
+fn check_file(file: &Fixture) -> Result<(), String> {
+    let text = file.text();
     assert!(
         text.contains("# expect:"),
         "{} states no expectation",
-        path.display()
+        file.path
     );
-    let expected = parse_expectations(&text);
-    let mut reader = TraceReader::new(text.as_bytes(), path.display().to_string());
+    let expected = parse_expectations(text);
+    let mut reader = TraceReader::new(text.as_bytes(), file.path);
     let mut checker = Checker::new();
     while let Some((op, _)) = reader.next_op().map_err(|e| e.to_string())? {
         let index = checker.ops();
@@ -100,20 +103,11 @@ fn check_file(path: &Path) -> Result<(), String> {
 
 #[test]
 fn conformance_suite() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
-    let mut files: Vec<_> = fs::read_dir(&dir)
-        .expect("conformance dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    files.sort();
+    let files = common::fixtures(common::CONFORMANCE);
     assert!(files.len() >= 30, "the suite has {} files", files.len());
     let failures: Vec<String> = files
         .iter()
-        .filter_map(|f| {
-            check_file(f)
-                .err()
-                .map(|e| format!("== {}\n{e}", f.display()))
-        })
+        .filter_map(|f| check_file(f).err().map(|e| format!("== {}\n{e}", f.path)))
         .collect();
     assert!(
         failures.is_empty(),

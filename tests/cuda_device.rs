@@ -1,16 +1,17 @@
 //! The device layer on a real GPU: the kernels against their CPU reference, and the stream kinds
 //! and events doing exactly what CUDA says, no more (no hidden synchronization).
 //!
-//! Every test that needs a GPU starts with [`device`], which prints `skipped: no CUDA driver` and
-//! passes where there is none. The tests hold one lock while they use the device, so that timing
+//! Every test that needs a GPU starts with [`device`] (through `streamsan::cuda::gpu_or_skip`),
+//! which prints `skipped: <reason>` and passes where there is none, and fails instead under
+//! `STREAMSAN_REQUIRE_GPU=1`. The tests hold one lock while they use the device, so that timing
 //! assumptions (a 2 ms spin outlasts a small kernel on another stream) are not disturbed by the
-//! other tests of this file.
+//! other tests of this file. Fixtures: none (every input is built in the test).
 
 #![cfg(feature = "cuda")]
 
 use std::sync::{Mutex, MutexGuard};
 
-use streamsan::cuda::{DeviceRegion, Gpu, GpuError, Stream, StreamKind};
+use streamsan::cuda::{gpu_or_skip, DeviceRegion, Gpu, GpuError, Stream, StreamKind};
 use streamsan::kernels::{
     checksum, count_mismatches, hash_region_cpu, memset_word, MAX_READS, POISON,
 };
@@ -20,10 +21,10 @@ const SPIN_NS: u64 = 2_000_000;
 
 static DEVICE: Mutex<()> = Mutex::new(());
 
-/// Device 0 and the lock on it, or `None` (after saying so) where there is no CUDA driver.
+/// Device 0 and the lock on it, or `None` (after saying so) where there is no GPU; panics there
+/// under `STREAMSAN_REQUIRE_GPU=1`.
 fn device() -> Option<(MutexGuard<'static, ()>, Gpu)> {
-    if !Gpu::available() {
-        println!("skipped: no CUDA driver");
+    if !gpu_or_skip() {
         return None;
     }
     let guard = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
@@ -116,7 +117,7 @@ fn first_mismatch(got: &[u32], want: &[u32]) -> Option<(usize, u32, u32)> {
 
 #[test]
 fn available_never_panics_and_open_fails_cleanly_without_a_driver() {
-    if Gpu::available() {
+    if gpu_or_skip() {
         let _guard = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
         let count = Gpu::device_count().expect("device count");
         assert!(count > 0);
@@ -135,7 +136,6 @@ fn available_never_panics_and_open_fails_cleanly_without_a_driver() {
             Gpu::driver_version().unwrap_or(0)
         );
     } else {
-        println!("skipped: no CUDA driver");
         match Gpu::device_count() {
             Err(GpuError::NoDriver) | Ok(0) => {}
             other => panic!("unexpected device_count: {other:?}"),

@@ -1,13 +1,15 @@
 //! Fuzz campaigns on a real GPU through the CUDA executor.
 //!
-//! Every test skips (and passes) on a machine with no CUDA driver. On a GPU the tests take the
-//! device one at a time: the memory check reads device-wide counters.
+//! Every test skips (and passes) on a machine with no GPU, and fails there instead under
+//! `STREAMSAN_REQUIRE_GPU=1` (`streamsan::cuda::gpu_or_skip`). On a GPU the tests take the device
+//! one at a time: the memory check reads device-wide counters. Fixtures: none (the programs are
+//! generated; counterexamples go to the temporary directory).
 
 #![cfg(feature = "cuda")]
 
 use std::sync::Mutex;
 
-use streamsan::cuda::Gpu;
+use streamsan::cuda::gpu_or_skip;
 use streamsan::fuzz::campaign::{check_program, run_campaign, CampaignConfig, Executor};
 use streamsan::fuzz::cuda::CudaExecutor;
 use streamsan::fuzz::gen::{generate, GenConfig};
@@ -16,10 +18,10 @@ use streamsan::workload::SplitMix;
 /// One test on the device at a time.
 static DEVICE: Mutex<()> = Mutex::new(());
 
-/// The device lock, or `None` (after saying so) when there is no GPU.
+/// The device lock, or `None` (after saying so) when there is no GPU; panics there under
+/// `STREAMSAN_REQUIRE_GPU=1`.
 fn device() -> Option<std::sync::MutexGuard<'static, ()>> {
-    if !Gpu::available() {
-        println!("skipped: no CUDA driver");
+    if !gpu_or_skip() {
         return None;
     }
     Some(

@@ -1,6 +1,11 @@
 //! `streamsan fix`: the inserted synchronization removes every data-race, reuse-race and
 //! unsafe-free, keeps the original ops in order, inserts at most two ops per hazard fixed, and
 //! makes every schedule on the simulator give the sequential reference.
+//!
+//! Fixtures: the proptest regression seeds of `tests/fix.proptest-regressions`, embedded
+//! (`include_str!`, `common::EmbeddedRegressions`), so they are replayed wherever the test runs.
+
+mod common;
 
 use proptest::prelude::*;
 use streamsan::fix::{fix_program, is_fixable, Fixed};
@@ -266,7 +271,11 @@ fn config() -> GenConfig {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: common::EmbeddedRegressions::boxed(include_str!("fix.proptest-regressions")),
+        ..ProptestConfig::default()
+    })]
 
     /// For generated racy programs: the fixed program has no data-race, reuse-race or
     /// unsafe-free, keeps every op in order, inserts at most two ops per hazard fixed, and
@@ -292,4 +301,14 @@ proptest! {
             }
         }
     }
+}
+
+/// The embedded regression file parses (a line that is not a seed panics) and holds seeds.
+#[test]
+fn regression_seeds_are_embedded() {
+    let seeds = common::EmbeddedRegressions::new(include_str!("fix.proptest-regressions"));
+    assert!(
+        !seeds.is_empty(),
+        "tests/fix.proptest-regressions holds no seed"
+    );
 }

@@ -5,14 +5,22 @@
 //! of `<target>` (`fuzz/common.rs`, which the fuzz targets include too). A few thousand decoded
 //! random programs add to the `checker_oracle` seeds. The seeds themselves are written by the
 //! ignored test `write_seeds` (see `docs/fuzzing.md`).
+//!
+//! Fixtures: `fuzz/corpus/` and `fuzz/artifacts/`, embedded at build time (`tests/common/mod.rs`),
+//! so the replay runs wherever the test executable is. `write_seeds` writes into the source
+//! tree's `fuzz/corpus/` where the source tree is here, and into a temporary directory
+//! elsewhere.
 
 #[path = "../fuzz/common.rs"]
 #[allow(dead_code)]
 mod common;
+#[path = "common/mod.rs"]
+mod fixtures;
 
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
+
+use fixtures::Fixture;
 
 use streamsan::fuzz::gen::{generate, GenConfig};
 use streamsan::workload::SplitMix;
@@ -28,39 +36,54 @@ const TARGETS: [(&str, Check); 4] = [
     ("fix", common::check_fix),
 ];
 
-fn fuzz_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz")
+/// The embedded files of `fuzz/<kind>/` (`corpus` or `artifacts`).
+fn embedded(kind: &str) -> Vec<Fixture> {
+    match kind {
+        "corpus" => fixtures::fixtures(fixtures::FUZZ_CORPUS),
+        "artifacts" => fixtures::fixtures(fixtures::FUZZ_ARTIFACTS),
+        other => panic!("no fuzz directory {other}"),
+    }
 }
 
-/// The files of `dir`, sorted (none when it does not exist).
-fn files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut v: Vec<PathBuf> = entries
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.is_file())
-        .collect();
-    v.sort();
-    v
+/// The files of `fuzz/<kind>/<target>/`, sorted.
+fn files(kind: &str, target: &str) -> Vec<Fixture> {
+    let prefix = format!("fuzz/{kind}/{target}/");
+    embedded(kind)
+        .into_iter()
+        .filter(|f| f.path.starts_with(&prefix))
+        .collect()
 }
 
 /// Runs every file of `fuzz/<kind>/<target>/` through its target's check; returns the number of
-/// files and the failures.
+/// files and the failures. A file in a directory of no target is a failure too: it would
+/// otherwise never be replayed.
 fn replay(kind: &str) -> (usize, Vec<String>) {
     let mut count = 0;
     let mut failures = Vec::new();
+    for file in embedded(kind) {
+        let rest = &file.path[format!("fuzz/{kind}/").len()..];
+        let known = TARGETS
+            .iter()
+            .any(|(t, _)| rest.strip_prefix(t).is_some_and(|r| r.starts_with('/')));
+        if !known && rest.contains('/') {
+            failures.push(format!(
+                "{}: not in the directory of a fuzz target",
+                file.path
+            ));
+        }
+    }
     for (target, check) in TARGETS {
-        for path in files(&fuzz_dir().join(kind).join(target)) {
-            let data = std::fs::read(&path).expect("readable corpus file");
+        for file in files(kind, target) {
+            let data = file.bytes;
+            let path = file.path;
             count += 1;
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| check(&data))) {
+            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| check(data))) {
                 let msg = payload
                     .downcast_ref::<String>()
                     .cloned()
                     .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
-                failures.push(format!("{}: {msg}", path.display()));
+                failures.push(format!("{path}: {msg}"));
             }
         }
     }
@@ -73,7 +96,7 @@ fn corpora_pass_their_checks() {
     println!("replayed {count} corpus files");
     for (target, _) in TARGETS {
         assert!(
-            !files(&fuzz_dir().join("corpus").join(target)).is_empty(),
+            !files("corpus", target).is_empty(),
             "the seed corpus of {target} is missing"
         );
     }
@@ -124,26 +147,36 @@ fn decoder_reaches_every_hazard_kind() {
 
 /// Writes the seed corpora: the conformance traces and a few generated programs (whole files for
 /// `trace_reader`, one line per file for `parse_line`) and random bytes for `checker_oracle`.
-/// Run with `cargo test --test fuzz_corpus -- --ignored write_seeds`.
+/// Run with `cargo test --test fuzz_corpus -- --ignored write_seeds`. It writes into the source
+/// tree's `fuzz/corpus/`; where there is no source tree (a staged test executable) it writes into
+/// a temporary directory instead, and checks what it wrote.
 #[test]
 #[ignore = "writes fuzz/corpus; run by hand"]
 fn write_seeds() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let corpus = fuzz_dir().join("corpus");
+    let corpus = match fixtures::source_tree() {
+        Some(root) => root.join("fuzz/corpus"),
+        None => {
+            let dir = std::env::temp_dir().join(format!("streamsan-seeds-{}", std::process::id()));
+            println!(
+                "no source tree at {}: writing to {}",
+                env!("CARGO_MANIFEST_DIR"),
+                dir.display()
+            );
+            dir
+        }
+    };
     for (target, _) in TARGETS {
         std::fs::create_dir_all(corpus.join(target)).expect("corpus directory");
     }
     let mut traces: Vec<(String, Vec<u8>)> = Vec::new();
-    for dir in ["tests/conformance", "tests/oracle-regressions"] {
-        for path in files(&root.join(dir)) {
-            let name = path
-                .file_stem()
-                .expect("name")
-                .to_string_lossy()
-                .into_owned();
-            traces.push((name, std::fs::read(&path).expect("trace")));
+    for table in [fixtures::CONFORMANCE, fixtures::ORACLE_REGRESSIONS] {
+        for file in fixtures::fixtures(table) {
+            let name = file.name();
+            let stem = name.rsplit_once('.').map_or(name, |(stem, _)| stem);
+            traces.push((stem.to_owned(), file.bytes.to_vec()));
         }
     }
+    assert!(traces.len() >= 40, "the conformance traces are missing");
     for seed in 0..4u64 {
         let cfg = GenConfig {
             ops: 24,
@@ -181,4 +214,21 @@ fn write_seeds() {
         )
         .expect("write seed");
     }
+    // Every file now in the corpus passes its target's check.
+    let mut written = 0;
+    for (target, check) in TARGETS {
+        for entry in std::fs::read_dir(corpus.join(target)).expect("corpus directory") {
+            let path = entry.expect("directory entry").path();
+            if path.is_file()
+                && !path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            {
+                check(&std::fs::read(&path).expect("readable seed"));
+                written += 1;
+            }
+        }
+    }
+    println!("{written} seed files in {}", corpus.display());
+    assert!(written > traces.len(), "the seeds were not written");
 }

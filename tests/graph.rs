@@ -1,5 +1,10 @@
 //! The stream-dependency graph: its edges against the checker's verdicts, its explanations, and
 //! its memory on long traces.
+//!
+//! Fixtures: the proptest regression seeds of `tests/graph.proptest-regressions`, embedded
+//! (`include_str!`, `common::EmbeddedRegressions`), so they are replayed wherever the test runs.
+
+mod common;
 
 use proptest::prelude::*;
 use streamsan::fuzz::gen::{arb_program, GenConfig};
@@ -163,7 +168,11 @@ fn config() -> GenConfig {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: common::EmbeddedRegressions::boxed(include_str!("graph.proptest-regressions")),
+        ..ProptestConfig::default()
+    })]
 
     /// For every race the checker reports: no path in the graph leads from a conflicting access
     /// to the racing op; the explanation's "latest synchronization" names an op of the earlier
@@ -204,7 +213,11 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: common::EmbeddedRegressions::boxed(include_str!("graph.proptest-regressions")),
+        ..ProptestConfig::default()
+    })]
 
     /// The graph's happens-before (paths of its edges, all ops kept) is the oracle's — the
     /// brute-force reference written from the trace format alone — for every pair of ops.
@@ -283,4 +296,14 @@ fn memory_stays_bounded_on_long_traces() {
     // Every record under a new event name: the nodes stay bounded all the same.
     let fresh = peak(200_000, true);
     assert!(fresh < 20_000, "peak {fresh} nodes with fresh event names");
+}
+
+/// The embedded regression file parses (a line that is not a seed panics) and holds seeds.
+#[test]
+fn regression_seeds_are_embedded() {
+    let seeds = common::EmbeddedRegressions::new(include_str!("graph.proptest-regressions"));
+    assert!(
+        !seeds.is_empty(),
+        "tests/graph.proptest-regressions holds no seed"
+    );
 }

@@ -40,13 +40,29 @@ fn explore(name: &str, f: impl Fn() + Sync + Send + 'static) -> usize {
     n
 }
 
-/// The report a fresh checker gives for `trace`: what the session's checker thread must give.
-fn offline(trace: &[TraceOp]) -> Report {
+/// The report a fresh checker gives for `trace`, unexplained: what the session's `hazards()`
+/// must give.
+fn offline_unexplained(trace: &[TraceOp]) -> Report {
     let mut checker = Checker::new();
     for op in trace {
         checker.check(op).expect("the session records valid ops");
     }
     checker.finish()
+}
+
+/// The report a fresh checker gives for `trace`, with its hazards explained from the trace as
+/// the session's `finish()` explains them: what `finish()` must give.
+fn offline(trace: &[TraceOp]) -> Report {
+    let mut checker = Checker::new();
+    for op in trace {
+        checker.check(op).expect("the session records valid ops");
+    }
+    let implicit = checker.implicit_syncs().to_vec();
+    let mut report = checker.finish();
+    if !report.hazards.is_empty() {
+        streamsan::graph::explain_program(trace, &mut report, &implicit, "offline");
+    }
+    report
 }
 
 /// The launches of a trace, by kernel name, with their op indices.
@@ -55,7 +71,7 @@ fn launches(trace: &[TraceOp]) -> Vec<(usize, String)> {
         .iter()
         .enumerate()
         .filter_map(|(i, op)| match &op.op {
-            Op::Launch { name, .. } => Some((i, name.clone().unwrap_or_default())),
+            Op::Launch { name, .. } => Some((i, name.as_deref().unwrap_or_default().to_owned())),
             _ => None,
         })
         .collect()
@@ -194,7 +210,7 @@ fn hazards_while_recording_see_a_prefix() {
             "seen {seen:?}\nfinal {final_hazards:?}"
         );
         assert!(seen.is_empty() || seen == final_hazards);
-        assert_eq!(final_hazards, offline(&trace).hazards);
+        assert_eq!(final_hazards, offline_unexplained(&trace).hazards);
         assert!(!final_hazards.is_empty(), "the racy launch is reported");
         x.free().unwrap();
         let report = unwrap_session(session).finish().unwrap();

@@ -1,10 +1,13 @@
 //! The SARIF renderer: the log's header and rules, where results are located, related locations,
 //! fingerprints, and a structural check of every example trace's log against the required and
 //! allowed properties of the SARIF 2.1.0 schema.
+//!
+//! Fixtures: `examples/traces/**/*.jsonl`, embedded at build time (`tests/common/mod.rs`; two of
+//! them also by `include_str!`), so the tests run wherever their executable is.
+
+mod common;
 
 use std::collections::HashSet;
-use std::fs;
-use std::path::Path;
 
 use serde_json::Value;
 use streamsan::report::{render_sarif, HazardKind, Report, SarifOptions};
@@ -859,19 +862,8 @@ fn validate(log: &Value) -> Vec<String> {
     errors
 }
 
-fn example_traces() -> Vec<std::path::PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/traces");
-    let mut files = Vec::new();
-    for dir in [root.clone(), root.join("hazards")] {
-        for e in fs::read_dir(&dir).expect("examples/traces") {
-            let p = e.expect("dir entry").path();
-            if p.extension().is_some_and(|x| x == "jsonl") {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
-    files
+fn example_traces() -> Vec<common::Fixture> {
+    common::fixtures_with_extension(common::EXAMPLE_TRACES, "jsonl")
 }
 
 #[test]
@@ -879,13 +871,12 @@ fn every_example_trace_gives_a_structurally_valid_log() {
     let files = example_traces();
     assert!(files.len() >= 10, "{files:?}");
     let mut kinds = HashSet::new();
-    for path in files {
-        let text = fs::read_to_string(&path).expect("read trace");
-        let report = check(&text);
-        for trace in [None, Some(path.to_string_lossy().into_owned())] {
-            let log = sarif(&report, trace.as_deref());
+    for file in files {
+        let report = check(file.text());
+        for trace in [None, Some(file.path)] {
+            let log = sarif(&report, trace);
             let errors = validate(&log);
-            assert!(errors.is_empty(), "{}: {errors:#?}", path.display());
+            assert!(errors.is_empty(), "{}: {errors:#?}", file.path);
             assert_eq!(results(&log).len(), report.hazards.len());
         }
         kinds.extend(report.hazards.iter().map(|h| h.kind));

@@ -31,6 +31,9 @@
 //! missing symbol) is [`GpuError::DriverUnusable`], not a crash. NVRTC is checked the same way when
 //! the kernels are first compiled ([`GpuError::NoNvrtc`]).
 //!
+//! Code that needs a GPU asks [`gpu_need`] whether to run, to skip, or to fail because
+//! `STREAMSAN_REQUIRE_GPU=1` requires a GPU; every GPU test starts with [`gpu_or_skip`].
+//!
 //! # Threads
 //!
 //! Every type here is `Send + Sync`; each call makes its context current on the calling thread
@@ -38,10 +41,12 @@
 
 mod launch;
 mod memory;
+mod require;
 mod stream;
 
 pub use launch::{Kernels, BLOCK_THREADS, KERNELS_SOURCE};
 pub use memory::PinnedBuffer;
+pub use require::{gpu_need, gpu_or_skip, gpu_required, GpuNeed, REQUIRE_GPU_ENV};
 pub use stream::{Event, Stream, StreamKind};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -247,6 +247,22 @@ pub(crate) mod tests {
     use crate::graph::picture::*;
     use crate::report::{HazardKind, Severity};
 
+    /// Compares `value` with an insta snapshot file's contents (`snap`: the file's text, header
+    /// and all), as `insta::assert_snapshot!` does, for test executables that run away from the
+    /// source tree.
+    pub(crate) fn assert_embedded_snapshot(snap: &str, value: &str) {
+        let body = snap
+            .strip_prefix("---\n")
+            .and_then(|rest| rest.split_once("\n---\n"))
+            .map(|(_, body)| body)
+            .expect("an insta snapshot file: a --- header, then the contents");
+        let normalize = |s: &str| s.replace("\r\n", "\n").trim_end().to_owned();
+        assert!(
+            normalize(body) == normalize(value),
+            "the value differs from the embedded snapshot:\n{value}"
+        );
+    }
+
     fn node(op: u64, lane: usize, op_name: &'static str, label: &str, accesses: &[&str]) -> Node {
         Node {
             op,
@@ -665,6 +681,15 @@ pub(crate) mod tests {
                     elided,
                 },
             )
+    }
+
+    #[test]
+    fn embedded_snapshots_compare_the_contents_only() {
+        let snap = "---\nsource: src/x.rs\nexpression: v\n---\nline 1\nline 2\n";
+        assert_embedded_snapshot(snap, "line 1\nline 2");
+        assert_embedded_snapshot(snap, "line 1\r\nline 2\n");
+        let differs = std::panic::catch_unwind(|| assert_embedded_snapshot(snap, "line 1\nline 3"));
+        assert!(differs.is_err(), "a different value must fail");
     }
 
     /// Writes the sample pictures as `<name>.dot` and `<name>.html` into the directory
