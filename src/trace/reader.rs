@@ -2904,7 +2904,7 @@ mod tests {
             }
         }
         let mut reader = TraceReader::new(BufReader::new(Zeros(0)), "/dev/zero");
-        let e = reader.next_op().err().expect("an error");
+        let e = reader.next_op().expect_err("an error");
         assert_eq!(
             e.to_string(),
             format!(
@@ -2927,7 +2927,7 @@ mod tests {
         let text = "y".repeat(10_000);
         let mut r = TraceReader::new(BufReader::with_capacity(16, text.as_bytes()), "t")
             .with_line_limit(100);
-        let e = r.next_op().err().expect("an error");
+        let e = r.next_op().expect_err("an error");
         e.column == 101 && r.buf.capacity() < 1_000 && r.next_op() == Ok(None)
     }
 
