@@ -387,6 +387,9 @@ pub struct TraceReader<R: BufRead> {
     /// Set after an over-long line was reported: the rest of that line is skipped, unread, by
     /// the next call.
     skipping: bool,
+    /// Whether a line may be read in place: past line 1 (whose byte-order mark the general path
+    /// removes) and not skipping.
+    fast: bool,
 }
 
 impl<R: BufRead> TraceReader<R> {
@@ -401,6 +404,7 @@ impl<R: BufRead> TraceReader<R> {
             spans: Spans::default(),
             limit: MAX_LINE_BYTES,
             skipping: false,
+            fast: false,
         }
     }
 
@@ -420,6 +424,7 @@ impl<R: BufRead> TraceReader<R> {
         self.line += 1;
         self.buf.clear();
         self.skipping = true;
+        self.fast = false;
         line_too_long(self.limit, bom).at_line(&*self.file, self.line)
     }
 
@@ -429,9 +434,6 @@ impl<R: BufRead> TraceReader<R> {
     /// read error is reported as a [`ParseError`] at column 1 of the line being read.
     #[inline(always)]
     pub fn next_op(&mut self) -> Result<Option<(TraceOp, &Spans)>, ParseError> {
-        if self.skipping && !self.skip_rest()? {
-            return Ok(None);
-        }
         loop {
             let available = match self.reader.fill_buf() {
                 Ok(available) => available,
@@ -446,7 +448,7 @@ impl<R: BufRead> TraceReader<R> {
                     ));
                 }
             };
-            if self.buf.is_empty() && self.line > 0 {
+            if self.fast && self.buf.is_empty() {
                 // The common case: a canonical line, read where it is in the reader's buffer.
                 // (Line 1 takes the general path, which removes a byte-order mark.) A line
                 // longer than the limit has no `\n` in the window, and goes the general way.
@@ -458,6 +460,19 @@ impl<R: BufRead> TraceReader<R> {
                     self.spans.line = self.line;
                     return Ok(Some((op, &self.spans)));
                 }
+            }
+            if self.skipping {
+                // The rest of an over-long line, up to and with its `\n`, dropped unread.
+                let (n, end) = match line_end(available) {
+                    Some(end) => (end + 1, true),
+                    None => (available.len(), available.is_empty()),
+                };
+                self.reader.consume(n);
+                if end {
+                    self.skipping = false;
+                    self.fast = true;
+                }
+                continue;
             }
             let parsed = if available.is_empty() {
                 // The end: a last line without a newline, or nothing.
@@ -474,6 +489,7 @@ impl<R: BufRead> TraceReader<R> {
                     let e = self.too_long(bom);
                     self.reader.consume(end + 1);
                     self.skipping = false;
+                    self.fast = true;
                     return Err(e);
                 }
                 self.line += 1;
@@ -501,6 +517,7 @@ impl<R: BufRead> TraceReader<R> {
                 self.reader.consume(n);
                 continue;
             };
+            self.fast = true;
             match parsed {
                 Ok(Some(op)) => {
                     self.ops += 1;
@@ -509,36 +526,6 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Ok(None) => {}
                 Err(e) => return Err(e.at_line(&*self.file, self.line)),
-            }
-        }
-    }
-
-    /// Skips what is left of an over-long line, up to and with its `\n`, without keeping it.
-    /// Returns `false` at the end of the input.
-    fn skip_rest(&mut self) -> Result<bool, ParseError> {
-        loop {
-            let available = match self.reader.fill_buf() {
-                Ok(available) => available,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    let message = format!("cannot read: {e}");
-                    return Err(ParseError::at(&*self.file, (self.line, 1), message, None));
-                }
-            };
-            if available.is_empty() {
-                self.skipping = false;
-                return Ok(false);
-            }
-            match line_end(available) {
-                Some(end) => {
-                    self.reader.consume(end + 1);
-                    self.skipping = false;
-                    return Ok(true);
-                }
-                None => {
-                    let n = available.len();
-                    self.reader.consume(n);
-                }
             }
         }
     }
