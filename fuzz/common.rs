@@ -16,8 +16,8 @@ use std::io::{BufRead, BufReader};
 use streamsan::oracle::{oracle_hazards, OracleHazard};
 use streamsan::report::{render_text, TextOptions};
 use streamsan::trace::{
-    parse_line, parse_line_bytes, write_op, Field, Id, MemoryKind, Op, Region, Spans, TraceOp,
-    TraceReader, DEFAULT_STREAM,
+    check_line_length, parse_line, parse_line_bytes, write_op, Field, Id, MemoryKind, Op, Region,
+    Spans, TraceOp, TraceReader, DEFAULT_STREAM,
 };
 use streamsan::{Checker, HazardKind};
 
@@ -103,34 +103,59 @@ pub fn read_all<R: BufRead>(mut reader: TraceReader<R>, lines: usize) -> Vec<Rea
     }
 }
 
-/// What a reader must return for `data`: `parse_line_bytes` of each line, without its `\n`, a
-/// final `\r`, and (on line 1) a byte-order mark.
-pub fn line_by_line(data: &[u8]) -> Vec<Read> {
-    let mut out = Vec::new();
+/// The lines of `data`, without their `\n` (as the file holds them: `\r` and BOM included).
+fn pieces(data: &[u8]) -> Vec<&[u8]> {
     let mut pieces: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
     if data.is_empty() || data.ends_with(b"\n") {
         pieces.pop();
     }
-    for (i, mut piece) in pieces.into_iter().enumerate() {
-        let line = i as u64 + 1;
-        if let Some(rest) = piece.strip_suffix(b"\r") {
+    pieces
+}
+
+/// What a reader must return for line number `line`, `piece` as the file holds it:
+/// `parse_line_bytes` without a final `\r` and (on line 1) a byte-order mark.
+fn one_line(mut piece: &[u8], line: u64) -> Option<Read> {
+    if let Some(rest) = piece.strip_suffix(b"\r") {
+        piece = rest;
+    }
+    if line == 1 {
+        if let Some(rest) = piece.strip_prefix(b"\xEF\xBB\xBF") {
             piece = rest;
         }
-        if line == 1 {
-            if let Some(rest) = piece.strip_prefix(b"\xEF\xBB\xBF") {
-                piece = rest;
-            }
-        }
-        match parse_line_bytes(piece) {
-            Ok(None) => {}
-            Ok(Some((op, spans))) => {
-                let cols = columns(&spans, &op);
-                out.push(Read::Op(op, line, cols));
-            }
-            Err(e) => out.push(Read::Err(line, e.column, e.message, e.expected)),
-        }
     }
-    out
+    match parse_line_bytes(piece) {
+        Ok(None) => None,
+        Ok(Some((op, spans))) => {
+            let cols = columns(&spans, &op);
+            Some(Read::Op(op, line, cols))
+        }
+        Err(e) => Some(Read::Err(line, e.column, e.message, e.expected)),
+    }
+}
+
+/// What a reader must return for `data`: `parse_line_bytes` of each line, without its `\n`, a
+/// final `\r`, and (on line 1) a byte-order mark.
+pub fn line_by_line(data: &[u8]) -> Vec<Read> {
+    let pieces = pieces(data);
+    (1..)
+        .zip(pieces)
+        .filter_map(|(line, piece)| one_line(piece, line))
+        .collect()
+}
+
+/// [`line_by_line`] with a line limit: a line longer than `limit` bytes (as in the file) is the
+/// error `check_line_length` gives, whatever it holds.
+pub fn line_by_line_limited(data: &[u8], limit: usize) -> Vec<Read> {
+    let pieces = pieces(data);
+    (1..)
+        .zip(pieces)
+        .filter_map(
+            |(line, piece)| match check_line_length(piece, line == 1, limit) {
+                Some(e) => Some(Read::Err(line, e.column, e.message, e.expected)),
+                None => one_line(piece, line),
+            },
+        )
+        .collect()
 }
 
 /// `TraceReader` over `data` as a whole file, with a large and with a tiny buffer, against
@@ -152,6 +177,19 @@ pub fn check_trace_reader(data: &[u8]) {
     assert_eq!(
         small, expected,
         "TraceReader (buffer of {cap}) against parse_line"
+    );
+    // A line limit of 8 to 71 bytes, chosen by the input, with the same small buffer: lines
+    // past it are errors at the limit (and the reader goes on with the next line), the others
+    // read as before.
+    let limit = 8 + data.get(1).map_or(0, |b| usize::from(*b) % 64);
+    let limited = read_all(
+        TraceReader::new(BufReader::with_capacity(cap, data), "fuzz.jsonl").with_line_limit(limit),
+        lines,
+    );
+    assert_eq!(
+        limited,
+        line_by_line_limited(data, limit),
+        "TraceReader (buffer of {cap}, line limit {limit}) against parse_line"
     );
 }
 

@@ -40,20 +40,6 @@ pub fn is_fixable(kind: HazardKind) -> bool {
     )
 }
 
-/// `text` with control characters (a newline in an id) escaped, to fit on one comment line.
-fn one_line(text: &str) -> String {
-    text.chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect()
-}
-
 /// The participant of the hazards at one op: the op's (for a free, the freeing participant's).
 /// Every hazard at one op has the same.
 fn later_participant(hazards: &[Hazard]) -> String {
@@ -352,9 +338,11 @@ impl Fixer {
         };
         Insertion {
             before: index,
-            comment: one_line(&format!(
+            // Control characters (a newline in an id) escaped, to fit on one comment line.
+            comment: crate::text::escape(&format!(
                 "streamsan fix for op {index} of the original trace ({what}): {how}"
-            )),
+            ))
+            .into_owned(),
             hazards,
             ops,
         }

@@ -75,11 +75,13 @@ pub mod graph;
 pub mod kernels;
 pub mod oracle;
 pub mod order;
+pub mod output;
 pub mod report;
 pub mod session;
 pub mod shadow;
 pub mod sim;
 mod sync;
+pub mod text;
 pub mod trace;
 pub mod workload;
 

@@ -7,10 +7,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use streamsan::output::{OutputFile, TempFile};
 use streamsan::report::{render_text, TextOptions};
-use streamsan::trace::{ParseError, TraceReader, TraceWriter};
+use streamsan::text::{escape, for_terminal};
+use streamsan::trace::{Field, Op, ParseError, Spans, TraceOp, TraceReader, TraceWriter};
 use streamsan::workload::Pipeline;
-use streamsan::Checker;
+use streamsan::{CheckError, Checker};
 
 /// Finds the synchronization bugs of multi-stream GPU programs: data races between streams and
 /// the host, and buffers freed to a caching allocator while another stream still uses them.
@@ -231,6 +233,7 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     init_tracing();
+    streamsan::output::remove_temporaries_on_signals();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
@@ -277,7 +280,7 @@ where
     match result {
         Ok(code) => code,
         Err(message) => {
-            eprintln!("streamsan: {message}");
+            eprintln!("streamsan: {}", for_terminal(&message));
             2
         }
     }
@@ -342,12 +345,100 @@ fn open_input(path: &PathBuf) -> Result<Input, String> {
     ))
 }
 
-fn create_output(path: Option<&PathBuf>) -> Result<Box<dyn Write>, String> {
-    match path {
-        Some(p) if p.as_os_str() != "-" => File::create(p)
-            .map(|f| Box::new(io::BufWriter::new(f)) as Box<dyn Write>)
-            .map_err(|e| format!("{}: cannot create: {e}", p.display())),
-        _ => Ok(Box::new(io::BufWriter::new(io::stdout()))),
+/// Where a command writes its result: standard output, or a file written safely (replaced
+/// atomically, links followed, devices and FIFOs written in place; see `streamsan::output`).
+enum Output {
+    Stdout(io::BufWriter<io::Stdout>),
+    File(OutputFile),
+}
+
+impl Output {
+    /// Standard output for `None` and `-`, else the file.
+    fn open(path: Option<&PathBuf>) -> Result<Output, String> {
+        match path {
+            Some(p) if p.as_os_str() != "-" => OutputFile::create(p)
+                .map(Output::File)
+                .map_err(|e| format!("{}: cannot write: {e}", p.display())),
+            _ => Ok(Output::Stdout(io::BufWriter::with_capacity(
+                1 << 16,
+                io::stdout(),
+            ))),
+        }
+    }
+
+    /// Flushes the output and, for a file, puts it in place.
+    fn commit(self) -> io::Result<()> {
+        match self {
+            Output::Stdout(mut w) => w.flush(),
+            Output::File(f) => f.commit(),
+        }
+    }
+}
+
+impl Write for Output {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Output::Stdout(w) => w.write(buf),
+            Output::File(f) => f.write(buf),
+        }
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        match self {
+            Output::Stdout(w) => w.write_all(buf),
+            Output::File(f) => f.write_all(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Output::Stdout(w) => w.flush(),
+            Output::File(f) => f.flush(),
+        }
+    }
+}
+
+/// Where the checker's error about `op` points: the offending field's value. A `stream_create`
+/// that contradicts an earlier declaration or first use is located at the value that differs
+/// (`device` or `blocking`), or at the stream's name when that value is left to its default.
+fn locate(checker: &Checker, op: &TraceOp, spans: &Spans, e: &CheckError) -> (u64, u64) {
+    let mut field = e.field;
+    if let (
+        Field::Op,
+        Op::StreamCreate {
+            stream,
+            device,
+            blocking,
+        },
+    ) = (field, &op.op)
+    {
+        let order = checker.order();
+        field = Field::Stream;
+        if let Some(info) = order.find_stream(stream).map(|p| order.stream_info(p)) {
+            let differs = if info.device != *device {
+                Some(Field::Device)
+            } else if info.blocking != *blocking {
+                Some(Field::Blocking)
+            } else {
+                None
+            };
+            if let Some(f) = differs.filter(|&f| spans.column(f).is_some()) {
+                field = f;
+            }
+        }
+    }
+    spans.locate(field)
+}
+
+/// Refuses to write `output` over the trace `file` being read (the same file, also through
+/// links or another name).
+fn refuse_overwrite(file: &PathBuf, output: Option<&PathBuf>, what: &str) -> Result<(), String> {
+    match output {
+        Some(out) if rereadable(file) && same_file(file, out) => Err(format!(
+            "{}: the output would overwrite the trace being {what}; write it elsewhere",
+            out.display()
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -374,6 +465,7 @@ fn check(
     output: Option<&PathBuf>,
     confirm: Option<(Backend, u32)>,
 ) -> Result<u8, String> {
+    refuse_overwrite(file, output, "checked")?;
     let (input, name, len, count) = open_input(file)?;
     let bar = progress(len);
     // Text, dot and html walk the trace a second time to explain the hazards; what cannot be
@@ -392,7 +484,10 @@ fn check(
                 Box::new(BufReader::with_capacity(1 << 16, tee))
             }
             Err(e) => {
-                eprintln!("streamsan: {e}; the report will not explain its hazards");
+                eprintln!(
+                    "streamsan: {}; the report will not explain its hazards",
+                    for_terminal(&e)
+                );
                 input
             }
         }
@@ -410,7 +505,7 @@ fn check(
             Err(e) => return Err(e.to_string()),
         };
         if let Err(e) = checker.check(&op) {
-            let at = spans.locate(e.field);
+            let at = locate(&checker, &op, spans, &e);
             return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
         }
         if confirm.is_some() {
@@ -428,7 +523,7 @@ fn check(
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
     let source = match &spool {
-        Some(s) if !s.failed.get() => Some(Source::File(s.path.clone())),
+        Some(s) if !s.failed.get() => Some(Source::File(s.file.path().to_path_buf())),
         Some(_) => None,
         None if explains && rereadable(file) => Some(Source::File(file.clone())),
         None => None,
@@ -443,7 +538,10 @@ fn check(
         Some(source) => match explain(&source, &name, &mut report, &implicit, len) {
             Ok(p) => Some(p),
             Err(e) => {
-                eprintln!("streamsan: {e}; the report will not explain its hazards");
+                eprintln!(
+                    "streamsan: {}; the report will not explain its hazards",
+                    for_terminal(&e)
+                );
                 None
             }
         },
@@ -454,7 +552,6 @@ fn check(
             "{name}: cannot walk the trace a second time to draw it"
         ));
     }
-    let mut out = create_output(output)?;
     let text = match format {
         Format::Json => report.to_json() + "\n",
         Format::Dot | Format::Html => match picture.as_ref() {
@@ -480,26 +577,24 @@ fn check(
             render_text(&report, &opts)
         }
     };
-    match out.write_all(text.as_bytes()).and_then(|_| out.flush()) {
+    let mut out = Output::open(output)?;
+    match out.write_all(text.as_bytes()).and_then(|_| out.commit()) {
         // `streamsan check … | head`: the reader has what it wanted; the verdict stands.
-        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
-            return Err(format!("cannot write the report: {e}"))
-        }
-        _ => {}
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(format!("cannot write the report: {e}")),
+        Ok(()) => {}
     }
     Ok(if report.is_clean() { 0 } else { 1 })
 }
 
-/// The whole input when it is standard input (read twice by `fix`), else the file, opened again.
+/// The trace, opened again for a second walk: the file, or the copy of standard input.
 enum Source {
-    Memory(Vec<u8>),
     File(PathBuf),
 }
 
 impl Source {
     fn open(&self) -> Result<Box<dyn BufRead + '_>, String> {
         match self {
-            Source::Memory(bytes) => Ok(Box::new(&bytes[..])),
             Source::File(path) => File::open(path)
                 .map(|f| Box::new(BufReader::with_capacity(1 << 16, f)) as Box<dyn BufRead>)
                 .map_err(|e| format!("{}: cannot open: {e}", path.display())),
@@ -514,59 +609,81 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
     } else {
         file.display().to_string()
     };
-    let source = if rereadable(file) {
-        File::open(file).map_err(|e| format!("{name}: cannot open: {e}"))?;
-        if let Some(out) = output {
-            if same_file(file, out) {
-                return Err(format!(
-                    "{}: the output would overwrite the trace being fixed; write it elsewhere",
-                    out.display()
-                ));
-            }
-        }
-        Source::File(file.clone())
+    refuse_overwrite(file, output, "fixed")?;
+    // Standard input or a pipe is read once, and copied to a private temporary file for the
+    // second walk (memory stays bounded whatever the input).
+    let mut spool = None;
+    let input: Box<dyn BufRead> = if rereadable(file) {
+        Box::new(BufReader::with_capacity(
+            1 << 16,
+            File::open(file).map_err(|e| format!("{name}: cannot open: {e}"))?,
+        ))
     } else {
-        // Standard input or a pipe: read once, kept in memory for the second walk.
-        let (mut input, ..) = open_input(file)?;
-        let mut bytes = Vec::new();
-        io::Read::read_to_end(&mut input, &mut bytes)
-            .map_err(|e| format!("{name}: cannot read: {e}"))?;
-        Source::Memory(bytes)
+        let (input, ..) = open_input(file)?;
+        let (s, f) = Spool::create().map_err(|e| {
+            format!("{e}: `fix` needs a copy of the trace it reads from {name} (set TMPDIR)")
+        })?;
+        let tee = Tee {
+            inner: input,
+            copy: Some(io::BufWriter::new(f)),
+            failed: s.failed.clone(),
+        };
+        spool = Some(s);
+        Box::new(BufReader::with_capacity(1 << 16, tee))
     };
     // First walk: the hazards, and the event names in use.
-    let mut reader = TraceReader::new(source.open()?, name.clone());
+    let mut reader = TraceReader::new(input, name.clone());
     let mut checker = Checker::new();
     let mut events = std::collections::HashSet::new();
     while let Some((op, spans)) = reader.next_op().map_err(|e| e.to_string())? {
         if let Err(e) = checker.check(&op) {
-            let at = spans.locate(e.field);
+            let at = locate(&checker, &op, spans, &e);
             return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
         }
         if let Some(e) = op.op.event() {
             events.insert(e.clone());
         }
     }
+    drop(reader);
     let before = checker.finish();
+    let source = match &spool {
+        Some(s) if s.failed.get() => {
+            return Err(format!(
+                "{}: cannot write a copy of {name} for the second walk",
+                s.file.path().display()
+            ))
+        }
+        Some(s) => Source::File(s.file.path().to_path_buf()),
+        None => Source::File(file.clone()),
+    };
     // Second walk: copy every line, with the insertions before their ops.
     let mut fixer = Fixer::new(&before, events);
     let mut input = source.open()?;
     // A file is written beside its final name and renamed there only when complete.
-    let partial = output
-        .filter(|p| p.as_os_str() != "-")
-        .map(|p| Partial::new(p.clone()));
-    let mut out = create_output(partial.as_ref().map(|p| &p.tmp).or(output))?;
-    let write_err = |e: io::Error| {
-        if e.kind() == io::ErrorKind::BrokenPipe {
-            "the reader of the fixed trace went away".to_string()
-        } else {
-            format!("cannot write the fixed trace: {e}")
+    let mut out = Some(Output::open(output)?);
+    // Writes to `out`; a reader that went away (`fix … | head`) closes it, and the walk goes on
+    // without output, to the verdict.
+    let write = |out: &mut Option<Output>, bytes: &[u8]| -> Result<(), String> {
+        let Some(w) = out.as_mut() else {
+            return Ok(());
+        };
+        match w.write_all(bytes) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {
+                *out = None;
+                Ok(())
+            }
+            Err(e) => Err(format!("cannot write the fixed trace: {e}")),
         }
     };
     let (mut line, mut number, mut index) = (Vec::new(), 0u64, 0u64);
     let mut text = String::new();
+    let longest = streamsan::trace::MAX_LINE_BYTES as u64;
     loop {
         line.clear();
-        let n = input
+        // The first walk read every line within the limit; reading no more than that (and its
+        // `\n`) keeps memory bounded if the file changed since.
+        let n = io::Read::take(&mut input, longest + 1)
             .read_until(b'\n', &mut line)
             .map_err(|e| format!("{name}: cannot read: {e}"))?;
         if n == 0 {
@@ -574,6 +691,11 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
         }
         number += 1;
         let mut content = line.strip_suffix(b"\n").unwrap_or(&line);
+        if content.len() as u64 > longest {
+            return Err(format!(
+                "{name}:{number}: the trace changed since it was read (the line is too long now)"
+            ));
+        }
         if number == 1 {
             content = content.strip_prefix(b"\xef\xbb\xbf").unwrap_or(content);
         }
@@ -592,22 +714,24 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
                     streamsan::trace::write_op(extra, &mut text);
                     text.push('\n');
                 }
-                out.write_all(text.as_bytes()).map_err(write_err)?;
+                write(&mut out, text.as_bytes())?;
             }
             index += 1;
         }
-        out.write_all(&line).map_err(write_err)?;
+        write(&mut out, &line)?;
     }
-    out.flush().map_err(write_err)?;
-    drop(out);
     if index != before.ops {
         return Err(format!(
             "{name}: the trace changed while it was read ({} ops, then {index})",
             before.ops
         ));
     }
-    if let Some(p) = partial {
-        p.commit()?;
+    if let Some(out) = out {
+        match out.commit() {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(format!("cannot write the fixed trace: {e}")),
+            Ok(()) => {}
+        }
     }
     let (summary, after) = fixer.finish();
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
@@ -629,7 +753,7 @@ fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
             let buffer = h
                 .buffer
                 .as_deref()
-                .map(|b| format!(" on {b}"))
+                .map(|b| format!(" on {}", escape(b)))
                 .unwrap_or_default();
             match fixer.original_index(h.op) {
                 Some(op) => format!("{}{buffer} at op {op}", h.kind),
@@ -713,52 +837,15 @@ fn same_file(a: &PathBuf, b: &PathBuf) -> bool {
     }
 }
 
-/// An output file written under a temporary name beside it, renamed when complete; removed if
-/// never committed.
-struct Partial {
-    tmp: PathBuf,
-    path: PathBuf,
-    done: bool,
-}
-
-impl Partial {
-    fn new(path: PathBuf) -> Self {
-        let file = path
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{file}.streamsan-{}.tmp", std::process::id()));
-        Partial {
-            tmp,
-            path,
-            done: false,
-        }
-    }
-
-    fn commit(mut self) -> Result<(), String> {
-        std::fs::rename(&self.tmp, &self.path)
-            .map_err(|e| format!("{}: cannot write: {e}", self.path.display()))?;
-        self.done = true;
-        Ok(())
-    }
-}
-
-impl Drop for Partial {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
-    }
-}
-
 /// Whether `path` names a regular file, which can be read a second time.
 fn rereadable(path: &PathBuf) -> bool {
     path.as_os_str() != "-" && std::fs::metadata(path).is_ok_and(|m| m.is_file())
 }
 
-/// A temporary copy of an input that cannot be read twice, removed when dropped.
+/// A temporary copy of an input that cannot be read twice: a private file, removed when
+/// dropped, and on SIGINT or SIGTERM.
 struct Spool {
-    path: PathBuf,
+    file: TempFile,
     /// Set when writing the copy failed: the copy is then incomplete.
     failed: std::rc::Rc<std::cell::Cell<bool>>,
 }
@@ -766,34 +853,12 @@ struct Spool {
 impl Spool {
     /// A new file of this process alone (created exclusively, readable by its owner only).
     fn create() -> Result<(Self, File), String> {
-        let dir = std::env::temp_dir();
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let mut rng = streamsan::workload::SplitMix::new(seed ^ u64::from(std::process::id()));
-        let mut last = String::new();
-        for _ in 0..16 {
-            let path = dir.join(format!("streamsan-input-{:016x}.jsonl", rng.next_u64()));
-            let mut options = std::fs::OpenOptions::new();
-            options.write(true).create_new(true);
-            #[cfg(unix)]
-            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-            match options.open(&path) {
-                Ok(f) => {
-                    let failed = Default::default();
-                    return Ok((Spool { path, failed }, f));
-                }
-                Err(e) => last = format!("{}: cannot create: {e}", path.display()),
-            }
-        }
-        Err(last)
-    }
-}
-
-impl Drop for Spool {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let (file, f) = TempFile::private("streamsan-input-", ".jsonl").map_err(|e| {
+            let dir = std::env::temp_dir();
+            format!("{}: cannot create a temporary file: {e}", dir.display())
+        })?;
+        let failed = Default::default();
+        Ok((Spool { file, failed }, f))
     }
 }
 
@@ -823,7 +888,7 @@ impl<R: io::Read, W: Write> io::Read for Tee<R, W> {
 
 fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {
     if let Some(path) = write_trace {
-        let out = create_output(Some(path))?;
+        let out = Output::open(Some(path))?;
         let mut w = TraceWriter::new(out);
         let mut result = Ok(());
         p.generate(|op| {
@@ -832,33 +897,58 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
             }
         });
         result
-            .and_then(|_| w.finish().map(drop))
+            .and_then(|_| w.finish())
+            .and_then(Output::commit)
             .map_err(|e| format!("cannot write the trace: {e}"))?;
         return Ok(0);
     }
-    let ops = p.to_vec();
+    // The workload is generated in batches, and only the checking of each batch is timed:
+    // memory stays the same for any number of ops.
+    const BATCH: usize = 4096;
     let mut checker = Checker::new();
-    let start = Instant::now();
-    let mut hazards = 0usize;
-    let mut peak_history = 0usize;
-    for (k, op) in ops.iter().enumerate() {
-        match checker.check(op) {
-            Ok(h) => hazards += h.len(),
-            Err(e) => return Err(format!("the generated workload is invalid at op {k}: {e}")),
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut elapsed = std::time::Duration::ZERO;
+    let (mut hazards, mut peak_history, mut count) = (0usize, 0usize, 0u64);
+    let mut failed = None;
+    let mut run = |batch: &mut Vec<streamsan::trace::TraceOp>| {
+        let start = Instant::now();
+        for op in batch.iter() {
+            match checker.check(op) {
+                Ok(h) => hazards += h.len(),
+                Err(e) => {
+                    failed.get_or_insert(format!(
+                        "the generated workload is invalid at op {count}: {e}"
+                    ));
+                    return;
+                }
+            }
+            if count % 1024 == 0 {
+                peak_history = peak_history.max(checker.stats().history);
+            }
+            count += 1;
         }
-        if k % 1024 == 0 {
-            peak_history = peak_history.max(checker.stats().history);
+        elapsed += start.elapsed();
+        batch.clear();
+    };
+    p.generate(|op| {
+        batch.push(op);
+        if batch.len() == BATCH {
+            run(&mut batch);
         }
+    });
+    run(&mut batch);
+    if let Some(e) = failed {
+        return Err(e);
     }
-    let elapsed = start.elapsed();
-    let n = ops.len() as f64;
-    let ns_per_op = elapsed.as_nanos() as f64 / n;
     let stats = checker.stats();
+    let ops = count;
+    let n = ops as f64;
+    let ns_per_op = elapsed.as_nanos() as f64 / n;
     if json {
         outln!(
             "{}",
             serde_json::json!({
-                "ops": ops.len(), "streams": p.streams, "buffers": p.buffers,
+                "ops": ops, "streams": p.streams, "buffers": p.buffers,
                 "seconds": elapsed.as_secs_f64(), "ns_per_op": ns_per_op,
                 "ops_per_second": n / elapsed.as_secs_f64(), "hazards": hazards,
                 "peak_history": peak_history, "generations": stats.generations,
@@ -867,7 +957,7 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
     } else {
         outln!(
             "{} ops, {} streams, {} buffers: {:.1} ns/op, {:.2} M ops/s ({:.3} s); {} hazards; peak history {} accesses",
-            ops.len(),
+            ops,
             p.streams,
             p.buffers,
             ns_per_op,
@@ -986,17 +1076,18 @@ fn fuzz(args: FuzzArgs) -> Result<u8, String> {
         );
         outln!("  unexplained: {}", s.unexplained);
         for c in s.counterexamples.iter().take(10) {
+            let c = escape(c);
             outln!("  counterexample: {c}  (reproduce: streamsan check {c})");
         }
         if s.counterexamples.len() > 10 {
             outln!(
                 "  … and {} more counterexamples in {}",
                 s.counterexamples.len() - 10,
-                cfg.out_dir.display()
+                escape(&cfg.out_dir.display().to_string())
             );
         }
         for c in &res.unconfirmed {
-            outln!("  unconfirmed: {c}");
+            outln!("  unconfirmed: {}", escape(c));
         }
     }
     Ok(if s.unexplained == 0 { 0 } else { 1 })
@@ -1053,6 +1144,7 @@ fn fuzz_fix(
             res.over_budget
         );
         for c in res.counterexamples.iter().take(10) {
+            let c = escape(c);
             outln!("  counterexample: {c}  (reproduce: streamsan fix {c} | streamsan check -)");
         }
     }

@@ -54,6 +54,75 @@ fn files(kind: &str, target: &str) -> Vec<Fixture> {
         .collect()
 }
 
+/// Hostile shapes for the reader's seeds: lines longer than the fuzz checks' line limits (8 to
+/// 71 bytes), control characters and escapes in ids, huge numbers, a byte-order mark before a
+/// long line, CRLF at the limit, NUL bytes, invalid UTF-8 far into a line, deep nesting.
+fn hostile() -> Vec<(String, Vec<u8>)> {
+    let long_id = "x".repeat(300);
+    let digits = "9".repeat(200);
+    let mut v: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "hostile-long-lines",
+            format!(
+                "{{\"op\":\"device_sync\"}}\n{{\"op\":\"stream_sync\",\"stream\":\"{long_id}\"}}\n{{\"op\":\"device_sync\"}}\n"
+            )
+            .into_bytes(),
+        ),
+        (
+            "hostile-control-ids",
+            "{\"op\":\"alloc\",\"buffer\":\"b\\u001b[2J\",\"bytes\":8,\"stream\":\"s\\nstreamsan: no hazards\"}\n{\"op\":\"launch\",\"stream\":\"t\\u009b31m\",\"name\":\"k\\u001b]0;x\\u0007\",\"reads\":[\"b\\u001b[2J\"],\"site\":\"a\\u202e.py:1\"}\n{\"op\":\"\\u001b[2J\"}\n"
+                .as_bytes()
+                .to_vec(),
+        ),
+        (
+            "hostile-huge-numbers",
+            format!(
+                "{{\"op\":\"device_sync\",\"device\":{digits}}}\n{{\"op\":\"alloc\",\"buffer\":\"b\",\"bytes\":18446744073709551615,\"addr\":18446744073709551615}}\n{{\"op\":\"device_sync\",\"device\":1e999}}\n{{\"op\":\"device_sync\",\"device\":-{digits}}}\n"
+            )
+            .into_bytes(),
+        ),
+        (
+            "hostile-bom-long-line",
+            format!("\u{feff}{{\"op\":\"stream_sync\",\"stream\":\"{long_id}\"}}\r\n{{\"op\":\"device_sync\"}}").into_bytes(),
+        ),
+        (
+            "hostile-crlf-at-limit",
+            b"{\"op\":\"device_sync\"    }\r\n{\"op\":\"device_sync\"     }\r\n{\"op\":\"device_sync\"}\r\n"
+                .to_vec(),
+        ),
+        (
+            "hostile-nul-and-invalid-utf8",
+            [
+                &b"{\"op\":\"device_sync\"}\n"[..],
+                &[0u8; 100][..],
+                b"\n{\"op\":\"stream_sync\",\"stream\":\"",
+                &b"y".repeat(50),
+                b"\xff\xfe\"}\n",
+            ]
+            .concat(),
+        ),
+        (
+            "hostile-deep-nesting",
+            format!(
+                "{{\"op\":\"launch\",\"stream\":\"s\",\"reads\":{}{}}}\n",
+                "[".repeat(500),
+                "]".repeat(500)
+            )
+            .into_bytes(),
+        ),
+    ];
+    // A line of every length around the limits, without a final newline.
+    v.push((
+        "hostile-no-final-newline",
+        format!(
+            "{{\"op\":\"stream_sync\",\"stream\":\"{}\"}}",
+            "z".repeat(60)
+        )
+        .into_bytes(),
+    ));
+    v.into_iter().map(|(n, b)| (n.to_string(), b)).collect()
+}
+
 /// Runs every file of `fuzz/<kind>/<target>/` through its target's check; returns the number of
 /// files and the failures. A file in a directory of no target is a failure too: it would
 /// otherwise never be replayed.
@@ -203,6 +272,23 @@ fn write_seeds() {
     for (i, line) in lines.iter().enumerate() {
         std::fs::write(corpus.join("parse_line").join(format!("line-{i:03}")), line)
             .expect("write seed");
+    }
+    // The hostile shapes: whole files for `trace_reader`, their lines for `parse_line`.
+    let mut hostile_lines = BTreeSet::new();
+    for (name, text) in hostile() {
+        std::fs::write(
+            corpus.join("trace_reader").join(format!("{name}.jsonl")),
+            &text,
+        )
+        .expect("write seed");
+        hostile_lines.extend(text.split(|&b| b == b'\n').map(<[u8]>::to_vec));
+    }
+    for (i, line) in hostile_lines.difference(&lines).enumerate() {
+        std::fs::write(
+            corpus.join("parse_line").join(format!("hostile-{i:02}")),
+            line,
+        )
+        .expect("write seed");
     }
     let mut rng = SplitMix::new(0xc0ffee);
     for i in 0..24 {

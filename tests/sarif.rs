@@ -162,7 +162,7 @@ fn cross_stream_race_example_maps_its_site_to_a_file_region() {
     // The write by `fill` at op 3 is among them.
     assert!(related.iter().any(|rl| rl["message"]["text"]
         .as_str()
-        .is_some_and(|m| m.starts_with("write of x[0, 4096) by stream producer at op 3"))));
+        .is_some_and(|m| m.starts_with("write of x\\[0, 4096) by stream producer at op 3"))));
 
     let props = &r["properties"];
     assert_eq!(props["op"], 5);
@@ -249,13 +249,94 @@ fn stack_site_uses_the_innermost_frame_that_parses() {
     assert_eq!(f2["region"]["startColumn"], 3);
 }
 
+/// Sites outside the trace's tree — absolute paths, drive paths, URIs, paths that climb out —
+/// never become artifact URIs: the result is located on the trace, the site kept as text.
 #[test]
-fn windows_site() {
-    let log = sarif(&check(&race_with_site(r#""C:\\x\\y.rs:3:4""#)), None);
-    let phys = &only_result(&log)["locations"][0]["physicalLocation"];
-    assert_eq!(phys["artifactLocation"]["uri"], "file:///C:/x/y.rs");
-    assert_eq!(phys["region"]["startLine"], 3);
-    assert_eq!(phys["region"]["startColumn"], 4);
+fn sites_outside_the_tree_stay_text() {
+    for site in [
+        r#""C:\\x\\y.rs:3:4""#,
+        r#""file:///etc/passwd:1:1""#,
+        r#""/abs/path:1:1""#,
+        r#""../../x:1:1""#,
+        r#""src/../../x:1:1""#,
+        r#"["../x.py:2", "/etc/shadow:1"]"#,
+    ] {
+        let log = sarif(&check(&race_with_site(site)), Some("traces/t.jsonl"));
+        let text = serde_json::to_string(&log).unwrap();
+        let uris: Vec<&str> = text
+            .match_indices("\"uri\":\"")
+            .map(|(i, m)| {
+                let rest = &text[i + m.len()..];
+                &rest[..rest.find('"').unwrap()]
+            })
+            .collect();
+        // The trace (artifact, analysis target, the result's location) and the sites of the
+        // two earlier ops, which are inside the tree.
+        for uri in &uris {
+            assert!(
+                ["traces/t.jsonl", "src/alloc.rs", "src/produce.rs"].contains(uri),
+                "{site}: {uri}"
+            );
+        }
+        let r = only_result(&log);
+        let primary = &r["locations"][0];
+        assert_eq!(
+            primary["physicalLocation"]["artifactLocation"]["uri"],
+            "traces/t.jsonl"
+        );
+        assert!(primary["physicalLocation"].get("region").is_none());
+        let message = primary["message"]["text"].as_str().unwrap();
+        let first = site
+            .trim_matches(['[', ']', '"'])
+            .split('"')
+            .next()
+            .unwrap();
+        let first = first.replace("\\\\", "\\");
+        assert!(message.contains(&first), "{site}: {message}");
+        // The fingerprint keeps the site too.
+        let print = r["partialFingerprints"]["streamsanHazard/v1"]
+            .as_str()
+            .unwrap();
+        assert!(print.contains(&first), "{print}");
+    }
+}
+
+/// Message text escapes `[` and `]` (SARIF 2.1.0 §3.11.6): an id cannot forge an embedded link.
+#[test]
+fn brackets_in_messages_are_escaped() {
+    let trace = r#"{"op":"alloc","buffer":"see [here](1)","bytes":64,"stream":"s1"}
+{"op":"launch","stream":"s1","writes":["see [here](1)"]}
+{"op":"launch","stream":"s2","reads":["see [here](1)"],"site":"a[1].py:3"}
+"#;
+    let log = sarif(&check(trace), None);
+    let r = only_result(&log);
+    let mut texts = vec![r["message"]["text"].as_str().unwrap()];
+    texts.push(r["locations"][0]["message"]["text"].as_str().unwrap());
+    for rl in r["relatedLocations"].as_array().unwrap() {
+        texts.push(rl["message"]["text"].as_str().unwrap());
+    }
+    for t in &texts {
+        let unescaped = t
+            .char_indices()
+            .filter(|&(i, c)| (c == '[' || c == ']') && !t[..i].ends_with('\\'))
+            .count();
+        assert_eq!(unescaped, 0, "{t}");
+    }
+    assert!(
+        texts[0].starts_with("data race on see \\[here\\](1): "),
+        "{}",
+        texts[0]
+    );
+    // The file location of a site is not a message: it stays as it is.
+    assert_eq!(
+        r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"],
+        "a%5B1%5D.py"
+    );
+    // The JSON report is unaffected.
+    assert_eq!(
+        check(trace).hazards[0].buffer.as_deref(),
+        Some("see [here](1)")
+    );
 }
 
 #[test]

@@ -609,13 +609,14 @@ pub(crate) fn write_trace(
 ) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let path = dir.join(name);
-    let file = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut w = TraceWriter::new(std::io::BufWriter::new(file));
-    w.comment(header).map_err(|e| e.to_string())?;
+    let failed = |e: std::io::Error| format!("{}: cannot write: {e}", path.display());
+    let file = crate::output::OutputFile::create(&path).map_err(failed)?;
+    let mut w = TraceWriter::new(file);
+    w.comment(header).map_err(failed)?;
     for op in program {
-        w.write(op).map_err(|e| e.to_string())?;
+        w.write(op).map_err(failed)?;
     }
-    w.finish().map_err(|e| e.to_string())?;
+    w.finish().and_then(|f| f.commit()).map_err(failed)?;
     Ok(path)
 }
 

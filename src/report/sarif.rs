@@ -28,12 +28,18 @@ pub struct SarifOptions {
 /// One run, one rule per [`HazardKind`], one result per hazard. How the report maps onto SARIF:
 ///
 /// - **Physical locations.** A site frame of the form `path:line` or `path:line:col` (parsed from
-///   the right, so the path may itself contain `:`; line and column are positive integers) is a
-///   file location: `artifactLocation.uri` is the path with `\` turned into `/` — relative paths
-///   stay relative, absolute ones become `file://` URIs — and `region` holds `startLine` and, when
-///   given, `startColumn`. For a stack, the innermost frame that parses is used. A hazard whose
-///   site has no such frame is located in the trace file itself (without a region) when
-///   [`SarifOptions::trace`] is set, and by its logical location alone otherwise.
+///   the right, so the path may itself contain `:`; line and column are positive integers) whose
+///   path is relative and stays inside the tree it is relative to is a file location:
+///   `artifactLocation.uri` is the path with `\` turned into `/` and `.`, `..` resolved, and
+///   `region` holds `startLine` and, when given, `startColumn`. Absolute paths, URIs
+///   (`file:///etc/passwd:1:1`) and paths that climb out (`../../x:1:1`) are not: the trace
+///   says where its sites are, and a report must not point a viewer at any file of the machine.
+///   For a stack, the innermost frame that is a file location is used. A hazard whose site has
+///   none is located in the trace file itself (without a region) when [`SarifOptions::trace`]
+///   is set, and by its logical location alone otherwise; the site is then written, as text, at
+///   the end of the location's message (`…, at /abs/train.py:3`).
+/// - **Messages** are plain text (§3.11.6): `[` and `]` are escaped as `\[` and `\]` (a `\`
+///   before a bracket as `\\`), so that text from the trace cannot form an embedded link.
 /// - **Logical locations.** Every location names its op, `{"name": "op 11", "kind": "object"}`:
 ///   an op is one JSON object of the trace, and `object` is SARIF's kind for a JSON object.
 /// - **Related locations.** One per conflicting access (ids 1 to n, in the report's order), then
@@ -163,9 +169,37 @@ struct Text {
 }
 
 impl Text {
+    /// A plain-text message of this crate's own (the rules' descriptions).
     fn new(text: impl Into<String>) -> Self {
         Text { text: text.into() }
     }
+
+    /// A plain-text message that holds text from the trace: [`escape_brackets`] applied.
+    fn message(text: &str) -> Self {
+        Text {
+            text: escape_brackets(text),
+        }
+    }
+}
+
+/// `text` as a SARIF plain-text message (§3.11.6): a literal `[` or `]` would open or close an
+/// embedded link (`[text](id)`), so each is escaped as `\[` or `\]`, and a `\` right before
+/// a bracket is escaped as `\\` so that it is not read as an escape. Other backslashes (Windows
+/// paths) stay as they are.
+fn escape_brackets(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\\' if matches!(chars.peek(), Some('[' | ']')) => out.push_str("\\\\"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[derive(Serialize)]
@@ -368,12 +402,7 @@ fn message(h: &Hazard) -> String {
 
 fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
     let site = h.access.as_ref().and_then(|a| a.site.as_deref());
-    let physical = site.and_then(physical).or_else(|| {
-        trace.map(|t| PhysicalLocation {
-            artifact_location: t.clone(),
-            region: None,
-        })
-    });
+    let located = site.and_then(physical);
     let mut what = format!("op {}", h.op);
     if !h.detail.op_name.is_empty() {
         let _ = write!(what, ": {}", h.detail.op_name);
@@ -384,11 +413,20 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
     if !h.detail.participant.is_empty() {
         let _ = write!(what, " on {}", h.detail.participant);
     }
+    if let (Some(site), None) = (site, &located) {
+        // A site that is not a file location inside the trace's tree stays text.
+        let _ = write!(what, ", at {site}");
+    }
     let primary = Location {
         id: None,
-        physical_location: physical,
+        physical_location: located.or_else(|| {
+            trace.map(|t| PhysicalLocation {
+                artifact_location: t.clone(),
+                region: None,
+            })
+        }),
         logical_locations: vec![op_location(h.op)],
-        message: Some(Text::new(what)),
+        message: Some(Text::message(&what)),
     };
 
     let mut related = Vec::new();
@@ -426,8 +464,8 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
                 .iter()
                 .map(|f| StackFrame {
                     location: Location {
-                        physical_location: parse_location(f).map(|l| l.physical()),
-                        message: Some(Text::new(f.clone())),
+                        physical_location: parse_location(f).and_then(|l| l.physical()),
+                        message: Some(Text::message(f)),
                         ..Location::default()
                     },
                 })
@@ -446,7 +484,7 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
         rule_id: h.kind.as_str(),
         rule_index: rule_index(h.kind),
         level: level(h.severity),
-        message: Text::new(message(h)),
+        message: Text::message(&message(h)),
         locations: vec![primary],
         related_locations: related,
         stacks,
@@ -472,12 +510,17 @@ fn op_location(op: u64) -> LogicalLocation {
     }
 }
 
-fn related_location(id: usize, message: String, op: u64, site: Option<&Site>) -> Location {
+fn related_location(id: usize, mut message: String, op: u64, site: Option<&Site>) -> Location {
+    let located = site.and_then(physical);
+    if let (Some(site), None) = (site, &located) {
+        // A site that is not a file location inside the trace's tree stays text.
+        let _ = write!(message, ", at {site}");
+    }
     Location {
         id: Some(id),
-        physical_location: site.and_then(physical),
+        physical_location: located,
         logical_locations: vec![op_location(op)],
-        message: Some(Text::new(message)),
+        message: Some(Text::message(&message)),
     }
 }
 
@@ -515,13 +558,13 @@ fn fingerprint(h: &Hazard, site: Option<&Site>) -> String {
     }
 }
 
-/// The file location of a site: the label, or the innermost frame of a stack that parses.
+/// The file location of a site: the label, or the innermost frame of a stack that parses and
+/// whose path stays inside the trace's tree.
 fn physical(site: &Site) -> Option<PhysicalLocation> {
-    let loc = match site {
-        Site::Label(s) => parse_location(s),
-        Site::Stack(frames) => frames.iter().find_map(|f| parse_location(f)),
-    }?;
-    Some(loc.physical())
+    match site {
+        Site::Label(s) => parse_location(s)?.physical(),
+        Site::Stack(frames) => frames.iter().find_map(|f| parse_location(f)?.physical()),
+    }
 }
 
 /// A `path:line[:col]` site frame.
@@ -533,18 +576,47 @@ struct FileLocation<'a> {
 }
 
 impl FileLocation<'_> {
-    fn physical(&self) -> PhysicalLocation {
-        PhysicalLocation {
+    /// The physical location, when the path is one [`contained_uri`] accepts.
+    fn physical(&self) -> Option<PhysicalLocation> {
+        Some(PhysicalLocation {
             artifact_location: ArtifactLocation {
-                uri: path_to_uri(self.path),
+                uri: contained_uri(self.path)?,
                 index: None,
             },
             region: Some(Region {
                 start_line: self.line,
                 start_column: self.column,
             }),
+        })
+    }
+}
+
+/// A site's path as a relative URI reference that stays inside the tree it is relative to, or
+/// `None`: a site comes from the trace, and must not point a SARIF viewer at any file it names
+/// (`file:///etc/passwd`, `/home/u/.ssh/id_rsa`, `../../x`). `\` becomes `/`; absolute paths
+/// (`/…`, `//server/…`, `C:…`) and anything whose first segment holds a `:` (a URI scheme such
+/// as `file:` or `https:`, a drive) are refused; `.` segments and empty ones are dropped, and a
+/// `..` must have a segment of the path itself to undo. Characters a URI cannot hold are
+/// percent-encoded (a `%` too, so `%2e%2e` stays literal text).
+fn contained_uri(path: &str) -> Option<String> {
+    let p = path.replace('\\', "/");
+    if p.starts_with('/') || p.split('/').next().is_some_and(|s| s.contains(':')) {
+        return None;
+    }
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in p.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop()?;
+            }
+            s => segments.push(s),
         }
     }
+    if segments.is_empty() {
+        return None;
+    }
+    Some(encode(&segments.join("/")))
 }
 
 /// A positive decimal integer with no sign, or `None`.
@@ -688,6 +760,61 @@ mod tests {
         assert_eq!(path_to_uri("a:b/c.rs"), "./a:b/c.rs");
         assert_eq!(path_to_uri("dir/é.rs"), "dir/%C3%A9.rs");
         assert_eq!(path_to_uri("file:///x/y.rs"), "file:///x/y.rs");
+    }
+
+    #[test]
+    fn only_paths_inside_the_tree_become_uris() {
+        assert_eq!(
+            contained_uri("src/pipeline.rs").as_deref(),
+            Some("src/pipeline.rs")
+        );
+        assert_eq!(
+            contained_uri("src\\win\\a.rs").as_deref(),
+            Some("src/win/a.rs")
+        );
+        assert_eq!(contained_uri("./a/./b/../c.rs").as_deref(), Some("a/c.rs"));
+        assert_eq!(
+            contained_uri("my dir/a%2e.rs").as_deref(),
+            Some("my%20dir/a%252e.rs")
+        );
+        for outside in [
+            "/etc/passwd",
+            "file:///etc/passwd",
+            "file:/etc/passwd",
+            "https://example.com/x",
+            "C:\\x\\y.rs",
+            "C:/x/y.rs",
+            "\\\\srv\\share\\a.rs",
+            "//srv/share/a.rs",
+            "../x",
+            "../../x",
+            "a/../../x",
+            "a/b/../../../x",
+            "..",
+            ".",
+            "",
+            "a:b/c.rs",
+        ] {
+            assert_eq!(contained_uri(outside), None, "{outside:?}");
+        }
+        let site = |s: &str| physical(&Site::Label(s.into())).map(|p| p.artifact_location.uri);
+        assert_eq!(site("src/a.rs:3:4").as_deref(), Some("src/a.rs"));
+        assert_eq!(site("file:///etc/passwd:1:1"), None);
+        assert_eq!(site("/abs/path:1:1"), None);
+        assert_eq!(site("../../x:1:1"), None);
+        // In a stack, the innermost frame inside the tree.
+        let stack = Site::Stack(vec!["/usr/lib/x.py:3".into(), "train.py:9".into()]);
+        let uri = physical(&stack).map(|p| p.artifact_location.uri);
+        assert_eq!(uri.as_deref(), Some("train.py"));
+    }
+
+    #[test]
+    fn brackets_in_messages_are_escaped() {
+        assert_eq!(escape_brackets("x[0, 4096)"), "x\\[0, 4096)");
+        assert_eq!(escape_brackets("see [here](1)"), "see \\[here\\](1)");
+        assert_eq!(escape_brackets("a\\[b"), "a\\\\\\[b");
+        assert_eq!(escape_brackets("C:\\x\\y"), "C:\\x\\y");
+        assert_eq!(escape_brackets("plain"), "plain");
     }
 
     #[test]

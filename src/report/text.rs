@@ -3,10 +3,15 @@
 //! `note:`s with the allocation and free, `why:` (when the dependency graph explained it: the
 //! last synchronization each side had, the missing edge), and `help:` with the missing
 //! synchronization in CUDA and PyTorch terms.
+//!
+//! Everything that comes from the trace (ids, kernel names, sites) and every sentence built from
+//! it goes through [`escape`] before it is written: control characters in an id cannot move the
+//! cursor, clear the screen or start a line of their own, with or without colour.
 
 use std::fmt::Write as _;
 
 use super::{AccessKind, Conflict, Hazard, HazardKind, Report, Severity};
+use crate::text::escape;
 
 /// How to render text.
 #[derive(Clone, Debug, Default)]
@@ -226,7 +231,7 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
         Severity::Error => p.error(&format!("error[{}]", h.kind)),
         Severity::Warning => p.warning(&format!("warning[{}]", h.kind)),
     };
-    let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", title(h))));
+    let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", escape(&title(h)))));
     let mut what = format!("op {}: {}", h.op, h.detail.op_name);
     if let Some(l) = &h.detail.label {
         let _ = write!(what, " `{l}`");
@@ -234,9 +239,11 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     if !h.detail.participant.is_empty() {
         let _ = write!(what, " on {}", h.detail.participant);
     }
-    let file = opts.file.as_deref().unwrap_or("trace");
+    let what = escape(&what);
+    let file = escape(opts.file.as_deref().unwrap_or("trace"));
     match h.access.as_ref().and_then(|a| a.site.as_ref()) {
         Some(site) => {
+            let site = escape(&site.to_string()).into_owned();
             let _ = writeln!(s, "  {} {site}  ({file}, {what})", p.blue("-->"));
         }
         None => {
@@ -246,16 +253,16 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     let bar = p.blue("   |");
     let _ = writeln!(s, "{bar}");
     if let (Some(a), Some(b)) = (&h.access, &h.buffer) {
-        let _ = writeln!(
-            s,
-            "{bar} this {}: {b}{} by {}",
+        let this = format!(
+            "this {}: {b}{} by {}",
             verb(a.access),
             range(a.offset, a.bytes),
             who(&a.participant)
         );
+        let _ = writeln!(s, "{bar} {}", escape(&this));
     }
     for c in &h.conflicts {
-        let _ = writeln!(s, "{bar} unordered with: {}", conflict_line(c));
+        let _ = writeln!(s, "{bar} unordered with: {}", escape(&conflict_line(c)));
     }
     for n in &h.detail.notes {
         let site = n
@@ -263,26 +270,26 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
             .as_ref()
             .map(|x| format!(" at {x}"))
             .unwrap_or_default();
+        let note = format!("{} at op {}{site}", n.what, n.op);
         let _ = writeln!(
             s,
-            "   {} {}: {} at op {}{site}",
+            "   {} {}: {}",
             p.blue("="),
             p.bold("note"),
-            n.what,
-            n.op
+            escape(&note)
         );
     }
     if !h.detail.why.is_empty() {
         let _ = writeln!(s, "{}:", p.bold("why"));
         for line in &h.detail.why {
-            let _ = writeln!(s, "  - {line}");
+            let _ = writeln!(s, "  - {}", escape(line));
         }
     }
     if let Some(f) = &h.fix {
-        let _ = writeln!(s, "{}: {f}", p.help("help"));
+        let _ = writeln!(s, "{}: {}", p.help("help"), escape(f));
     }
     for t in terms(h) {
-        let _ = writeln!(s, "      {t}");
+        let _ = writeln!(s, "      {}", escape(&t));
     }
     s
 }

@@ -10,7 +10,10 @@ pub mod arbitrary;
 pub mod reader;
 pub mod writer;
 
-pub use reader::{parse_line, parse_line_bytes, LineError, ParseError, Spans, TraceReader};
+pub use reader::{
+    check_line_length, parse_line, parse_line_bytes, LineError, ParseError, Spans, TraceReader,
+    MAX_LINE_BYTES,
+};
 pub use writer::{write_op, TraceWriter};
 
 /// The identifier of a stream, event or buffer.

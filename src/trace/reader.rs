@@ -51,6 +51,49 @@ use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::{Field, Id, MemoryKind, Op, Region, Site, TraceOp, HOST};
+use crate::text::{clip, ECHO_CHARS};
+
+/// The longest line a [`TraceReader`] accepts: 16 MiB, counting every byte before the line's
+/// `\n` (a `\r` and, on line 1, a byte-order mark included).
+///
+/// A longer line is bad input, reported at the column of its first byte past the limit as soon
+/// as the reader has seen it, without reading the rest of the line: memory stays bounded on any
+/// input (`streamsan check /dev/zero` ends at once). The limit is far above any real op: a
+/// launch that names 100,000 regions in the long form is about 4.5 MB.
+pub const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// The smallest line limit [`TraceReader::with_line_limit`] sets.
+pub const MIN_LINE_LIMIT: usize = 8;
+
+/// A UTF-8 byte-order mark.
+const BOM: &[u8; 3] = b"\xEF\xBB\xBF";
+
+/// Whether the bytes `head` then `more` start with a byte-order mark.
+fn starts_with_bom(head: &[u8], more: &[u8]) -> bool {
+    head.iter().chain(more).take(3).copied().eq(*BOM)
+}
+
+/// The error of a line longer than `limit` bytes, at the column of its first byte past the
+/// limit (columns of line 1 do not count a byte-order mark, `bom`).
+#[cold]
+fn line_too_long(limit: usize, bom: bool) -> LineError {
+    let column = limit as u64 + 1 - if bom { 3 } else { 0 };
+    LineError {
+        column,
+        message: format!("the line is longer than {limit} bytes"),
+        expected: Some(format!(
+            "a line of at most {limit} bytes (the trace format's line limit)"
+        )),
+    }
+}
+
+/// The error [`TraceReader`] reports for line `bytes` (as read from the file, without its
+/// `\n`; `first` when it is line 1) when it is longer than `limit`, else `None`. For tests
+/// that hold the reader against [`parse_line_bytes`].
+pub fn check_line_length(bytes: &[u8], first: bool, limit: usize) -> Option<LineError> {
+    let limit = limit.max(MIN_LINE_LIMIT);
+    (bytes.len() > limit).then(|| line_too_long(limit, first && bytes.starts_with(BOM)))
+}
 
 /// What the format expects of an integer.
 const INTEGER: &str = "an integer from 0 to 18446744073709551615";
@@ -309,7 +352,7 @@ fn parse_raw(mut bytes: &[u8], line: u64, spans: &mut Spans) -> Result<Option<Tr
         bytes = rest;
     }
     if line == 1 {
-        if let Some(rest) = bytes.strip_prefix(b"\xEF\xBB\xBF") {
+        if let Some(rest) = bytes.strip_prefix(BOM) {
             bytes = rest;
         }
     }
@@ -339,6 +382,14 @@ pub struct TraceReader<R: BufRead> {
     line: u64,
     ops: u64,
     spans: Spans,
+    /// The longest line accepted, in bytes ([`MAX_LINE_BYTES`] unless set for tests).
+    limit: usize,
+    /// Set after an over-long line was reported: the rest of that line is skipped, unread, by
+    /// the next call.
+    skipping: bool,
+    /// Whether a line may be read in place: past line 1 (whose byte-order mark the general path
+    /// removes) and not skipping.
+    fast: bool,
 }
 
 impl<R: BufRead> TraceReader<R> {
@@ -351,7 +402,30 @@ impl<R: BufRead> TraceReader<R> {
             line: 0,
             ops: 0,
             spans: Spans::default(),
+            limit: MAX_LINE_BYTES,
+            skipping: false,
+            fast: false,
         }
+    }
+
+    /// This reader with another line limit than [`MAX_LINE_BYTES`] (at least [`MIN_LINE_LIMIT`]
+    /// bytes; smaller values are raised to it). For tests and fuzzing, which exercise the limit
+    /// with small lines.
+    pub fn with_line_limit(mut self, bytes: usize) -> Self {
+        self.limit = bytes.max(MIN_LINE_LIMIT);
+        self
+    }
+
+    /// The error for line `self.line + 1`, which is longer than the limit (`bom`: it is line 1
+    /// and starts with a byte-order mark). The line's bytes kept so far are dropped, and the
+    /// next call skips the rest of it.
+    #[cold]
+    fn too_long(&mut self, bom: bool) -> ParseError {
+        self.line += 1;
+        self.buf.clear();
+        self.skipping = true;
+        self.fast = false;
+        line_too_long(self.limit, bom).at_line(&*self.file, self.line)
     }
 
     /// The next op and where its fields are, or `None` at the end of the trace.
@@ -374,16 +448,31 @@ impl<R: BufRead> TraceReader<R> {
                     ));
                 }
             };
-            if self.buf.is_empty() && self.line > 0 {
+            if self.fast && self.buf.is_empty() {
                 // The common case: a canonical line, read where it is in the reader's buffer.
-                // (Line 1 takes the general path, which removes a byte-order mark.)
-                if let Some((op, len)) = Scanner::canonical_in_place(available, &mut self.spans) {
+                // (Line 1 takes the general path, which removes a byte-order mark.) A line
+                // longer than the limit has no `\n` in the window, and goes the general way.
+                let window = available.get(..=self.limit).unwrap_or(available);
+                if let Some((op, len)) = Scanner::canonical_in_place(window, &mut self.spans) {
                     self.reader.consume(len);
                     self.line += 1;
                     self.ops += 1;
                     self.spans.line = self.line;
                     return Ok(Some((op, &self.spans)));
                 }
+            }
+            if self.skipping {
+                // The rest of an over-long line, up to and with its `\n`, dropped unread.
+                let (n, end) = match line_end(available) {
+                    Some(end) => (end + 1, true),
+                    None => (available.len(), available.is_empty()),
+                };
+                self.reader.consume(n);
+                if end {
+                    self.skipping = false;
+                    self.fast = true;
+                }
+                continue;
             }
             let parsed = if available.is_empty() {
                 // The end: a last line without a newline, or nothing.
@@ -395,6 +484,14 @@ impl<R: BufRead> TraceReader<R> {
                 self.buf.clear();
                 parsed
             } else if let Some(end) = line_end(available) {
+                if self.buf.len() + end > self.limit {
+                    let bom = self.line == 0 && starts_with_bom(&self.buf, &available[..end]);
+                    let e = self.too_long(bom);
+                    self.reader.consume(end + 1);
+                    self.skipping = false;
+                    self.fast = true;
+                    return Err(e);
+                }
                 self.line += 1;
                 let parsed = if self.buf.is_empty() {
                     // The whole line is in the reader's buffer.
@@ -408,12 +505,19 @@ impl<R: BufRead> TraceReader<R> {
                 self.reader.consume(end + 1);
                 parsed
             } else {
-                // Part of a line: keep it and read on.
-                self.buf.extend_from_slice(available);
+                // Part of a line: keep it and read on, up to the limit.
                 let n = available.len();
+                if self.buf.len() + n > self.limit {
+                    let bom = self.line == 0 && starts_with_bom(&self.buf, available);
+                    let e = self.too_long(bom);
+                    self.reader.consume(n);
+                    return Err(e);
+                }
+                self.buf.extend_from_slice(available);
                 self.reader.consume(n);
                 continue;
             };
+            self.fast = true;
             match parsed {
                 Ok(Some(op)) => {
                     self.ops += 1;
@@ -1105,11 +1209,12 @@ impl<'a> Scanner<'a> {
         }
     }
 
-    /// The text of the string at `at`, for messages.
+    /// The text of the string at `at`, for messages: cut to [`ECHO_CHARS`] characters.
     #[cold]
     fn text_at(&self, at: usize) -> String {
         let mut p = Scanner { b: self.b, pos: at };
-        p.string().map(Cow::into_owned).unwrap_or_default()
+        let text = p.string().unwrap_or_default();
+        clip(&text, ECHO_CHARS).into_owned()
     }
 
     /// The raw text of the number at `start`, for messages.
@@ -1177,7 +1282,7 @@ impl<'a> Scanner<'a> {
                 }
             },
         };
-        let text = self.number_text(start);
+        let text = clip(self.number_text(start), ECHO_CHARS);
         Err(bad(
             start,
             format!("field \"{path}\" {problem} ({text})"),
@@ -1250,7 +1355,7 @@ impl<'a> Scanner<'a> {
             "managed" => Ok(MemoryKind::Managed),
             other => Err(bad(
                 start,
-                format!("field \"{path}\" is {other:?}"),
+                format!("field \"{path}\" is {:?}", clip(other, ECHO_CHARS)),
                 Some(EXPECTED),
             )),
         }
@@ -2060,6 +2165,7 @@ mod tests {
     use crate::trace::arbitrary::arb_trace_op;
     use crate::trace::write_op;
     use proptest::prelude::*;
+    use std::io::BufReader;
 
     const OPS: &str = "one of stream_create, alloc, free, record_stream, launch, copy, memset, \
                        host_read, host_write, event_create, event_destroy, event_record, \
@@ -2711,5 +2817,126 @@ mod tests {
                 prop_assert_eq!(parse_line(line), general(line));
             }
         }
+    }
+
+    /// Every result of `reader` (which goes on after errors) as `line:col` or `line:op`.
+    fn results<R: BufRead>(mut reader: TraceReader<R>) -> Vec<String> {
+        let mut out = Vec::new();
+        loop {
+            match reader.next_op() {
+                Ok(Some((op, spans))) => out.push(format!("{}:{}", spans.line(), op.op.name())),
+                Ok(None) => return out,
+                Err(e) => out.push(format!("{}:{}: {}", e.line, e.column, e.message)),
+            }
+        }
+    }
+
+    #[test]
+    fn over_long_lines_are_bad_input_and_skipped() {
+        let op = r#"{"op":"device_sync"}"#; // 20 bytes
+        let long = format!(r#"{{"op":"stream_sync","stream":"{}"}}"#, "x".repeat(40));
+        let text = format!("{op}\n{long}\n{op}\n\u{feff}{op}\r\n{long}");
+        let want = [
+            "1:device_sync",
+            "2:33: the line is longer than 32 bytes",
+            "3:device_sync",
+            "4:1",
+            "5:33: the line is longer than 32 bytes",
+        ];
+        for cap in [1, 3, 7, 16, 64, 1 << 16] {
+            let reader = TraceReader::new(BufReader::with_capacity(cap, text.as_bytes()), "t")
+                .with_line_limit(32);
+            let got = results(reader);
+            assert_eq!(got.len(), 5, "{got:?}");
+            assert_eq!(got[..3], want[..3], "buffer {cap}");
+            assert_eq!(got[4], want[4], "buffer {cap}");
+            // Line 4 starts with a BOM that is not at the start of the file: bad input.
+            assert!(got[3].starts_with("4:1: "), "{got:?}");
+        }
+        // Exactly at the limit is fine; one byte more is not, also through a final `\r`.
+        let at = format!(r#"{{"op":"device_sync"{}}}"#, " ".repeat(12));
+        assert_eq!(at.len(), 32);
+        let text = format!("{at}\n{at}\r\n{at}");
+        let got = results(TraceReader::new(text.as_bytes(), "t").with_line_limit(32));
+        assert_eq!(
+            got,
+            [
+                "1:device_sync",
+                "2:33: the line is longer than 32 bytes",
+                "3:device_sync"
+            ]
+        );
+        // A byte-order mark on line 1 counts toward the limit but not toward columns.
+        let text = format!("\u{feff}{at}\n{op}");
+        let got = results(TraceReader::new(text.as_bytes(), "t").with_line_limit(32));
+        assert_eq!(
+            got,
+            ["1:30: the line is longer than 32 bytes", "2:device_sync"]
+        );
+        assert_eq!(
+            check_line_length(format!("\u{feff}{at}").as_bytes(), true, 32).map(|e| e.column),
+            Some(30)
+        );
+    }
+
+    /// An endless line (`/dev/zero`): an error once the limit is passed, having read little more.
+    #[test]
+    fn an_endless_line_ends_at_the_limit() {
+        struct Zeros(u64);
+        impl std::io::Read for Zeros {
+            fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+                buf.fill(0);
+                self.0 += buf.len() as u64;
+                Ok(buf.len())
+            }
+        }
+        let mut reader = TraceReader::new(BufReader::new(Zeros(0)), "/dev/zero");
+        let e = reader.next_op().expect_err("an error");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "/dev/zero:1:{}: the line is longer than {MAX_LINE_BYTES} bytes; expected a line \
+                 of at most {MAX_LINE_BYTES} bytes (the trace format's line limit)",
+                MAX_LINE_BYTES + 1
+            )
+        );
+        let read = reader.into_inner().into_inner().0;
+        assert!(
+            read <= MAX_LINE_BYTES as u64 + (1 << 16),
+            "read {read} bytes"
+        );
+        assert!(reader_keeps_little(), "the line buffer is bounded");
+    }
+
+    /// The reader's line buffer never holds more than the limit (checked through its capacity
+    /// after an over-long line).
+    fn reader_keeps_little() -> bool {
+        let text = "y".repeat(10_000);
+        let mut r = TraceReader::new(BufReader::with_capacity(16, text.as_bytes()), "t")
+            .with_line_limit(100);
+        let e = r.next_op().expect_err("an error");
+        e.column == 101 && r.buf.capacity() < 1_000 && r.next_op() == Ok(None)
+    }
+
+    #[test]
+    fn echoed_values_are_clipped() {
+        let name = "q".repeat(10_000);
+        let e = parse_line(&format!(r#"{{"op":"{name}"}}"#)).unwrap_err();
+        assert!(e.message.len() < 100, "{}", e.message);
+        assert!(e.message.ends_with("…\""), "{}", e.message);
+        let e = parse_line(&format!(r#"{{"op":"sync","{name}":1}}"#)).unwrap_err();
+        assert!(e.message.len() < 200, "{}", e.message);
+        let digits = "9".repeat(10_000);
+        let e = parse_line(&format!(r#"{{"op":"device_sync","device":{digits}}}"#)).unwrap_err();
+        assert!(e.message.len() < 150, "{}", e.message);
+        assert!(e.message.contains("is too large (999"), "{}", e.message);
+        let e = parse_line(&format!(
+            r#"{{"op":"alloc","buffer":"b","bytes":1,"memory":"{name}"}}"#
+        ))
+        .unwrap_err();
+        assert!(e.message.len() < 150, "{}", e.message);
+        // Control characters in echoed values are escaped.
+        let e = parse_line("{\"op\":\"\\u001b[2J\"}").unwrap_err();
+        assert_eq!(e.message, "unknown op \"\\u{1b}[2J\"");
     }
 }

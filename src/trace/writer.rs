@@ -273,14 +273,12 @@ impl<W: Write> TraceWriter<W> {
         self.out.write_all(self.line.as_bytes())
     }
 
-    /// Writes a comment line, `# ` and `text` (whose newlines become spaces).
+    /// Writes a comment line, `# ` and `text` with its control characters escaped
+    /// ([`crate::text::escape`]: a newline in `text` cannot end the comment).
     pub fn comment(&mut self, text: &str) -> io::Result<()> {
         self.line.clear();
         self.line.push_str("# ");
-        self.line.extend(
-            text.chars()
-                .map(|c| if c == '\n' || c == '\r' { ' ' } else { c }),
-        );
+        self.line.push_str(&crate::text::escape(text));
         self.line.push('\n');
         self.out.write_all(self.line.as_bytes())
     }
@@ -453,11 +451,11 @@ mod tests {
                 .into(),
             )
             .unwrap();
-        assert_eq!(writer.get_ref().len(), 87);
+        assert_eq!(writer.get_ref().len(), 88);
         let bytes = writer.finish().unwrap();
         assert_eq!(
             String::from_utf8(bytes).unwrap(),
-            "# recorded by a test\n{\"op\":\"event_create\",\"event\":\"e\"}\n{\"op\":\"event_sync\",\"event\":\"e\"}\n"
+            "# recorded\\nby a test\n{\"op\":\"event_create\",\"event\":\"e\"}\n{\"op\":\"event_sync\",\"event\":\"e\"}\n"
         );
     }
 }
