@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::Location;
 
-use super::buffer::{Region, Regions};
+use super::buffer::Region;
 
 use super::SessionError;
 use crate::checker::{CheckError, Checker};
@@ -238,22 +238,25 @@ impl Recorder {
 
     /// Appends a launch: its regions, then its record.
     #[inline]
-    pub(crate) fn push_launch(
+    pub(crate) fn push_launch<'r>(
         &mut self,
         stream: u32,
         name: Cow<'static, str>,
-        reads: &Regions,
-        writes: &Regions,
+        reads: impl IntoIterator<Item = &'r Region>,
+        writes: impl IntoIterator<Item = &'r Region>,
         site: Loc,
     ) {
         let regions = &mut self.batch.regions;
-        regions.extend(reads.iter().map(RegionRec::from));
-        regions.extend(writes.iter().map(RegionRec::from));
+        let start = regions.len();
+        regions.extend(reads.into_iter().map(RegionRec::from));
+        let middle = regions.len();
+        regions.extend(writes.into_iter().map(RegionRec::from));
+        let end = regions.len();
         self.push(Rec::Launch {
             stream,
             name,
-            reads: reads.len() as u32,
-            writes: writes.len() as u32,
+            reads: (middle - start) as u32,
+            writes: (end - middle) as u32,
             site,
         });
     }
