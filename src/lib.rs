@@ -69,10 +69,12 @@ pub mod checker;
 pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod cudarc;
 pub mod fix;
 pub mod fuzz;
 pub mod graph;
 pub mod kernels;
+pub mod model;
 pub mod oracle;
 pub mod order;
 pub mod report;
@@ -85,4 +87,5 @@ pub mod workload;
 
 pub use checker::{CheckError, Checker};
 pub use report::{Hazard, HazardKind, Report};
+pub use model::model;
 pub use session::{Session, SessionError};

@@ -309,6 +309,11 @@ impl Session {
         Ok(Session { shared, default })
     }
 
+    /// What every handle of this session shares (for the facade of [`crate::cudarc`]).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     /// The backend this session runs on.
     pub fn backend(&self) -> BackendKind {
         self.shared.kind
