@@ -14,7 +14,7 @@ use std::sync::{Arc, PoisonError};
 use super::buffer::Region;
 use super::handle::{Event, Stream, StreamInner, StreamKind};
 use super::launch::{KernelFn, Launch, RawLaunch, RawTarget};
-use super::record::{Loc, Rec, Recorder};
+use super::record::{AllocRec, Loc, Rec, Recorder};
 use super::sim::SimBackend;
 use super::{BackendKind, SessionConfig, SessionError};
 use crate::alloc::{AllocError, AllocatorStats, Block};
@@ -137,6 +137,15 @@ impl State {
         self.next_op += 1;
         if let Some(r) = &mut self.recorder {
             r.push_launch(stream, name, reads, writes, site);
+        }
+    }
+
+    /// Records a copy.
+    #[inline]
+    pub(super) fn record_copy(&mut self, stream: u32, src: &Region, dst: &Region, site: Loc) {
+        self.next_op += 1;
+        if let Some(r) = &mut self.recorder {
+            r.push_copy(stream, src, dst, site);
         }
     }
 
@@ -498,7 +507,7 @@ impl Shared {
         st.live_names.insert(id.clone());
         st.used_names.insert(id.clone());
         let addr = block.map(|b| b.addr);
-        st.record(Rec::Alloc {
+        st.record(Rec::Alloc(Box::new(AllocRec {
             key,
             id: id.clone(),
             bytes,
@@ -506,7 +515,7 @@ impl Shared {
             memory,
             addr,
             site: Some(site),
-        });
+        })));
         let region = Region {
             session: self.session,
             key,
@@ -710,12 +719,7 @@ impl Shared {
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.copy(gpu_stream(s)?, &src, &dst)?,
         }
-        st.record(Rec::Copy {
-            stream: s.key,
-            src: (&src).into(),
-            dst: (&dst).into(),
-            site: Some(site),
-        });
+        st.record_copy(s.key, &src, &dst, Some(site));
         Ok(())
     }
 
