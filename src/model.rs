@@ -1,5 +1,5 @@
 //! One entry point for a test, in the spirit of `loom::model`: [`model`] runs a closure against a
-//! fresh [`CudaContext`](crate::cudarc::driver::CudaContext) of the cudarc-shaped facade, checks
+//! fresh [`CudaContext`] of the cudarc-shaped facade, checks
 //! everything it did, and fails the test with the report if it has a hazard.
 //!
 //! ```
@@ -401,7 +401,7 @@ pub enum ModelError {
 }
 
 /// Runs `f` once with [`Builder::new`]'s settings and panics on a hazard: see the
-/// [module docs](crate::model).
+/// [module docs](mod@crate::model).
 #[track_caller]
 pub fn model<F, R>(f: F)
 where

@@ -55,7 +55,7 @@ pub enum EventFlags {
 /// through its streams, events, slices and modules.
 ///
 /// Made by [`CudaContext::new`] (a GPU), [`CudaContext::simulated`] (the CPU simulator),
-/// [`CudaContext::from_session`], or by [`crate::model`], which hands one to the test.
+/// [`CudaContext::from_session`], or by [`crate::model()`], which hands one to the test.
 /// cudarc's event tracking does not exist here: every cross-stream order is the program's own,
 /// which is what the checker checks.
 pub struct CudaContext {
