@@ -191,7 +191,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(0) => {
-            println!("{api} {} x{iters}: clean", if check { "checked" } else { "unchecked" });
+            println!(
+                "{api} {} x{iters}: clean",
+                if check { "checked" } else { "unchecked" }
+            );
             ExitCode::SUCCESS
         }
         Ok(n) => {

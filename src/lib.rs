@@ -107,6 +107,6 @@ pub mod trace;
 pub mod workload;
 
 pub use checker::{CheckError, Checker};
-pub use report::{Hazard, HazardKind, Report};
 pub use model::model;
+pub use report::{Hazard, HazardKind, Report};
 pub use session::{Session, SessionError};

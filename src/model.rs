@@ -114,9 +114,7 @@ impl Builder {
         let mut env_error = None;
         let backend = match std::env::var(BACKEND_ENV) {
             Ok(v) => Backend::parse(&v).unwrap_or_else(|| {
-                env_error = Some(format!(
-                    "{BACKEND_ENV}={v:?}: expected sim, cuda or auto"
-                ));
+                env_error = Some(format!("{BACKEND_ENV}={v:?}: expected sim, cuda or auto"));
                 Backend::Auto
             }),
             Err(_) => Backend::Auto,
@@ -204,14 +202,16 @@ impl Builder {
         let result = f(&cx).into_result();
         let ctx = cx.ctx;
         result.map_err(ModelError::Failed)?;
-        let hazards = ctx.session().hazards().map_err(|e| ModelError::Session(e.into()))?;
+        let hazards = ctx
+            .session()
+            .hazards()
+            .map_err(|e| ModelError::Session(e.into()))?;
         let trace = if hazards.iter().any(|h| h.is_error()) {
             let path = self.trace_path();
-            std::fs::create_dir_all(&self.trace_dir)
-                .and_then(|()| Ok(ctx.session().write_trace(&path)))
-                .ok()
-                .and_then(|r| r.ok())
-                .map(|()| path)
+            let written = std::fs::create_dir_all(&self.trace_dir)
+                .map_err(SessionError::from)
+                .and_then(|()| ctx.session().write_trace(&path));
+            written.ok().map(|()| path)
         } else {
             None
         };
@@ -258,7 +258,13 @@ impl Builder {
             .unwrap_or_else(|| "model".into());
         let stem: String = stem
             .chars()
-            .map(|c| if c.is_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let run = RUNS.fetch_add(1, Ordering::Relaxed);
         self.trace_dir

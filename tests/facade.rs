@@ -100,11 +100,19 @@ fn the_port_reports_its_reuse_bug_and_its_trace_replays_it() {
     ]);
     assert_eq!(hazards(&run), expect, "{:#?}", run.report.hazards);
     let trace = run.trace.expect("a run with a hazard writes its trace");
-    assert_eq!(replay(&trace), expect, "streamsan check reproduces the report");
+    assert_eq!(
+        replay(&trace),
+        expect,
+        "streamsan check reproduces the report"
+    );
     // The sites are the program's lines.
-    let site = run.report.hazards[0].conflicts[0].site.as_ref().map(|s| s.to_string());
+    let site = run.report.hazards[0].conflicts[0]
+        .site
+        .as_ref()
+        .map(|s| s.to_string());
     assert!(
-        site.as_deref().is_some_and(|s| s.contains("cudarc_port.rs")),
+        site.as_deref()
+            .is_some_and(|s| s.contains("cudarc_port.rs")),
         "{site:?}"
     );
 }
@@ -173,12 +181,26 @@ fn elements_of_any_size_keep_their_values() {
         round_trip(ctx, &[1u8, 2, 3, 4, 5, 6, 7])?;
         let bf: Vec<bf16> = (0..9).map(|i| bf16::from_f32(i as f32 - 4.5)).collect();
         round_trip(ctx, &bf)?;
-        let pairs: Vec<Pair> = (0..5).map(|i| Pair { key: -i, weight: i as f64 / 3.0 }).collect();
+        let pairs: Vec<Pair> = (0..5)
+            .map(|i| Pair {
+                key: -i,
+                weight: i as f64 / 3.0,
+            })
+            .collect();
         round_trip(ctx, &pairs)?;
         // Zeroed memory of every type reads back as zeros.
         let s = ctx.new_stream()?;
         let z: CudaSlice<Pair> = s.alloc_zeros(4)?;
-        assert_eq!(s.clone_dtoh(&z)?, vec![Pair { key: 0, weight: 0.0 }; 4]);
+        assert_eq!(
+            s.clone_dtoh(&z)?,
+            vec![
+                Pair {
+                    key: 0,
+                    weight: 0.0
+                };
+                4
+            ]
+        );
         let z: CudaSlice<bf16> = s.alloc_zeros(7)?;
         assert_eq!(s.clone_dtoh(&z)?, vec![bf16::ZERO; 7]);
         Ok(())
@@ -198,8 +220,15 @@ extern "C" __global__ void touch(unsigned short *out, const unsigned short *in, 
 /// Stream 1 writes bf16 elements `[0, a)` of a buffer, stream 2 then writes `[b, 12)` of it with
 /// no ordering unless `join`: a data race exactly when the views overlap and the streams are not
 /// joined.
-fn halves(ctx: &Arc<CudaContext>, a: usize, b: usize, join: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let f = ctx.load_module(compile_ptx(TOUCH)?)?.load_function("touch")?;
+fn halves(
+    ctx: &Arc<CudaContext>,
+    a: usize,
+    b: usize,
+    join: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let f = ctx
+        .load_module(compile_ptx(TOUCH)?)?
+        .load_function("touch")?;
     let s1 = ctx.new_stream()?;
     let s2 = s1.fork()?;
     let src: CudaSlice<bf16> = s1.alloc_zeros(12)?;
@@ -316,7 +345,12 @@ fn pinned_memory_is_written_asynchronously_by_a_copy() {
             assert!(kinds.is_empty(), "{:#?}", run.report.hazards);
         } else {
             // The host reads and then writes the pinned buffer the copy is still writing.
-            assert_eq!(kinds, ["data-race", "data-race"], "{:#?}", run.report.hazards);
+            assert_eq!(
+                kinds,
+                ["data-race", "data-race"],
+                "{:#?}",
+                run.report.hazards
+            );
         }
     }
 }
@@ -342,7 +376,9 @@ fn a_gpu_backend_skips_or_fails_where_there_is_no_gpu() {
     b.require_gpu = false;
     let gpu = streamsan::cuda::Gpu::available();
     match b.check(|_| ()) {
-        Ok(Outcome::Ran(run)) => assert!(gpu && !matches!(run.backend, streamsan::session::BackendKind::Simulated)),
+        Ok(Outcome::Ran(run)) => {
+            assert!(gpu && !matches!(run.backend, streamsan::session::BackendKind::Simulated))
+        }
         Ok(Outcome::Skipped(reason)) => assert!(!gpu && !reason.is_empty()),
         Err(e) => panic!("{e}"),
     }
@@ -374,6 +410,12 @@ fn the_recorded_trace_holds_the_facade_ops() {
     }
     assert_eq!(
         names,
-        ["memcpy_htod", "pack_bf16", "reduce_bf16", "forward", "memcpy_dtoh"]
+        [
+            "memcpy_htod",
+            "pack_bf16",
+            "reduce_bf16",
+            "forward",
+            "memcpy_dtoh"
+        ]
     );
 }

@@ -156,7 +156,10 @@ impl CudaContext {
     /// A new event with nothing recorded, named `e1`, `e2`, … in reports. The flags do not
     /// matter: the facade's events only order work (no timing).
     #[track_caller]
-    pub fn new_event(self: &Arc<Self>, flags: Option<EventFlags>) -> Result<CudaEvent, DriverError> {
+    pub fn new_event(
+        self: &Arc<Self>,
+        flags: Option<EventFlags>,
+    ) -> Result<CudaEvent, DriverError> {
         let _ = flags;
         self.new_event_at(Location::caller())
     }

@@ -83,9 +83,7 @@ impl CudaContext {
         #[cfg(feature = "cuda")]
         if let Some(ctx) = self.session.context() {
             let image = ptx.into_cudarc()?;
-            let module = ctx
-                .load_module(image)
-                .map_err(|e| gpu_error(e.into()))?;
+            let module = ctx.load_module(image).map_err(|e| gpu_error(e.into()))?;
             return Ok(Arc::new(CudaModule {
                 ctx: self.clone(),
                 gpu: Some(module),
@@ -337,11 +335,7 @@ impl LaunchArgs<'_> {
 }
 
 #[cfg(feature = "cuda")]
-fn exec<'x>(
-    func: &CudaFunction,
-    args: &'x mut [*mut c_void],
-    cfg: LaunchConfig,
-) -> KernelExec<'x> {
+fn exec<'x>(func: &CudaFunction, args: &'x mut [*mut c_void], cfg: LaunchConfig) -> KernelExec<'x> {
     match &func.gpu {
         Some(f) => KernelExec::Cuda {
             func: f.cu_function(),

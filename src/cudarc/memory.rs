@@ -422,11 +422,11 @@ impl CudaStream {
         src: &Src,
         site: &'static Location<'static>,
     ) -> Result<Vec<T>, DriverError> {
-        let bytes = self
-            .ctx
-            .session
-            .shared()
-            .memcpy_dtoh_bytes(&self.stream, src.region(), site)?;
+        let bytes =
+            self.ctx
+                .session
+                .shared()
+                .memcpy_dtoh_bytes(&self.stream, src.region(), site)?;
         Ok(vec_from_bytes(&bytes, src.len()))
     }
 

@@ -21,7 +21,10 @@ pub struct Ptx(Inner);
 enum Inner {
     #[cfg(feature = "cuda")]
     Compiled(::cudarc::nvrtc::Ptx),
-    Source { src: String, opts: CompileOptions },
+    Source {
+        src: String,
+        opts: CompileOptions,
+    },
     Text(String),
     File(PathBuf),
     Binary(Vec<u8>),

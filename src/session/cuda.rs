@@ -500,7 +500,9 @@ impl CudaBackend {
         if data.is_empty() {
             return Ok(());
         }
-        let n = data.len().min(usize::try_from(dst.bytes).unwrap_or(usize::MAX));
+        let n = data
+            .len()
+            .min(usize::try_from(dst.bytes).unwrap_or(usize::MAX));
         // SAFETY: `dst` is session memory (mapped until the session ends) or external memory
         // the caller vouched for; a copy from pageable memory stages its source before returning.
         unsafe { stream.copy_htod(dst.device_ptr(), data.as_ptr().cast(), n) }?;

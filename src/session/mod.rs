@@ -141,8 +141,8 @@ pub use handle::{Event, Stream, StreamKind};
 pub use launch::{Launch, LaunchError, RawLaunch};
 pub use sim::SimOutOfMemory;
 
-pub(crate) use state::Shared;
 use state::Backend;
+pub(crate) use state::Shared;
 pub(crate) use typed::KernelExec;
 
 /// Knobs of a session. `SessionConfig::default()` is what [`Session::simulated`] and

@@ -585,7 +585,12 @@ impl SimBackend {
     }
 
     /// Sets every byte of `dst` to `byte` on stream `s`.
-    pub(crate) fn memset_byte(&mut self, s: u32, dst: &Region, byte: u8) -> Result<(), SessionError> {
+    pub(crate) fn memset_byte(
+        &mut self,
+        s: u32,
+        dst: &Region,
+        byte: u8,
+    ) -> Result<(), SessionError> {
         self.memset(s, dst, u32::from_ne_bytes([byte; 4]))
     }
 

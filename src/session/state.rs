@@ -757,11 +757,7 @@ impl Shared {
         site: &'static Location<'static>,
     ) {
         let one = [region];
-        let (reads, writes): (&[Region], &[Region]) = if write {
-            (&[], &one)
-        } else {
-            (&one, &[])
-        };
+        let (reads, writes): (&[Region], &[Region]) = if write { (&[], &one) } else { (&one, &[]) };
         st.record_launch(stream, name.into(), reads, writes, Some(site));
         st.record(Rec::StreamSync {
             stream,

@@ -120,13 +120,7 @@ impl Shared {
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.store(super::state::gpu_stream(s)?, &dst, data)?,
         }
-        st.record_launch(
-            s.key,
-            Cow::Borrowed("memcpy_htod"),
-            [],
-            [&dst],
-            Some(site),
-        );
+        st.record_launch(s.key, Cow::Borrowed("memcpy_htod"), [], [&dst], Some(site));
         Ok(())
     }
 
@@ -147,13 +141,7 @@ impl Shared {
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.load(super::state::gpu_stream(s)?, &src)?,
         };
-        st.record_launch(
-            s.key,
-            Cow::Borrowed("memcpy_dtoh"),
-            [&src],
-            [],
-            Some(site),
-        );
+        st.record_launch(s.key, Cow::Borrowed("memcpy_dtoh"), [&src], [], Some(site));
         st.record(Rec::StreamSync {
             stream: s.key,
             site: Some(site),
