@@ -9,6 +9,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
+#[cfg(feature = "cuda")]
 use super::context::DriverError;
 
 /// A module to load with [`CudaContext::load_module`](super::CudaContext::load_module): compiled
@@ -18,6 +19,7 @@ use super::context::DriverError;
 pub struct Ptx(Inner);
 
 #[derive(Clone, Debug)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 enum Inner {
     #[cfg(feature = "cuda")]
     Compiled(::cudarc::nvrtc::Ptx),
