@@ -1,5 +1,6 @@
-//! The cost of checking on a GPU: a launch-bound loop run raw, through an unchecked `Session` and
-//! through a checked one.
+//! The cost of checking on a GPU: a launch-bound loop run raw, through an unchecked `Session`,
+//! through a checked one, and — the harness against what it wraps — as a cudarc program and as
+//! the same program ported to `streamsan::cudarc`.
 //!
 //! The loop: 4 non-blocking streams, one tiny `hash` kernel per iteration (256 words, reading the
 //! buffer of its stream and writing the next stream's), then an event recorded on the stream and
@@ -10,12 +11,18 @@
 //!   (`cuLaunchKernel`, `cuEventRecord`, `cuStreamWaitEvent`) with cudarc's event tracking off and
 //!   nothing added: the floor the session is built on;
 //! - **unchecked**: a `Session` with `check: false` (it executes, records nothing);
-//! - **checked**: a `Session` that records every op and checks it on its checker thread.
+//! - **checked**: a `Session` that records every op and checks it on its checker thread;
+//! - **cudarc**: the same loop written against cudarc 0.19's safe API (`CudaStream::launch_builder`,
+//!   `CudaEvent::record`, `CudaStream::wait`) with `disable_event_tracking`, an NVRTC kernel of
+//!   the same shape (256 words, one in, one out): what a cudarc user runs today;
+//! - **facade**: that cudarc program with its `use` lines changed to `streamsan::cudarc`, checked
+//!   (the harness as a user would use it). Its ratio to **cudarc** is the harness's overhead.
 //!
-//! Each round runs the three once, in an order that rotates from round to round, so that clock and
-//! load drift hit all three alike. The time is from the first issue to a device synchronization
+//! Each round runs the five once, in an order that rotates from round to round, so that clock and
+//! load drift hit all of them alike. The time is from the first issue to a device synchronization
 //! after the last (the loop); the time `finish()` then waits for the checker thread is reported
-//! apart. The headline is the median over rounds of each round's checked / raw ratio.
+//! apart. The headlines are the medians over rounds of each round's facade / cudarc and checked /
+//! raw ratios.
 //!
 //! ```text
 //! cargo build --release --examples
@@ -133,7 +140,129 @@ mod gpu {
     const STREAMS: usize = 4;
 
     /// The variants, in the order of round 0.
-    const VARIANTS: [&str; 3] = ["raw", "unchecked", "checked"];
+    const VARIANTS: [&str; 5] = ["raw", "unchecked", "checked", "cudarc", "facade"];
+
+    /// The kernel of the cudarc and facade variants: one word per thread, read one buffer, write
+    /// the next.
+    const TINY: &str = r#"
+extern "C" __global__ void tiny(unsigned int *out, const unsigned int *in, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = in[i] * 2654435761u + 1u;
+}
+"#;
+
+    /// The loop on cudarc's safe API, event tracking off: its time.
+    fn cudarc_loop(iters: usize) -> Result<Duration, Error> {
+        use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+        let ctx = CudaContext::new(0)?;
+        // SAFETY: nothing is allocated yet; every order this loop needs is its own events.
+        unsafe { ctx.disable_event_tracking() };
+        let f = ctx
+            .load_module(cudarc::nvrtc::compile_ptx(TINY)?)?
+            .load_function("tiny")?;
+        let streams = (0..STREAMS)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
+        let events = (0..STREAMS)
+            .map(|_| ctx.new_event(None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut bufs: Vec<CudaSlice<u32>> = Vec::with_capacity(STREAMS);
+        for st in &streams {
+            bufs.push(st.alloc_zeros(WORDS)?);
+        }
+        let cfg = LaunchConfig::for_num_elems(WORDS as u32);
+        let n = WORDS;
+        ctx.synchronize()?;
+        let t = Instant::now();
+        for i in 0..iters {
+            let (k, next) = (i % STREAMS, (i + 1) % STREAMS);
+            let (src, dst) = pair(&mut bufs, k, next);
+            // SAFETY: `tiny` takes (out, in, n) and touches n words of each; each launch is
+            // ordered after the previous one by the event wait.
+            unsafe {
+                streams[k]
+                    .launch_builder(&f)
+                    .arg(dst)
+                    .arg(src)
+                    .arg(&n)
+                    .launch(cfg)
+            }?;
+            events[k].record(&streams[k])?;
+            streams[next].wait(&events[k])?;
+        }
+        ctx.synchronize()?;
+        Ok(t.elapsed())
+    }
+
+    /// The same program through `streamsan::cudarc`, checked: its time and `finish`'s.
+    fn facade_loop(iters: usize) -> Result<(Duration, Duration), Error> {
+        use streamsan::cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
+        let ctx = CudaContext::from_session(Session::cuda_with(
+            0,
+            SessionConfig {
+                keep_trace: false,
+                ..SessionConfig::default()
+            },
+        )?);
+        let f = ctx
+            .load_module(streamsan::cudarc::nvrtc::compile_ptx(TINY)?)?
+            .load_function("tiny")?;
+        let streams = (0..STREAMS)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
+        let events = (0..STREAMS)
+            .map(|_| ctx.new_event(None))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut bufs: Vec<CudaSlice<u32>> = Vec::with_capacity(STREAMS);
+        for st in &streams {
+            bufs.push(st.alloc_zeros(WORDS)?);
+        }
+        let cfg = LaunchConfig::for_num_elems(WORDS as u32);
+        let n = WORDS;
+        ctx.synchronize()?;
+        let t = Instant::now();
+        for i in 0..iters {
+            let (k, next) = (i % STREAMS, (i + 1) % STREAMS);
+            let (src, dst) = pair(&mut bufs, k, next);
+            // SAFETY: as in `cudarc_loop`.
+            unsafe {
+                streams[k]
+                    .launch_builder(&f)
+                    .arg(dst)
+                    .arg(src)
+                    .arg(&n)
+                    .launch(cfg)
+            }?;
+            events[k].record(&streams[k])?;
+            streams[next].wait(&events[k])?;
+        }
+        ctx.synchronize()?;
+        let looped = t.elapsed();
+        drop(bufs);
+        let t = Instant::now();
+        let report = ctx.finish()?;
+        let finished = t.elapsed();
+        if !report.hazards.is_empty() {
+            return Err(format!(
+                "the loop is synchronized, but the facade reported {} hazard(s): {}",
+                report.hazards.len(),
+                report.to_json()
+            )
+            .into());
+        }
+        Ok((looped, finished))
+    }
+
+    /// Buffer `k` to read and buffer `next` to write.
+    fn pair<T>(bufs: &mut [T], k: usize, next: usize) -> (&T, &mut T) {
+        if k < next {
+            let (lo, hi) = bufs.split_at_mut(next);
+            (&lo[k], &mut hi[0])
+        } else {
+            let (lo, hi) = bufs.split_at_mut(k);
+            (&hi[0], &mut lo[next])
+        }
+    }
 
     pub fn main(opts: Options) -> ExitCode {
         match gpu_need() {
@@ -258,19 +387,28 @@ mod gpu {
         raw(opts.iters.min(1000))?;
         session(opts.iters.min(1000), false)?;
         session(opts.iters.min(1000), true)?;
+        cudarc_loop(opts.iters.min(1000))?;
+        facade_loop(opts.iters.min(1000))?;
 
-        // Seconds per round: raw, unchecked, checked, checked's finish.
-        let mut rounds: Vec<[f64; 4]> = Vec::with_capacity(opts.rounds);
+        // Seconds per round: raw, unchecked, checked, checked's finish, cudarc, facade, facade's
+        // finish.
+        let mut rounds: Vec<[f64; 7]> = Vec::with_capacity(opts.rounds);
         for r in 0..opts.rounds {
-            let mut t = [0.0; 4];
+            let mut t = [0.0; 7];
             for j in 0..VARIANTS.len() {
                 match (r + j) % VARIANTS.len() {
                     0 => t[0] = raw(opts.iters)?.as_secs_f64(),
                     1 => t[1] = session(opts.iters, false)?.0.as_secs_f64(),
-                    _ => {
+                    2 => {
                         let (looped, finished) = session(opts.iters, true)?;
                         t[2] = looped.as_secs_f64();
                         t[3] = finished.as_secs_f64();
+                    }
+                    3 => t[4] = cudarc_loop(opts.iters)?.as_secs_f64(),
+                    _ => {
+                        let (looped, finished) = facade_loop(opts.iters)?;
+                        t[5] = looped.as_secs_f64();
+                        t[6] = finished.as_secs_f64();
                     }
                 }
             }
@@ -285,6 +423,14 @@ mod gpu {
             median(&column(1)),
             median(&column(2)),
             median(&column(3)),
+        );
+        let (cudarc_t, facade_t) = (median(&column(4)), median(&column(5)));
+        let facade_over_cudarc = ratio(5, 4);
+        let facade_with_finish = median(
+            &rounds
+                .iter()
+                .map(|t| (t[5] + t[6]) / t[4])
+                .collect::<Vec<_>>(),
         );
         let checked_over_raw = ratio(2, 0);
         let unchecked_over_raw = ratio(1, 0);
@@ -301,6 +447,7 @@ mod gpu {
                 .map(|t| {
                     serde_json::json!({
                         "raw_s": t[0], "unchecked_s": t[1], "checked_s": t[2], "finish_s": t[3],
+                        "cudarc_s": t[4], "facade_s": t[5], "facade_finish_s": t[6],
                     })
                 })
                 .collect();
@@ -315,6 +462,8 @@ mod gpu {
                     "raw": us_per_iter(raw_t),
                     "unchecked": us_per_iter(unchecked_t),
                     "checked": us_per_iter(checked_t),
+                    "cudarc": us_per_iter(cudarc_t),
+                    "facade": us_per_iter(facade_t),
                 },
                 "median_finish_s": finish_t,
                 "median_ratio": {
@@ -322,6 +471,8 @@ mod gpu {
                     "unchecked_over_raw": unchecked_over_raw,
                     "checked_over_unchecked": checked_over_unchecked,
                     "checked_with_finish_over_raw": with_finish,
+                    "facade_over_cudarc": facade_over_cudarc,
+                    "facade_with_finish_over_cudarc": facade_with_finish,
                 },
                 "per_round": per_round,
             });
@@ -345,6 +496,13 @@ mod gpu {
                 "finish() then waited {:.2} ms (median) for the checker: checked with it / raw = \
                  {with_finish:.3}",
                 finish_t * 1e3
+            );
+            println!(
+                "median us/iter: cudarc {:.2}, streamsan::cudarc facade {:.2}; median ratio of \
+                 rounds: facade / cudarc = {facade_over_cudarc:.3} (with finish: \
+                 {facade_with_finish:.3})",
+                us_per_iter(cudarc_t),
+                us_per_iter(facade_t)
             );
         }
         Ok(())

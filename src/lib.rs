@@ -51,11 +51,32 @@
 //!
 //! # Wrapping GPU code
 //!
-//! [`Session`] is a harness over cudarc ([`Session::cuda`]) or a CPU simulation
-//! ([`Session::simulated`]): streams, events, buffers from an instrumented caching allocator,
-//! launches whose `&buf` is a read and `&mut buf` a write. Every call is recorded with its call
-//! site; `session.finish()?.assert_clean()` fails a test with the report. See
-//! `examples/01-reuse-without-record-stream.rs`.
+//! [`cudarc`](mod@cudarc) is cudarc 0.19's safe API — `streamsan::cudarc::driver::{CudaContext,
+//! CudaStream, CudaSlice, …}`, `streamsan::cudarc::nvrtc::compile_ptx` — over a checked
+//! [`Session`]: porting a cudarc program means changing its `use` lines. [`model()`] is the entry
+//! point of a test, in the spirit of `loom::model`: it picks the backend (a GPU, or the CPU
+//! simulator), runs the closure, and fails the test with the report and a trace that
+//! `streamsan check` replays:
+//!
+//! ```
+//! use streamsan::cudarc::driver::{CudaSlice, DriverError};
+//!
+//! # std::env::set_var("STREAMSAN_BACKEND", "sim");
+//! streamsan::model(|cx| -> Result<(), DriverError> {
+//!     let ctx = cx.ctx();
+//!     let compute = ctx.new_stream()?;
+//!     let comm = compute.fork()?;
+//!     let grads: CudaSlice<half::bf16> = compute.alloc_zeros(1024)?;
+//!     comm.join(&compute)?;
+//!     let _copy = comm.clone_dtod(&grads)?;
+//!     compute.join(&comm)?; // without it, dropping `grads` frees memory `comm` still reads
+//!     Ok(())
+//! });
+//! ```
+//!
+//! See `docs/harness.md` and `examples/cudarc_port.rs`. [`Session`] is the API below it
+//! ([`Session::cuda`], [`Session::simulated`]), for what cudarc does not have (`record_stream`,
+//! blocking streams, named handles).
 //!
 //! # Evidence
 //!
@@ -69,10 +90,12 @@ pub mod checker;
 pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod cudarc;
 pub mod fix;
 pub mod fuzz;
 pub mod graph;
 pub mod kernels;
+pub mod model;
 pub mod oracle;
 pub mod order;
 pub mod output;
@@ -86,5 +109,6 @@ pub mod trace;
 pub mod workload;
 
 pub use checker::{CheckError, Checker};
+pub use model::model;
 pub use report::{Hazard, HazardKind, Report};
 pub use session::{Session, SessionError};

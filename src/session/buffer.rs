@@ -152,6 +152,21 @@ impl Region {
         })
     }
 
+    /// The sub-region of `bytes` bytes at `offset` bytes into this region, if it fits, at any
+    /// byte offset (the views of typed buffers whose elements are not words).
+    pub(crate) fn byte_range(&self, offset: u64, bytes: u64) -> Option<Region> {
+        let end = offset.checked_add(bytes)?;
+        if end > self.bytes {
+            return None;
+        }
+        Some(Region {
+            offset: self.offset + offset,
+            bytes,
+            whole: self.whole && offset == 0 && bytes == self.bytes,
+            ..*self
+        })
+    }
+
     /// Whether the two regions share a byte of memory.
     pub(crate) fn overlaps(&self, other: &Region) -> bool {
         let (a, b) = (self.device_ptr(), other.device_ptr());

@@ -128,6 +128,19 @@ impl PinnedSegments {
     }
 }
 
+impl PinnedSegments {
+    /// The host address of `bytes` bytes at device address `addr`, if they lie in one segment.
+    fn host_byte_ptr(&mut self, addr: u64, bytes: u64) -> Option<*mut u8> {
+        let (&base, buffer) = self.buffers.range_mut(..=addr).next_back()?;
+        let end = addr.checked_add(bytes)?;
+        if end > base + buffer.bytes() as u64 {
+            return None;
+        }
+        // SAFETY: `addr - base` bytes from the start stay inside the allocation (checked above).
+        Some(unsafe { buffer.as_mut_ptr().cast::<u8>().add((addr - base) as usize) })
+    }
+}
+
 impl Memory for PinnedSegments {
     type Error = GpuError;
 
@@ -442,6 +455,131 @@ impl CudaBackend {
         let n = (r.words() as usize).min(words.len());
         // SAFETY: as for `copy`; `write_words` stages the words before returning.
         Ok(unsafe { stream.write_words(r.device_ptr(), &words[..n]) }?)
+    }
+
+    /// Launches a user kernel on `stream` (`cuLaunchKernel`).
+    ///
+    /// # Safety
+    ///
+    /// `func` must be a live function of this context, and `args` must point to one value of the
+    /// type of each of its parameters, live until the call returns; the kernel must touch only
+    /// memory that stays valid until it completes.
+    pub(crate) unsafe fn launch_user(
+        &mut self,
+        stream: &Stream,
+        func: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_mem_bytes: u32,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), SessionError> {
+        stream.bind()?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                func,
+                grid,
+                block,
+                shared_mem_bytes,
+                stream.raw(),
+                args,
+            )
+        }
+        .map_err(GpuError::from)?;
+        Ok(())
+    }
+
+    /// A copy from pageable host memory on `stream` (`cuMemcpyHtoDAsync`): the driver stages
+    /// `data` before returning, and writes `dst` in stream order.
+    pub(crate) fn store(
+        &mut self,
+        stream: &Stream,
+        dst: &Region,
+        data: &[u8],
+    ) -> Result<(), SessionError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let n = data
+            .len()
+            .min(usize::try_from(dst.bytes).unwrap_or(usize::MAX));
+        // SAFETY: `dst` is session memory (mapped until the session ends) or external memory
+        // the caller vouched for; a copy from pageable memory stages its source before returning.
+        unsafe { stream.copy_htod(dst.device_ptr(), data.as_ptr().cast(), n) }?;
+        Ok(())
+    }
+
+    /// A copy to pageable host memory on `stream`, waited for (`cuMemcpyDtoHAsync`, then
+    /// `cuStreamSynchronize`).
+    pub(crate) fn load(&mut self, stream: &Stream, src: &Region) -> Result<Vec<u8>, SessionError> {
+        let n = usize::try_from(src.bytes).map_err(|_| {
+            SessionError::InvalidArgument(format!("a copy of {} bytes exceeds usize", src.bytes))
+        })?;
+        let mut out = vec![0u8; n];
+        if n > 0 {
+            // SAFETY: as for `store`; `out` has room for `n` bytes and a copy to pageable memory
+            // returns only once it is done.
+            unsafe { stream.copy_dtoh(out.as_mut_ptr().cast(), src.device_ptr(), n) }?;
+        }
+        stream.synchronize()?;
+        Ok(out)
+    }
+
+    /// Sets every byte of `dst` to `byte` on `stream` (`cuMemsetD8Async`).
+    pub(crate) fn memset_byte(
+        &mut self,
+        stream: &Stream,
+        dst: &Region,
+        byte: u8,
+    ) -> Result<(), SessionError> {
+        let n = usize::try_from(dst.bytes).map_err(|_| {
+            SessionError::InvalidArgument(format!("a memset of {} bytes exceeds usize", dst.bytes))
+        })?;
+        if n == 0 {
+            return Ok(());
+        }
+        stream.bind()?;
+        // SAFETY: as for `store`.
+        unsafe { cudarc::driver::result::memset_d8_async(dst.device_ptr(), byte, n, stream.raw()) }
+            .map_err(GpuError::from)?;
+        Ok(())
+    }
+
+    /// The host reads pinned memory now, byte by byte (volatile: a copy may be writing it).
+    pub(crate) fn host_read_bytes(&mut self, r: &Region) -> Result<Vec<u8>, SessionError> {
+        let p = self.pinned_byte_ptr(r)?;
+        Ok((0..r.bytes as usize)
+            // SAFETY: `p` points to `r.bytes` bytes of a live pinned segment; no Rust reference
+            // to them exists; volatile because a device copy may write them meanwhile.
+            .map(|i| unsafe { p.add(i).read_volatile() })
+            .collect())
+    }
+
+    /// The host writes pinned memory now, byte by byte.
+    pub(crate) fn host_write_bytes(&mut self, r: &Region, data: &[u8]) -> Result<(), SessionError> {
+        let p = self.pinned_byte_ptr(r)?;
+        for (i, &b) in data.iter().take(r.bytes as usize).enumerate() {
+            // SAFETY: as in `host_read_bytes`.
+            unsafe { p.add(i).write_volatile(b) };
+        }
+        Ok(())
+    }
+
+    fn pinned_byte_ptr(&mut self, r: &Region) -> Result<*mut u8, SessionError> {
+        if r.memory == MemoryKind::Device || r.external {
+            return Err(SessionError::InvalidArgument(
+                "the host can only touch pinned memory of the session".into(),
+            ));
+        }
+        if r.bytes == 0 {
+            return Ok(std::ptr::NonNull::dangling().as_ptr());
+        }
+        self.pinned
+            .memory_mut()
+            .host_byte_ptr(r.device_ptr(), r.bytes)
+            .ok_or_else(|| {
+                SessionError::InvalidArgument(format!("{r:?} is not inside pinned memory"))
+            })
     }
 
     pub(crate) fn device_sync(&self) -> Result<(), SessionError> {

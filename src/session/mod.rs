@@ -132,6 +132,7 @@ mod launch;
 mod record;
 mod sim;
 mod state;
+mod typed;
 
 pub use buffer::{AsRegion, DeviceBuffer, Element, PinnedBuffer, Region};
 #[cfg(feature = "cuda")]
@@ -140,7 +141,9 @@ pub use handle::{Event, Stream, StreamKind};
 pub use launch::{Launch, LaunchError, RawLaunch};
 pub use sim::SimOutOfMemory;
 
-use state::{Backend, Shared};
+use state::Backend;
+pub(crate) use state::Shared;
+pub(crate) use typed::KernelExec;
 
 /// Knobs of a session. `SessionConfig::default()` is what [`Session::simulated`] and
 /// [`Session::cuda`] use.
@@ -158,6 +161,12 @@ pub struct SessionConfig {
     pub sim_device_bytes: u64,
     /// The simulated pinned host memory in bytes (default 64 GiB). Ignored by [`Session::cuda`].
     pub sim_pinned_bytes: u64,
+    /// Run the work on the simulated device (default `true`). With `false` the simulator still
+    /// allocates, and the session still records and checks every op, but launches, event records
+    /// and event waits do nothing on the device (memory keeps its contents, and streams never
+    /// lag): a backend with no device work, for measuring the harness's own cost per call.
+    /// Ignored by [`Session::cuda`].
+    pub sim_execute: bool,
 }
 
 impl Default for SessionConfig {
@@ -167,6 +176,7 @@ impl Default for SessionConfig {
             keep_trace: true,
             sim_device_bytes: 141_000_000_000,
             sim_pinned_bytes: 64 << 30,
+            sim_execute: true,
         }
     }
 }
@@ -266,10 +276,9 @@ impl Session {
 
     /// A session on the CPU simulator.
     pub fn simulated_with(config: SessionConfig) -> Result<Session, SessionError> {
-        let backend = Backend::Sim(sim::SimBackend::new(
-            config.sim_device_bytes,
-            config.sim_pinned_bytes,
-        ));
+        let mut sim = sim::SimBackend::new(config.sim_device_bytes, config.sim_pinned_bytes);
+        sim.set_execute(config.sim_execute);
+        let backend = Backend::Sim(sim);
         Session::start(backend, BackendKind::Simulated, &config)
     }
 
@@ -298,6 +307,11 @@ impl Session {
         let shared = Shared::new(backend, kind, config)?;
         let default = Stream::legacy(&shared);
         Ok(Session { shared, default })
+    }
+
+    /// What every handle of this session shares (for the facade of [`crate::cudarc`]).
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The backend this session runs on.

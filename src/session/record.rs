@@ -2,12 +2,13 @@
 //! into trace ops, checks them and keeps the trace.
 //!
 //! A record names streams, events and buffers by dense keys and its site by a `&'static
-//! Location`, so recording an op allocates nothing: ids are sent once, with the op that creates
-//! the thing they name, and sites are formatted on the checker thread. A launch's regions go to a
-//! flat side buffer of 32-byte entries, so a record is a cache line or two: records cross to the
-//! checker thread's core, and their size is most of what recording costs the calling thread.
-//! Records go over in batches of [`BATCH`], whose buffers come back to be reused, so the checker
-//! works beside the program instead of inside each call. Every record but [`Rec::External`] is
+//! Location`, so recording an op allocates nothing (but the box of an allocation's record): ids
+//! are sent once, with the op that creates the thing they name, and sites are formatted on the
+//! checker thread. The regions of a launch or a copy go to a flat side buffer of 32-byte entries
+//! and an allocation's record is boxed, so a record fits in a cache line (64 bytes): records
+//! cross to the checker thread's core, and their size is most of what recording costs the
+//! calling thread. Records go over in batches of [`BATCH`], whose buffers come back to be
+//! reused, so the checker works beside the program instead of inside each call. Every record but [`Rec::External`] is
 //! exactly one op, in issue order: the op indices of the checker are the session's.
 
 use crate::sync::mpsc;
@@ -16,7 +17,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::Location;
 
-use super::buffer::{Region, Regions};
+use super::buffer::Region;
 
 use super::SessionError;
 use crate::checker::{CheckError, Checker};
@@ -49,6 +50,18 @@ impl From<&Region> for RegionRec {
     }
 }
 
+/// An allocation as recorded.
+#[derive(Debug)]
+pub(crate) struct AllocRec {
+    pub(crate) key: u64,
+    pub(crate) id: Id,
+    pub(crate) bytes: u64,
+    pub(crate) stream: Option<u32>,
+    pub(crate) memory: MemoryKind,
+    pub(crate) addr: Option<u64>,
+    pub(crate) site: Loc,
+}
+
 /// One recorded op, with keys instead of ids.
 #[derive(Debug)]
 pub(crate) enum Rec {
@@ -66,15 +79,9 @@ pub(crate) enum Rec {
     EventDestroy {
         key: u32,
     },
-    Alloc {
-        key: u64,
-        id: Id,
-        bytes: u64,
-        stream: Option<u32>,
-        memory: MemoryKind,
-        addr: Option<u64>,
-        site: Loc,
-    },
+    /// Boxed: allocations are rare next to launches, and the largest record sets the size of
+    /// every record.
+    Alloc(Box<AllocRec>),
     Free {
         key: u64,
         stream: Option<u32>,
@@ -93,10 +100,9 @@ pub(crate) enum Rec {
         writes: u32,
         site: Loc,
     },
+    /// The copy's source then destination regions are the next entries of the batch's regions.
     Copy {
         stream: u32,
-        src: RegionRec,
-        dst: RegionRec,
         site: Loc,
     },
     Memset {
@@ -238,24 +244,35 @@ impl Recorder {
 
     /// Appends a launch: its regions, then its record.
     #[inline]
-    pub(crate) fn push_launch(
+    pub(crate) fn push_launch<'r>(
         &mut self,
         stream: u32,
         name: Cow<'static, str>,
-        reads: &Regions,
-        writes: &Regions,
+        reads: impl IntoIterator<Item = &'r Region>,
+        writes: impl IntoIterator<Item = &'r Region>,
         site: Loc,
     ) {
         let regions = &mut self.batch.regions;
-        regions.extend(reads.iter().map(RegionRec::from));
-        regions.extend(writes.iter().map(RegionRec::from));
+        let start = regions.len();
+        regions.extend(reads.into_iter().map(RegionRec::from));
+        let middle = regions.len();
+        regions.extend(writes.into_iter().map(RegionRec::from));
+        let end = regions.len();
         self.push(Rec::Launch {
             stream,
             name,
-            reads: reads.len() as u32,
-            writes: writes.len() as u32,
+            reads: (middle - start) as u32,
+            writes: (end - middle) as u32,
             site,
         });
+    }
+
+    /// Appends a copy: its source and destination regions, then its record.
+    #[inline]
+    pub(crate) fn push_copy(&mut self, stream: u32, src: &Region, dst: &Region, site: Loc) {
+        self.batch.regions.push(src.into());
+        self.batch.regions.push(dst.into());
+        self.push(Rec::Copy { stream, site });
     }
 
     fn send_batch(&mut self) {
@@ -411,15 +428,16 @@ impl Worker {
                 },
                 None,
             ),
-            Rec::Alloc {
-                key,
-                id,
-                bytes,
-                stream,
-                memory,
-                addr,
-                site,
-            } => {
+            Rec::Alloc(alloc) => {
+                let AllocRec {
+                    key,
+                    id,
+                    bytes,
+                    stream,
+                    memory,
+                    addr,
+                    site,
+                } = *alloc;
                 set(&mut self.buffers, key as usize, id.clone(), Id::default());
                 (
                     Op::Alloc {
@@ -461,16 +479,11 @@ impl Worker {
                 },
                 site,
             ),
-            Rec::Copy {
-                stream,
-                src,
-                dst,
-                site,
-            } => (
+            Rec::Copy { stream, site } => (
                 Op::Copy {
                     stream: self.stream(stream),
-                    src: self.region(&src),
-                    dst: self.region(&dst),
+                    src: self.region(&regions.next().unwrap_or_default()),
+                    dst: self.region(&regions.next().unwrap_or_default()),
                 },
                 site,
             ),
@@ -564,5 +577,14 @@ impl Worker {
         if let Some(trace) = &mut self.trace {
             trace.push(op);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Records cross to the checker thread by the thousand: keep them within a cache line.
+    #[test]
+    fn a_record_fits_in_a_cache_line() {
+        assert!(std::mem::size_of::<super::Rec>() <= 64);
     }
 }

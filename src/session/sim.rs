@@ -108,6 +108,48 @@ impl SimArena {
     }
 }
 
+impl SimArena {
+    /// The whole words covering `[addr, addr + bytes)` and the offset of `addr` in the first one.
+    fn covering_mut(&mut self, addr: u64, bytes: u64) -> Option<(&mut [u32], usize)> {
+        let first = addr - addr % WORD;
+        let end = addr.checked_add(bytes)?.checked_next_multiple_of(WORD)?;
+        let words = self.words_mut(first, (end - first) / WORD)?;
+        Some((words, (addr - first) as usize))
+    }
+
+    /// The bytes of `[addr, addr + bytes)`, which must lie in one segment (words are stored
+    /// little-endian, as on the device).
+    fn read_bytes(&mut self, addr: u64, bytes: u64) -> Option<Vec<u8>> {
+        let (words, skip) = self.covering_mut(addr, bytes)?;
+        Some(
+            words
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .skip(skip)
+                .take(bytes as usize)
+                .collect(),
+        )
+    }
+
+    /// Writes `data` at `addr`, which must lie in one segment; the other bytes of the words it
+    /// touches keep their values.
+    fn write_bytes(&mut self, addr: u64, data: &[u8]) -> Option<()> {
+        let (words, skip) = self.covering_mut(addr, data.len() as u64)?;
+        for (k, &b) in data.iter().enumerate() {
+            let at = skip + k;
+            let mut le = words[at / 4].to_le_bytes();
+            le[at % 4] = b;
+            words[at / 4] = u32::from_le_bytes(le);
+        }
+        Some(())
+    }
+}
+
+/// Whether a region is whole words at a word-aligned address (the fast path of the simulator).
+fn aligned(r: &Region) -> bool {
+    r.device_ptr() % WORD == 0 && r.bytes % WORD == 0
+}
+
 /// Work waiting on a lagging stream (kept inline: it mostly runs at once and is never stored).
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
@@ -124,6 +166,11 @@ enum Work {
     Memset {
         dst: Region,
         value: u32,
+    },
+    /// A copy from pageable host memory, its bytes staged at the call.
+    Store {
+        dst: Region,
+        data: Vec<u8>,
     },
     /// Event records and waits, frees in stream order, user kernels: nothing to run later.
     Marker,
@@ -148,6 +195,10 @@ pub(crate) struct SimBackend {
     streams: Vec<SimStream>,
     /// By event key: the stream and sequence number captured by the last record.
     events: Vec<Option<(u32, u64)>>,
+    /// Run the work on the simulated memory (`false`: keep the allocators, issue nothing: launches,
+    /// event records and waits return at once, for measuring the session's own cost;
+    /// [`SessionConfig::sim_execute`](super::SessionConfig::sim_execute)).
+    execute: bool,
 }
 
 fn not_simulated(what: &str) -> SessionError {
@@ -176,7 +227,13 @@ impl SimBackend {
                 queue: VecDeque::new(),
             }],
             events: Vec::new(),
+            execute: true,
         }
+    }
+
+    /// Whether work runs on the simulated memory (see [`SimBackend::execute`]).
+    pub(crate) fn set_execute(&mut self, execute: bool) {
+        self.execute = execute;
     }
 
     pub(crate) fn create_stream(&mut self, key: u32, kind: StreamKind) {
@@ -263,8 +320,7 @@ impl SimBackend {
         if r.external {
             return Err(not_simulated(what));
         }
-        let words = r.words();
-        match self.arena(r.memory).words_mut(r.device_ptr(), words) {
+        match self.arena(r.memory).covering_mut(r.device_ptr(), r.bytes) {
             Some(_) => Ok(()),
             None => Err(SessionError::InvalidArgument(format!(
                 "{what}: {r:?} is not inside the simulated memory"
@@ -275,45 +331,84 @@ impl SimBackend {
     /// The words of a region (a host access, or a user kernel's).
     pub(crate) fn read(&mut self, r: &Region) -> Result<Vec<u32>, SessionError> {
         self.check(r, "read")?;
-        Ok(self
-            .arena(r.memory)
-            .words_mut(r.device_ptr(), r.words())
-            .map(|w| w.to_vec())
-            .unwrap_or_default())
+        Ok(self.read_now(r))
     }
 
     /// Writes the words of a region (a host access, or a user kernel's).
     pub(crate) fn write(&mut self, r: &Region, words: &[u32]) -> Result<(), SessionError> {
         self.check(r, "write")?;
-        if let Some(dst) = self.arena(r.memory).words_mut(r.device_ptr(), r.words()) {
-            let n = dst.len().min(words.len());
-            dst[..n].copy_from_slice(&words[..n]);
-        }
+        self.write_now(r, words);
         Ok(())
     }
 
-    fn read_now(&mut self, r: &Region) -> Vec<u32> {
-        self.arena(r.memory)
-            .words_mut(r.device_ptr(), r.words())
-            .map(|w| w.to_vec())
-            .unwrap_or_default()
+    /// The bytes of a region (a host access of pinned memory).
+    pub(crate) fn read_bytes(&mut self, r: &Region) -> Result<Vec<u8>, SessionError> {
+        self.check(r, "read")?;
+        Ok(self
+            .arena(r.memory)
+            .read_bytes(r.device_ptr(), r.bytes)
+            .unwrap_or_default())
     }
 
-    fn write_now(&mut self, r: &Region, words: &[u32]) {
-        if let Some(dst) = self.arena(r.memory).words_mut(r.device_ptr(), r.words()) {
-            let n = dst.len().min(words.len());
-            dst[..n].copy_from_slice(&words[..n]);
+    /// Writes the bytes of a region (a host access of pinned memory).
+    pub(crate) fn write_bytes(&mut self, r: &Region, data: &[u8]) -> Result<(), SessionError> {
+        self.check(r, "write")?;
+        let n = data.len().min(r.bytes as usize);
+        self.arena(r.memory).write_bytes(r.device_ptr(), &data[..n]);
+        Ok(())
+    }
+
+    /// The region as words: its bytes from the first, the last word padded with zeros.
+    fn read_now(&mut self, r: &Region) -> Vec<u32> {
+        if aligned(r) {
+            return self
+                .arena(r.memory)
+                .words_mut(r.device_ptr(), r.words())
+                .map(|w| w.to_vec())
+                .unwrap_or_default();
         }
+        let bytes = self
+            .arena(r.memory)
+            .read_bytes(r.device_ptr(), r.bytes)
+            .unwrap_or_default();
+        bytes
+            .chunks(WORD as usize)
+            .map(|c| {
+                let mut le = [0u8; 4];
+                le[..c.len()].copy_from_slice(c);
+                u32::from_le_bytes(le)
+            })
+            .collect()
+    }
+
+    /// Writes `words` over the region's bytes (the last word cut to the region's end).
+    fn write_now(&mut self, r: &Region, words: &[u32]) {
+        if aligned(r) {
+            if let Some(dst) = self.arena(r.memory).words_mut(r.device_ptr(), r.words()) {
+                let n = dst.len().min(words.len());
+                dst[..n].copy_from_slice(&words[..n]);
+            }
+            return;
+        }
+        let bytes: Vec<u8> = words
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .take(r.bytes as usize)
+            .collect();
+        self.arena(r.memory).write_bytes(r.device_ptr(), &bytes);
     }
 
     fn execute(&mut self, work: &Work) {
+        if !self.execute {
+            return;
+        }
         match work {
             Work::Hash { op, reads, writes } => {
                 // Region by region, each from memory as the previous one left it, as the device
                 // runs one kernel per write region.
                 for (j, w) in writes.iter().enumerate() {
                     let inputs: Vec<Vec<u32>> = reads.iter().map(|r| self.read_now(r)).collect();
-                    let out: Vec<u32> = (0..w.words() as u32)
+                    let out: Vec<u32> = (0..w.bytes.div_ceil(WORD) as u32)
                         .map(|i| {
                             hash_word(
                                 *op,
@@ -331,8 +426,13 @@ impl SimBackend {
                 self.write_now(dst, &words);
             }
             Work::Memset { dst, value } => {
-                let words = vec![*value; dst.words() as usize];
+                let words = vec![*value; dst.bytes.div_ceil(WORD) as usize];
                 self.write_now(dst, &words);
+            }
+            Work::Store { dst, data } => {
+                let n = data.len().min(dst.bytes as usize);
+                self.arena(dst.memory)
+                    .write_bytes(dst.device_ptr(), &data[..n]);
             }
             Work::Marker => {}
         }
@@ -411,6 +511,9 @@ impl SimBackend {
         writes: &Regions,
         spin: bool,
     ) -> Result<(), SessionError> {
+        if !self.execute {
+            return Ok(());
+        }
         for r in reads.iter().chain(writes.iter()) {
             self.check(r, "launch")?;
         }
@@ -422,6 +525,41 @@ impl SimBackend {
                 writes: writes.clone(),
             },
             spin,
+        );
+        Ok(())
+    }
+
+    /// A user kernel on the simulator: the hash kernel over its declared regions (any number of
+    /// reads; regions at any byte).
+    pub(crate) fn hash_slices(
+        &mut self,
+        s: u32,
+        op: u32,
+        reads: &[Region],
+        writes: &[Region],
+    ) -> Result<(), SessionError> {
+        if !self.execute {
+            return Ok(());
+        }
+        for r in reads.iter().chain(writes) {
+            self.check(r, "launch")?;
+        }
+        let mut rs = Regions::default();
+        for r in reads {
+            rs.push(*r);
+        }
+        let mut ws = Regions::default();
+        for w in writes {
+            ws.push(*w);
+        }
+        self.issue(
+            s,
+            Work::Hash {
+                op,
+                reads: rs,
+                writes: ws,
+            },
+            false,
         );
         Ok(())
     }
@@ -446,7 +584,51 @@ impl SimBackend {
         Ok(())
     }
 
+    /// Sets every byte of `dst` to `byte` on stream `s`.
+    pub(crate) fn memset_byte(
+        &mut self,
+        s: u32,
+        dst: &Region,
+        byte: u8,
+    ) -> Result<(), SessionError> {
+        self.memset(s, dst, u32::from_ne_bytes([byte; 4]))
+    }
+
+    /// A copy from pageable host memory on stream `s`: `data` is staged now, written in stream
+    /// order.
+    pub(crate) fn store(&mut self, s: u32, dst: &Region, data: &[u8]) -> Result<(), SessionError> {
+        if !self.execute {
+            return Ok(());
+        }
+        self.check(dst, "memcpy_htod")?;
+        self.issue(
+            s,
+            Work::Store {
+                dst: *dst,
+                data: data.to_vec(),
+            },
+            false,
+        );
+        Ok(())
+    }
+
+    /// A copy to pageable host memory on stream `s`, waited for: the stream's work up to it runs
+    /// first. Returns the bytes of `src`.
+    pub(crate) fn load(&mut self, s: u32, src: &Region) -> Result<Vec<u8>, SessionError> {
+        if !self.execute {
+            return Ok(vec![0; src.bytes as usize]);
+        }
+        self.check(src, "memcpy_dtoh")?;
+        self.run_now(s);
+        let bytes = self.read_bytes(src)?;
+        self.stream_sync(s);
+        Ok(bytes)
+    }
+
     pub(crate) fn event_record(&mut self, e: u32, s: u32) {
+        if !self.execute {
+            return;
+        }
         self.issue(s, Work::Marker, false);
         let seq = self.streams.get(s as usize).map_or(0, |st| st.issued);
         if let Some(slot) = self.events.get_mut(e as usize) {
@@ -455,6 +637,9 @@ impl SimBackend {
     }
 
     pub(crate) fn event_wait(&mut self, s: u32, e: u32) {
+        if !self.execute {
+            return;
+        }
         if let Some(&Some((t, seq))) = self.events.get(e as usize) {
             self.flush(t, seq);
         }

@@ -11,10 +11,10 @@ use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
 
-use super::buffer::{Region, Regions};
+use super::buffer::Region;
 use super::handle::{Event, Stream, StreamInner, StreamKind};
 use super::launch::{KernelFn, Launch, RawLaunch, RawTarget};
-use super::record::{Loc, Rec, Recorder};
+use super::record::{AllocRec, Loc, Rec, Recorder};
 use super::sim::SimBackend;
 use super::{BackendKind, SessionConfig, SessionError};
 use crate::alloc::{AllocError, AllocatorStats, Block};
@@ -90,11 +90,11 @@ struct Live {
 
 /// What the lock protects.
 pub(crate) struct State {
-    backend: Backend,
+    pub(super) backend: Backend,
     recorder: Option<Recorder>,
     finished: bool,
     parked: Option<SessionError>,
-    next_op: u64,
+    pub(super) next_op: u64,
     next_stream: u32,
     next_event: u32,
     next_buffer: u64,
@@ -115,7 +115,7 @@ impl State {
     /// Records an op (counting its index even when recording is off, so the hash kernel's ids
     /// do not depend on it).
     #[inline]
-    fn record(&mut self, rec: Rec) {
+    pub(super) fn record(&mut self, rec: Rec) {
         if rec.is_op() {
             self.next_op += 1;
         }
@@ -126,12 +126,12 @@ impl State {
 
     /// Records a launch.
     #[inline]
-    fn record_launch(
+    pub(super) fn record_launch<'r>(
         &mut self,
         stream: u32,
         name: Cow<'static, str>,
-        reads: &Regions,
-        writes: &Regions,
+        reads: impl IntoIterator<Item = &'r Region>,
+        writes: impl IntoIterator<Item = &'r Region>,
         site: Loc,
     ) {
         self.next_op += 1;
@@ -140,7 +140,16 @@ impl State {
         }
     }
 
-    fn park(&mut self, e: SessionError) {
+    /// Records a copy.
+    #[inline]
+    pub(super) fn record_copy(&mut self, stream: u32, src: &Region, dst: &Region, site: Loc) {
+        self.next_op += 1;
+        if let Some(r) = &mut self.recorder {
+            r.push_copy(stream, src, dst, site);
+        }
+    }
+
+    pub(super) fn park(&mut self, e: SessionError) {
         if self.parked.is_none() {
             self.parked = Some(e);
         } else {
@@ -203,7 +212,7 @@ impl State {
     }
 
     /// Frees a live buffer on the backend and records the free.
-    fn free(
+    pub(super) fn free(
         &mut self,
         region: &Region,
         to: Option<&StreamInner>,
@@ -268,7 +277,7 @@ fn alloc_error<E: std::error::Error>(
 }
 
 #[cfg(feature = "cuda")]
-fn gpu_stream(s: &StreamInner) -> Result<&crate::cuda::Stream, SessionError> {
+pub(super) fn gpu_stream(s: &StreamInner) -> Result<&crate::cuda::Stream, SessionError> {
     s.cuda.as_deref().ok_or(SessionError::WrongSession)
 }
 
@@ -321,7 +330,7 @@ impl Shared {
     /// The lock, for a call: fails inside a callback of this session, with a parked error, or
     /// once finished.
     #[inline]
-    fn lock(&self) -> Result<MutexGuard<'_, State>, SessionError> {
+    pub(super) fn lock(&self) -> Result<MutexGuard<'_, State>, SessionError> {
         if in_callback(self.session) {
             return Err(SessionError::Reentrant);
         }
@@ -336,7 +345,7 @@ impl Shared {
     }
 
     /// The lock, for a drop: `None` inside a callback of this session.
-    fn lock_for_drop(&self) -> Option<MutexGuard<'_, State>> {
+    pub(super) fn lock_for_drop(&self) -> Option<MutexGuard<'_, State>> {
         if in_callback(self.session) {
             return None;
         }
@@ -344,7 +353,7 @@ impl Shared {
     }
 
     #[inline]
-    fn same(&self, other: &Arc<Shared>) -> Result<(), SessionError> {
+    pub(super) fn same(&self, other: &Arc<Shared>) -> Result<(), SessionError> {
         if other.session == self.session {
             Ok(())
         } else {
@@ -353,7 +362,7 @@ impl Shared {
     }
 
     #[inline]
-    fn same_region(&self, r: &Region) -> Result<(), SessionError> {
+    pub(super) fn same_region(&self, r: &Region) -> Result<(), SessionError> {
         if r.session == self.session {
             Ok(())
         } else {
@@ -498,7 +507,7 @@ impl Shared {
         st.live_names.insert(id.clone());
         st.used_names.insert(id.clone());
         let addr = block.map(|b| b.addr);
-        st.record(Rec::Alloc {
+        st.record(Rec::Alloc(Box::new(AllocRec {
             key,
             id: id.clone(),
             bytes,
@@ -506,7 +515,7 @@ impl Shared {
             memory,
             addr,
             site: Some(site),
-        });
+        })));
         let region = Region {
             session: self.session,
             key,
@@ -634,7 +643,7 @@ impl Shared {
                 b.hash(gpu_stream(s)?, op as u32, &l.reads, &l.writes, l.spin_ns)?
             }
         }
-        st.record_launch(s.key, l.name, &l.reads, &l.writes, Some(l.site));
+        st.record_launch(s.key, l.name, l.reads.iter(), l.writes.iter(), Some(l.site));
         Ok(op)
     }
 
@@ -677,7 +686,7 @@ impl Shared {
             }
         };
         // Recorded even if the closure failed: it may have enqueued work before failing.
-        st.record_launch(s.key, l.name, &l.reads, &l.writes, Some(l.site));
+        st.record_launch(s.key, l.name, l.reads.iter(), l.writes.iter(), Some(l.site));
         result.map_err(SessionError::Launch)?;
         Ok(op)
     }
@@ -710,12 +719,7 @@ impl Shared {
             #[cfg(feature = "cuda")]
             Backend::Cuda(b) => b.copy(gpu_stream(s)?, &src, &dst)?,
         }
-        st.record(Rec::Copy {
-            stream: s.key,
-            src: (&src).into(),
-            dst: (&dst).into(),
-            site: Some(site),
-        });
+        st.record_copy(s.key, &src, &dst, Some(site));
         Ok(())
     }
 
@@ -752,14 +756,9 @@ impl Shared {
         write: bool,
         site: &'static Location<'static>,
     ) {
-        let mut regions = Regions::default();
-        regions.push(region);
-        let (reads, writes) = if write {
-            (Regions::default(), regions)
-        } else {
-            (regions, Regions::default())
-        };
-        st.record_launch(stream, name.into(), &reads, &writes, Some(site));
+        let one = [region];
+        let (reads, writes): (&[Region], &[Region]) = if write { (&[], &one) } else { (&one, &[]) };
+        st.record_launch(stream, name.into(), reads, writes, Some(site));
         st.record(Rec::StreamSync {
             stream,
             site: Some(site),
