@@ -646,9 +646,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (info.kind != Kind::RecordStream) {
     for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
   }
-  if (fr.any_device && !fr.stream_set) {
+  if (fr.any_device && !fr.stream_set && !info.factory) {
     // Device memory only among the outputs (a copy from pinned memory to a new device tensor):
-    // the op ran on the stream current now.
+    // the op ran on the stream current now. (A factory's device memory comes from the tracker.)
     fr.stream = current_stream(fr.device);
     fr.stream_set = true;
   }
