@@ -163,16 +163,20 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
             loss = step()
             if sync_every and i % sync_every == 0:
                 loss.item()
-            if i % 1000 == 0 or i == steps:
-                row = {"step": i, "seconds": round(time.perf_counter() - t0, 2), **_vm(), **run.stats()}
-                rows.append(row)
-                if row["rss_mib"] > max_rss_mib:
-                    stopped = f"RSS {row['rss_mib']} MiB > {max_rss_mib} MiB at step {i}"
-                elif row["seconds"] > max_seconds:
-                    stopped = f"{row['seconds']} s > {max_seconds} s at step {i}"
-                if stopped:
-                    break
-    verdict = flat([r for r in rows if r["step"] >= 1000])
+            if i % 100 and i != steps:
+                continue
+            vm = _vm()
+            seconds = time.perf_counter() - t0
+            if vm["rss_mib"] > max_rss_mib:
+                stopped = f"RSS {vm['rss_mib']} MiB > {max_rss_mib} MiB at step {i}"
+            elif seconds > max_seconds:
+                stopped = f"{seconds:.1f} s > {max_seconds} s at step {i}"
+            if i % 1000 == 0 or i == steps or stopped:
+                rows.append({"step": i, "seconds": round(seconds, 2), **vm, **run.stats()})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, should it be killed
+            if stopped:
+                break
+    verdict = flat([r for r in rows if r["step"] >= 1000 and (r["step"] % 1000 == 0 or r["step"] == steps)])
     if stopped:
         verdict = {"flat": False, "why": "stopped: " + stopped}
     return {
