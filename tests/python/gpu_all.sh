@@ -93,7 +93,8 @@ cat "$tmp/build.out" >>"$log"
 logged build
 
 note "overhead (alone on the machine)"
-RESERVE=100 run overhead 150 "$out/overhead.json" python3 $py/bench_overhead.py all --backend native --iters 100
+RESERVE=100 # seconds kept for what follows
+run overhead 150 "$out/overhead.json" python3 $py/bench_overhead.py all --backend native --iters 100
 logged overhead
 
 note "pytest, memory and the program suite (at the same time)"

@@ -286,6 +286,26 @@ def test_buffer_names_are_reused_late(backend, tmp_path):
     assert len(traced) <= NAME_DELAY + 4 < steps - 500
 
 
+def test_stats_during_a_check(backend):
+    import torch
+
+    import streamsan.torch
+
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+    with run:
+        f = Fake(run)
+        f.stream(0)
+        x = torch.ones(256)
+        x.add_(1)
+        during = run.stats()
+    assert {"ops", "history", "generations", "graveyard", "participants", "hazards"} <= set(during)
+    assert during["recorder_live_device_buffers"] >= 1 and during["recorder_live_pinned_buffers"] == 0
+    after = run.stats()
+    assert "history" not in after and "recorder_live_device_buffers" in after
+    assert run.report.ops >= 2
+    del x
+
+
 def test_hazard_error_and_report(backend):
     import torch
 

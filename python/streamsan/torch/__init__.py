@@ -65,7 +65,8 @@ class Run:
         if not check and trace is None:
             raise ValueError("record() needs a trace path")
         self.raise_on_hazard = raise_on_hazard
-        self.trace = os.fspath(trace) if trace is not None else None
+        self._trace_given = os.fspath(trace) if trace is not None else None
+        self.trace = self._trace_given
         self.explain = explain
         self.backend_choice = backend
         self.checking = check
@@ -99,8 +100,8 @@ class Run:
     def stats(self) -> dict[str, Any]:
         """What the check holds now: the checker's counters (`history`: access entries kept,
         `generations`, `graveyard`, `participants`, `ops`, `hazards`), and the recorder's
-        (`live_device_buffers`, `live_pinned_buffers`, …). For memory measurements of long runs:
-        ops still in the recorder's batch are not counted yet."""
+        (`recorder_live_device_buffers`, `recorder_live_pinned_buffers`, …). For memory
+        measurements of long runs: ops still in the recorder's batch are not counted yet."""
         out: dict[str, Any] = {}
         if self._checker is not None and not self._checker.finished:
             out.update(self._checker.stats())
@@ -113,8 +114,8 @@ class Run:
         from ._recorder import Recorder
 
         self.rank = _rank.current()
-        if self.trace is not None:
-            self.trace = _rank.path_for(self.trace, self.rank)
+        if self._trace_given is not None:
+            self.trace = _rank.path_for(self._trace_given, self.rank)
         if self.checking:
             name = self.trace or (
                 "<streamsan.torch>" if self.rank is None else f"<streamsan.torch rank {self.rank.rank}>"

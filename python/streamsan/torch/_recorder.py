@@ -179,8 +179,16 @@ class PythonBackend:
         self.spare_names = {False: collections.deque(), True: collections.deque()}  # by pinned
         self.fake_pinned: set[int] = set()  # tests: CPU storages standing for pinned memory
         self.local = threading.local()
-        self.counters = {"external_accesses": 0, "bad_regions": 0}
+        self.counts = {"external_accesses": 0, "bad_regions": 0}
         self.mode = None
+
+    @property
+    def counters(self) -> dict:
+        return dict(
+            self.counts,
+            live_device_buffers=len(self.device_bufs),
+            live_pinned_buffers=len(self.pinned_bufs),
+        )
 
     # -- plumbing shared with the native backend's interface
     def frames(self) -> list:
@@ -336,11 +344,11 @@ class PythonBackend:
             if not a.device:
                 return False
             a.name = _q(f"ext {a.base:#x}")
-            self.counters["external_accesses"] += 1
+            self.counts["external_accesses"] += 1
             return True
         name, n = hit
         if a.offset + a.bytes > n:
-            self.counters["bad_regions"] += 1
+            self.counts["bad_regions"] += 1
             if a.offset >= n:
                 return False
             a.bytes = n - a.offset
