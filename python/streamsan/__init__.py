@@ -34,12 +34,15 @@ class HazardError(AssertionError):
     """Raised when a checked program has hazards of severity error.
 
     Its message is the text report (`report.to_text()`): every hazard with its accesses, why
-    it happened and how to fix it. `report` is the `Report`.
+    it happened and how to fix it, after `header` when there is one (streamsan.torch names the
+    rank of a distributed run there). `report` is the `Report`.
     """
 
-    def __init__(self, report: Report) -> None:
-        super().__init__(report.to_text())
+    def __init__(self, report: Report, header: str | None = None) -> None:
+        text = report.to_text()
+        super().__init__(text if not header else f"{header}\n{text}")
         self.report = report
+        self.header = header
 
     def __reduce__(self):  # pickling (pytest-xdist, multiprocessing) keeps the message
         return (AssertionError, (str(self),))

@@ -6,6 +6,8 @@
 - The `streamsan` fixture is a running check (`streamsan.torch.Run`) for the test: its hazards
   fail the test at teardown, and `streamsan.hazards` shows what was found so far.
 
+Under torchrun each rank checks its own tests; a failure's message names the rank.
+
 torch is imported only when a test is checked.
 """
 
@@ -57,7 +59,7 @@ def pytest_runtest_call(item):
     if run.report is not None and run.report.errors:
         from streamsan import HazardError
 
-        raise HazardError(run.report)
+        raise HazardError(run.report, header=run.header)
     return result
 
 
@@ -72,4 +74,4 @@ def streamsan(request):
     if run.report is not None and run.report.errors:
         from streamsan import HazardError
 
-        raise HazardError(run.report)
+        raise HazardError(run.report, header=run.header)

@@ -2,7 +2,7 @@
 
     python tests/python/bench_overhead.py all          # every mode, each in its own process
     python tests/python/bench_overhead.py run MODE WORKLOAD [--backend B]
-    python tests/python/bench_overhead.py memory --steps 10000
+    python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), and
 `streams`, a two-stream launch-bound loop (in-place adds on two streams ordered by wait_stream).
@@ -10,6 +10,15 @@ Modes: `plain`, `streamsan` (streamsan.torch.check, default settings), `csan`
 (torch.cuda._sanitizer.enable_cuda_sanitizer()). Each mode runs in a fresh process (CSAN cannot
 be turned off); each figure is the median of 5 timed blocks of ITERS iterations after a warm-up,
 in microseconds per iteration, with the GPU synchronized at the end of each block.
+
+`memory`: the MLP training step `--steps` times under streamsan.torch.check (online check, the
+trace not kept: explanations read the ops back from a temporary file), and every 1,000 steps the
+process's resident and peak resident memory (VmRSS, VmHWM) with what the checker keeps
+(`Run.stats()`: history entries, generations, graveyard). `--sync-every N` reads the loss on the
+host every N steps (`loss.item()`, as a training loop that logs it does); without it the loop never
+synchronizes. The loop stops early past `--max-rss-mib` or `--max-seconds`. `flat` says whether
+memory stayed flat: from step 1,000 to the last step, RSS grew by at most 16 MiB and the checker's
+history, generations and graveyard by at most 2x + 4096.
 """
 
 from __future__ import annotations
@@ -17,14 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import time
 
 
-def mlp():
+def mlp(device: str = "cuda"):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -32,16 +40,17 @@ def mlp():
     torch.manual_seed(0)
     model = nn.Sequential(
         nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    ).cuda()
+    ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(64, 256, device="cuda")
-    y = torch.randint(0, 10, (64,), device="cuda")
+    x = torch.randn(64, 256, device=device)
+    y = torch.randint(0, 10, (64,), device=device)
 
     def step():
         opt.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        return loss
 
     return step
 
@@ -110,26 +119,77 @@ def run(mode: str, workload: str, backend: str, iters: int) -> dict:
     return res
 
 
-def memory(steps: int, backend: str) -> dict:
-    import torch
+def _vm() -> dict:
+    """Resident and peak resident memory of this process, MiB."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) // 1024
+    return {"rss_mib": out.get("VmRSS"), "peak_rss_mib": out.get("VmHWM")}
 
+
+COUNTERS = ("history", "generations", "graveyard")
+
+
+def flat(rows: list) -> dict:
+    """Whether memory stayed flat from the first mark (step 1,000) to the last."""
+    if len(rows) < 2:
+        return {"flat": False, "why": "fewer than two marks"}
+    a, b = rows[0], rows[-1]
+    why = []
+    if b["rss_mib"] - a["rss_mib"] > 16:
+        why.append(f"RSS grew {b['rss_mib'] - a['rss_mib']} MiB from step {a['step']} to {b['step']}")
+    for k in COUNTERS:
+        if k in a and k in b and b[k] > 2 * a[k] + 4096:
+            why.append(f"{k} grew from {a[k]} to {b[k]}")
+    return {"flat": not why, "why": "; ".join(why)}
+
+
+def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
+           max_rss_mib: int = 12288, max_seconds: float = 120.0) -> dict:
     import streamsan.torch
 
-    step = mlp()
-    rss = []
+    fake = device == "cpu"
+    step = mlp(device)
+    rows = []
+    stopped = None
     t0 = time.perf_counter()
-    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as r:
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=fake)
+    with run:
+        base = {"step": 0, **_vm(), **run.stats()}
         for i in range(1, steps + 1):
-            step()
-            if i % 1000 == 0:
-                torch.cuda.synchronize()
-                rss.append((i, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024))
+            loss = step()
+            if sync_every and i % sync_every == 0:
+                loss.item()
+            if i % 100 and i != steps:
+                continue
+            vm = _vm()
+            seconds = time.perf_counter() - t0
+            if vm["rss_mib"] > max_rss_mib:
+                stopped = f"RSS {vm['rss_mib']} MiB > {max_rss_mib} MiB at step {i}"
+            elif seconds > max_seconds:
+                stopped = f"{seconds:.1f} s > {max_seconds} s at step {i}"
+            if i % 1000 == 0 or i == steps or stopped:
+                rows.append({"step": i, "seconds": round(seconds, 2), **vm, **run.stats()})
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress, should it be killed
+            if stopped:
+                break
+    verdict = flat([r for r in rows if r["step"] >= 1000 and (r["step"] % 1000 == 0 or r["step"] == steps)])
+    if stopped:
+        verdict = {"flat": False, "why": "stopped: " + stopped}
     return {
         "steps": steps,
-        "backend": r.backend,
-        "ops": r.report.ops,
-        "errors": r.report.errors,
-        "max_rss_mib_by_step": rss,
+        "sync_every": sync_every,
+        "device": device,
+        "backend": run.backend,
+        "ops": run.report.ops,
+        "errors": run.report.errors,
+        "start": base,
+        "marks": rows,
+        "stopped": stopped,
+        **verdict,
         "seconds": round(time.perf_counter() - t0, 2),
     }
 
@@ -142,13 +202,17 @@ def main() -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--steps", type=int, default=10000)
+    p.add_argument("--sync-every", type=int, default=0, help="memory: loss.item() every N steps")
+    p.add_argument("--device", default="cuda", help="memory: cpu runs on CPU tensors standing for device memory")
+    p.add_argument("--max-rss-mib", type=int, default=12288)
+    p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "memory":
-        print(json.dumps(memory(a.steps, a.backend)))
+        print(json.dumps(memory(a.steps, a.backend, a.sync_every, a.device, a.max_rss_mib, a.max_seconds)))
         return
     results = []
     modes = [("plain", "auto"), ("streamsan", a.backend), ("csan", "auto")]

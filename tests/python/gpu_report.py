@@ -3,12 +3,15 @@
     python tests/python/gpu_report.py streamsan [--backend native|python]  > streamsan.json
     python tests/python/gpu_report.py csan                                 > csan.json
     python tests/python/gpu_report.py widen [--runs 5]                     > widen.json
-    python tests/python/gpu_report.py table streamsan.json csan.json widen.json
+    python tests/python/gpu_report.py table streamsan.json csan.json widen.json [--backend B]
+    python tests/python/gpu_report.py summary --suite FILE… [--overhead F] [--memory F…] [--pytest F]
 
 `streamsan`: each variant run once under streamsan.torch.check: errors, the lines reported, and
-whether one of them is a `# RACE` line. `csan`: the same under PyTorch's CUDA sanitizer (its
-own process: it cannot be turned off). `widen`: each variant run widened, uninstrumented, and
-how many runs produced wrong data.
+whether one of them is a `# RACE` line (key `streamsan-BACKEND`, the recorder that ran). `csan`:
+the same under PyTorch's CUDA sanitizer (its own process: it cannot be turned off). `widen`:
+each variant run widened, uninstrumented, and how many runs produced wrong data. `table`: the
+markdown table of docs/pytorch.md. `summary`: compact tables of everything gpu_all.sh measures,
+and whether each done-criterion holds.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def run_streamsan(backend: str) -> dict:
             t0 = time.perf_counter()
             with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
                 ok = fn(variant == "fixed", False)
+            ran = run.backend
             hazards = run.report.hazards
             sites = sorted({h["access"]["site"] for h in hazards if h.get("access") and h["access"].get("site")})
             at_line = any(s.rsplit(":", 1)[0].endswith(os.path.basename(file)) and int(s.rsplit(":", 1)[1]) in lines
@@ -63,7 +67,7 @@ def run_streamsan(backend: str) -> dict:
         row["race_lines"] = sorted(lines)
         row["clean_program"] = clean
         rows[name] = row
-    return {"streamsan": rows}
+    return {f"streamsan-{ran}": rows}
 
 
 def run_csan() -> dict:
@@ -106,12 +110,32 @@ def run_widen(runs: int) -> dict:
     return {"widen": rows, "nccl_group": bool(nccl)}
 
 
-def table(files: list[str]) -> str:
+def load(files: list[str]) -> dict:
+    """The JSON objects of `files`, merged (text printed before an object is skipped)."""
     data = {}
     for f in files:
         with open(f) as fh:
-            data.update(json.load(fh))
-    s = data.get("streamsan", {})
+            text = fh.read()
+        try:
+            data.update(json.loads(text))
+        except ValueError:
+            at = text.find("\n{")
+            if at < 0:
+                raise
+            data.update(json.loads(text[at + 1:]))
+    return data
+
+
+def _streamsan_rows(data: dict, backend: str = "native") -> dict:
+    for key in (f"streamsan-{backend}", "streamsan"):
+        if key in data:
+            return data[key]
+    return next((v for k, v in data.items() if k.startswith("streamsan-")), {})
+
+
+def table(files: list[str], backend: str = "native") -> str:
+    data = load(files)
+    s = _streamsan_rows(data, backend)
     c = data.get("csan", {})
     w = data.get("widen", {})
     out = [
@@ -133,16 +157,168 @@ def table(files: list[str]) -> str:
     return "\n".join(out)
 
 
+# ----------------------------------------------------------------------------------------------
+# summary: what gpu_all.sh prints at the end
+
+
+def _verdict(r: dict) -> str:
+    if r is None:
+        return "?"
+    if not r.get("errors"):
+        return "clean"
+    kinds = ",".join(k.replace("data-race", "race").replace("reuse-race", "reuse").replace("unsafe-free", "free")
+                     for k in r["kinds"])
+    lines = ",".join(s.rsplit(":", 1)[-1] for s in r["sites"][:3])
+    return f"{kinds} @{lines}" + (" ok" if r.get("at_race_line") else " WRONG LINE")
+
+
+def _grid(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def suite_summary(data: dict, checks: list) -> str:
+    c = data.get("csan", {})
+    w = data.get("widen", {})
+    backends = [k[len("streamsan-"):] for k in data if k.startswith("streamsan-")]
+    for what, there in (("native recorder", "native" in backends), ("Python recorder", "python" in backends),
+                        ("CSAN", bool(c)), ("widened runs", bool(w))):
+        if not there:
+            checks.append((f"program suite: {what} measured", False))
+    names = list(next((data[f"streamsan-{b}"] for b in backends), {}) or w or c)
+    head = ["program"]
+    for b in backends:
+        head += [f"{b} buggy", f"{b} fixed"]
+    head += ["corrupted buggy", "fixed", "CSAN buggy", "fixed"]
+    rows = [head]
+    for name in names:
+        row = [name[:38]]
+        clean_program = False
+        for b in backends:
+            r = data[f"streamsan-{b}"].get(name, {})
+            clean_program = r.get("clean_program", clean_program)
+            row += [_verdict(r.get("buggy")), _verdict(r.get("fixed"))]
+            bug, fix = r.get("buggy") or {}, r.get("fixed") or {}
+            if clean_program:
+                checks.append((f"{b}: {name}: clean in both variants", not bug.get("errors") and not fix.get("errors")))
+            else:
+                checks.append((f"{b}: {name}: buggy reported at its # RACE line", bool(bug.get("errors")) and bool(bug.get("at_race_line"))))
+                checks.append((f"{b}: {name}: fixed clean", fix.get("errors") == 0))
+        wb, wf = w.get(name, {}).get("buggy", {}), w.get(name, {}).get("fixed", {})
+        row += [f"{wb.get('corrupted', '?')}/{wb.get('runs', '?')}", f"{wf.get('corrupted', '?')}/{wf.get('runs', '?')}"]
+        if wb and wf:
+            agree = wf["corrupted"] == 0 and ((wb["corrupted"] == 0) if clean_program else (wb["corrupted"] > 0))
+            checks.append((f"widened: {name}: corruption agrees with the verdict", agree))
+        cb, cf = c.get(name, {}).get("buggy"), c.get(name, {}).get("fixed")
+        csan = lambda r, bad: "?" if r is None else (("reported" if bad else "FALSE ALARM") if r.get("reported") else ("missed" if bad else "clean"))  # noqa: E731
+        row += [csan(cb, not clean_program), csan(cf, False)]
+        rows.append(row)
+    return _grid(rows)
+
+
+def overhead_summary(data: dict, checks: list) -> str:
+    table = data.get("table", {})
+    for wl in ("mlp", "streams"):
+        if "plain" not in table.get(wl, {}):
+            checks.append((f"overhead: {wl} measured", False))
+    rows = [["workload", "plain us", "native us", "x", "python us", "x", "CSAN us", "x"]]
+    for wl, r in table.items():
+        def cell(key):
+            v = r.get(key)
+            ratio = r.get(f"{key}_ratio")
+            return ("?" if v is None else f"{v:.1f}"), ("?" if ratio is None else f"{ratio:.2f}")
+
+        n, p, c = cell("streamsan-native"), cell("streamsan-python"), cell("csan")
+        rows.append([wl, f"{r['plain']:.1f}" if "plain" in r else "?", *n, *p, *c])
+        ratio = r.get("streamsan-native_ratio")
+        checks.append((f"overhead: {wl}: native recorder <= 2.0x plain ({ratio})", ratio is not None and ratio <= 2.0))
+    failed = [f"{x['mode']}/{x['workload']}/{x.get('backend', '')}" for x in data.get("runs", []) if "failed" in x]
+    out = _grid(rows)
+    if failed:
+        out += "\nfailed runs: " + ", ".join(failed)
+    return out
+
+
+def memory_summary(runs: list, checks: list) -> str:
+    rows = [["loop", "step", "RSS MiB", "peak MiB", "history", "generations", "graveyard", "live bufs", "ops", "s"]]
+    for m in runs:
+        label = "no sync" if not m.get("sync_every") else f"item/{m['sync_every']}"
+        for r in m.get("marks", []):
+            if r["step"] in (1000, 5000, 10000) or r is m["marks"][-1]:
+                rows.append([label, r["step"], r.get("rss_mib"), r.get("peak_rss_mib"), r.get("history"),
+                             r.get("generations"), r.get("graveyard"), r.get("recorder_live_device_buffers"),
+                             r.get("ops"), r.get("seconds")])
+        checks.append((f"memory ({label}, {m.get('backend')}): flat over {m.get('steps')} steps"
+                       + ("" if m.get("flat") else f" -- {m.get('why')}"), bool(m.get("flat"))))
+    return _grid(rows)
+
+
+def summary(a) -> int:
+    checks: list = []
+    parts = []
+    if a.pytest:
+        try:
+            with open(a.pytest) as f:
+                last = [line.strip() for line in f if line.strip()]
+            tail = next((line for line in reversed(last) if " in " in line and ("passed" in line or "failed" in line or "error" in line)), "?")
+        except OSError as e:
+            tail = f"no pytest output ({e})"
+        parts.append("pytest tests/python (STREAMSAN_REQUIRE_GPU=1): " + tail.strip("= "))
+        checks.append(("pytest: all Python tests pass on the GPU", "passed" in tail and "failed" not in tail and "error" not in tail))
+    if a.suite:
+        data = {}
+        for f in a.suite:
+            try:
+                data.update(load([f]))
+            except (OSError, ValueError) as e:
+                parts.append(f"{f}: unreadable ({e})")
+        parts.append("program suite (verdicts: kinds @lines; corrupted: widened runs with wrong data)\n" + suite_summary(data, checks))
+    if a.overhead:
+        try:
+            parts.append("overhead, median us per iteration\n" + overhead_summary(load([a.overhead]), checks))
+        except (OSError, ValueError) as e:
+            parts.append(f"overhead: unreadable ({e})")
+            checks.append(("overhead measured", False))
+    if a.memory:
+        runs = []
+        for f in a.memory:
+            try:
+                d = load([f])
+            except (OSError, ValueError) as e:
+                parts.append(f"{f}: unreadable ({e})")
+                d = {}
+            # one run, or several by name (gpu_all.sh's memory.json)
+            runs.extend([d] if "marks" in d else [v for v in d.values() if isinstance(v, dict) and "marks" in v])
+        if runs:
+            parts.append("memory of an online-checked MLP training loop\n" + memory_summary(runs, checks))
+        else:
+            checks.append(("memory measured", False))
+    parts.append("\n".join(f"[{'PASS' if ok else 'FAIL'}] {what}" for what, ok in checks))
+    print("\n\n".join(parts))
+    return 0 if checks and all(ok for _, ok in checks) else 1
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["streamsan", "csan", "widen", "table"])
+    p.add_argument("what", choices=["streamsan", "csan", "widen", "table", "summary"])
     p.add_argument("files", nargs="*")
     p.add_argument("--backend", default="auto")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--suite", nargs="*", default=[], help="summary: JSON files of streamsan/csan/widen")
+    p.add_argument("--overhead", help="summary: bench_overhead.py all's JSON")
+    p.add_argument("--memory", nargs="*", default=[], help="summary: bench_overhead.py memory's JSON files")
+    p.add_argument("--pytest", help="summary: pytest's output")
     a = p.parse_args()
     if a.what == "table":
-        print(table(a.files))
+        print(table(a.files, "native" if a.backend == "auto" else a.backend))
         return
+    if a.what == "summary":
+        sys.exit(summary(a))
     res = {"streamsan": lambda: run_streamsan(a.backend), "csan": run_csan, "widen": lambda: run_widen(a.runs)}[a.what]()
     print(json.dumps(res, indent=1))
 

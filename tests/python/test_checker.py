@@ -155,6 +155,28 @@ def test_hazard_error_message_is_the_text_report():
     assert isinstance(e, AssertionError)
 
 
+def test_hazard_error_header():
+    r = streamsan.check_trace(REUSE)
+    e = streamsan.HazardError(r, header="streamsan.torch: rank 1 of 2, pid 7")
+    assert str(e) == "streamsan.torch: rank 1 of 2, pid 7\n" + r.to_text() and e.header.endswith("pid 7")
+
+
+def test_stats_follow_what_the_checker_keeps():
+    c = streamsan.Checker(explain=False)
+    assert c.stats()["ops"] == 0
+    c.push({"op": "alloc", "buffer": "a", "bytes": 4096, "stream": "s1", "addr": 4096})
+    c.push({"op": "launch", "stream": "s1", "writes": ["a"]})
+    c.push({"op": "launch", "stream": "s2", "reads": ["a"]})
+    s = c.stats()
+    assert set(s) >= {"ops", "participants", "generations", "graveyard", "history", "hazards"}
+    assert (s["ops"], s["generations"], s["hazards"]) == (3, 1, 1)
+    assert s["history"] >= 2 and s["participants"] >= 3
+    c.push({"op": "free", "buffer": "a"})
+    assert c.stats()["graveyard"] == 1
+    c.finish()
+    assert c.stats() == {}
+
+
 def test_the_command(tmp_path):
     out = cli("--version")
     assert out.returncode == 0 and out.stdout.startswith("streamsan ")

@@ -1,5 +1,6 @@
 """The program suite on a GPU: every buggy variant is reported at its `# RACE` line and every
-fixed one is clean; widened, the buggy variants corrupt data and the fixed ones never do."""
+fixed one is clean, by both recorders (STREAMSAN_TEST_BACKEND=native or python: one of them);
+widened, the buggy variants corrupt data and the fixed ones never do."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-BACKENDS = [os.environ.get("STREAMSAN_TEST_BACKEND", "auto")]
+BACKENDS = [b for b in os.environ.get("STREAMSAN_TEST_BACKEND", "native,python").split(",") if b]
 
 
 def _programs():
@@ -44,6 +45,7 @@ def test_verdicts(gpu, name, backend):
     lines = programs.race_lines(fn)
     with streamsan.torch.check(raise_on_hazard=False, backend=backend) as fixed:
         assert fn(True, False)
+    assert fixed.backend == backend
     assert fixed.report.errors == 0, fixed.report.to_text()
     with streamsan.torch.check(raise_on_hazard=False, backend=backend) as buggy:
         fn(False, False)
@@ -73,38 +75,42 @@ def test_widened_runs_corrupt_only_the_buggy_variant(gpu, name):
         assert buggy_bad > 0
 
 
-def test_check_raises_hazard_error(gpu):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_check_raises_hazard_error(gpu, backend):
     import streamsan
     import streamsan.torch
 
     programs = _programs()
     with pytest.raises(streamsan.HazardError) as e:
-        with streamsan.torch.check():
+        with streamsan.torch.check(backend=backend):
             programs.side_stream_without_wait(False, False)
     assert "data-race" in str(e.value) and "programs.py" in str(e.value)
 
 
-def test_trace_file_rechecks_the_same(gpu, tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_trace_file_rechecks_the_same(gpu, tmp_path, backend):
     import streamsan
     import streamsan.torch
 
     programs = _programs()
     path = tmp_path / "run.jsonl"
-    with streamsan.torch.check(raise_on_hazard=False, trace=path) as run:
+    with streamsan.torch.check(raise_on_hazard=False, trace=path, backend=backend) as run:
         programs.free_without_record_stream(False, False)
+    assert run.backend == backend
     again = streamsan.check_trace(path)
     assert again.hazards == run.report.hazards and again.errors > 0
     path2 = tmp_path / "rec.jsonl"
-    with streamsan.torch.record(path2):
+    with streamsan.torch.record(path2, backend=backend):
         programs.free_without_record_stream(False, False)
     assert streamsan.check_trace(path2).errors > 0
 
 
-def test_events_queries_and_syncs_order_work(gpu):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_events_queries_and_syncs_order_work(gpu, backend):
     import streamsan.torch
 
     torch = gpu
-    with streamsan.torch.check() as run:
+    with streamsan.torch.check(backend=backend) as run:
         side = torch.cuda.Stream()
         x = torch.ones(1 << 16, device="cuda")
         ev = torch.cuda.Event(enable_timing=True)

@@ -46,6 +46,25 @@ class Fake:
     def wait(self, raw: int, event: int):
         self.b.host_op('{"op":"event_wait","stream":%s,"event":"e%d"' % (self.b.stream_id(raw, 0), event))
 
+    def sync(self, event: int):
+        self.b.host_op('{"op":"event_sync","event":"e%d"' % event)
+
+    def pinned(self, n: int):
+        """A CPU tensor standing for pinned host memory (allocated here)."""
+        import torch
+
+        b = self.b
+        if b.name == "native":
+            b.ext.set_active(False)
+            t = torch.ones(n)
+            b.ext.set_active(True)
+        else:
+            b.rec.on = False
+            t = torch.ones(n)
+            b.rec.on = True
+        b.fake_pin(t)
+        return t
+
 
 def checked(backend, body, trace=None):
     import streamsan.torch
@@ -154,6 +173,139 @@ def test_nested_ops_are_written_once(backend, tmp_path):
     assert all("test_recorder_cpu.py" in o["site"] for o in ops if o.get("site"))
 
 
+def test_copy_from_pinned_memory_runs_on_the_current_stream(backend):
+    # A prefetcher: a non_blocking copy of a pinned batch into a new device tensor on the loader
+    # stream (its only device tensor is its output), used on the default stream without a wait.
+    import torch
+
+    def body(f):
+        f.stream(0)
+        host = f.pinned(1024)
+        f.stream(1, "loader")
+        dev = host.to(torch.float64, non_blocking=True)
+        made = torch.full((256,), 2.0)  # an op without inputs, on the loader stream too
+        f.stream(0)
+        dev.mul_(2)  # PREFETCH
+        made.add_(1)  # MADE
+
+    run = checked(backend, body)
+    assert sites(run) == {("data-race", line_of("PREFETCH")), ("data-race", line_of("MADE"))}
+    for h in run.report.hazards:
+        assert h["conflicts"][-1]["participant"] == "loader"
+
+
+def test_copy_from_pinned_memory_waited_for(backend):
+    import torch
+
+    def body(f):
+        f.stream(0)
+        host = f.pinned(1024)
+        f.stream(1, "loader")
+        dev = host.to(torch.float64, non_blocking=True)
+        f.record(1, 1)
+        f.stream(0)
+        f.wait(0, 1)
+        dev.mul_(2)
+
+    assert checked(backend, body).report.errors == 0
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_pinned_staging_buffer_overwritten(backend, fixed):
+    # The host refills a pinned staging buffer while the copy of its previous contents, on a
+    # copy stream, may still read it; the fix waits for the copy's event first.
+    import torch
+
+    def body(f):
+        f.stream(0)
+        staging = f.pinned(1024)
+        f.stream(1, "copier")
+        dst = torch.zeros(1024)
+        dst.copy_(staging, non_blocking=True)
+        f.record(1, 1)
+        f.stream(0)
+        if fixed:
+            f.sync(1)
+        staging.fill_(2.0)  # REFILL
+
+    run = checked(backend, body)
+    if fixed:
+        assert run.report.errors == 0, run.report.to_text()
+    else:
+        assert sites(run) == {("data-race", line_of("REFILL"))}
+        h = run.report.hazards[0]
+        assert h["access"]["participant"] == "host" and h["conflicts"][-1]["participant"] == "copier"
+
+
+def test_buffer_names_are_reused_late(backend, tmp_path):
+    # A long loop allocates a new buffer each step; a freed buffer's name comes back only after
+    # NAME_DELAY other frees, so the checker's table of names stays bounded.
+    import json
+
+    import torch
+
+    from streamsan.torch._recorder import NAME_DELAY
+
+    path = tmp_path / "t.jsonl"
+    steps = NAME_DELAY + 600
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(1024)
+        base = 1 << 40  # far from the CPU tensors
+        for i in range(steps):
+            # the allocator's tracker: a temporary of each step, freed at the next
+            f.b.fake_trace(True, base + (i % 2) * 4096, 4096, 0)
+            x.mul_(x)
+            if i:
+                f.b.fake_trace(False, base + ((i - 1) % 2) * 4096, 0, 0)
+
+    run = checked(backend, body, trace=path)
+    assert run.report.errors == 0
+    live: set[str] = set()
+    freed: list[str] = []
+    names = set()
+    traced = set()  # the names of the tracker's allocations
+    for line in path.read_text().splitlines():
+        op = json.loads(line)
+        if op["op"] == "alloc":
+            b = op["buffer"]
+            assert b not in live
+            if b in names:
+                # given again only after more than NAME_DELAY other frees
+                assert len(freed) - 1 - freed.index(b) >= NAME_DELAY
+                freed.remove(b)
+            names.add(b)
+            live.add(b)
+            if op.get("addr", 0) >= 1 << 40:
+                traced.add(b)
+        elif op["op"] == "free":
+            live.discard(op["buffer"])
+            freed.append(op["buffer"])
+    # steps - 1 frees: all but about NAME_DELAY of the allocations took a name given before
+    assert len(traced) <= NAME_DELAY + 4 < steps - 500
+
+
+def test_stats_during_a_check(backend):
+    import torch
+
+    import streamsan.torch
+
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+    with run:
+        f = Fake(run)
+        f.stream(0)
+        x = torch.ones(256)
+        x.add_(1)
+        during = run.stats()
+    assert {"ops", "history", "generations", "graveyard", "participants", "hazards"} <= set(during)
+    assert during["recorder_live_device_buffers"] >= 1 and during["recorder_live_pinned_buffers"] == 0
+    after = run.stats()
+    assert "history" not in after and "recorder_live_device_buffers" in after
+    assert run.report.ops >= 2
+    del x
+
+
 def test_hazard_error_and_report(backend):
     import torch
 
@@ -259,7 +411,16 @@ def test_pytest_plugin(backend, tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *a], capture_output=True, text=True, env=env, cwd=tmp_path)  # noqa: E731
     out = run()
     # test_plain passes (not checked), test_marked fails, test_fixture fails at teardown.
-    assert "1 failed, 2 passed, 1 error" in out.stdout, out.stdout
+    assert outcomes(out.stdout) == {"failed": 1, "passed": 2, "error": 1}, out.stdout
     assert "HazardError" in out.stdout and "data-race" in out.stdout
     out = run("--streamsan")
-    assert "2 failed" in out.stdout, out.stdout
+    assert outcomes(out.stdout)["failed"] == 2, out.stdout
+
+
+def outcomes(stdout: str) -> dict:
+    """pytest's final counts (warnings left out)."""
+    import re
+
+    last = [line for line in stdout.splitlines() if line.strip()][-1]
+    counts = {k.rstrip("s"): int(n) for n, k in re.findall(r"(\d+) (failed|passed|errors?|skipped)", last)}
+    return counts

@@ -411,6 +411,23 @@ impl Checker {
         self.new_hazards(py, 0)
     }
 
+    /// Counters of the checker's state (what it keeps in memory): `ops`, `participants`,
+    /// `generations`, `graveyard`, `history` (access entries kept) and `hazards`. Empty once
+    /// finished. For memory measurements of long runs.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        if let Some(c) = self.checker.as_ref() {
+            let s = c.stats();
+            d.set_item("ops", s.ops)?;
+            d.set_item("participants", s.participants)?;
+            d.set_item("generations", s.generations)?;
+            d.set_item("graveyard", s.graveyard)?;
+            d.set_item("history", s.history)?;
+            d.set_item("hazards", s.hazards)?;
+        }
+        Ok(d)
+    }
+
     /// Whether `finish` was called.
     #[getter]
     fn finished(&self) -> bool {

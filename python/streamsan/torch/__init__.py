@@ -13,6 +13,7 @@
 
     python -m streamsan.torch train.py ARGS…   # a whole script; exit status 1 on hazards
     pytest --streamsan                         # every test under check()
+    torchrun --nproc-per-node=4 -m streamsan.torch train.py   # one report per rank
 
 What is recorded: every aten op's reads and writes as regions of their allocations, on the stream
 current for it (the autograd engine's threads too); allocations and frees with their real
@@ -20,6 +21,10 @@ address, size and stream; record_stream; events, waits, queries and syncs; host 
 tensors (`.item()`, `.cpu()`, `print`) as the copy plus the synchronization they are; pinned host
 memory and `non_blocking` copies; collectives of torch.distributed. See docs/pytorch.md for what
 is not seen. `torch` is imported when a check starts, not before.
+
+Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set, more than one process) each rank checks its
+own streams and has its own report: `trace=` paths and report files get the rank (`{rank}` in the
+path, or `.rankN` before the extension), and reports and `HazardError` name it.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import os
 from typing import Any, Optional, Union
 
 from .. import Checker, HazardError, Report
+from ._rank import Rank
 
-__all__ = ["Run", "check", "note_host_read", "note_host_write", "record"]
+__all__ = ["Rank", "Run", "check", "note_host_read", "note_host_write", "record"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -42,6 +48,9 @@ class Run:
     ops (in `trace`, or a temporary file) to explain hazards (`why:`) and draw the report.
     `backend`: "auto" (the C++ recorder when it can be built, else Python), "native" or
     "python" (also set by STREAMSAN_TORCH_BACKEND). `check=False` only writes the trace.
+
+    Under torchrun, `rank` is this process's `Rank` (else None) and `trace` is this rank's path
+    (see `streamsan.torch._rank.path_for`), set when the check starts.
     """
 
     def __init__(
@@ -56,13 +65,15 @@ class Run:
         if not check and trace is None:
             raise ValueError("record() needs a trace path")
         self.raise_on_hazard = raise_on_hazard
-        self.trace = os.fspath(trace) if trace is not None else None
+        self._trace_given = os.fspath(trace) if trace is not None else None
+        self.trace = self._trace_given
         self.explain = explain
         self.backend_choice = backend
         self.checking = check
         # For streamsan's own tests: CPU tensors stand for device memory.
         self.fake_device = _fake_device or os.environ.get("STREAMSAN_TORCH_FAKE_DEVICE") == "1"
         self.report: Optional[Report] = None
+        self.rank: Optional[Rank] = None
         self.hazards: list[dict[str, Any]] = []
         self._checker: Optional[Checker] = None
         self._file = None
@@ -79,11 +90,37 @@ class Run:
         else:
             self._file.write(data)
 
+    @property
+    def header(self) -> Optional[str]:
+        """What the report is of, for a rank of a distributed run (None for a single process)."""
+        if self.rank is None:
+            return None
+        return f"streamsan.torch: {self.rank}, pid {os.getpid()}"
+
+    def stats(self) -> dict[str, Any]:
+        """What the check holds now: the checker's counters (`history`: access entries kept,
+        `generations`, `graveyard`, `participants`, `ops`, `hazards`), and the recorder's
+        (`recorder_live_device_buffers`, `recorder_live_pinned_buffers`, …). For memory
+        measurements of long runs: ops still in the recorder's batch are not counted yet."""
+        out: dict[str, Any] = {}
+        if self._checker is not None and not self._checker.finished:
+            out.update(self._checker.stats())
+        if self._recorder is not None:
+            out.update({f"recorder_{k}": v for k, v in self._recorder.backend.counters.items()})
+        return out
+
     def __enter__(self) -> "Run":
+        from . import _rank
         from ._recorder import Recorder
 
+        self.rank = _rank.current()
+        if self._trace_given is not None:
+            self.trace = _rank.path_for(self._trace_given, self.rank)
         if self.checking:
-            self._checker = Checker(trace=self.trace, explain=self.explain, name=self.trace or "<streamsan.torch>")
+            name = self.trace or (
+                "<streamsan.torch>" if self.rank is None else f"<streamsan.torch rank {self.rank.rank}>"
+            )
+            self._checker = Checker(trace=self.trace, explain=self.explain, name=name)
         else:
             self._file = open(self.trace, "wb")
         try:
@@ -109,7 +146,7 @@ class Run:
             and self.report is not None
             and self.report.errors
         ):
-            raise HazardError(self.report)
+            raise HazardError(self.report, header=self.header)
 
 
 def check(

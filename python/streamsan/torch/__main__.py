@@ -2,6 +2,11 @@
 
 Prints the report to standard error and exits 1 when the script had hazards (2 on bad usage), or
 with the script's own status when it failed; like `python -m cProfile`.
+
+Under torchrun (`torchrun --nproc-per-node=N -m streamsan.torch script.py`) every rank checks
+itself: `--trace` and `-o` paths get the rank (`{rank}` in the path, or `.rankN` before the
+extension), and a report written to standard error starts with a line naming its rank and is
+written at once, not interleaved with the other ranks' lines.
 """
 
 from __future__ import annotations
@@ -12,22 +17,35 @@ import runpy
 import sys
 
 
+def _write_at_once(text: str) -> None:
+    """Writes to standard error in one go: the ranks of a distributed run share the terminal."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor
+        sys.stderr.write(text)
+        return
+    sys.stderr.flush()
+    data = text.encode(sys.stderr.encoding or "utf-8", errors="replace")
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m streamsan.torch",
         description="Run a PyTorch script and check its streams, events and allocations as it runs.",
     )
-    p.add_argument("--trace", help="also write the trace (format v1) to this file")
+    p.add_argument("--trace", help="also write the trace (format v1) to this file (per rank under torchrun)")
     p.add_argument("--backend", default="auto", choices=["auto", "native", "python"])
     p.add_argument("--format", default="text", choices=["text", "json", "sarif", "html"],
                    help="report format (default text)")
-    p.add_argument("-o", "--output", help="write the report here instead of standard error")
+    p.add_argument("-o", "--output", help="write the report here instead of standard error (per rank under torchrun)")
     p.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m")
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
 
-    from . import check
+    from . import _rank, check
 
     sys.argv = [a.script, *a.args]
     run = check(raise_on_hazard=False, trace=a.trace, backend=a.backend)
@@ -45,14 +63,16 @@ def main(argv=None) -> int:
     text = {
         "text": lambda: report.to_text(color=a.output is None and sys.stderr.isatty()),
         "json": report.to_json,
-        "sarif": lambda: report.to_sarif(trace=a.trace),
+        "sarif": lambda: report.to_sarif(trace=run.trace),
         "html": report.to_html,
     }[a.format]()
     if a.output:
-        with open(a.output, "w") as f:
+        with open(_rank.path_for(a.output, run.rank), "w") as f:
             f.write(text)
     else:
-        sys.stderr.write(text)
+        if run.header is not None and a.format == "text":
+            text = f"{run.header}\n{text}"
+        _write_at_once(text)
     if status:
         return status
     return 1 if report.errors else 0

@@ -37,12 +37,32 @@ def _cuda_includes() -> list[str]:
             out.append(os.path.join(CUDA_HOME, "include"))
     except Exception:
         pass
-    for root in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+    roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    try:
+        import torch
+
+        roots.add(os.path.dirname(os.path.dirname(os.path.abspath(torch.__file__))))
+    except Exception:
+        pass
+    for root in sorted(roots):
         for h in glob.glob(os.path.join(root, "nvidia", "*", "include", "cuda_runtime_api.h")):
             out.append(os.path.dirname(h))
         for h in glob.glob(os.path.join(root, "nvidia", "cuda_runtime", "include", "cuda_runtime_api.h")):
             out.append(os.path.dirname(h))
-    return out
+    return list(dict.fromkeys(out))
+
+
+def _ninja_on_path() -> None:
+    """torch builds with the `ninja` on PATH: a virtual environment's own (pip install ninja)
+    is there only when the environment is activated, so its scripts folder is added."""
+    import shutil
+
+    if shutil.which("ninja"):
+        return
+    for d in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
+        if d and os.access(os.path.join(d, "ninja"), os.X_OK):
+            os.environ["PATH"] = d + os.pathsep + os.environ.get("PATH", "")
+            return
 
 
 def build_dir() -> str:
@@ -75,6 +95,7 @@ def load(verbose: bool = False):
             from torch.utils import cpp_extension
 
             lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+            _ninja_on_path()
             mod = cpp_extension.load(
                 name=_name(),
                 sources=[SOURCE],

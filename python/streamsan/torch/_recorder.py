@@ -17,6 +17,7 @@ file, or both.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -26,6 +27,11 @@ import weakref
 from typing import Any, Callable, Optional
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A freed buffer's name is given to a new buffer only after this many other frees: reports of a
+# run name distinct buffers, and the checker's table of names stays bounded (as in the C++
+# recorder).
+NAME_DELAY = 4096
 
 # The recorder that is on, if any (one at a time in a process).
 _active: Optional["Recorder"] = None
@@ -170,9 +176,19 @@ class PythonBackend:
         self.pending_allocs: dict[int, tuple[int, int, Optional[str]]] = {}  # ptr -> (stream, dev, site)
         self.streams: dict[int, str] = {}
         self.next_buf = 0
+        self.spare_names = {False: collections.deque(), True: collections.deque()}  # by pinned
+        self.fake_pinned: set[int] = set()  # tests: CPU storages standing for pinned memory
         self.local = threading.local()
-        self.counters = {"external_accesses": 0, "bad_regions": 0}
+        self.counts = {"external_accesses": 0, "bad_regions": 0}
         self.mode = None
+
+    @property
+    def counters(self) -> dict:
+        return dict(
+            self.counts,
+            live_device_buffers=len(self.device_bufs),
+            live_pinned_buffers=len(self.pinned_bufs),
+        )
 
     # -- plumbing shared with the native backend's interface
     def frames(self) -> list:
@@ -267,6 +283,8 @@ class PythonBackend:
             return None
         if base == 0:
             return None
+        if self.fake_device and base in self.fake_pinned:
+            device = False
         extent = 1
         for n, s in zip(t.shape, t.stride()):
             if s < 0:
@@ -282,14 +300,26 @@ class PythonBackend:
         a.storage_bytes = st.nbytes()
         return a
 
+    def free_buf(self, base: int, pinned: bool, site: str) -> None:
+        """Writes the free of a live buffer and forgets it; its name waits to be given again."""
+        name, _ = (self.pinned_bufs if pinned else self.device_bufs).pop(base)
+        self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
+        self.spare_names[pinned].append(name)
+
+    def new_name(self, pinned: bool) -> str:
+        """A fresh name, or one freed more than NAME_DELAY frees ago."""
+        spare = self.spare_names[pinned]
+        if len(spare) > NAME_DELAY:
+            return spare.popleft()
+        self.next_buf += 1
+        return _q(("h" if pinned else "d") + str(self.next_buf))
+
     def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str) -> str:
         bufs = self.pinned_bufs if pinned else self.device_bufs
         for base, (name, n) in list(bufs.items()):
             if base < addr + size and addr < base + max(n, 1):
-                self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
-                del bufs[base]
-        self.next_buf += 1
-        name = _q(("h" if pinned else "d") + str(self.next_buf))
+                self.free_buf(base, pinned, site)
+        name = self.new_name(pinned)
         mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
         self.batch.append(
             '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, addr, _site(site))
@@ -314,11 +344,11 @@ class PythonBackend:
             if not a.device:
                 return False
             a.name = _q(f"ext {a.base:#x}")
-            self.counters["external_accesses"] += 1
+            self.counts["external_accesses"] += 1
             return True
         name, n = hit
         if a.offset + a.bytes > n:
-            self.counters["bad_regions"] += 1
+            self.counts["bad_regions"] += 1
             if a.offset >= n:
                 return False
             a.bytes = n - a.offset
@@ -341,9 +371,27 @@ class PythonBackend:
     def on_free(self, ptr: int) -> None:
         with self.mu:
             self.pending_allocs.pop(ptr, None)
-            hit = self.device_bufs.pop(ptr, None)
-            if hit is not None:
-                self.batch.append('{"op":"free","buffer":%s%s' % (hit[0], _site(self.sites.quoted(3))))
+            if ptr in self.device_bufs:
+                self.free_buf(ptr, False, self.sites.quoted(3))
+
+    def fake_trace(self, alloc: bool, addr: int, size: int, stream: int) -> None:
+        """Tests: an allocation or a free of the caching allocator (its exact size and stream)."""
+        if not self.fake_device:
+            return
+        with self.mu:
+            if alloc:
+                self.new_alloc(addr, size, False, self.stream_id(stream, 0), "null")
+            elif addr in self.device_bufs:
+                self.free_buf(addr, False, "null")
+
+    def fake_pin(self, t) -> None:
+        """Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned
+        block allocated now."""
+        base = t.untyped_storage().data_ptr()
+        with self.mu:
+            self.fake_pinned.add(base)
+            if base not in self.pinned_bufs:
+                self.new_alloc(base, t.untyped_storage().nbytes(), True, "null", self.sites.quoted(3))
 
     # -- ops
     def info(self, func) -> _OpInfo:
@@ -390,7 +438,7 @@ class PythonBackend:
             if i < len(args):
                 non_blocking = bool(args[i])
         torch = self.torch
-        stream = 0
+        stream = None  # the op's stream, once known
         if info.kind == "record_stream":
             s = args[1] if len(args) > 1 else kwargs.get("s")
             stream = getattr(s, "cuda_stream", None) if s is not None else 0
@@ -399,7 +447,7 @@ class PythonBackend:
                     stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
                 ).cuda_stream
         elif frame["any_device"]:
-            stream = self.fake_stream if self.fake_device else torch._C._cuda_getCurrentRawStream(frame["device"])
+            stream = self.current_stream(frame["device"])
         site = self.sites.quoted(4)
         frames = self.frames()
         pending: list[str] = []
@@ -411,6 +459,10 @@ class PythonBackend:
         outs: list[_Access] = []
         if info.kind != "record_stream":
             self.collect(out, True, outs, frame)
+        if stream is None:
+            # Device memory only among the outputs (a factory, a copy from pinned memory to a new
+            # device tensor): the op ran on the stream current now.
+            stream = self.current_stream(frame["device"]) if frame["any_device"] else 0
         with self.mu:
             lines = self.batch
             sid = self.stream_id(stream, frame["device"])
@@ -475,6 +527,11 @@ class PythonBackend:
             self._maybe_flush()
         return out
 
+    def current_stream(self, device: int) -> int:
+        if self.fake_device:
+            return self.fake_stream
+        return self.torch._C._cuda_getCurrentRawStream(device)
+
     def _maybe_flush(self) -> None:
         if len(self.batch) >= self.threshold:
             self.flush()
@@ -527,6 +584,8 @@ class NativeBackend:
         self.name_stream = self.ext.name_stream
         self.stream_id = self.ext.stream_id
         self.drain = self.ext.drain
+        self.fake_pin = self.ext.fake_pin
+        self.fake_trace = self.ext.fake_trace
         self.on_alloc = None
         self.on_free = None
 
@@ -690,7 +749,7 @@ def _install_patches(rec: "Recorder") -> _Patches:
         def make_new(orig):
             def __new__(cls, *args, **kwargs):
                 s = orig(cls, *args, **kwargs)
-                if on():
+                if on() and "stream_id" not in kwargs:  # not a wrapper of an existing stream
                     site = rec.sites.site(2) or "stream"
                     name = rec.unique_stream_name(site)
                     b.name_stream(s.cuda_stream, name)

@@ -31,10 +31,12 @@
 
 #include <atomic>
 #include <charconv>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace py = pybind11;
@@ -135,7 +137,12 @@ struct Frame {
   std::string site = "null";  // quoted, or null
   c10::DeviceIndex device = 0;
   uint64_t stream = 0;
+  bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
 };
+
+// A freed buffer's name is given to a new buffer only after this many other frees: reports of
+// a run name distinct buffers, and the checker's table of names stays bounded.
+constexpr size_t kNameDelay = 4096;
 
 struct State {
   std::mutex mu;
@@ -143,9 +150,13 @@ struct State {
   std::atomic<bool> active{false};
   bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
   uint64_t fake_stream = 0;
+  std::unordered_set<uint64_t> fake_pinned;  // tests: CPU storages standing for pinned memory
   size_t threshold = 1 << 18;
   py::object sink;  // called with the batch (bytes) when it passes the threshold
   uint64_t next_buf = 0;
+  // Names of freed buffers, oldest first (device, pinned): reused once more than kNameDelay
+  // were freed, so that a long run's checker keeps a bounded set of names.
+  std::deque<std::string> spare_names[2];
   std::map<uint64_t, Buf> device_bufs;  // by address
   std::map<uint64_t, Buf> pinned_bufs;
   std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
@@ -281,7 +292,7 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   if (!cuda) {
     if (!t.is_cpu()) return false;
     if (S->fake_device) {
-      device = true;
+      device = S->fake_pinned.count(reinterpret_cast<uint64_t>(st.data())) == 0;
     } else {
       // Pinned memory: the host allocator's deleter.
       if (!S->pinned_deleter || st.data_ptr().get_deleter() != S->pinned_deleter) return false;
@@ -452,6 +463,27 @@ bool resolve(Access& a) {
   return true;
 }
 
+// Writes the free of a live buffer and forgets it; its name waits to be given again.
+void free_buf(std::map<uint64_t, Buf>& bufs, std::map<uint64_t, Buf>::iterator it,
+              const std::string& site) {
+  S->batch += "{\"op\":\"free\",\"buffer\":";
+  S->batch += it->second.name;
+  put_site(S->batch, site);
+  S->spare_names[it->second.mem == Mem::Device ? 0 : 1].push_back(std::move(it->second.name));
+  bufs.erase(it);
+}
+
+// A name for a new buffer: a fresh one, or one freed more than kNameDelay frees ago.
+std::string new_name(Mem mem) {
+  auto& spare = S->spare_names[mem == Mem::Device ? 0 : 1];
+  if (spare.size() > kNameDelay) {
+    std::string name = std::move(spare.front());
+    spare.pop_front();
+    return name;
+  }
+  return jstr((mem == Mem::Device ? "d" : "h") + std::to_string(++S->next_buf));
+}
+
 void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
                const std::string& site) {
   auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
@@ -468,13 +500,10 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
       }
     }
     if (!old) break;
-    S->batch += "{\"op\":\"free\",\"buffer\":";
-    S->batch += old->name;
-    put_site(S->batch, site);
-    bufs.erase(base);
+    free_buf(bufs, bufs.find(base), site);
   }
   Buf b;
-  b.name = jstr((mem == Mem::Device ? "d" : "h") + std::to_string(++S->next_buf));
+  b.name = new_name(mem);
   b.size = size;
   b.mem = mem;
   S->batch += "{\"op\":\"alloc\",\"buffer\":";
@@ -515,6 +544,12 @@ void maybe_flush() {
 // ---------------------------------------------------------------------------------------------
 // The RecordFunction callbacks
 
+// The raw handle of the stream current on this thread for `device`.
+uint64_t current_stream(c10::DeviceIndex device) {
+  if (S->fake_device) return S->fake_stream;
+  return reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(device).stream());
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   frames.emplace_back();
   Frame& fr = frames.back();
@@ -540,13 +575,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         fr.device = s.device_index();
       }
     }
+    fr.stream_set = true;
   } else if (fr.any_device) {
-    fr.stream = S->fake_device
-                    ? S->fake_stream
-                    : reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(fr.device).stream());
+    fr.stream = current_stream(fr.device);
+    fr.stream_set = true;
   } else if (info.factory) {
     // A factory's output decides: pinned memory (found at the end) or device memory (traced).
-    if (S->fake_device) fr.stream = S->fake_stream;
+    if (S->fake_device) {
+      fr.stream = S->fake_stream;
+      fr.stream_set = true;
+    }
   } else if (fr.accesses.empty() && !(S->fake_device && info.fresh_returns) && !info.pins) {
     return nullptr;
   }
@@ -607,6 +645,12 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   std::vector<Access> outs;
   if (info.kind != Kind::RecordStream) {
     for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
+  }
+  if (fr.any_device && !fr.stream_set && !info.factory) {
+    // Device memory only among the outputs (a copy from pinned memory to a new device tensor):
+    // the op ran on the stream current now. (A factory's device memory comes from the tracker.)
+    fr.stream = current_stream(fr.device);
+    fr.stream_set = true;
   }
   if (fr.accesses.empty() && outs.empty()) {
     pass_pending(fr, parent);
@@ -735,23 +779,25 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // ---------------------------------------------------------------------------------------------
 // The allocator's trace tracker (allocator lock held: no GIL here)
 
+// An allocation or a free of the caching allocator; `mu` held.
+void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device) {
+  if (alloc) {
+    if (size == 0) return;
+    std::string name = stream_name(stream, device);
+    new_alloc(addr, size, Mem::Device, name, cur_site);
+  } else {
+    auto it = S->device_bufs.find(addr);
+    if (it == S->device_bufs.end()) return;  // allocated before the check began
+    free_buf(S->device_bufs, it, cur_site);
+  }
+}
+
 void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
   if (!S->active.load(std::memory_order_relaxed)) return;
   if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
   std::lock_guard<std::mutex> g(S->mu);
-  if (e.action_ == A::ALLOC) {
-    if (e.size_ == 0) return;
-    std::string stream = stream_name(reinterpret_cast<uint64_t>(e.stream_), e.device_);
-    new_alloc(e.addr_, e.size_, Mem::Device, stream, cur_site);
-  } else {
-    auto it = S->device_bufs.find(e.addr_);
-    if (it == S->device_bufs.end()) return;  // allocated before the check began
-    S->batch += "{\"op\":\"free\",\"buffer\":";
-    S->batch += it->second.name;
-    put_site(S->batch, cur_site);
-    S->device_bufs.erase(it);
-  }
+  traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -808,6 +854,9 @@ void reset() {
   S->pinned_bufs.clear();
   S->stream_names.clear();
   S->next_buf = 0;
+  S->spare_names[0].clear();
+  S->spare_names[1].clear();
+  S->fake_pinned.clear();
   S->last_site = "null";
   S->external_accesses = S->foreign_threads = S->bad_regions = 0;
 }
@@ -832,6 +881,24 @@ std::string stream_id(uint64_t raw, int device) {
 }
 
 void set_fake_stream(uint64_t raw) { S->fake_stream = raw; }
+
+// Tests: an allocation (`alloc`) or a free of the caching allocator, as its tracker reports them.
+void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream) {
+  if (!S->fake_device) return;
+  std::lock_guard<std::mutex> g(S->mu);
+  traced(alloc, addr, size, stream, 0);
+}
+
+// Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned block
+// allocated now.
+void fake_pin(const at::Tensor& t) {
+  if (!S->fake_device || !t.has_storage() || !t.storage().data()) return;
+  uint64_t base = reinterpret_cast<uint64_t>(t.storage().data());
+  std::string site = user_site();
+  std::lock_guard<std::mutex> g(S->mu);
+  S->fake_pinned.insert(base);
+  if (!S->pinned_bufs.count(base)) new_alloc(base, t.storage().nbytes(), Mem::Pinned, "null", site);
+}
 
 // A host-side op (an event or sync) as a JSON line without its closing brace; the site is added
 // here. Inside an op it is written after the op's own work.
@@ -894,6 +961,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("name_stream", &name_stream);
   m.def("stream_id", &stream_id);
   m.def("set_fake_stream", &set_fake_stream);
+  m.def("fake_pin", &fake_pin);
+  m.def("fake_trace", &fake_trace);
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);

@@ -1,0 +1,129 @@
+"""What gpu_all.sh concludes from its measurements (gpu_report.py summary, bench_overhead.flat),
+on made-up results: a criterion that does not hold is a FAIL line and a failing exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import bench_overhead
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def verdict(errors, kinds=(), sites=(), at_line=False):
+    return {"errors": errors, "kinds": list(kinds), "sites": list(sites), "at_race_line": at_line}
+
+
+def suite(python_line_ok=True):
+    rows = {
+        "side stream without wait": {
+            "buggy": verdict(1, ["data-race"], ["programs.py:30"], True),
+            "fixed": verdict(0),
+            "race_lines": [30],
+            "clean_program": False,
+        },
+        "disjoint views of one buffer": {
+            "buggy": verdict(0),
+            "fixed": verdict(0),
+            "race_lines": [],
+            "clean_program": True,
+        },
+    }
+    python = json.loads(json.dumps(rows))
+    if not python_line_ok:
+        python["side stream without wait"]["buggy"] = verdict(1, ["data-race"], ["programs.py:26"], False)
+    return {
+        "streamsan-native": rows,
+        "streamsan-python": python,
+        "csan": {
+            "side stream without wait": {"buggy": {"reported": True}, "fixed": {"reported": False}},
+            "disjoint views of one buffer": {"buggy": {"reported": False}, "fixed": {"reported": False}},
+        },
+        "widen": {
+            "side stream without wait": {"buggy": {"corrupted": 4, "runs": 5}, "fixed": {"corrupted": 0, "runs": 5}},
+            "disjoint views of one buffer": {"buggy": {"corrupted": 0, "runs": 5}, "fixed": {"corrupted": 0, "runs": 5}},
+        },
+    }
+
+
+def overhead(mlp_native=2000.0):
+    table = {
+        "mlp": {"plain": 1300.0, "streamsan-native": mlp_native, "streamsan-python": 9000.0, "csan": 7800.0},
+        "streams": {"plain": 60.0, "streamsan-native": 98.0, "streamsan-python": 400.0, "csan": 250.0},
+    }
+    for row in table.values():
+        row.update({f"{k}_ratio": round(v / row["plain"], 2) for k, v in list(row.items()) if k != "plain"})
+    return {"runs": [], "table": table}
+
+
+def marks(rss, history):
+    return [{"step": s, "rss_mib": r, "peak_rss_mib": r, "history": h, "generations": 10, "graveyard": 5,
+             "recorder_live_device_buffers": 12, "ops": s * 70, "seconds": s / 500}
+            for s, r, h in zip((1000, 5000, 10000), rss, history)]
+
+
+def memory(grows=False):
+    good = {"steps": 10000, "sync_every": 0, "backend": "native", "marks": marks((900, 901, 902), (500, 4000, 300))}
+    good.update(bench_overhead.flat(good["marks"]))
+    item = dict(good, sync_every=100)
+    if grows:
+        item["marks"] = marks((900, 1400, 1900), (500, 90000, 200000))
+        item.update(bench_overhead.flat(item["marks"]))
+    return {"no_sync": good, "item_every_100": item}
+
+
+def summary(tmp_path, s, o, m, pytest_tail):
+    files = {}
+    for name, data in (("suite", s), ("overhead", o), ("memory", m)):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(data))
+    (tmp_path / "pytest.txt").write_text("....\n" + pytest_tail + "\n")
+    return subprocess.run(
+        [sys.executable, os.path.join(HERE, "gpu_report.py"), "summary", "--suite", str(files["suite"]),
+         "--overhead", str(files["overhead"]), "--memory", str(files["memory"]), "--pytest", str(tmp_path / "pytest.txt")],
+        capture_output=True, text=True,
+    )
+
+
+def test_flat():
+    assert bench_overhead.flat(marks((900, 901, 910), (500, 9000, 4000)))["flat"]
+    v = bench_overhead.flat(marks((900, 950, 1000), (500, 900, 1000)))
+    assert not v["flat"] and "RSS grew 100 MiB" in v["why"]
+    v = bench_overhead.flat(marks((900, 900, 900), (100, 5000, 50000)))
+    assert not v["flat"] and "history grew from 100 to 50000" in v["why"]
+    assert not bench_overhead.flat(marks((900,), (1,)))["flat"]
+
+
+def test_everything_holds(tmp_path):
+    out = summary(tmp_path, suite(), overhead(), memory(), "===== 72 passed, 1 warning in 80.1s =====")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[FAIL]" not in out.stdout and out.stdout.count("[PASS]") == 13
+    assert "race @30 ok" in out.stdout
+    assert "1.54" in out.stdout and "6.00" in out.stdout  # native and CSAN ratios on the MLP
+    assert "reported" in out.stdout and "FALSE ALARM" not in out.stdout
+
+
+def test_what_does_not_hold_fails(tmp_path):
+    out = summary(tmp_path, suite(python_line_ok=False), overhead(mlp_native=3000.0), memory(grows=True),
+                  "===== 1 failed, 71 passed in 80.1s =====")
+    assert out.returncode == 1
+    fails = [line for line in out.stdout.splitlines() if line.startswith("[FAIL]")]
+    assert len(fails) == 4, out.stdout
+    assert any("python: side stream without wait: buggy reported at its # RACE line" in f for f in fails)
+    assert any("overhead: mlp: native recorder <= 2.0x plain (2.31)" in f for f in fails)
+    assert any("memory (item/100" in f and "RSS grew 1000 MiB" in f for f in fails)
+    assert any("pytest" in f for f in fails)
+    assert "WRONG LINE" in out.stdout
+
+
+def test_missing_results_fail(tmp_path):
+    s = suite()
+    del s["streamsan-python"], s["csan"]
+    out = summary(tmp_path, s, {"runs": [{"mode": "csan", "workload": "mlp", "failed": "x"}], "table": {}}, {}, "")
+    assert out.returncode == 1
+    for what in ("Python recorder measured", "CSAN measured", "overhead: mlp measured",
+                 "overhead: streams measured", "memory measured", "pytest"):
+        assert any(what in line for line in out.stdout.splitlines() if line.startswith("[FAIL]")), (what, out.stdout)
