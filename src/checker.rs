@@ -104,6 +104,24 @@ pub struct Stats {
     pub history: usize,
     /// Hazards found.
     pub hazards: usize,
+    /// Clock components stored by the happens-before state (every participant's clock and every
+    /// event's capture; shared storage counted once).
+    pub clock_entries: usize,
+}
+
+impl Stats {
+    /// The component-wise maximum: peaks over a run.
+    pub fn max(&self, other: &Stats) -> Stats {
+        Stats {
+            ops: self.ops.max(other.ops),
+            participants: self.participants.max(other.participants),
+            generations: self.generations.max(other.generations),
+            graveyard: self.graveyard.max(other.graveyard),
+            history: self.history.max(other.history),
+            hazards: self.hazards.max(other.hazards),
+            clock_entries: self.clock_entries.max(other.clock_entries),
+        }
+    }
 }
 
 /// Checks ops one at a time and collects hazards.
@@ -226,6 +244,7 @@ impl Checker {
             graveyard: self.graveyard.len(),
             history: self.history,
             hazards: self.hazards.len(),
+            clock_entries: self.order.clock_entries(),
         }
     }
 

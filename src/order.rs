@@ -205,6 +205,13 @@ impl Order {
         }
     }
 
+    /// Clock components stored: every participant's clock and every event's capture.
+    pub fn clock_entries(&self) -> usize {
+        let clocks = self.streams.iter().map(|s| &s.clock).chain([&self.host]);
+        let captures = self.events.values().filter_map(|e| e.capture.as_ref());
+        clocks.chain(captures).map(|c| c.components().len()).sum()
+    }
+
     /// The host's clock.
     pub fn host_clock(&self) -> &VectorClock {
         &self.host
