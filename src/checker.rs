@@ -19,7 +19,9 @@ use crate::report::{
     latest_by_participant, AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind,
     OpNote, Pattern, Report,
 };
-use crate::shadow::{scan, Access, GenId, Generation, Graveyard, Probe};
+use crate::shadow::{
+    scan, Access, Entry, Freed, GenId, Generation, Graveyard, History, Probe, Visit, FLAT_MAX,
+};
 use crate::trace::{Field, Id, MemoryKind, Op, Region, Site, TraceOp};
 
 /// Bad input found while checking an op: the trace is not a valid program.
@@ -76,8 +78,8 @@ struct Found {
     kind: HazardKind,
     access: Access,
     buffer: Id,
-    free_op: Option<u64>,
-    free_site: Option<Arc<Site>>,
+    /// For a reuse race: the free of the earlier buffer.
+    freed: Option<Arc<Freed>>,
 }
 
 /// A region that names a freed buffer.
@@ -98,9 +100,9 @@ pub struct Stats {
     pub participants: usize,
     /// Generations in memory (live, external, and freed ones with history).
     pub generations: usize,
-    /// Freed generations kept for reuse checks.
+    /// Tombstones kept for reuse checks (listings of freed generations' accesses).
     pub graveyard: usize,
-    /// Access entries kept.
+    /// Access entries kept by live generations (listings, for an indexed history).
     pub history: usize,
     /// Hazards found.
     pub hazards: usize,
@@ -163,8 +165,6 @@ pub struct Checker {
     freed_by: BTreeMap<u64, (u64, Participant)>,
     /// History vectors of dropped generations, for reuse.
     spare: Vec<Vec<Access>>,
-    /// The serial number of the latest generation.
-    serial: u64,
     /// Kernel names, shared by every launch of the same name.
     labels: HashMap<Box<str>, Arc<str>>,
     ops: u64,
@@ -178,7 +178,6 @@ pub struct Checker {
     op_accesses: Vec<OpAccess>,
     found: Vec<Found>,
     uaf: Vec<UseAfterFree>,
-    scratch_gens: Vec<(GenId, u64)>,
     /// `alloc`s with `addr` whose memory came back from another stream: (op, device) of the
     /// device synchronization each implies.
     implicit_syncs: Vec<(u64, u64)>,
@@ -213,7 +212,6 @@ impl Checker {
             live: Default::default(),
             freed_by: BTreeMap::new(),
             spare: Vec::new(),
-            serial: 0,
             labels: HashMap::default(),
             ops: 0,
             hazards: Vec::new(),
@@ -225,7 +223,6 @@ impl Checker {
             op_accesses: Vec::new(),
             found: Vec::new(),
             uaf: Vec::new(),
-            scratch_gens: Vec::new(),
             implicit_syncs: Vec::new(),
         }
     }
@@ -361,7 +358,7 @@ impl Checker {
                 let p = self.order.stream(stream);
                 match self.names.get(buffer) {
                     Some(Name::Live(g)) => {
-                        let g = &mut self.gens[g.0 as usize].as_mut().expect("live generation");
+                        let g = self.gens[g.0 as usize].as_mut().expect("live generation");
                         let owner_stream = g.memory == MemoryKind::Device && g.owner == p;
                         if !owner_stream && !g.record_streams.contains(&p) {
                             g.record_streams.push(p);
@@ -511,19 +508,25 @@ impl Checker {
         }
     }
 
+    /// Takes a generation out of the table.
+    fn take_gen(&mut self, g: GenId) -> Option<Generation> {
+        let gen = self.gens[g.0 as usize].take()?;
+        self.history -= gen.history.len();
+        self.free_slots.push(g.0);
+        Some(gen)
+    }
+
     fn drop_gen(&mut self, g: GenId) {
-        if let Some(gen) = self.gens[g.0 as usize].take() {
-            self.history -= gen.history_len();
-            self.free_slots.push(g.0);
-            self.recycle(gen);
+        if let Some(gen) = self.take_gen(g) {
+            self.recycle(gen.history);
         }
     }
 
     /// Keeps a dropped generation's history vectors for the next generations: most buffers of a
     /// trace are short-lived, and their vectors need not be allocated each time.
-    fn recycle(&mut self, gen: Generation) {
-        for mut v in [gen.accesses, gen.covered] {
-            if v.capacity() > 0 && self.spare.len() < 1024 {
+    fn recycle(&mut self, history: History) {
+        for mut v in [history.accesses, history.covered] {
+            if v.capacity() > 0 && v.capacity() <= 4 * FLAT_MAX && self.spare.len() < 1024 {
                 v.clear();
                 self.spare.push(v);
             }
@@ -539,22 +542,17 @@ impl Checker {
     }
 
     fn new_external(&mut self, name: &Id) -> GenId {
-        self.serial += 1;
         self.new_gen(Generation {
-            serial: self.serial,
-            reuses: Vec::new(),
             name: name.clone(),
             memory: MemoryKind::Device,
+            reuse: false,
             owner: Participant::HOST,
             size: None,
             addr: None,
-            block_size: 0,
             alloc_op: None,
             alloc_site: None,
-            free: None,
             record_streams: Vec::new(),
-            accesses: Vec::new(),
-            covered: Vec::new(),
+            history: History::default(),
         })
     }
 
@@ -583,7 +581,6 @@ impl Checker {
             _ => Participant::HOST,
         };
         let mut base = None;
-        let mut block_size = 0;
         if bytes > 0 {
             let with_addr = addr.is_some();
             match self.addr_mode {
@@ -631,7 +628,6 @@ impl Checker {
                         self.reappear(i, a, end, owner);
                     }
                     base = Some(a);
-                    block_size = bytes;
                 }
                 None => {
                     let block = match memory {
@@ -649,7 +645,6 @@ impl Checker {
                     })?;
                     if let Some(b) = block {
                         base = Some(b.addr);
-                        block_size = b.size;
                     }
                 }
             }
@@ -670,32 +665,25 @@ impl Checker {
             });
         }
         self.history += accesses.len();
-        let mut reuses = Vec::new();
-        if let Some(a) = base.filter(|_| bytes > 0 && !self.graveyard.is_empty()) {
-            let gens = &self.gens;
-            self.graveyard
-                .overlapping(memory, a, a + bytes, |h, start| {
-                    let serial = gens[h.0 as usize].as_ref().map_or(0, |x| x.serial);
-                    reuses.push((h, serial, start));
-                });
-        }
-        self.serial += 1;
-        let covered = self.spare_vec();
+        // Only the bytes that hold tombstones now can race with freed buffers: while this buffer
+        // lives, no other buffer is freed on its bytes.
+        let reuse =
+            base.is_some_and(|a| bytes > 0 && self.graveyard.overlaps(memory, a, a + bytes));
         let g = self.new_gen(Generation {
-            serial: self.serial,
-            reuses,
             name: buffer.clone(),
             memory,
+            reuse,
             owner,
             size: Some(bytes),
             addr: base,
-            block_size,
             alloc_op: Some(i),
             alloc_site: site,
-            free: None,
             record_streams: Vec::new(),
-            accesses,
-            covered,
+            history: History {
+                accesses,
+                covered: Vec::new(),
+                index: None,
+            },
         });
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
@@ -824,38 +812,40 @@ impl Checker {
         // The free's clock: the freeing participant's (joined with the host's), joined with the
         // clock of every stream named by record_stream. An access happens before it when one of
         // those clocks covers it.
-        let mut conflicts: Vec<Conflict> = Vec::new();
-        let gen = self.gens[g.0 as usize].as_mut().expect("live generation");
-        let (order, rs) = (&self.order, &gen.record_streams);
+        let gen = self.take_gen(g).expect("live generation");
+        let order = &self.order;
+        let rs = &gen.record_streams;
         let before_free = |e: crate::clock::Epoch| {
             order.clock(by).covers(e)
                 || order.host_clock().covers(e)
                 || rs.iter().any(|&p| order.clock(p).covers(e))
         };
-        for a in gen.accesses.iter().chain(&gen.covered) {
-            if a.epoch.participant != by && !before_free(a.epoch) {
-                conflicts.push(conflict_of(order, a, &gen.name));
-            }
-        }
+        let mut entries = gen.history.all();
+        let unordered: Vec<&Access> = entries
+            .iter()
+            .filter(|a| a.epoch.participant != by && !before_free(a.epoch))
+            .collect();
+        // Each participant's latest conflicting op, with all its regions.
+        let latest = latest_ops(unordered.iter().copied());
+        let mut conflicts: Vec<Conflict> = unordered
+            .iter()
+            .filter(|a| is_latest(&latest, a))
+            .map(|a| conflict_of(order, a, &gen.name))
+            .collect();
         let (alloc_op, alloc_site) = (gen.alloc_op.unwrap_or(0), gen.alloc_site.clone());
-        gen.free = Some((i, by, site.clone()));
-        if !gen.record_streams.is_empty() {
+        if !rs.is_empty() {
             // The allocator hands these bytes out again only after the events it records now on
             // the record_stream streams complete: whatever those streams' clocks cover happens
             // before every access to memory that reuses them, so it can never be a reuse race.
-            // (An access covered by another one stays covered: the coverer happens after it,
-            // so a clock that covers the coverer covers it too.)
             let mut excused = VectorClock::new();
             for &p in rs {
                 excused.join(order.clock(p));
             }
-            let before = gen.history_len();
-            gen.accesses.retain(|a| !excused.covers(a.epoch));
-            gen.covered.retain(|a| !excused.covers(a.epoch));
-            self.history -= before - gen.history_len();
+            entries.retain(|a| !excused.covers(a.epoch));
         }
         if !conflicts.is_empty() {
             conflicts.sort_by(conflict_order);
+            conflicts.dedup();
             let participant = self.order.name(by).to_string();
             let fix = fix_unsafe_free(
                 &self.order,
@@ -914,6 +904,28 @@ impl Checker {
                 };
             }
         }
+        // What the accesses left unexcused still decides reuse races: bury them, in op order,
+        // so that each trims the earlier tombstones of its participant it subsumes.
+        if let Some(a) = base.filter(|_| size > 0) {
+            let host = self.order.host_clock();
+            entries.retain(|e| !host.covers(e.epoch));
+            if !entries.is_empty() {
+                if self.graveyard.len() >= self.graveyard_prune_at {
+                    self.prune_graveyard();
+                }
+                entries.sort_by_key(|e| e.op);
+                let freed = Arc::new(Freed {
+                    name: buffer.clone(),
+                    op: i,
+                    site: site.clone(),
+                });
+                let host = self.order.host_clock();
+                for e in entries {
+                    self.graveyard.bury(memory, a, e, &freed, host);
+                }
+            }
+        }
+        self.recycle(gen.history);
         let freed = Name::Freed(FreedName {
             size,
             memory,
@@ -925,16 +937,6 @@ impl Checker {
         // The name is live here, so it is in the table: replace it in place.
         if let Some(slot) = self.names.get_mut(buffer) {
             *slot = freed;
-        }
-        let keep = base.is_some() && size > 0 && !self.gen(g).history_is_empty();
-        if keep {
-            if self.graveyard.len() >= self.graveyard_prune_at {
-                self.prune_graveyard();
-            }
-            self.graveyard
-                .insert(memory, base.unwrap_or(0), base.unwrap_or(0) + size, g);
-        } else {
-            self.drop_gen(g);
         }
         Ok(())
     }
@@ -1036,21 +1038,33 @@ impl Checker {
         if v.len() < 2 {
             return;
         }
-        let mut k = 0;
-        while k < v.len() {
-            let a = v[k];
-            let dup = v[..k].iter().any(|b| {
-                b.gen == a.gen
-                    && b.offset == a.offset
-                    && b.end == a.end
-                    && (b.kind == a.kind || b.kind.writes())
-            });
-            if dup {
-                v.remove(k);
-            } else {
-                k += 1;
+        if v.len() <= 16 {
+            let mut k = 0;
+            while k < v.len() {
+                let a = v[k];
+                let dup = v[..k].iter().any(|b| {
+                    b.gen == a.gen
+                        && b.offset == a.offset
+                        && b.end == a.end
+                        && (b.kind == a.kind || b.kind.writes())
+                });
+                if dup {
+                    v.remove(k);
+                } else {
+                    k += 1;
+                }
             }
+            return;
         }
+        // Many regions: the kinds seen so far per region (bit 0 read, bit 1 write).
+        let mut seen: HashMap<(GenId, u64, u64), u8> = HashMap::default();
+        v.retain(|a| {
+            let bit = if a.kind.writes() { 2 } else { 1 };
+            let kinds = seen.entry((a.gen, a.offset, a.end)).or_insert(0);
+            let dup = *kinds & bit != 0 || *kinds & 2 != 0;
+            *kinds |= bit;
+            !dup
+        });
     }
 
     /// Runs the accesses of the current op: checks each region, then records them.
@@ -1083,6 +1097,7 @@ impl Checker {
             op_accesses,
             gens,
             history,
+            order,
             ..
         } = self;
         for a in op_accesses.iter() {
@@ -1090,11 +1105,10 @@ impl Checker {
                 // An access of no bytes uses no memory: it can never conflict.
                 continue;
             }
-            *history += 1;
             let gen = gens[a.gen.0 as usize]
                 .as_mut()
                 .expect("accessed generation");
-            gen.accesses.push(Access {
+            let access = Access {
                 op: i,
                 epoch,
                 kind: a.kind,
@@ -1102,7 +1116,30 @@ impl Checker {
                 end: a.end,
                 site: site.clone(),
                 label: label.clone(),
-            });
+            };
+            let h = &mut gen.history;
+            match &mut h.index {
+                None => {
+                    *history += 1;
+                    h.accesses.push(access);
+                    if h.accesses.len() + h.covered.len() > FLAT_MAX {
+                        let before = h.len();
+                        h.index_now();
+                        *history = *history + h.len() - before;
+                    }
+                }
+                Some(ix) => {
+                    // The check has already trimmed what this access subsumes on its bytes.
+                    let before = ix.slots();
+                    let entry = Arc::new(Entry {
+                        access,
+                        freed: None,
+                    });
+                    let host = order.host_clock();
+                    ix.insert(a.offset, a.end, entry, |e| host.covers(e.access.epoch));
+                    *history = *history + ix.slots() - before;
+                }
+            }
         }
     }
 
@@ -1121,9 +1158,6 @@ impl Checker {
             found,
             graveyard,
             history,
-            scratch_gens,
-            free_slots,
-            spare,
             ..
         } = self;
         let clock = order.clock(p);
@@ -1145,83 +1179,81 @@ impl Checker {
                 kind: HazardKind::DataRace,
                 access: a.clone(),
                 buffer: name.clone(),
-                free_op: None,
-                free_site: None,
+                freed: None,
             });
         };
-        // An empty access covers nothing and conflicts with nothing.
-        let cover = (offset < end).then_some(&mut gen.covered);
-        *history -= scan(&mut gen.accesses, cover, host, probe, &mut hit);
-        if hits.get() > 0 {
-            *history -= scan(&mut gen.covered, None, host, probe, &mut hit);
+        let h = &mut gen.history;
+        match &mut h.index {
+            None => {
+                // An empty access covers nothing and conflicts with nothing.
+                let cover = (offset < end).then_some(&mut h.covered);
+                *history -= scan(&mut h.accesses, cover, host, probe, &mut hit);
+                if hits.get() > 0 {
+                    *history -= scan(&mut h.covered, None, host, probe, &mut hit);
+                }
+            }
+            Some(ix) if offset < end => {
+                // Pieces split at the access's bounds lie inside it: an entry of this
+                // participant that the access dominates is trimmed from them (rule 2).
+                let before = ix.slots();
+                ix.split_at(offset);
+                ix.split_at(end);
+                let grown = ix.slots() - before;
+                let mut last: Option<*const Entry> = None;
+                let dropped = ix.visit(offset, end, |e| {
+                    let a = &e.access;
+                    if host.covers(a.epoch) {
+                        return Visit::Drop;
+                    }
+                    if probe.conflicts(a) && last != Some(Arc::as_ptr(e)) {
+                        last = Some(Arc::as_ptr(e));
+                        hit(a);
+                    }
+                    if a.epoch.participant == p && Access::dominates(probe.writes, a) {
+                        Visit::Drop
+                    } else {
+                        Visit::Keep
+                    }
+                });
+                *history = *history + grown - dropped;
+            }
+            Some(_) => {}
         }
 
-        // Reuse: earlier, freed buffers whose bytes this region occupies.
+        // Reuse: tombstones of freed buffers on the bytes this region occupies.
         let (Some(base), memory) = (gen.addr, gen.memory) else {
             return;
         };
-        if gen.reuses.is_empty() || offset >= end {
+        if !gen.reuse || offset >= end {
             return;
         }
-        let (lo, hi) = (base + offset, base + end.min(gen.size.unwrap_or(0)));
-        let mut reuses = std::mem::take(&mut gen.reuses);
-        scratch_gens.clear();
-        reuses.retain(|&(h, serial, start)| {
-            let alive = gens[h.0 as usize]
-                .as_ref()
-                .is_some_and(|x| x.serial == serial);
-            if alive && start < hi {
-                scratch_gens.push((h, start));
-            }
-            alive
-        });
-        if let Some(gen) = gens[g.0 as usize].as_mut() {
-            gen.reuses = reuses;
+        let hi = base + end.min(gen.size.unwrap_or(0));
+        let ix = graveyard.of(memory);
+        if ix.is_empty() {
+            gen.reuse = false;
+            return;
         }
-        for &(h, start) in scratch_gens.iter() {
-            let old = gens[h.0 as usize].as_mut().expect("freed generation");
-            let free_op = old.free.as_ref().map(|f| f.0);
-            let free_site = old.free.as_ref().and_then(|f| f.2.clone());
-            let probe = Probe {
-                offset: lo.saturating_sub(start),
-                end: hi - start,
-                ..probe
-            };
-            let name = &old.name;
-            let hits = std::cell::Cell::new(0);
-            let mut hit = |a: &Access| {
-                hits.set(hits.get() + 1);
+        let mut last: Option<*const Entry> = None;
+        ix.visit(base + offset, hi, |e| {
+            let a = &e.access;
+            if host.covers(a.epoch) {
+                return Visit::Drop;
+            }
+            if probe.conflicts(a) && last != Some(Arc::as_ptr(e)) {
+                last = Some(Arc::as_ptr(e));
                 found.push(Found {
                     at,
                     kind: HazardKind::ReuseRace,
                     access: a.clone(),
-                    buffer: name.clone(),
-                    free_op,
-                    free_site: free_site.clone(),
+                    buffer: e
+                        .freed
+                        .as_ref()
+                        .map_or_else(Id::default, |f| f.name.clone()),
+                    freed: e.freed.clone(),
                 });
-            };
-            *history -= scan(&mut old.accesses, None, host, probe, &mut hit);
-            if hits.get() > 0 {
-                *history -= scan(&mut old.covered, None, host, probe, &mut hit);
             }
-            if old.accesses.is_empty() {
-                // Every covered entry happens before one that was pruned: prune them too.
-                *history -= old.covered.len();
-                old.covered.clear();
-            }
-            if old.history_is_empty() {
-                graveyard.remove(memory, h);
-                if let Some(old) = gens[h.0 as usize].take() {
-                    for mut v in [old.accesses, old.covered] {
-                        if v.capacity() > 0 && spare.len() < 1024 {
-                            v.clear();
-                            spare.push(v);
-                        }
-                    }
-                }
-                free_slots.push(h.0);
-            }
-        }
+            Visit::Keep
+        });
     }
 
     fn report_races(
@@ -1259,25 +1291,29 @@ impl Checker {
             } else {
                 AccessKind::Read
             };
-            let mut conflicts: Vec<Conflict> = group
+            // Each participant's latest conflicting op, with all its conflicting regions.
+            let latest = latest_ops(group.iter().map(|f| &f.access));
+            let kept: Vec<&Found> = group
+                .iter()
+                .filter(|f| is_latest(&latest, &f.access))
+                .collect();
+            let mut conflicts: Vec<Conflict> = kept
                 .iter()
                 .map(|f| conflict_of(&self.order, &f.access, &f.buffer))
                 .collect();
             conflicts.sort_by(conflict_order);
             conflicts.dedup();
             let pattern = Pattern::of(my_kind, conflicts.iter().map(|c| c.access));
-            let free = if kind == HazardKind::ReuseRace {
-                group
-                    .iter()
-                    .filter_map(|f| f.free_op.map(|op| (op, f.buffer.clone())))
-                    .max()
-                    .map(|(op, buffer)| FreeRef {
-                        op,
-                        buffer: buffer.to_string(),
-                    })
-            } else {
-                None
-            };
+            // The most recent free among the conflicts listed.
+            let freed = kept
+                .iter()
+                .filter_map(|f| f.freed.as_ref())
+                .max_by_key(|f| f.op)
+                .cloned();
+            let free = freed.as_ref().map(|f| FreeRef {
+                op: f.op,
+                buffer: f.name.to_string(),
+            });
             let gen = self.gen(g);
             let mut notes = Vec::new();
             if let Some(a) = gen.alloc_op {
@@ -1287,16 +1323,11 @@ impl Checker {
                     site: gen.alloc_site.clone(),
                 });
             }
-            if let Some(f) = &free {
-                // The freed buffer's free site, if its generation is still known.
-                let site = group
-                    .iter()
-                    .find(|x| x.free_op == Some(f.op))
-                    .and_then(|x| x.free_site.clone());
+            if let Some(f) = &freed {
                 notes.push(OpNote {
-                    what: format!("{} freed here; its memory was handed out again", f.buffer),
+                    what: format!("{} freed here; its memory was handed out again", f.name),
                     op: f.op,
-                    site,
+                    site: f.site.clone(),
                 });
             }
             let fix = fix_race(&self.order, kind, i, p, &conflicts, free.as_ref());
@@ -1392,37 +1423,18 @@ impl Checker {
         self.uaf = uaf;
     }
 
-    /// Drops the history the host's clock covers from the freed generations only, and those left
-    /// without history: keeps reuse lookups short between the sweeps of [`Self::prune`].
+    /// Drops the tombstones the host's clock covers: keeps reuse lookups short between the
+    /// sweeps of [`Self::prune`]. Runs when the graveyard has doubled since the last pass.
     fn prune_graveyard(&mut self) {
         if self.order.host_clock() != &self.host_at_graveyard_prune {
-            let host = self.order.host_clock();
-            for (_, g) in self.graveyard.all() {
-                if let Some(gen) = self.gens[g.0 as usize].as_mut() {
-                    self.history -= gen.prune(host);
-                }
-            }
-            self.bury_empty();
+            self.graveyard.prune(self.order.host_clock());
             self.host_at_graveyard_prune = self.order.host_clock().clone();
         }
         self.graveyard_prune_at = (2 * self.graveyard.len()).max(GRAVEYARD_MIN);
     }
 
-    /// Drops the freed generations left without history.
-    fn bury_empty(&mut self) {
-        let empty: Vec<_> = self
-            .graveyard
-            .all()
-            .filter(|&(_, g)| self.gen(g).history_is_empty())
-            .collect();
-        for (kind, g) in empty {
-            self.graveyard.remove(kind, g);
-            self.drop_gen(g);
-        }
-    }
-
-    /// Drops every history entry that the host's clock covers, and the freed generations left
-    /// without history. Runs when the history has doubled since the last pass.
+    /// Drops every history entry and tombstone that the host's clock covers. Runs when the
+    /// history has doubled since the last pass.
     fn prune(&mut self) {
         if self.order.host_clock() != &self.host_at_prune {
             let Checker {
@@ -1433,9 +1445,9 @@ impl Checker {
             } = self;
             let host = order.host_clock();
             for gen in gens.iter_mut().flatten() {
-                *history -= gen.prune(host);
+                *history -= gen.history.prune(host);
             }
-            self.bury_empty();
+            self.prune_graveyard();
             self.host_at_prune = self.order.host_clock().clone();
         }
         self.prune_at = (2 * self.history).max(PRUNE_MIN);
@@ -1454,6 +1466,26 @@ fn conflict_of(order: &Order, a: &Access, buffer: &Id) -> Conflict {
         label: a.label.clone(),
         epoch: Some(a.epoch),
     }
+}
+
+/// The latest op of each participant among `accesses`.
+fn latest_ops<'a>(accesses: impl Iterator<Item = &'a Access>) -> Vec<(Participant, u64)> {
+    let mut v: Vec<(Participant, u64)> = Vec::new();
+    for a in accesses {
+        let p = a.epoch.participant;
+        match v.iter_mut().find(|(q, _)| *q == p) {
+            Some(e) => e.1 = e.1.max(a.op),
+            None => v.push((p, a.op)),
+        }
+    }
+    v
+}
+
+/// Whether `a` is an access of its participant's latest op in `latest`.
+fn is_latest(latest: &[(Participant, u64)], a: &Access) -> bool {
+    latest
+        .iter()
+        .any(|&(p, op)| p == a.epoch.participant && op == a.op)
 }
 
 fn conflict_order(a: &Conflict, b: &Conflict) -> std::cmp::Ordering {

@@ -205,11 +205,13 @@ impl Order {
         }
     }
 
-    /// Clock components stored: every participant's clock and every event's capture.
+    /// Clock components stored: every participant's clock and every event's capture, each shared
+    /// node of their tries once.
     pub fn clock_entries(&self) -> usize {
+        let mut seen = Default::default();
         let clocks = self.streams.iter().map(|s| &s.clock).chain([&self.host]);
         let captures = self.events.values().filter_map(|e| e.capture.as_ref());
-        clocks.chain(captures).map(|c| c.components().len()).sum()
+        clocks.chain(captures).map(|c| c.stored(&mut seen)).sum()
     }
 
     /// The host's clock.
