@@ -78,8 +78,8 @@ struct Found {
     kind: HazardKind,
     access: Access,
     buffer: Id,
-    /// For a reuse race: the free of the earlier buffer.
-    freed: Option<Arc<Freed>>,
+    /// For a reuse race: the free of the earlier buffer (op, site).
+    freed: Option<(u64, Option<Arc<Site>>)>,
 }
 
 /// A region that names a freed buffer.
@@ -545,7 +545,8 @@ impl Checker {
         self.new_gen(Generation {
             name: name.clone(),
             memory: MemoryKind::Device,
-            reuse: false,
+            reuse: Vec::new(),
+            reuse_large: false,
             owner: Participant::HOST,
             size: None,
             addr: None,
@@ -667,12 +668,15 @@ impl Checker {
         self.history += accesses.len();
         // Only the bytes that hold tombstones now can race with freed buffers: while this buffer
         // lives, no other buffer is freed on its bytes.
-        let reuse =
-            base.is_some_and(|a| bytes > 0 && self.graveyard.overlaps(memory, a, a + bytes));
+        let (reuse, reuse_large) = match base {
+            Some(a) => self.graveyard.reuse(memory, a, a + bytes),
+            None => (Vec::new(), false),
+        };
         let g = self.new_gen(Generation {
             name: buffer.clone(),
             memory,
             reuse,
+            reuse_large,
             owner,
             size: Some(bytes),
             addr: base,
@@ -813,14 +817,21 @@ impl Checker {
         // clock of every stream named by record_stream. An access happens before it when one of
         // those clocks covers it.
         let gen = self.take_gen(g).expect("live generation");
+        let Generation {
+            name,
+            record_streams: rs,
+            alloc_op,
+            alloc_site,
+            history,
+            ..
+        } = gen;
         let order = &self.order;
-        let rs = &gen.record_streams;
         let before_free = |e: crate::clock::Epoch| {
             order.clock(by).covers(e)
                 || order.host_clock().covers(e)
                 || rs.iter().any(|&p| order.clock(p).covers(e))
         };
-        let mut entries = gen.history.all();
+        let mut entries = history.into_all();
         let unordered: Vec<&Access> = entries
             .iter()
             .filter(|a| a.epoch.participant != by && !before_free(a.epoch))
@@ -830,15 +841,15 @@ impl Checker {
         let mut conflicts: Vec<Conflict> = unordered
             .iter()
             .filter(|a| is_latest(&latest, a))
-            .map(|a| conflict_of(order, a, &gen.name))
+            .map(|a| conflict_of(order, a, &name))
             .collect();
-        let (alloc_op, alloc_site) = (gen.alloc_op.unwrap_or(0), gen.alloc_site.clone());
+        let alloc_op = alloc_op.unwrap_or(0);
         if !rs.is_empty() {
             // The allocator hands these bytes out again only after the events it records now on
             // the record_stream streams complete: whatever those streams' clocks cover happens
             // before every access to memory that reuses them, so it can never be a reuse race.
             let mut excused = VectorClock::new();
-            for &p in rs {
+            for &p in &rs {
                 excused.join(order.clock(p));
             }
             entries.retain(|a| !excused.covers(a.epoch));
@@ -913,19 +924,20 @@ impl Checker {
                 if self.graveyard.len() >= self.graveyard_prune_at {
                     self.prune_graveyard();
                 }
-                entries.sort_by_key(|e| e.op);
-                let freed = Arc::new(Freed {
+                let freed = Freed {
                     name: buffer.clone(),
                     op: i,
                     site: site.clone(),
-                });
+                };
                 let host = self.order.host_clock();
-                for e in entries {
-                    self.graveyard.bury(memory, a, e, &freed, host);
+                if let Some(mut v) = self.graveyard.bury(memory, a, size, entries, freed, host) {
+                    if v.capacity() > 0 && v.capacity() <= 4 * FLAT_MAX && self.spare.len() < 1024 {
+                        v.clear();
+                        self.spare.push(v);
+                    }
                 }
             }
         }
-        self.recycle(gen.history);
         let freed = Name::Freed(FreedName {
             size,
             memory,
@@ -1224,36 +1236,61 @@ impl Checker {
         let (Some(base), memory) = (gen.addr, gen.memory) else {
             return;
         };
-        if !gen.reuse || offset >= end {
+        if offset >= end {
             return;
         }
-        let hi = base + end.min(gen.size.unwrap_or(0));
-        let ix = graveyard.of(memory);
-        if ix.is_empty() {
-            gen.reuse = false;
+        let (lo, hi) = (base + offset, base + end.min(gen.size.unwrap_or(0)));
+        if gen.reuse.is_empty() && !gen.reuse_large {
             return;
         }
-        let mut last: Option<*const Entry> = None;
-        ix.visit(base + offset, hi, |e| {
-            let a = &e.access;
-            if host.covers(a.epoch) {
-                return Visit::Drop;
+        let mut alive = false;
+        for rec in &gen.reuse {
+            for a in &rec.entries {
+                if host.covers(a.epoch) {
+                    continue;
+                }
+                alive = true;
+                let (s, e) = rec.range(a);
+                if s < hi && lo < e && probe.conflicts(a) {
+                    found.push(Found {
+                        at,
+                        kind: HazardKind::ReuseRace,
+                        access: a.clone(),
+                        buffer: rec.freed.name.clone(),
+                        freed: Some((rec.freed.op, rec.freed.site.clone())),
+                    });
+                }
             }
-            if probe.conflicts(a) && last != Some(Arc::as_ptr(e)) {
-                last = Some(Arc::as_ptr(e));
-                found.push(Found {
-                    at,
-                    kind: HazardKind::ReuseRace,
-                    access: a.clone(),
-                    buffer: e
-                        .freed
-                        .as_ref()
-                        .map_or_else(Id::default, |f| f.name.clone()),
-                    freed: e.freed.clone(),
-                });
-            }
-            Visit::Keep
-        });
+        }
+        if gen.reuse_large {
+            let mut last: Option<*const Entry> = None;
+            graveyard.large(memory).visit(lo, hi, |e| {
+                if host.covers(e.access.epoch) {
+                    return Visit::Drop;
+                }
+                alive = true;
+                let a = &e.access;
+                if probe.conflicts(a) && last != Some(Arc::as_ptr(e)) {
+                    last = Some(Arc::as_ptr(e));
+                    found.push(Found {
+                        at,
+                        kind: HazardKind::ReuseRace,
+                        access: a.clone(),
+                        buffer: e
+                            .freed
+                            .as_ref()
+                            .map_or_else(Id::default, |f| f.name.clone()),
+                        freed: e.freed.as_ref().map(|f| (f.op, f.site.clone())),
+                    });
+                }
+                Visit::Keep
+            });
+        }
+        if !alive && offset == 0 && end >= gen.size.unwrap_or(0) {
+            // Every tombstone on its bytes is covered by the host's clock now.
+            gen.reuse = Vec::new();
+            gen.reuse_large = false;
+        }
     }
 
     fn report_races(
@@ -1307,12 +1344,11 @@ impl Checker {
             // The most recent free among the conflicts listed.
             let freed = kept
                 .iter()
-                .filter_map(|f| f.freed.as_ref())
-                .max_by_key(|f| f.op)
-                .cloned();
-            let free = freed.as_ref().map(|f| FreeRef {
-                op: f.op,
-                buffer: f.name.to_string(),
+                .filter_map(|f| f.freed.as_ref().map(|(op, site)| (*op, site, &f.buffer)))
+                .max_by_key(|f| f.0);
+            let free = freed.map(|(op, _, buffer)| FreeRef {
+                op,
+                buffer: buffer.to_string(),
             });
             let gen = self.gen(g);
             let mut notes = Vec::new();
@@ -1323,11 +1359,11 @@ impl Checker {
                     site: gen.alloc_site.clone(),
                 });
             }
-            if let Some(f) = &freed {
+            if let Some((op, site, buffer)) = freed {
                 notes.push(OpNote {
-                    what: format!("{} freed here; its memory was handed out again", f.name),
-                    op: f.op,
-                    site: f.site.clone(),
+                    what: format!("{buffer} freed here; its memory was handed out again"),
+                    op,
+                    site: site.clone(),
                 });
             }
             let fix = fix_race(&self.order, kind, i, p, &conflicts, free.as_ref());

@@ -282,10 +282,25 @@ fn join_node(a: &Arc<Node>, b: &Arc<Node>) -> Option<Arc<Node>> {
 }
 
 /// A vector clock: one component per participant; missing components are 0.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct VectorClock {
     dense: Vec<Time>,
     shared: Option<Trie>,
+}
+
+impl Clone for VectorClock {
+    fn clone(&self) -> Self {
+        VectorClock {
+            dense: self.dense.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Reuses this clock's storage (an event re-recorded takes its stream's clock in place).
+    fn clone_from(&mut self, source: &Self) {
+        self.dense.clone_from(&source.dense);
+        self.shared.clone_from(&source.shared);
+    }
 }
 
 impl VectorClock {

@@ -178,6 +178,8 @@ struct Piece {
 pub struct Intervals {
     map: BTreeMap<u64, Piece>,
     slots: usize,
+    /// Scratch space for piece starts.
+    scratch: Vec<u64>,
 }
 
 /// What a visit does with an entry.
@@ -258,7 +260,8 @@ impl Intervals {
             return 0;
         }
         let mut dropped = 0;
-        let mut emptied: Vec<u64> = Vec::new();
+        let mut emptied = std::mem::take(&mut self.scratch);
+        emptied.clear();
         // Pieces are disjoint and sorted: walk back from the last one starting before `hi`.
         for (&start, piece) in self.map.range_mut(..hi).rev() {
             if piece.end <= lo {
@@ -270,9 +273,10 @@ impl Intervals {
                 emptied.push(start);
             }
         }
-        for s in emptied {
-            self.map.remove(&s);
+        for s in &emptied {
+            self.map.remove(s);
         }
+        self.scratch = emptied;
         self.slots -= dropped;
         dropped
     }
@@ -284,45 +288,66 @@ impl Intervals {
         lo: u64,
         hi: u64,
         entry: Arc<Entry>,
+        drop: impl FnMut(&Arc<Entry>) -> bool,
+    ) -> usize {
+        self.insert_many(lo, hi, std::slice::from_ref(&entry), drop)
+    }
+
+    /// Adds `entries` over `[lo, hi)`, as [`insert`](Self::insert) does one.
+    pub fn insert_many(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        entries: &[Arc<Entry>],
         mut drop: impl FnMut(&Arc<Entry>) -> bool,
     ) -> usize {
-        if lo >= hi {
+        if lo >= hi || entries.is_empty() {
             return 0;
         }
         self.split_at(lo);
         self.split_at(hi);
-        let mut starts = Vec::new();
+        let mut starts = std::mem::take(&mut self.scratch);
         self.starts(lo, hi, &mut starts);
         let mut dropped = 0;
+        let mut added = 0;
         let mut cursor = lo;
-        let mut fresh: Vec<(u64, u64)> = Vec::new();
+        let fresh = |entries: &[Arc<Entry>]| match entries {
+            [one] => Slots::One(one.clone()),
+            many => Slots::Many(many.to_vec()),
+        };
+        // Gaps between the pieces get pieces of their own (inserted after the walk).
+        let mut gaps: Vec<(u64, u64)> = Vec::new();
         for &s in &starts {
             if s > cursor {
-                fresh.push((cursor, s));
+                gaps.push((cursor, s));
             }
             let piece = self.map.get_mut(&s).expect("piece");
             let (d, left) = piece.slots.retain(|e| !drop(e));
             dropped += d;
             if left {
-                piece.slots.push(entry.clone());
+                for e in entries {
+                    piece.slots.push(e.clone());
+                }
             } else {
-                piece.slots = Slots::One(entry.clone());
+                piece.slots = fresh(entries);
             }
+            added += entries.len();
             cursor = piece.end;
         }
         if cursor < hi {
-            fresh.push((cursor, hi));
+            gaps.push((cursor, hi));
         }
-        let added = starts.len() + fresh.len();
-        for (s, e) in fresh {
+        for (s, e) in gaps {
+            added += entries.len();
             self.map.insert(
                 s,
                 Piece {
                     end: e,
-                    slots: Slots::One(entry.clone()),
+                    slots: fresh(entries),
                 },
             );
         }
+        self.scratch = starts;
         self.slots = self.slots + added - dropped;
         self.coalesce(lo, hi);
         dropped
@@ -330,7 +355,7 @@ impl Intervals {
 
     /// Merges adjacent pieces around and within `[lo, hi)` whose lists are the same.
     fn coalesce(&mut self, lo: u64, hi: u64) {
-        let mut starts = Vec::new();
+        let mut starts = std::mem::take(&mut self.scratch);
         self.starts(lo.saturating_sub(1), hi.saturating_add(1), &mut starts);
         let mut k = 0;
         while k + 1 < starts.len() {
@@ -348,6 +373,7 @@ impl Intervals {
                 k += 1;
             }
         }
+        self.scratch = starts;
     }
 
     /// Drops, everywhere, the listings `keep` rejects, and merges the pieces left alike.
@@ -454,6 +480,18 @@ impl History {
         before - self.len()
     }
 
+    /// Every entry, flat or indexed, moved out.
+    pub fn into_all(self) -> Vec<Access> {
+        match self.index {
+            Some(ix) => ix.entries().iter().map(|e| e.access.clone()).collect(),
+            None => {
+                let mut v = self.accesses;
+                v.extend(self.covered);
+                v
+            }
+        }
+    }
+
     /// Every entry, flat or indexed.
     pub fn all(&self) -> Vec<Access> {
         match &self.index {
@@ -495,9 +533,12 @@ pub struct Generation {
     pub name: Id,
     /// Its memory kind.
     pub memory: MemoryKind,
-    /// Whether the graveyard held tombstones on its bytes when it was allocated: only then can
-    /// its accesses race with freed buffers (the bytes of a live buffer get no new tombstones).
-    pub reuse: bool,
+    /// The records of small freed buffers on its bytes when it was allocated: only those can
+    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
+    /// skipped as they are met).
+    pub reuse: Vec<Arc<Record>>,
+    /// Whether the index of large freed buffers held tombstones on its bytes then.
+    pub reuse_large: bool,
     /// The owning participant (a stream for device memory, the host otherwise).
     pub owner: Participant,
     /// Size in bytes; `None` for an external buffer.
@@ -596,66 +637,314 @@ pub fn scan(
     dropped
 }
 
+/// What a small freed generation leaves: its unexcused accesses, its bytes and its free.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// First byte (absolute).
+    pub lo: u64,
+    /// One past the last byte (absolute).
+    pub hi: u64,
+    /// The buffer's name and free.
+    pub freed: Freed,
+    /// The accesses, with offsets relative to `lo`.
+    pub entries: Vec<Access>,
+}
+
+impl Record {
+    /// The absolute byte range of one of its entries.
+    #[inline]
+    pub fn range(&self, a: &Access) -> (u64, u64) {
+        (
+            self.lo + a.offset,
+            self.lo.saturating_add(a.end).min(self.hi),
+        )
+    }
+}
+
+/// The page size of the small-record table.
+const PAGE_BITS: u32 = 16;
+/// Freed generations spanning at most this many pages are small records; larger ones go, entry
+/// by entry, into the interval index.
+pub const SMALL_PAGES: u64 = 64;
+
+fn page_span(lo: u64, hi: u64) -> (u64, u64) {
+    (lo >> PAGE_BITS, (hi - 1) >> PAGE_BITS)
+}
+
+/// The tombstones of one memory kind.
+#[derive(Clone, Debug, Default)]
+struct Space {
+    /// Small records, by slot.
+    records: Vec<Option<Arc<Record>>>,
+    free_slots: Vec<u32>,
+    /// Page → the slots of the records touching it (emptied lists stay until a sweep).
+    pages: rustc_hash::FxHashMap<u64, Vec<u32>>,
+    /// Small records kept.
+    count: usize,
+    /// Records no longer listed, for reuse (each uniquely owned, its entries empty).
+    spare: Vec<Arc<Record>>,
+    /// Entries of the small records.
+    entries: usize,
+    /// Large freed buffers, entry by entry.
+    large: Intervals,
+}
+
+impl Space {
+    fn remove(&mut self, slot: u32) {
+        let Some(mut rec) = self.records[slot as usize].take() else {
+            return;
+        };
+        self.entries -= rec.entries.len();
+        // Keep the allocation for the next record (most frees bury one and trim one).
+        if let Some(r) = Arc::get_mut(&mut rec) {
+            if self.spare.len() < 64 {
+                r.entries.clear();
+                let (lo, hi) = (r.lo, r.hi);
+                self.spare.push(rec);
+                return self.unlist(slot, lo, hi);
+            }
+        }
+        self.unlist(slot, rec.lo, rec.hi);
+    }
+
+    fn unlist(&mut self, slot: u32, lo: u64, hi: u64) {
+        self.count -= 1;
+        let (first, last) = page_span(lo, hi);
+        for p in first..=last {
+            if let Some(v) = self.pages.get_mut(&p) {
+                if let Some(k) = v.iter().position(|&s| s == slot) {
+                    v.swap_remove(k);
+                }
+            }
+        }
+        self.free_slots.push(slot);
+    }
+
+    /// The slots of the small records overlapping `[lo, hi)`, each once: through the pages of
+    /// a range of at most [`SMALL_PAGES`] pages, through every record for a larger one.
+    fn overlapping(&self, lo: u64, hi: u64, into: &mut Vec<u32>) {
+        into.clear();
+        if self.count == 0 {
+            return;
+        }
+        let (first, last) = page_span(lo, hi);
+        let overlaps = |s: u32| {
+            self.records[s as usize]
+                .as_ref()
+                .is_some_and(|r| r.lo < hi && lo < r.hi)
+        };
+        if last - first >= SMALL_PAGES {
+            into.extend((0..self.records.len() as u32).filter(|&s| overlaps(s)));
+            return;
+        }
+        for p in first..=last {
+            let Some(v) = self.pages.get(&p) else {
+                continue;
+            };
+            for &s in v {
+                if overlaps(s) && !into.contains(&s) {
+                    into.push(s);
+                }
+            }
+        }
+    }
+}
+
 /// Tombstones of freed generations, by memory kind and absolute address (see the module docs).
+///
+/// A freed generation that spans at most [`SMALL_PAGES`] pages of 64 KiB is one [`Record`],
+/// listed by every page it touches: burying and finding it cost a lookup per page. A larger one
+/// is buried entry by entry in an [`Intervals`] index, whose cost does not depend on its size.
 #[derive(Clone, Debug, Default)]
 pub struct Graveyard {
-    kinds: [Intervals; 3],
+    kinds: [Space; 3],
+    scratch: Vec<u32>,
 }
 
 impl Graveyard {
-    /// The index of one memory kind.
-    pub fn of(&mut self, kind: MemoryKind) -> &mut Intervals {
-        &mut self.kinds[kind.index()]
-    }
-
-    /// Whether some tombstone of `kind` lies in `[lo, hi)`.
-    pub fn overlaps(&self, kind: MemoryKind, lo: u64, hi: u64) -> bool {
-        self.kinds[kind.index()].overlaps(lo, hi)
-    }
-
-    /// Buries one access of a freed generation whose bytes start at `base`, trimming the
-    /// tombstones of the same participant it subsumes and those the host's clock covers.
-    /// Returns the change in listings.
+    /// Buries the accesses of a freed generation occupying `[base, base + size)`. Each trims the
+    /// tombstones of its participant that it subsumes (rule 2; for small records, whole entries
+    /// inside its bytes), and tombstones the host's clock covers are dropped on the way.
+    ///
+    /// Returns an empty vector (with its capacity) for the caller to reuse, when one is freed.
     pub fn bury(
         &mut self,
         kind: MemoryKind,
         base: u64,
-        access: Access,
-        freed: &Arc<Freed>,
+        size: u64,
+        mut entries: Vec<Access>,
+        freed: Freed,
         host: &VectorClock,
-    ) -> isize {
-        let (lo, hi) = (base + access.offset, base.saturating_add(access.end));
-        let (p, op, writes) = (access.epoch.participant, access.op, access.kind.writes());
-        let ix = &mut self.kinds[kind.index()];
-        let before = ix.slots() as isize;
-        let entry = Arc::new(Entry {
-            access,
-            freed: Some(freed.clone()),
-        });
-        ix.insert(lo, hi, entry, |w| {
-            let w = &w.access;
-            host.covers(w.epoch)
-                || (w.epoch.participant == p && w.op < op && Access::dominates(writes, w))
-        });
-        ix.slots() as isize - before
+    ) -> Option<Vec<Access>> {
+        if entries.is_empty() || size == 0 {
+            return Some(entries);
+        }
+        let hi = base.saturating_add(size);
+        let space = &mut self.kinds[kind.index()];
+        let (first, last) = page_span(base, hi);
+        if last - first >= SMALL_PAGES {
+            let ix = &mut space.large;
+            let freed = Arc::new(freed);
+            entries.sort_by_key(|a| a.op);
+            for a in entries {
+                let (lo, end) = (base + a.offset, base.saturating_add(a.end).min(hi));
+                let (p, op, writes) = (a.epoch.participant, a.op, a.kind.writes());
+                let entry = Arc::new(Entry {
+                    access: a,
+                    freed: Some(freed.clone()),
+                });
+                ix.insert(lo, end, entry, |w| {
+                    let w = &w.access;
+                    host.covers(w.epoch)
+                        || (w.epoch.participant == p && w.op < op && Access::dominates(writes, w))
+                });
+            }
+            return None;
+        }
+        let mut rec = Record {
+            lo: base,
+            hi,
+            freed,
+            entries,
+        };
+        // Trim the small records on these bytes: entries the host's clock covers, and entries
+        // inside the bytes of a later entry of the same participant that dominates them.
+        let mut slots = std::mem::take(&mut self.scratch);
+        space.overlapping(base, hi, &mut slots);
+        for &slot in &slots {
+            let Some(old) = space.records[slot as usize].as_mut() else {
+                continue;
+            };
+            let subsumed = |w: &Access| {
+                if host.covers(w.epoch) {
+                    return true;
+                }
+                let (wl, wh) = old.range(w);
+                rec.entries.iter().any(|y| {
+                    let (yl, yh) = rec.range(y);
+                    y.epoch.participant == w.epoch.participant
+                        && w.op < y.op
+                        && Access::dominates(y.kind.writes(), w)
+                        && yl <= wl
+                        && wh <= yh
+                })
+            };
+            if !old.entries.iter().any(subsumed) {
+                continue;
+            }
+            let old = Arc::make_mut(old);
+            let before = old.entries.len();
+            let range = |a: &Access| (old.lo + a.offset, old.lo.saturating_add(a.end).min(old.hi));
+            old.entries.retain(|w| {
+                if host.covers(w.epoch) {
+                    return false;
+                }
+                let (wl, wh) = range(w);
+                !rec.entries.iter().any(|y| {
+                    let (yl, yh) = rec.range(y);
+                    y.epoch.participant == w.epoch.participant
+                        && w.op < y.op
+                        && Access::dominates(y.kind.writes(), w)
+                        && yl <= wl
+                        && wh <= yh
+                })
+            });
+            space.entries -= before - old.entries.len();
+            if old.entries.is_empty() {
+                space.remove(slot);
+            }
+        }
+        self.scratch = slots;
+        space.entries += rec.entries.len();
+        space.count += 1;
+        let mut returned = None;
+        let arc = match space.spare.pop() {
+            Some(mut a) => {
+                let r = Arc::get_mut(&mut a).expect("spare records are unshared");
+                std::mem::swap(&mut r.entries, &mut rec.entries);
+                r.lo = rec.lo;
+                r.hi = rec.hi;
+                r.freed = rec.freed;
+                returned = Some(rec.entries);
+                a
+            }
+            None => Arc::new(rec),
+        };
+        let slot = match space.free_slots.pop() {
+            Some(s) => {
+                space.records[s as usize] = Some(arc);
+                s
+            }
+            None => {
+                space.records.push(Some(arc));
+                space.records.len() as u32 - 1
+            }
+        };
+        for p in first..=last {
+            space.pages.entry(p).or_default().push(slot);
+        }
+        returned
     }
 
-    /// Drops the tombstones the host's clock covers; returns how many listings were dropped.
+    /// The tombstones on `[lo, hi)` of `kind`: the small records there, and whether the index of
+    /// large ones has some.
+    pub fn reuse(&mut self, kind: MemoryKind, lo: u64, hi: u64) -> (Vec<Arc<Record>>, bool) {
+        let space = &self.kinds[kind.index()];
+        if lo >= hi || (space.count == 0 && space.large.is_empty()) {
+            return (Vec::new(), false);
+        }
+        let mut slots = std::mem::take(&mut self.scratch);
+        space.overlapping(lo, hi, &mut slots);
+        let records: Vec<Arc<Record>> = slots
+            .iter()
+            .filter_map(|&s| space.records[s as usize].clone())
+            .collect();
+        self.scratch = slots;
+        (records, space.large.overlaps(lo, hi))
+    }
+
+    /// The index of large freed buffers of one memory kind.
+    pub fn large(&mut self, kind: MemoryKind) -> &mut Intervals {
+        &mut self.kinds[kind.index()].large
+    }
+
+    /// Drops the tombstones the host's clock covers; returns how many were dropped.
     pub fn prune(&mut self, host: &VectorClock) -> usize {
-        self.kinds
-            .iter_mut()
-            .map(|ix| ix.sweep(|e| !host.covers(e.access.epoch)))
-            .sum()
+        let mut dropped = 0;
+        for space in &mut self.kinds {
+            dropped += space.large.sweep(|e| !host.covers(e.access.epoch));
+            for slot in 0..space.records.len() as u32 {
+                let Some(rec) = space.records[slot as usize].as_mut() else {
+                    continue;
+                };
+                if !rec.entries.iter().any(|a| host.covers(a.epoch)) {
+                    continue;
+                }
+                let rec = Arc::make_mut(rec);
+                let before = rec.entries.len();
+                rec.entries.retain(|a| !host.covers(a.epoch));
+                let d = before - rec.entries.len();
+                space.entries -= d;
+                dropped += d;
+                if rec.entries.is_empty() {
+                    space.remove(slot);
+                }
+            }
+            space.pages.retain(|_, v| !v.is_empty());
+        }
+        dropped
     }
 
     /// Whether no tombstone is kept.
     pub fn is_empty(&self) -> bool {
-        self.kinds.iter().all(Intervals::is_empty)
+        self.kinds
+            .iter()
+            .all(|s| s.count == 0 && s.large.is_empty())
     }
 
-    /// Tombstone listings kept.
+    /// Tombstones kept: entries of small records, and listings of the index of large ones.
     pub fn len(&self) -> usize {
-        self.kinds.iter().map(Intervals::slots).sum()
+        self.kinds.iter().map(|s| s.entries + s.large.slots()).sum()
     }
 }
 
