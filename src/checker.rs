@@ -48,7 +48,8 @@ const MANAGED_BASE: u64 = 0x3000_0000_0000;
 enum Name {
     Live(GenId),
     External(GenId),
-    Freed(FreedName),
+    /// Freed: the slot of what remains of it in [`Checker::freed`]'s table.
+    Freed(u32),
 }
 
 /// What remains of a freed name: enough to report use-after-free and invalid-free.
@@ -153,6 +154,9 @@ pub struct Checker {
     gens: Vec<Option<Generation>>,
     free_slots: Vec<u32>,
     names: HashMap<Id, Name>,
+    /// What remains of freed names, by slot (see [`Name::Freed`]), and the slots free for reuse.
+    freed: Vec<FreedName>,
+    freed_slots: Vec<u32>,
     graveyard: Graveyard,
     device: DeviceCachingAllocator<ModelMemory>,
     pinned: HostCachingAllocator<ModelMemory>,
@@ -204,6 +208,8 @@ impl Checker {
             gens: Vec::new(),
             free_slots: Vec::new(),
             names: HashMap::default(),
+            freed: Vec::new(),
+            freed_slots: Vec::new(),
             graveyard: Graveyard::default(),
             device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
             pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
@@ -360,13 +366,15 @@ impl Checker {
                     Some(Name::Live(g)) => {
                         let g = self.gens[g.0 as usize].as_mut().expect("live generation");
                         let owner_stream = g.memory == MemoryKind::Device && g.owner == p;
-                        if !owner_stream && !g.record_streams.contains(&p) {
-                            g.record_streams.push(p);
+                        if !owner_stream && !g.record_streams().contains(&p) {
+                            g.record_streams
+                                .get_or_insert_with(Default::default)
+                                .push(p);
                         }
                     }
                     Some(Name::External(_)) => {}
-                    Some(Name::Freed(f)) => {
-                        let end = f.size;
+                    Some(&Name::Freed(f)) => {
+                        let end = self.freed[f as usize].size;
                         self.uaf.clear();
                         self.uaf.push(UseAfterFree {
                             name: buffer.clone(),
@@ -525,7 +533,8 @@ impl Checker {
     /// Keeps a dropped generation's history vectors for the next generations: most buffers of a
     /// trace are short-lived, and their vectors need not be allocated each time.
     fn recycle(&mut self, history: History) {
-        for mut v in [history.accesses, history.covered] {
+        let covered = history.rest.map(|r| r.covered).unwrap_or_default();
+        for mut v in [history.accesses, covered] {
             if v.capacity() > 0 && v.capacity() <= 4 * FLAT_MAX && self.spare.len() < 1024 {
                 v.clear();
                 self.spare.push(v);
@@ -534,7 +543,8 @@ impl Checker {
     }
 
     fn spare_vec(&mut self) -> Vec<Access> {
-        self.spare.pop().unwrap_or_default()
+        // Most buffers keep one entry: a vector of exactly one, unless one is at hand.
+        self.spare.pop().unwrap_or_else(|| Vec::with_capacity(1))
     }
 
     fn gen(&self, g: GenId) -> &Generation {
@@ -542,19 +552,7 @@ impl Checker {
     }
 
     fn new_external(&mut self, name: &Id) -> GenId {
-        self.new_gen(Generation {
-            name: name.clone(),
-            memory: MemoryKind::Device,
-            reuse: Vec::new(),
-            reuse_large: false,
-            owner: Participant::HOST,
-            size: None,
-            addr: None,
-            alloc_op: None,
-            alloc_site: None,
-            record_streams: Vec::new(),
-            history: History::default(),
-        })
+        self.new_gen(Generation::external(name.clone()))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -672,30 +670,30 @@ impl Checker {
             Some(a) => self.graveyard.reuse(memory, a, a + bytes),
             None => (Vec::new(), false),
         };
-        let g = self.new_gen(Generation {
-            name: buffer.clone(),
+        let mut gen = Generation::allocated(
+            buffer.clone(),
             memory,
-            reuse,
-            reuse_large,
             owner,
-            size: Some(bytes),
-            addr: base,
-            alloc_op: Some(i),
-            alloc_site: site,
-            record_streams: Vec::new(),
-            history: History {
-                accesses,
-                covered: Vec::new(),
-                index: None,
-            },
-        });
+            bytes,
+            base,
+            i,
+            site,
+            History::flat(accesses),
+        );
+        if reuse_large || !reuse.is_empty() {
+            gen.set_reuse(reuse, reuse_large);
+        }
+        let g = self.new_gen(gen);
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
             self.live[memory.index()].insert(a, (a + bytes, g));
         }
         // A name used so far as external starts a new, unrelated buffer.
-        if let Some(Name::External(old)) = self.names.insert(buffer.clone(), Name::Live(g)) {
-            self.drop_gen(old);
+        match self.names.insert(buffer.clone(), Name::Live(g)) {
+            Some(Name::External(old)) => self.drop_gen(old),
+            // The name is allocated again: what remained of the freed one is no longer needed.
+            Some(Name::Freed(f)) => self.freed_slots.push(f),
+            _ => {}
         }
         Ok(())
     }
@@ -756,20 +754,23 @@ impl Checker {
                         None,
                         vec![],
                     ),
-                    Some(Name::Freed(f)) => (
-                        format!("was already freed at op {}", f.free_op),
-                        named.unwrap_or(if f.memory == MemoryKind::Device {
-                            f.owner
-                        } else {
-                            Participant::HOST
-                        }),
-                        Some(f.size),
-                        vec![OpNote {
-                            what: "first freed here".into(),
-                            op: f.free_op,
-                            site: f.free_site.clone(),
-                        }],
-                    ),
+                    Some(&Name::Freed(f)) => {
+                        let f = &self.freed[f as usize];
+                        (
+                            format!("was already freed at op {}", f.free_op),
+                            named.unwrap_or(if f.memory == MemoryKind::Device {
+                                f.owner
+                            } else {
+                                Participant::HOST
+                            }),
+                            Some(f.size),
+                            vec![OpNote {
+                                what: "first freed here".into(),
+                                op: f.free_op,
+                                site: f.free_site.clone(),
+                            }],
+                        )
+                    }
                     Some(Name::Live(_)) => unreachable!(),
                 };
                 let participant = self.order.name(by).to_string();
@@ -806,7 +807,7 @@ impl Checker {
         };
         let (memory, owner, size, base) = {
             let gen = self.gen(g);
-            (gen.memory, gen.owner, gen.size.unwrap_or(0), gen.addr)
+            (gen.memory, gen.owner, gen.size().unwrap_or(0), gen.addr())
         };
         let by = named.unwrap_or(if memory == MemoryKind::Device {
             owner
@@ -817,14 +818,15 @@ impl Checker {
         // clock of every stream named by record_stream. An access happens before it when one of
         // those clocks covers it.
         let gen = self.take_gen(g).expect("live generation");
+        let alloc_op = gen.alloc_op();
         let Generation {
             name,
             record_streams: rs,
-            alloc_op,
             alloc_site,
             history,
             ..
         } = gen;
+        let rs = rs.map(|v| *v).unwrap_or_default();
         let order = &self.order;
         let before_free = |e: crate::clock::Epoch| {
             order.clock(by).covers(e)
@@ -938,17 +940,27 @@ impl Checker {
                 }
             }
         }
-        let freed = Name::Freed(FreedName {
+        let freed = FreedName {
             size,
             memory,
             owner,
             free_op: i,
             free_by: by,
             free_site: site,
-        });
+        };
+        let slot = match self.freed_slots.pop() {
+            Some(s) => {
+                self.freed[s as usize] = freed;
+                s
+            }
+            None => {
+                self.freed.push(freed);
+                self.freed.len() as u32 - 1
+            }
+        };
         // The name is live here, so it is in the table: replace it in place.
-        if let Some(slot) = self.names.get_mut(buffer) {
-            *slot = freed;
+        if let Some(name) = self.names.get_mut(buffer) {
+            *name = Name::Freed(slot);
         }
         Ok(())
     }
@@ -971,10 +983,13 @@ impl Checker {
         let (g, size, memory) = match self.names.get(&r.buffer) {
             Some(Name::Live(g)) => {
                 let gen = self.gen(*g);
-                (Some(*g), gen.size, gen.memory)
+                (Some(*g), gen.size(), gen.memory)
             }
             Some(Name::External(g)) => (Some(*g), None, MemoryKind::Device),
-            Some(Name::Freed(f)) => (None, Some(f.size), f.memory),
+            Some(&Name::Freed(f)) => {
+                let f = &self.freed[f as usize];
+                (None, Some(f.size), f.memory)
+            }
             None => (None, None, MemoryKind::Device),
         };
         if host && !memory.host_accessible() {
@@ -1130,11 +1145,11 @@ impl Checker {
                 label: label.clone(),
             };
             let h = &mut gen.history;
-            match &mut h.index {
+            match h.index_mut() {
                 None => {
                     *history += 1;
                     h.accesses.push(access);
-                    if h.accesses.len() + h.covered.len() > FLAT_MAX {
+                    if h.accesses.len() > FLAT_MAX || h.len() > FLAT_MAX {
                         let before = h.len();
                         h.index_now();
                         *history = *history + h.len() - before;
@@ -1195,16 +1210,20 @@ impl Checker {
             });
         };
         let h = &mut gen.history;
-        match &mut h.index {
-            None => {
+        match h.rest.as_deref_mut() {
+            None | Some(crate::shadow::Rest { index: None, .. }) => {
                 // An empty access covers nothing and conflicts with nothing.
-                let cover = (offset < end).then_some(&mut h.covered);
+                let cover = (offset < end).then_some(&mut h.rest);
                 *history -= scan(&mut h.accesses, cover, host, probe, &mut hit);
                 if hits.get() > 0 {
-                    *history -= scan(&mut h.covered, None, host, probe, &mut hit);
+                    if let Some(r) = h.rest.as_deref_mut() {
+                        *history -= scan(&mut r.covered, None, host, probe, &mut hit);
+                    }
                 }
             }
-            Some(ix) if offset < end => {
+            Some(crate::shadow::Rest {
+                index: Some(ix), ..
+            }) if offset < end => {
                 // Pieces split at the access's bounds lie inside it: an entry of this
                 // participant that the access dominates is trimmed from them (rule 2).
                 let before = ix.slots();
@@ -1233,14 +1252,14 @@ impl Checker {
         }
 
         // Reuse: tombstones of freed buffers on the bytes this region occupies.
-        let (Some(base), memory) = (gen.addr, gen.memory) else {
+        let (Some(base), memory) = (gen.addr(), gen.memory) else {
             return;
         };
         if offset >= end {
             return;
         }
-        let (lo, hi) = (base + offset, base + end.min(gen.size.unwrap_or(0)));
-        if gen.reuse.is_empty() && !gen.reuse_large {
+        let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
+        if gen.reuse.is_empty() && !gen.reuse_large() {
             return;
         }
         let mut alive = false;
@@ -1262,7 +1281,7 @@ impl Checker {
                 }
             }
         }
-        if gen.reuse_large {
+        if gen.reuse_large() {
             let mut last: Option<*const Entry> = None;
             graveyard.large(memory).visit(lo, hi, |e| {
                 if host.covers(e.access.epoch) {
@@ -1286,10 +1305,9 @@ impl Checker {
                 Visit::Keep
             });
         }
-        if !alive && offset == 0 && end >= gen.size.unwrap_or(0) {
+        if !alive && offset == 0 && end >= gen.size().unwrap_or(0) {
             // Every tombstone on its bytes is covered by the host's clock now.
-            gen.reuse = Vec::new();
-            gen.reuse_large = false;
+            gen.set_reuse(Vec::new(), false);
         }
     }
 
@@ -1352,7 +1370,7 @@ impl Checker {
             });
             let gen = self.gen(g);
             let mut notes = Vec::new();
-            if let Some(a) = gen.alloc_op {
+            if let Some(a) = gen.alloc_op() {
                 notes.push(OpNote {
                     what: format!("{} allocated on {}", gen.name, self.order.name(gen.owner)),
                     op: a,
@@ -1429,14 +1447,17 @@ impl Checker {
                 }
             });
             let (free_op, notes) = match self.names.get(name) {
-                Some(Name::Freed(f)) => (
-                    f.free_op,
-                    vec![OpNote {
-                        what: format!("{name} freed here by {}", self.order.name(f.free_by)),
-                        op: f.free_op,
-                        site: f.free_site.clone(),
-                    }],
-                ),
+                Some(&Name::Freed(f)) => {
+                    let f = &self.freed[f as usize];
+                    (
+                        f.free_op,
+                        vec![OpNote {
+                            what: format!("{name} freed here by {}", self.order.name(f.free_by)),
+                            op: f.free_op,
+                            site: f.free_site.clone(),
+                        }],
+                    )
+                }
                 _ => (0, vec![]),
             };
             self.hazards.push(Hazard {

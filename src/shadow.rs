@@ -434,79 +434,105 @@ pub const FLAT_MAX: usize = 48;
 pub struct History {
     /// Flat form: the entries not covered, scanned by every access.
     pub accesses: Vec<Access>,
+    /// What most histories never need: covered entries, or the indexed form.
+    pub rest: Option<Box<Rest>>,
+}
+
+/// The less common parts of a [`History`].
+#[derive(Clone, Debug, Default)]
+pub struct Rest {
     /// Flat form: the covered entries (see the module docs), scanned once a conflict is found.
     pub covered: Vec<Access>,
-    /// Indexed form (then both vectors are empty): every entry, by byte interval.
-    pub index: Option<Box<Intervals>>,
+    /// Indexed form (then `accesses` and `covered` are empty): every entry, by byte interval.
+    pub index: Option<Intervals>,
 }
 
 impl History {
+    /// A flat history of these entries.
+    pub fn flat(accesses: Vec<Access>) -> Self {
+        History {
+            accesses,
+            rest: None,
+        }
+    }
+
+    /// The covered entries of the flat form.
+    pub fn covered(&self) -> &[Access] {
+        self.rest.as_ref().map_or(&[], |r| &r.covered)
+    }
+
+    /// The index, in the indexed form.
+    pub fn index_mut(&mut self) -> Option<&mut Intervals> {
+        self.rest.as_mut().and_then(|r| r.index.as_mut())
+    }
+
     /// Number of history entries kept (listings, for an index).
     pub fn len(&self) -> usize {
-        match &self.index {
-            Some(ix) => ix.slots(),
-            None => self.accesses.len() + self.covered.len(),
+        match &self.rest {
+            Some(r) => match &r.index {
+                Some(ix) => ix.slots(),
+                None => self.accesses.len() + r.covered.len(),
+            },
+            None => self.accesses.len(),
         }
     }
 
     /// Whether no history is kept.
     pub fn is_empty(&self) -> bool {
-        match &self.index {
-            Some(ix) => ix.is_empty(),
-            None => self.accesses.is_empty() && self.covered.is_empty(),
-        }
+        self.len() == 0
     }
 
     /// Drops the entries the host's clock covers; returns how many were dropped. An index small
     /// enough again goes back to the flat form.
     pub fn prune(&mut self, host: &VectorClock) -> usize {
         let before = self.len();
-        if let Some(ix) = &mut self.index {
+        if let Some(ix) = self.index_mut() {
             ix.sweep(|e| !host.covers(e.access.epoch));
             if ix.slots() <= FLAT_MAX / 2 {
                 let entries = ix.entries();
-                self.index = None;
+                self.rest = None;
                 self.accesses = entries.iter().map(|e| e.access.clone()).collect();
             }
             return before - self.len();
         }
         self.accesses.retain(|a| !host.covers(a.epoch));
-        if self.accesses.is_empty() {
-            // Every covered entry happens before an entry that the host's clock covers.
-            self.covered.clear();
-        } else {
-            self.covered.retain(|a| !host.covers(a.epoch));
+        if let Some(r) = &mut self.rest {
+            if self.accesses.is_empty() {
+                // Every covered entry happens before an entry that the host's clock covers.
+                self.rest = None;
+            } else {
+                r.covered.retain(|a| !host.covers(a.epoch));
+            }
         }
         before - self.len()
     }
 
     /// Every entry, flat or indexed, moved out.
     pub fn into_all(self) -> Vec<Access> {
-        match self.index {
-            Some(ix) => ix.entries().iter().map(|e| e.access.clone()).collect(),
-            None => {
-                let mut v = self.accesses;
-                v.extend(self.covered);
-                v
+        let mut v = self.accesses;
+        if let Some(r) = self.rest {
+            match r.index {
+                Some(ix) => v.extend(ix.entries().iter().map(|e| e.access.clone())),
+                None => v.extend(r.covered),
             }
         }
+        v
     }
 
     /// Every entry, flat or indexed.
     pub fn all(&self) -> Vec<Access> {
-        match &self.index {
-            Some(ix) => ix.entries().iter().map(|e| e.access.clone()).collect(),
-            None => self.accesses.iter().chain(&self.covered).cloned().collect(),
-        }
+        self.clone().into_all()
     }
 
     /// Moves a flat history into an index, in op order, trimming what rule 2 subsumes.
     pub fn index_now(&mut self) {
-        if self.index.is_some() {
+        if self.index_mut().is_some() {
             return;
         }
         let mut all: Vec<Access> = std::mem::take(&mut self.accesses);
-        all.append(&mut self.covered);
+        if let Some(r) = self.rest.take() {
+            all.extend(r.covered);
+        }
         all.sort_by_key(|a| a.op);
         let mut ix = Intervals::new();
         for a in all {
@@ -522,43 +548,123 @@ impl History {
                     && Access::dominates(writes, &x.access)
             });
         }
-        self.index = Some(Box::new(ix));
+        self.rest = Some(Box::new(Rest {
+            covered: Vec::new(),
+            index: Some(ix),
+        }));
     }
 }
 
-/// The state of one live (or external) buffer generation.
+/// The state of one live (or external) buffer generation. Kept small: a trace may hold a
+/// million live buffers.
 #[derive(Clone, Debug)]
 pub struct Generation {
     /// The buffer's name.
     pub name: Id,
-    /// Its memory kind.
-    pub memory: MemoryKind,
-    /// The records of small freed buffers on its bytes when it was allocated: only those can
-    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
-    /// skipped as they are met).
-    pub reuse: Vec<Arc<Record>>,
-    /// Whether the index of large freed buffers held tombstones on its bytes then.
-    pub reuse_large: bool,
-    /// The owning participant (a stream for device memory, the host otherwise).
-    pub owner: Participant,
-    /// Size in bytes; `None` for an external buffer.
-    pub size: Option<u64>,
-    /// Base address in its memory kind's address space, if it takes memory.
-    pub addr: Option<u64>,
-    /// The `alloc` op, if allocated.
-    pub alloc_op: Option<u64>,
-    /// The `alloc` op's site.
-    pub alloc_site: Option<Arc<Site>>,
-    /// Streams named by `record_stream` (other than the owner of device memory).
-    pub record_streams: Vec<Participant>,
     /// The history every access scans.
     pub history: History,
+    /// The `alloc` op's site.
+    pub alloc_site: Option<Arc<Site>>,
+    /// The records of small freed buffers on its bytes when it was allocated: only those can
+    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
+    /// skipped as they are met). Whether the index of large freed buffers held tombstones on its
+    /// bytes then is [`Generation::reuse_large`].
+    pub reuse: Box<[Arc<Record>]>,
+    /// Streams named by `record_stream` (other than the owner of device memory).
+    pub record_streams: Option<Box<Vec<Participant>>>,
+    size: u64,
+    addr: u64,
+    alloc_op: u64,
+    /// The owning participant (a stream for device memory, the host otherwise).
+    pub owner: Participant,
+    /// Its memory kind.
+    pub memory: MemoryKind,
+    flags: u8,
 }
 
+const EXTERNAL: u8 = 1;
+const HAS_ADDR: u8 = 2;
+const REUSE_LARGE: u8 = 4;
+
 impl Generation {
+    /// An external buffer: device memory of unknown size, used without an `alloc`.
+    pub fn external(name: Id) -> Self {
+        Generation {
+            name,
+            history: History::default(),
+            alloc_site: None,
+            reuse: Box::new([]),
+            record_streams: None,
+            size: 0,
+            addr: 0,
+            alloc_op: 0,
+            owner: Participant::HOST,
+            memory: MemoryKind::Device,
+            flags: EXTERNAL,
+        }
+    }
+
+    /// A buffer allocated at op `alloc_op`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocated(
+        name: Id,
+        memory: MemoryKind,
+        owner: Participant,
+        size: u64,
+        addr: Option<u64>,
+        alloc_op: u64,
+        alloc_site: Option<Arc<Site>>,
+        history: History,
+    ) -> Self {
+        Generation {
+            name,
+            history,
+            alloc_site,
+            reuse: Box::new([]),
+            record_streams: None,
+            size,
+            addr: addr.unwrap_or(0),
+            alloc_op,
+            owner,
+            memory,
+            flags: if addr.is_some() { HAS_ADDR } else { 0 },
+        }
+    }
+
     /// Whether this is an external buffer (used without an `alloc`).
     pub fn is_external(&self) -> bool {
-        self.size.is_none()
+        self.flags & EXTERNAL != 0
+    }
+
+    /// Size in bytes; `None` for an external buffer.
+    pub fn size(&self) -> Option<u64> {
+        (!self.is_external()).then_some(self.size)
+    }
+
+    /// Base address in its memory kind's address space, if it takes memory.
+    pub fn addr(&self) -> Option<u64> {
+        (self.flags & HAS_ADDR != 0).then_some(self.addr)
+    }
+
+    /// The `alloc` op, if allocated.
+    pub fn alloc_op(&self) -> Option<u64> {
+        (!self.is_external()).then_some(self.alloc_op)
+    }
+
+    /// Whether the index of large freed buffers held tombstones on its bytes at its allocation.
+    pub fn reuse_large(&self) -> bool {
+        self.flags & REUSE_LARGE != 0
+    }
+
+    /// Sets the tombstones its accesses are checked against.
+    pub fn set_reuse(&mut self, records: Vec<Arc<Record>>, large: bool) {
+        self.reuse = records.into_boxed_slice();
+        self.flags = (self.flags & !REUSE_LARGE) | if large { REUSE_LARGE } else { 0 };
+    }
+
+    /// The streams named by `record_stream`.
+    pub fn record_streams(&self) -> &[Participant] {
+        self.record_streams.as_deref().map_or(&[], |v| v.as_slice())
     }
 }
 
@@ -590,11 +696,11 @@ impl Probe<'_> {
 /// Scans a flat history list for an access: drops the entries the host's clock covers, calls
 /// `hit` for every entry that conflicts with the access (overlapping bytes, another participant,
 /// a write on either side, not ordered before it), and, with `cover`, drops the entries of the
-/// same participant that the access subsumes and moves to `cover` those of others that it
-/// covers (see the module docs). Returns the number of entries dropped.
+/// same participant that the access subsumes and moves to `cover`'s covered list those of others
+/// that it covers (see the module docs). Returns the number of entries dropped.
 pub fn scan(
     list: &mut Vec<Access>,
-    mut cover: Option<&mut Vec<Access>>,
+    mut cover: Option<&mut Option<Box<Rest>>>,
     host: &VectorClock,
     probe: Probe<'_>,
     mut hit: impl FnMut(&Access),
@@ -627,7 +733,8 @@ pub fn scan(
                     list.swap_remove(k);
                     dropped += 1;
                 } else {
-                    c.push(list.swap_remove(k));
+                    let moved = list.swap_remove(k);
+                    c.get_or_insert_with(Default::default).covered.push(moved);
                 }
                 continue;
             }
@@ -895,10 +1002,12 @@ impl Graveyard {
         }
         let mut slots = std::mem::take(&mut self.scratch);
         space.overlapping(lo, hi, &mut slots);
-        let records: Vec<Arc<Record>> = slots
-            .iter()
-            .filter_map(|&s| space.records[s as usize].clone())
-            .collect();
+        let mut records: Vec<Arc<Record>> = Vec::with_capacity(slots.len());
+        records.extend(
+            slots
+                .iter()
+                .filter_map(|&s| space.records[s as usize].clone()),
+        );
         self.scratch = slots;
         (records, space.large.overlaps(lo, hi))
     }
