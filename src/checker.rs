@@ -127,6 +127,28 @@ impl Stats {
     }
 }
 
+/// Where the checker switches between representations of its state. Verdicts and reports do not
+/// depend on them (the tests compare extreme values against the defaults and the oracle); they
+/// trade time for memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// A buffer's history moves from a flat vector into an interval index once it holds more
+    /// than this many entries (0: every history is indexed).
+    pub history_index_at: usize,
+    /// A freed buffer spanning at most this many 64 KiB pages stays one record of the graveyard;
+    /// a larger one is buried entry by entry in its interval index (0: every freed buffer).
+    pub small_freed_pages: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            history_index_at: FLAT_MAX,
+            small_freed_pages: crate::shadow::SMALL_PAGES,
+        }
+    }
+}
+
 /// Checks ops one at a time and collects hazards.
 ///
 /// ```
@@ -150,6 +172,7 @@ impl Stats {
 /// ```
 #[derive(Clone)]
 pub struct Checker {
+    limits: Limits,
     order: Order,
     gens: Vec<Option<Generation>>,
     free_slots: Vec<u32>,
@@ -203,14 +226,21 @@ fn bytes_of(offset: u64, end: u64) -> Option<u64> {
 impl Checker {
     /// A checker at the start of a trace.
     pub fn new() -> Self {
+        Self::with_limits(Limits::default())
+    }
+
+    /// A checker with other [`Limits`]: the same verdicts and reports, with other trade-offs of
+    /// time for memory.
+    pub fn with_limits(limits: Limits) -> Self {
         Checker {
+            limits,
             order: Order::new(),
             gens: Vec::new(),
             free_slots: Vec::new(),
             names: HashMap::default(),
             freed: Vec::new(),
             freed_slots: Vec::new(),
-            graveyard: Graveyard::default(),
+            graveyard: Graveyard::new(limits.small_freed_pages),
             device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
             pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
             managed: HostCachingAllocator::new(ModelMemory::new(MANAGED_BASE)),
@@ -1125,8 +1155,10 @@ impl Checker {
             gens,
             history,
             order,
+            limits,
             ..
         } = self;
+        let flat_max = limits.history_index_at;
         for a in op_accesses.iter() {
             if a.offset >= a.end {
                 // An access of no bytes uses no memory: it can never conflict.
@@ -1149,7 +1181,7 @@ impl Checker {
                 None => {
                     *history += 1;
                     h.accesses.push(access);
-                    if h.accesses.len() > FLAT_MAX || h.len() > FLAT_MAX {
+                    if h.accesses.len() > flat_max || h.len() > flat_max {
                         let before = h.len();
                         h.index_now();
                         *history = *history + h.len() - before;
@@ -1498,11 +1530,12 @@ impl Checker {
                 gens,
                 order,
                 history,
+                limits,
                 ..
             } = self;
             let host = order.host_clock();
             for gen in gens.iter_mut().flatten() {
-                *history -= gen.history.prune(host);
+                *history -= gen.history.prune(host, limits.history_index_at);
             }
             self.prune_graveyard();
             self.host_at_prune = self.order.host_clock().clone();

@@ -482,13 +482,13 @@ impl History {
         self.len() == 0
     }
 
-    /// Drops the entries the host's clock covers; returns how many were dropped. An index small
-    /// enough again goes back to the flat form.
-    pub fn prune(&mut self, host: &VectorClock) -> usize {
+    /// Drops the entries the host's clock covers; returns how many were dropped. An index of at
+    /// most half `flat_max` entries goes back to the flat form.
+    pub fn prune(&mut self, host: &VectorClock, flat_max: usize) -> usize {
         let before = self.len();
         if let Some(ix) = self.index_mut() {
             ix.sweep(|e| !host.covers(e.access.epoch));
-            if ix.slots() <= FLAT_MAX / 2 {
+            if ix.slots() <= flat_max / 2 {
                 let entries = ix.entries();
                 self.rest = None;
                 self.accesses = entries.iter().map(|e| e.access.clone()).collect();
@@ -862,13 +862,30 @@ impl Space {
 /// A freed generation that spans at most [`SMALL_PAGES`] pages of 64 KiB is one [`Record`],
 /// listed by every page it touches: burying and finding it cost a lookup per page. A larger one
 /// is buried entry by entry in an [`Intervals`] index, whose cost does not depend on its size.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Graveyard {
     kinds: [Space; 3],
     scratch: Vec<u32>,
+    small_pages: u64,
+}
+
+impl Default for Graveyard {
+    fn default() -> Self {
+        Self::new(SMALL_PAGES)
+    }
 }
 
 impl Graveyard {
+    /// A graveyard whose small records span at most `small_pages` pages of 64 KiB (0: every
+    /// freed buffer goes into the interval index).
+    pub fn new(small_pages: u64) -> Self {
+        Graveyard {
+            kinds: Default::default(),
+            scratch: Vec::new(),
+            small_pages,
+        }
+    }
+
     /// Buries the accesses of a freed generation occupying `[base, base + size)`. Each trims the
     /// tombstones of its participant that it subsumes (rule 2; for small records, whole entries
     /// inside its bytes), and tombstones the host's clock covers are dropped on the way.
@@ -889,7 +906,7 @@ impl Graveyard {
         let hi = base.saturating_add(size);
         let space = &mut self.kinds[kind.index()];
         let (first, last) = page_span(base, hi);
-        if last - first >= SMALL_PAGES {
+        if last - first >= self.small_pages {
             let ix = &mut space.large;
             let freed = Arc::new(freed);
             entries.sort_by_key(|a| a.op);
