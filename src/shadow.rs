@@ -51,30 +51,43 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::clock::{Epoch, Participant, VectorClock};
+use crate::clock::{Epoch, Participant, Time, VectorClock};
 use crate::report::AccessKind;
 use crate::trace::{Id, MemoryKind, Site};
 
-/// One recorded access: an op's use of one region of one generation.
+/// One recorded access: an op's use of one region of one generation. Kept small: a trace may
+/// hold millions.
 #[derive(Clone, Debug)]
 pub struct Access {
     /// The op index.
     pub op: u64,
-    /// Who and when.
-    pub epoch: Epoch,
-    /// Read, write or alloc.
-    pub kind: AccessKind,
+    /// The accessing participant's own clock component at the access (see [`Access::epoch`]).
+    pub time: Time,
     /// First byte, relative to the buffer.
     pub offset: u64,
     /// One past the last byte; `u64::MAX` for "to the end" of an external buffer.
     pub end: u64,
     /// The op's site, shared by its accesses.
     pub site: Option<Arc<Site>>,
-    /// The kernel name of a launch, shared by every launch of that name.
-    pub label: Option<Arc<str>>,
+    /// Who accessed.
+    pub participant: Participant,
+    /// The kernel name of a launch, as an index into the checker's table of names plus one
+    /// (0: none).
+    pub label: u32,
+    /// Read, write or alloc.
+    pub kind: AccessKind,
 }
 
 impl Access {
+    /// Who and when.
+    #[inline]
+    pub fn epoch(&self) -> Epoch {
+        Epoch {
+            participant: self.participant,
+            time: self.time,
+        }
+    }
+
     /// Whether the two byte ranges share at least one byte.
     #[inline]
     pub fn overlaps(&self, offset: u64, end: u64) -> bool {
@@ -487,7 +500,7 @@ impl History {
     pub fn prune(&mut self, host: &VectorClock, flat_max: usize) -> usize {
         let before = self.len();
         if let Some(ix) = self.index_mut() {
-            ix.sweep(|e| !host.covers(e.access.epoch));
+            ix.sweep(|e| !host.covers(e.access.epoch()));
             if ix.slots() <= flat_max / 2 {
                 let entries = ix.entries();
                 self.rest = None;
@@ -495,13 +508,13 @@ impl History {
             }
             return before - self.len();
         }
-        self.accesses.retain(|a| !host.covers(a.epoch));
+        self.accesses.retain(|a| !host.covers(a.epoch()));
         if let Some(r) = &mut self.rest {
             if self.accesses.is_empty() {
                 // Every covered entry happens before an entry that the host's clock covers.
                 self.rest = None;
             } else {
-                r.covered.retain(|a| !host.covers(a.epoch));
+                r.covered.retain(|a| !host.covers(a.epoch()));
             }
         }
         before - self.len()
@@ -536,14 +549,13 @@ impl History {
         all.sort_by_key(|a| a.op);
         let mut ix = Intervals::new();
         for a in all {
-            let (lo, hi, p, op, writes) =
-                (a.offset, a.end, a.epoch.participant, a.op, a.kind.writes());
+            let (lo, hi, p, op, writes) = (a.offset, a.end, a.participant, a.op, a.kind.writes());
             let e = Arc::new(Entry {
                 access: a,
                 freed: None,
             });
             ix.insert(lo, hi, e, |x| {
-                x.access.epoch.participant == p
+                x.access.participant == p
                     && x.access.op < op
                     && Access::dominates(writes, &x.access)
             });
@@ -565,13 +577,8 @@ pub struct Generation {
     pub history: History,
     /// The `alloc` op's site.
     pub alloc_site: Option<Arc<Site>>,
-    /// The records of small freed buffers on its bytes when it was allocated: only those can
-    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
-    /// skipped as they are met). Whether the index of large freed buffers held tombstones on its
-    /// bytes then is [`Generation::reuse_large`].
-    pub reuse: Box<[Arc<Record>]>,
-    /// Streams named by `record_stream` (other than the owner of device memory).
-    pub record_streams: Option<Box<Vec<Participant>>>,
+    /// What most buffers do not need: tombstones to check, `record_stream` streams.
+    extra: Option<Box<Extra>>,
     size: u64,
     addr: u64,
     alloc_op: u64,
@@ -580,6 +587,13 @@ pub struct Generation {
     /// Its memory kind.
     pub memory: MemoryKind,
     flags: u8,
+}
+
+/// The less common parts of a [`Generation`].
+#[derive(Clone, Debug, Default)]
+struct Extra {
+    reuse: Vec<Arc<Record>>,
+    record_streams: Vec<Participant>,
 }
 
 const EXTERNAL: u8 = 1;
@@ -593,8 +607,7 @@ impl Generation {
             name,
             history: History::default(),
             alloc_site: None,
-            reuse: Box::new([]),
-            record_streams: None,
+            extra: None,
             size: 0,
             addr: 0,
             alloc_op: 0,
@@ -620,8 +633,7 @@ impl Generation {
             name,
             history,
             alloc_site,
-            reuse: Box::new([]),
-            record_streams: None,
+            extra: None,
             size,
             addr: addr.unwrap_or(0),
             alloc_op,
@@ -658,13 +670,46 @@ impl Generation {
 
     /// Sets the tombstones its accesses are checked against.
     pub fn set_reuse(&mut self, records: Vec<Arc<Record>>, large: bool) {
-        self.reuse = records.into_boxed_slice();
         self.flags = (self.flags & !REUSE_LARGE) | if large { REUSE_LARGE } else { 0 };
+        match &mut self.extra {
+            Some(x) => x.reuse = records,
+            None if records.is_empty() => {}
+            None => {
+                self.extra = Some(Box::new(Extra {
+                    reuse: records,
+                    record_streams: Vec::new(),
+                }))
+            }
+        }
     }
 
-    /// The streams named by `record_stream`.
+    /// The records of small freed buffers on its bytes when it was allocated: only those can
+    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
+    /// skipped as they are met). Whether the index of large freed buffers held tombstones on its
+    /// bytes then is [`Generation::reuse_large`].
+    pub fn reuse(&self) -> &[Arc<Record>] {
+        self.extra.as_ref().map_or(&[], |x| &x.reuse)
+    }
+
+    /// The streams named by `record_stream` (other than the owner of device memory).
     pub fn record_streams(&self) -> &[Participant] {
-        self.record_streams.as_deref().map_or(&[], |v| v.as_slice())
+        self.extra.as_ref().map_or(&[], |x| &x.record_streams)
+    }
+
+    /// Adds a stream named by `record_stream`.
+    pub fn add_record_stream(&mut self, p: Participant) {
+        let x = self.extra.get_or_insert_with(Default::default);
+        if !x.record_streams.contains(&p) {
+            x.record_streams.push(p);
+        }
+    }
+
+    /// Takes out the streams named by `record_stream`.
+    pub fn take_record_streams(&mut self) -> Vec<Participant> {
+        self.extra
+            .as_mut()
+            .map(|x| std::mem::take(&mut x.record_streams))
+            .unwrap_or_default()
     }
 }
 
@@ -687,9 +732,9 @@ impl Probe<'_> {
     /// Whether the earlier access `a` conflicts with this one without happens-before.
     #[inline]
     pub fn conflicts(&self, a: &Access) -> bool {
-        a.epoch.participant != self.participant
+        a.participant != self.participant
             && (self.writes || a.kind.writes())
-            && !self.clock.covers(a.epoch)
+            && !self.clock.covers(a.epoch())
     }
 }
 
@@ -709,14 +754,14 @@ pub fn scan(
     let mut k = 0;
     while k < list.len() {
         let a = &list[k];
-        if host.covers(a.epoch) {
+        if host.covers(a.epoch()) {
             list.swap_remove(k);
             dropped += 1;
             continue;
         }
-        let ordered = probe.clock.covers(a.epoch);
+        let ordered = probe.clock.covers(a.epoch());
         if !ordered
-            && a.epoch.participant != probe.participant
+            && a.participant != probe.participant
             && (probe.writes || a.kind.writes())
             && a.overlaps(probe.offset, probe.end)
         {
@@ -728,7 +773,7 @@ pub fn scan(
                 && a.end <= probe.end
                 && Access::dominates(probe.writes, a)
             {
-                if a.epoch.participant == probe.participant {
+                if a.participant == probe.participant {
                     // Subsumed by this later access of its own participant.
                     list.swap_remove(k);
                     dropped += 1;
@@ -912,15 +957,15 @@ impl Graveyard {
             entries.sort_by_key(|a| a.op);
             for a in entries {
                 let (lo, end) = (base + a.offset, base.saturating_add(a.end).min(hi));
-                let (p, op, writes) = (a.epoch.participant, a.op, a.kind.writes());
+                let (p, op, writes) = (a.participant, a.op, a.kind.writes());
                 let entry = Arc::new(Entry {
                     access: a,
                     freed: Some(freed.clone()),
                 });
                 ix.insert(lo, end, entry, |w| {
                     let w = &w.access;
-                    host.covers(w.epoch)
-                        || (w.epoch.participant == p && w.op < op && Access::dominates(writes, w))
+                    host.covers(w.epoch())
+                        || (w.participant == p && w.op < op && Access::dominates(writes, w))
                 });
             }
             return None;
@@ -940,13 +985,13 @@ impl Graveyard {
                 continue;
             };
             let subsumed = |w: &Access| {
-                if host.covers(w.epoch) {
+                if host.covers(w.epoch()) {
                     return true;
                 }
                 let (wl, wh) = old.range(w);
                 rec.entries.iter().any(|y| {
                     let (yl, yh) = rec.range(y);
-                    y.epoch.participant == w.epoch.participant
+                    y.participant == w.participant
                         && w.op < y.op
                         && Access::dominates(y.kind.writes(), w)
                         && yl <= wl
@@ -960,13 +1005,13 @@ impl Graveyard {
             let before = old.entries.len();
             let range = |a: &Access| (old.lo + a.offset, old.lo.saturating_add(a.end).min(old.hi));
             old.entries.retain(|w| {
-                if host.covers(w.epoch) {
+                if host.covers(w.epoch()) {
                     return false;
                 }
                 let (wl, wh) = range(w);
                 !rec.entries.iter().any(|y| {
                     let (yl, yh) = rec.range(y);
-                    y.epoch.participant == w.epoch.participant
+                    y.participant == w.participant
                         && w.op < y.op
                         && Access::dominates(y.kind.writes(), w)
                         && yl <= wl
@@ -1038,17 +1083,17 @@ impl Graveyard {
     pub fn prune(&mut self, host: &VectorClock) -> usize {
         let mut dropped = 0;
         for space in &mut self.kinds {
-            dropped += space.large.sweep(|e| !host.covers(e.access.epoch));
+            dropped += space.large.sweep(|e| !host.covers(e.access.epoch()));
             for slot in 0..space.records.len() as u32 {
                 let Some(rec) = space.records[slot as usize].as_mut() else {
                     continue;
                 };
-                if !rec.entries.iter().any(|a| host.covers(a.epoch)) {
+                if !rec.entries.iter().any(|a| host.covers(a.epoch())) {
                     continue;
                 }
                 let rec = Arc::make_mut(rec);
                 let before = rec.entries.len();
-                rec.entries.retain(|a| !host.covers(a.epoch));
+                rec.entries.retain(|a| !host.covers(a.epoch()));
                 let d = before - rec.entries.len();
                 space.entries -= d;
                 dropped += d;
@@ -1082,15 +1127,13 @@ mod tests {
         Arc::new(Entry {
             access: Access {
                 op,
-                epoch: Epoch {
-                    participant: Participant(p),
-                    time,
-                },
+                time,
+                participant: Participant(p),
                 kind,
                 offset,
                 end,
                 site: None,
-                label: None,
+                label: 0,
             },
             freed: None,
         })
@@ -1119,7 +1162,7 @@ mod tests {
         assert_eq!(listing(&mut ix, 0, 10), vec![1]);
         // Participant 1 writes [30, 70) again: its earlier write is trimmed there only.
         let dropped = ix.insert(30, 70, access(3, 1, 2, AccessKind::Write, 30, 70), |e| {
-            e.access.epoch.participant == Participant(1)
+            e.access.participant == Participant(1)
         });
         assert_eq!(dropped, 3, "listings of op 1 in [30,40), [40,60), [60,70)");
         assert_eq!(listing(&mut ix, 35, 36), vec![3]);
@@ -1127,7 +1170,7 @@ mod tests {
         assert_eq!(listing(&mut ix, 0, 100), vec![1, 2, 3]);
         assert_eq!(listing(&mut ix, 75, 76), vec![1]);
         // Dropping participant 2 everywhere leaves [0,30) 1, [30,70) 3, [70,100) 1.
-        ix.sweep(|e| e.access.epoch.participant != Participant(2));
+        ix.sweep(|e| e.access.participant != Participant(2));
         assert_eq!(ix.pieces(), 3);
         assert_eq!(ix.slots(), 3);
         ix.insert(0, 100, access(4, 1, 3, AccessKind::Write, 0, 100), |_| true);
