@@ -11,19 +11,12 @@
 //! 1. **The host's clock.** Every future op joins the host's clock first (rule 2 of the trace
 //!    format), so an entry the host's clock covers can never conflict again: it is dropped,
 //!    inline while scanning and in sweeps.
-//! 2. **A later access by the same participant** (the FastTrack insight). Entry `X` by `p` is
-//!    *subsumed* by a later op's entry `Y` by `p` on the bytes they share when `Y` writes or `X`
-//!    only reads: any later access `Z` by another participant that conflicts with `X` there
-//!    conflicts with `Y` too (`Z`'s clock does not cover `X`, so it does not cover the later
-//!    `Y`; `Z` or `X` writes, so `Z` or `Y` writes), and `Y` is the later op of `p`. Reports list,
-//!    per participant, only its latest conflicting op (trace format, "Report"), so `X` can
-//!    decide no verdict and appear in no report: it is dropped on those bytes. Entries of the
-//!    *same* op never subsume each other (a report lists every conflicting region of the op).
+//! 2. **A later access by the same participant** (the FastTrack insight, here across
+//!    generations). Entry `X` by `p` is *subsumed* by the entry `Y` of a later op of `p` on the
+//!    bytes they share when `Y` writes or `X` only reads; `X` is then dropped on those bytes.
 //! 3. **Covered entries.** An entry that happens before a later access by another participant
 //!    covering its bytes (a write covers anything, a read covers reads) is moved to the
-//!    generation's `covered` list: whenever it conflicts with an access, so does its coverer (or
-//!    the one covering that), so it is scanned only once a conflict is found — it may still be
-//!    its participant's latest conflicting op.
+//!    generation's `covered` list, scanned only once a conflict is found.
 //!
 //! Small histories are flat vectors scanned in full (the common case: a few entries). A history
 //! that grows past [`FLAT_MAX`] entries moves into an [`Intervals`] index: disjoint byte pieces,
@@ -31,22 +24,60 @@
 //! and rule 2 trims an entry on exactly the bytes a later one subsumes (a trimmed entry keeps its
 //! own region for reports).
 //!
-//! **Freed generations.** At a free, the unsafe-free check reads the generation's history; then
-//! its entries that `record_stream` does not excuse become *tombstones* in the [`Graveyard`]:
-//! one [`Intervals`] index per memory kind over absolute addresses. A tombstone carries the
-//! freed buffer's name and free, for reuse-race reports. Rule 2 applies across generations:
-//! a tombstone of `p` is trimmed where a later generation's tombstone of `p` subsumes it (both
-//! are reuse candidates of every later buffer on those bytes, and the later one is `p`'s latest
-//! op). Live accesses never trim tombstones: for the buffer that now holds the bytes, a tombstone
-//! decides `reuse-race` while its own history decides `data-race`, two different hazards.
+//! **Freed generations.** A free first checks the generation's history (`unsafe-free`), then
+//! drops what `record_stream` excuses, and buries the rest in the [`Graveyard`], per memory kind,
+//! at absolute addresses. A freed generation spanning at most [`SMALL_PAGES`] pages of 64 KiB is
+//! one [`Record`] listed by each page it touches: burying and finding it cost a hash lookup per
+//! page, which matters since most buffers are freed. A larger one is buried entry by entry in an
+//! [`Intervals`] index, whose cost does not depend on the size in bytes. (Records trim whole
+//! entries only, those inside a later entry's bytes: keeping more never changes a verdict or a
+//! report.) A tombstone carries the
+//! freed buffer's name and free, for reuse-race reports. A new generation takes, at its
+//! allocation, the records on its bytes ([`Generation::reuse`]): no buffer is freed on the bytes
+//! of a live one, so none can appear there while it lives.
+//!
+//! # Why forgetting is exact
+//!
+//! Reports list, per participant, only its latest conflicting op, with every conflicting region
+//! of that op (trace format, "Report"). Rule 2 keeps every verdict and every such list:
+//!
+//! - **`data-race`.** Let `Z` by `q ≠ p` access the generation later and conflict with `X` on
+//!   bytes that `Y` subsumes. `Z`'s clock does not cover `X`, so it does not cover `Y`: `Y` is
+//!   later in `p`'s order. `Z` or `X` writes, so `Z` or `Y` writes. So `Z` conflicts with `Y`,
+//!   an op of `p` later than `X`'s: `X` is never `p`'s latest conflicting op, and `Y` carries
+//!   the verdict.
+//! - **`reuse-race`.** The same argument, for tombstones: `Y` of a generation freed after `X`'s
+//!   trims `X` when it is buried, and an access `Z` of a later buffer on those bytes conflicts
+//!   with `Y` wherever it conflicts with `X`. The report's `free` (the most recent free among the
+//!   conflicts listed) is unchanged: a participant's latest op lies in the latest generation
+//!   among its conflicts. *Live accesses never trim tombstones*: for the buffer that now holds
+//!   the bytes, a tombstone decides `reuse-race` and its own history `data-race`, two hazards.
+//!   And what `record_stream` excuses at a free is dropped before burying, so an excused entry
+//!   trims nothing.
+//! - **`unsafe-free`.** A free checks every access of the generation by another participant,
+//!   whatever its bytes. If `X` is not ordered before the free's clock, neither is the later
+//!   `Y` of the same participant, which is still in the history: `X` is not listed.
+//!
+//! Covered entries (rule 3) cannot be dropped: a covered entry of `q` may be `q`'s latest
+//! conflicting op. They decide no verdict alone: whenever one conflicts with an access, so does
+//! its coverer — or, if rule 2 dropped the coverer, the later access of the coverer's participant
+//! that did (it happens after the coverer, hence after the covered entry) — so the covered list
+//! is scanned only once the uncovered list found a conflict.
+//!
+//! Two choices keep rule 2 sound. The allocation's use has the epoch of its owner's latest access
+//! but the op index of the `alloc`: a participant's op order never disagrees with its epochs. And
+//! entries of the *same* op never subsume one another: a report lists every conflicting region
+//! of an op.
 //!
 //! # Guarantee
 //!
 //! Exact: every hazard the trace format defines is found, nothing else, and every participant's
-//! latest conflicting op is listed with all its conflicting regions. Memory follows what can
-//! still decide a verdict: per byte range, per participant, its latest write and its latest read
-//! after it (plus covered entries), for accesses the host has not synchronized with — not the
-//! trace length, and not the size in bytes of the buffers (pieces are byte intervals).
+//! latest conflicting op is listed with all its conflicting regions (checked against the
+//! brute-force oracle, with both representations of histories and tombstones, by the tests and
+//! the fuzzers). Memory follows what can still decide a verdict: per byte range and participant,
+//! its latest write and the latest read after it (plus covered entries), among the accesses the
+//! host has not synchronized with — not the trace length, and not the size in bytes of the
+//! buffers.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -540,7 +540,7 @@ impl DepGraph {
                 self.lanes[lane].legacy_from.insert(p, last);
             }
             let mut src = self.lanes[p].know.clone();
-            src.set_own(p as usize, last);
+            src.set_own(p, last);
             let arrival = Arc::new(Arrival {
                 via: i,
                 from: Some(last),
