@@ -9,17 +9,19 @@
 //!   errors at the same lines and columns.
 //! - [`check_checker_oracle`]: the bytes are decoded ([`decode_program`]) into a small
 //!   well-formed program; the checker never panics and its hazards — op, kind, buffer and sorted
-//!   conflict ops — equal the brute-force oracle's.
+//!   conflict ops — equal the brute-force oracle's, and with [`INDEXED`] limits (its interval
+//!   indexes on every path) it gives the same report to the byte.
 
 use std::io::{BufRead, BufReader};
 
+use streamsan::checker::Limits;
 use streamsan::oracle::{oracle_hazards, OracleHazard};
 use streamsan::report::{render_text, TextOptions};
 use streamsan::trace::{
     check_line_length, parse_line, parse_line_bytes, write_op, Field, Id, MemoryKind, Op, Region,
     Spans, TraceOp, TraceReader, DEFAULT_STREAM,
 };
-use streamsan::{Checker, HazardKind};
+use streamsan::{Checker, HazardKind, Report};
 
 // ---------------------------------------------------------------------------------------------
 // parse_line
@@ -621,13 +623,35 @@ impl Decoder<'_> {
 /// A hazard reduced to what the checker and the oracle both decide.
 pub type Key = (u64, HazardKind, Option<String>, Vec<u64>);
 
-/// The checker's hazards as keys, or its rejection.
-pub fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
-    let mut checker = Checker::new();
+/// The checker's report on `ops` with `limits`, or its rejection.
+pub fn checker_report(ops: &[TraceOp], limits: Limits) -> Result<Report, String> {
+    let mut checker = Checker::with_limits(limits);
     for (i, op) in ops.iter().enumerate() {
         checker.check(op).map_err(|e| format!("op {i}: {e}"))?;
     }
-    let report = checker.finish();
+    Ok(checker.finish())
+}
+
+/// The limits that take every other path of the checker's state: every history in its interval
+/// index, every freed buffer buried entry by entry in the graveyard's interval index.
+pub const INDEXED: Limits = Limits {
+    history_index_at: 0,
+    small_freed_pages: 0,
+};
+
+/// The checker's hazards as keys, or its rejection. The checker with [`INDEXED`] limits must
+/// give the same report, to the byte.
+pub fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
+    let report = checker_report(ops, Limits::default())?;
+    let indexed = checker_report(ops, INDEXED)
+        .unwrap_or_else(|e| panic!("the indexed checker rejects what the flat one accepts: {e}"));
+    assert!(
+        report.to_json() == indexed.to_json(),
+        "the indexed checker reports otherwise\n  flat    {}\n  indexed {}\nprogram:\n{}",
+        report.to_json(),
+        indexed.to_json(),
+        to_jsonl(ops)
+    );
     // The reports themselves must render.
     let _ = report.to_json();
     let _ = render_text(&report, &TextOptions::plain());

@@ -11,7 +11,7 @@ use streamsan::output::{OutputFile, TempFile};
 use streamsan::report::{render_text, TextOptions};
 use streamsan::text::{escape, for_terminal};
 use streamsan::trace::{Field, Op, ParseError, Spans, TraceOp, TraceReader, TraceWriter};
-use streamsan::workload::Pipeline;
+use streamsan::workload::{Pipeline, Shape};
 use streamsan::{CheckError, Checker};
 
 /// Finds the synchronization bugs of multi-stream GPU programs: data races between streams and
@@ -117,6 +117,15 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Instead of the pipeline, check one of the hardening shapes, generated op by op, and
+        /// print the time, the peak RSS and the size of the JSON report: churn, huge, streams,
+        /// ring, loop-race, ranges, regions, live.
+        #[arg(long, value_name = "SHAPE")]
+        shape: Option<String>,
+        /// The shape's size (cycles, log2 of bytes, streams, rounds, ranges, regions or buffers);
+        /// by default the size of the hardening issue.
+        #[arg(long, requires = "shape")]
+        size: Option<u64>,
     },
     /// Generate random multi-stream programs, check them, run them, and confirm every reported
     /// hazard by provoking the corruption it warns about.
@@ -259,12 +268,20 @@ where
         ),
         Command::Fix { file, output } => fix(&file, output.as_ref()),
         Command::Bench {
+            write_trace,
+            json,
+            shape: Some(shape),
+            size,
+            ..
+        } => bench_shape(&shape, size, write_trace.as_ref(), json),
+        Command::Bench {
             ops,
             streams,
             buffers,
             seed,
             write_trace,
             json,
+            ..
         } => bench(
             Pipeline {
                 ops,
@@ -965,6 +982,108 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
             elapsed.as_secs_f64(),
             hazards,
             peak_history
+        );
+    }
+    Ok(0)
+}
+
+/// The peak resident set size of this process in KiB (`VmHWM`), where /proc tells it.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// `bench --shape`: checks one hardening shape op by op (the trace is never held in memory) and
+/// prints the time, the peak RSS, the checker's counters at their peak (sampled; see below) and
+/// the JSON report's size.
+fn bench_shape(
+    name: &str,
+    size: Option<u64>,
+    write_trace: Option<&PathBuf>,
+    json: bool,
+) -> Result<u8, String> {
+    let Some(shape) = Shape::from_name(name) else {
+        let names: Vec<&str> = Shape::ALL.iter().map(|s| s.name()).collect();
+        return Err(format!(
+            "unknown shape {name:?}; expected one of {}",
+            names.join(", ")
+        ));
+    };
+    let size = size.unwrap_or(shape.default_size());
+    if let Some(path) = write_trace {
+        let out = Output::open(Some(path))?;
+        let mut w = TraceWriter::new(out);
+        let mut result = Ok(());
+        shape.generate(size, |op| {
+            if result.is_ok() {
+                result = w.write(&op);
+            }
+        });
+        result
+            .and_then(|_| w.finish())
+            .and_then(Output::commit)
+            .map_err(|e| format!("cannot write the trace: {e}"))?;
+        return Ok(0);
+    }
+    let mut checker = Checker::new();
+    let start = Instant::now();
+    let mut error = None;
+    let mut peak = checker.stats();
+    shape.generate(size, |op| {
+        if error.is_some() {
+            return;
+        }
+        if let Err(e) = checker.check(&op) {
+            error = Some(format!(
+                "the generated shape is invalid at op {}: {e}",
+                checker.ops()
+            ));
+        }
+        // Counting clock storage walks every clock: sample the counters every 256 ops, and at
+        // least 64 times per doubling of the trace.
+        let n = checker.ops();
+        let every = (n.next_power_of_two() / 64).max(256);
+        if n % every == 0 {
+            peak = peak.max(&checker.stats());
+        }
+    });
+    peak = peak.max(&checker.stats());
+    if let Some(e) = error {
+        return Err(e);
+    }
+    let checked = start.elapsed();
+    let report = checker.finish();
+    let report_bytes = report.to_json().len();
+    let elapsed = start.elapsed();
+    let rss = peak_rss_kib();
+    if json {
+        outln!(
+            "{}",
+            serde_json::json!({
+                "shape": shape.name(), "size": size, "ops": report.ops,
+                "seconds": elapsed.as_secs_f64(), "check_seconds": checked.as_secs_f64(),
+                "peak_rss_kib": rss, "hazards": report.hazards.len(),
+                "report_bytes": report_bytes, "peak_history": peak.history,
+                "peak_graveyard": peak.graveyard, "peak_clock_entries": peak.clock_entries,
+                "peak_generations": peak.generations,
+            })
+        );
+    } else {
+        outln!(
+            "{} {}: {} ops in {:.3} s ({:.1} ns/op); peak RSS {}; {} hazards, JSON report {} bytes; peak history {}, graveyard {}, clock entries {}, generations {}",
+            shape.name(),
+            size,
+            report.ops,
+            elapsed.as_secs_f64(),
+            checked.as_nanos() as f64 / report.ops.max(1) as f64,
+            rss.map_or("unknown".to_string(), |k| format!("{k} KiB")),
+            report.hazards.len(),
+            report_bytes,
+            peak.history,
+            peak.graveyard,
+            peak.clock_entries,
+            peak.generations,
         );
     }
     Ok(0)

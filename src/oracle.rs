@@ -35,6 +35,9 @@
 //! - Reuse: an access of a freed buffer that has a path to the latest op, at the free, of a
 //!   stream named by `record_stream` happens before every access to memory that reuses the
 //!   buffer's bytes (the allocator waits for an event recorded there); no other access does.
+//! - Conflicts: every pair of accesses is compared; a hazard then keeps, of each participant's
+//!   conflicting accesses, only the latest op (the report's rule), with no notion of one access
+//!   subsuming another.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -62,7 +65,8 @@ pub struct OracleHazard {
     pub kind: HazardKind,
     /// The buffer (`None` for warnings).
     pub buffer: Option<String>,
-    /// The op indices of the earlier conflicting accesses, sorted and deduplicated (empty for
+    /// The op indices of the earlier conflicting accesses — for each participant, only its
+    /// latest conflicting op (trace format, "Report") — sorted and deduplicated (empty for
     /// `use-after-free`, `invalid-free` and warnings).
     pub conflicts: Vec<u64>,
 }
@@ -179,7 +183,8 @@ struct Builder {
     names: HashMap<String, Name>,
     accesses: Vec<Access>,
     frees: Vec<FreeCheck>,
-    found: BTreeMap<HazardKey, BTreeSet<u64>>,
+    /// Every hazard, with its conflicting accesses as (participant, op).
+    found: BTreeMap<HazardKey, BTreeSet<(String, u64)>>,
     device: DeviceCachingAllocator<ModelMemory>,
     pinned: HostCachingAllocator<ModelMemory>,
     managed: HostCachingAllocator<ModelMemory>,
@@ -805,7 +810,7 @@ impl Builder {
                         self.found
                             .entry((x.op as u64, HazardKind::DataRace, Some(xb.name.clone())))
                             .or_default()
-                            .insert(a.op as u64);
+                            .insert((a.participant.clone(), a.op as u64));
                     }
                     continue;
                 }
@@ -827,7 +832,7 @@ impl Builder {
                     self.found
                         .entry((x.op as u64, HazardKind::ReuseRace, Some(xb.name.clone())))
                         .or_default()
-                        .insert(a.op as u64);
+                        .insert((a.participant.clone(), a.op as u64));
                 }
             }
         }
@@ -843,7 +848,7 @@ impl Builder {
                 let done =
                     a.at.is_none_or(|at| f.points.iter().any(|&p| before(at, p)));
                 if !done {
-                    conflicts.insert(a.op as u64);
+                    conflicts.insert((a.participant.clone(), a.op as u64));
                 }
             }
             if !conflicts.is_empty() {
@@ -854,13 +859,24 @@ impl Builder {
             }
         }
 
+        // The report lists, for each participant, only its latest conflicting op.
         self.found
             .into_iter()
-            .map(|((op, kind, buffer), conflicts)| OracleHazard {
-                op,
-                kind,
-                buffer,
-                conflicts: conflicts.into_iter().collect(),
+            .map(|((op, kind, buffer), conflicts)| {
+                let mut latest: BTreeMap<String, u64> = BTreeMap::new();
+                for (p, a) in conflicts {
+                    let e = latest.entry(p).or_insert(a);
+                    *e = (*e).max(a);
+                }
+                let mut conflicts: Vec<u64> = latest.into_values().collect();
+                conflicts.sort_unstable();
+                conflicts.dedup();
+                OracleHazard {
+                    op,
+                    kind,
+                    buffer,
+                    conflicts,
+                }
             })
             .collect()
     }

@@ -27,6 +27,8 @@ pub struct StreamInfo {
     /// Whether a `stream_create` declared it (rather than a first use).
     pub declared: bool,
     clock: VectorClock,
+    /// The version of the host's clock it joined last (rule 2): joining it again is a no-op.
+    host_seen: u64,
 }
 
 /// An event's state: never recorded, or the snapshot its last record captured.
@@ -64,6 +66,8 @@ pub enum Wait {
 #[derive(Clone, Debug)]
 pub struct Order {
     host: VectorClock,
+    /// Bumped whenever the host's clock changes.
+    host_version: u64,
     streams: Vec<StreamInfo>,
     by_name: HashMap<Id, Participant>,
     events: HashMap<Id, EventState>,
@@ -87,6 +91,7 @@ impl Order {
     pub fn new() -> Self {
         let mut order = Order {
             host: VectorClock::new(),
+            host_version: 1,
             streams: Vec::new(),
             by_name: HashMap::default(),
             events: HashMap::default(),
@@ -110,6 +115,7 @@ impl Order {
             blocking,
             declared,
             clock: VectorClock::new(),
+            host_seen: 0,
         });
         p
     }
@@ -120,6 +126,7 @@ impl Order {
 
     fn clock_mut(&mut self, p: Participant) -> &mut VectorClock {
         if p.is_host() {
+            self.host_version += 1;
             &mut self.host
         } else {
             &mut self.streams[p.index() - 1].clock
@@ -205,6 +212,15 @@ impl Order {
         }
     }
 
+    /// Clock components stored: every participant's clock and every event's capture, each shared
+    /// node of their tries once.
+    pub fn clock_entries(&self) -> usize {
+        let mut seen = Default::default();
+        let clocks = self.streams.iter().map(|s| &s.clock).chain([&self.host]);
+        let captures = self.events.values().filter_map(|e| e.capture.as_ref());
+        clocks.chain(captures).map(|c| c.stored(&mut seen)).sum()
+    }
+
     /// The host's clock.
     pub fn host_clock(&self) -> &VectorClock {
         &self.host
@@ -215,8 +231,11 @@ impl Order {
     pub fn begin_stream_op(&mut self, p: Participant) {
         debug_assert!(!p.is_host());
         let idx = p.index() - 1;
-        let host = &self.host;
-        self.streams[idx].clock.join(host);
+        let stream = &mut self.streams[idx];
+        if stream.host_seen != self.host_version {
+            stream.clock.join(&self.host);
+            stream.host_seen = self.host_version;
+        }
         if p == Self::DEFAULT {
             for i in 0..self.blocking0.len() {
                 let b = self.blocking0[i].index() - 1;
@@ -297,12 +316,14 @@ impl Order {
     pub fn event_sync(&mut self, event: &Id) {
         if let Some(capture) = self.events.get(event).and_then(|e| e.capture.as_ref()) {
             self.host.join(capture);
+            self.host_version += 1;
         }
     }
 
     /// `stream_sync` (and a successful `stream_query`): the host waits for the work issued on
     /// `p`; for the legacy default stream, also for the blocking streams of device 0.
     pub fn stream_sync(&mut self, p: Participant) {
+        self.host_version += 1;
         let Order {
             host,
             streams,
@@ -319,6 +340,7 @@ impl Order {
 
     /// `device_sync`: the host waits for all work issued on every stream of `device`.
     pub fn device_sync(&mut self, device: u64) {
+        self.host_version += 1;
         let Order { host, streams, .. } = self;
         for s in streams.iter().filter(|s| s.device == device) {
             host.join(&s.clock);

@@ -1,116 +1,746 @@
-//! Shadow memory: the access history of every buffer generation, and of freed generations whose
-//! bytes a later allocation may reuse.
+//! Shadow memory: the access history of every live buffer generation, and the *graveyard* of
+//! what freed generations leave to the memory that reuses their bytes.
 //!
-//! Each allocation is a *generation* (a name allocated again is a new generation). Its history is
-//! the list of accesses not yet known to happen before every future access: one entry per op and
-//! region, with the epoch of the access, so a conflict check is one clock lookup per entry and a
-//! report can list every earlier unordered access exactly. An entry is pruned once the host's
-//! clock covers it: every future op of every participant joins the host's clock first (rule 2),
-//! so such an entry can never conflict again. Freed generations with live history stay in the
-//! [`Graveyard`], indexed by address, until their history is pruned: that is what finds reuse
-//! races. Memory thus follows the accesses issued since the host last synchronized with them, not
-//! the trace length.
+//! # Algorithm
+//!
+//! Each allocation is a *generation* (a name allocated again is a new generation). Its history
+//! holds accesses (op, region, [`Epoch`]), so a conflict check is one clock lookup per entry and
+//! a report names the conflicting ops exactly. This is FastTrack (Flanagan & Freund, PLDI 2009)
+//! over byte ranges, with three ways of forgetting:
+//!
+//! 1. **The host's clock.** Every future op joins the host's clock first (rule 2 of the trace
+//!    format), so an entry the host's clock covers can never conflict again: it is dropped,
+//!    inline while scanning and in sweeps.
+//! 2. **A later access by the same participant** (the FastTrack insight, here across
+//!    generations). Entry `X` by `p` is *subsumed* by the entry `Y` of a later op of `p` on the
+//!    bytes they share when `Y` writes or `X` only reads; `X` is then dropped on those bytes.
+//! 3. **Covered entries.** An entry that happens before a later access by another participant
+//!    covering its bytes (a write covers anything, a read covers reads) is moved to the
+//!    generation's `covered` list, scanned only once a conflict is found.
+//!
+//! Small histories are flat vectors scanned in full (the common case: a few entries). A history
+//! that grows past [`FLAT_MAX`] entries moves into an [`Intervals`] index: disjoint byte pieces,
+//! each listing the entries that cover it, so an access visits only the pieces of its own range,
+//! and rule 2 trims an entry on exactly the bytes a later one subsumes (a trimmed entry keeps its
+//! own region for reports).
+//!
+//! **Freed generations.** A free first checks the generation's history (`unsafe-free`), then
+//! drops what `record_stream` excuses, and buries the rest in the [`Graveyard`], per memory kind,
+//! at absolute addresses. A freed generation spanning at most [`SMALL_PAGES`] pages of 64 KiB is
+//! one [`Record`] listed by each page it touches: burying and finding it cost a hash lookup per
+//! page, which matters since most buffers are freed. A larger one is buried entry by entry in an
+//! [`Intervals`] index, whose cost does not depend on the size in bytes. (Records trim whole
+//! entries only, those inside a later entry's bytes: keeping more never changes a verdict or a
+//! report.) A tombstone carries the
+//! freed buffer's name and free, for reuse-race reports. A new generation takes, at its
+//! allocation, the records on its bytes ([`Generation::reuse`]): no buffer is freed on the bytes
+//! of a live one, so none can appear there while it lives.
+//!
+//! # Why forgetting is exact
+//!
+//! Reports list, per participant, only its latest conflicting op, with every conflicting region
+//! of that op (trace format, "Report"). Rule 2 keeps every verdict and every such list:
+//!
+//! - **`data-race`.** Let `Z` by `q ≠ p` access the generation later and conflict with `X` on
+//!   bytes that `Y` subsumes. `Z`'s clock does not cover `X`, so it does not cover `Y`: `Y` is
+//!   later in `p`'s order. `Z` or `X` writes, so `Z` or `Y` writes. So `Z` conflicts with `Y`,
+//!   an op of `p` later than `X`'s: `X` is never `p`'s latest conflicting op, and `Y` carries
+//!   the verdict.
+//! - **`reuse-race`.** The same argument, for tombstones: `Y` of a generation freed after `X`'s
+//!   trims `X` when it is buried, and an access `Z` of a later buffer on those bytes conflicts
+//!   with `Y` wherever it conflicts with `X`. The report's `free` (the most recent free among the
+//!   conflicts listed) is unchanged: a participant's latest op lies in the latest generation
+//!   among its conflicts. *Live accesses never trim tombstones*: for the buffer that now holds
+//!   the bytes, a tombstone decides `reuse-race` and its own history `data-race`, two hazards.
+//!   And what `record_stream` excuses at a free is dropped before burying, so an excused entry
+//!   trims nothing.
+//! - **`unsafe-free`.** A free checks every access of the generation by another participant,
+//!   whatever its bytes. If `X` is not ordered before the free's clock, neither is the later
+//!   `Y` of the same participant, which is still in the history: `X` is not listed.
+//!
+//! Covered entries (rule 3) cannot be dropped: a covered entry of `q` may be `q`'s latest
+//! conflicting op. They decide no verdict alone: whenever one conflicts with an access, so does
+//! its coverer — or, if rule 2 dropped the coverer, the later access of the coverer's participant
+//! that did (it happens after the coverer, hence after the covered entry) — so the covered list
+//! is scanned only once the uncovered list found a conflict.
+//!
+//! Two choices keep rule 2 sound. The allocation's use has the epoch of its owner's latest access
+//! but the op index of the `alloc`: a participant's op order never disagrees with its epochs. And
+//! entries of the *same* op never subsume one another: a report lists every conflicting region
+//! of an op.
+//!
+//! # Guarantee
+//!
+//! Exact: every hazard the trace format defines is found, nothing else, and every participant's
+//! latest conflicting op is listed with all its conflicting regions (checked against the
+//! brute-force oracle, with both representations of histories and tombstones, by the tests and
+//! the fuzzers). Memory follows what can still decide a verdict: per byte range and participant,
+//! its latest write and the latest read after it (plus covered entries), among the accesses the
+//! host has not synchronized with — not the trace length, and not the size in bytes of the
+//! buffers.
 
-use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::clock::{Epoch, Participant, VectorClock};
+use crate::clock::{Epoch, Participant, Time, VectorClock};
 use crate::report::AccessKind;
 use crate::trace::{Id, MemoryKind, Site};
 
-/// One recorded access: an op's use of one region of one generation.
+/// One recorded access: an op's use of one region of one generation. Kept small: a trace may
+/// hold millions.
 #[derive(Clone, Debug)]
 pub struct Access {
     /// The op index.
     pub op: u64,
-    /// Who and when.
-    pub epoch: Epoch,
-    /// Read, write or alloc.
-    pub kind: AccessKind,
+    /// The accessing participant's own clock component at the access (see [`Access::epoch`]).
+    pub time: Time,
     /// First byte, relative to the buffer.
     pub offset: u64,
     /// One past the last byte; `u64::MAX` for "to the end" of an external buffer.
     pub end: u64,
     /// The op's site, shared by its accesses.
     pub site: Option<Arc<Site>>,
-    /// The kernel name of a launch, shared by every launch of that name.
-    pub label: Option<Arc<str>>,
+    /// Who accessed.
+    pub participant: Participant,
+    /// The kernel name of a launch, as an index into the checker's table of names plus one
+    /// (0: none).
+    pub label: u32,
+    /// Read, write or alloc.
+    pub kind: AccessKind,
 }
 
 impl Access {
+    /// Who and when.
+    #[inline]
+    pub fn epoch(&self) -> Epoch {
+        Epoch {
+            participant: self.participant,
+            time: self.time,
+        }
+    }
+
     /// Whether the two byte ranges share at least one byte.
     #[inline]
     pub fn overlaps(&self, offset: u64, end: u64) -> bool {
         self.offset < end && offset < self.end && self.offset < self.end && offset < end
     }
+
+    /// Whether an access of this kind by the same participant, in a later op, subsumes `earlier`
+    /// on the bytes they share (rule 2 of the module docs): it writes, or `earlier` only reads.
+    #[inline]
+    pub fn dominates(writes: bool, earlier: &Access) -> bool {
+        writes || !earlier.kind.writes()
+    }
 }
 
-/// The state of one buffer generation.
+/// What a freed generation leaves to its tombstones: the buffer's name and its free.
 #[derive(Clone, Debug)]
-pub struct Generation {
-    /// A number no other generation of the trace has (slots of the table are reused).
-    pub serial: u64,
-    /// The freed generations whose bytes this one's memory reuses, found at its allocation:
-    /// (slot, serial, start). Only those can race with its accesses as reuse, since memory
-    /// freed later was live alongside it and cannot overlap it.
-    pub reuses: Vec<(GenId, u64, u64)>,
-    /// The buffer's name.
+pub struct Freed {
+    /// The freed buffer's name.
     pub name: Id,
-    /// Its memory kind.
-    pub memory: MemoryKind,
-    /// The owning participant (a stream for device memory, the host otherwise).
-    pub owner: Participant,
-    /// Size in bytes; `None` for an external buffer.
-    pub size: Option<u64>,
-    /// Base address in its memory kind's address space, if it takes memory.
-    pub addr: Option<u64>,
-    /// The block the allocator handed out (`size` rounded up), if any.
-    pub block_size: u64,
-    /// The `alloc` op, if allocated.
-    pub alloc_op: Option<u64>,
-    /// The `alloc` op's site.
-    pub alloc_site: Option<Arc<Site>>,
-    /// The free, once freed: op index, participant, site.
-    pub free: Option<(u64, Participant, Option<Arc<Site>>)>,
-    /// Streams named by `record_stream` (other than the owner of device memory).
-    pub record_streams: Vec<Participant>,
-    /// The history not yet pruned that every access scans.
-    pub accesses: Vec<Access>,
-    /// History made redundant for detection by a later access that covers its bytes and that it
-    /// happens before (a write covers anything, a read covers reads): whenever such an entry
-    /// conflicts with an access, so does the covering one — or the one covering that. So an
-    /// access scans this list only once it has found a conflict, to list every conflicting
-    /// access exactly; the common, ordered access never does.
-    pub covered: Vec<Access>,
+    /// The free's op index.
+    pub op: u64,
+    /// The free's site.
+    pub site: Option<Arc<Site>>,
 }
 
-impl Generation {
-    /// Whether this is an external buffer (used without an `alloc`).
-    pub fn is_external(&self) -> bool {
-        self.size.is_none()
-    }
+/// An access kept in an [`Intervals`] index; for a tombstone, with the free of its generation.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The access, with its own region (relative to its buffer) for reports.
+    pub access: Access,
+    /// The free of the access's generation, for a tombstone.
+    pub freed: Option<Arc<Freed>>,
+}
 
-    /// Drops the entries the host's clock covers; returns how many were dropped.
-    pub fn prune(&mut self, host: &VectorClock) -> usize {
-        let before = self.history_len();
-        self.accesses.retain(|a| !host.covers(a.epoch));
-        if self.accesses.is_empty() {
-            // Every covered entry happens before an entry that the host's clock covers.
-            self.covered.clear();
-        } else {
-            self.covered.retain(|a| !host.covers(a.epoch));
+/// The entries listed by one piece: mostly one.
+#[derive(Clone, Debug)]
+enum Slots {
+    One(Arc<Entry>),
+    Many(Vec<Arc<Entry>>),
+}
+
+impl Slots {
+    fn as_slice(&self) -> &[Arc<Entry>] {
+        match self {
+            Slots::One(e) => std::slice::from_ref(e),
+            Slots::Many(v) => v,
         }
-        before - self.history_len()
     }
 
-    /// Number of history entries kept.
-    pub fn history_len(&self) -> usize {
-        self.accesses.len() + self.covered.len()
+    fn push(&mut self, e: Arc<Entry>) {
+        match self {
+            Slots::One(first) => *self = Slots::Many(vec![first.clone(), e]),
+            Slots::Many(v) => v.push(e),
+        }
+    }
+
+    fn same(&self, other: &Slots) -> bool {
+        let (a, b) = (self.as_slice(), other.as_slice());
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
+    }
+
+    /// Keeps the entries `keep` accepts; returns how many were dropped, and whether any is left.
+    fn retain(&mut self, mut keep: impl FnMut(&Arc<Entry>) -> bool) -> (usize, bool) {
+        match self {
+            Slots::One(e) => {
+                if keep(e) {
+                    (0, true)
+                } else {
+                    (1, false)
+                }
+            }
+            Slots::Many(v) => {
+                let before = v.len();
+                v.retain(|e| keep(e));
+                let dropped = before - v.len();
+                let left = !v.is_empty();
+                if v.len() == 1 {
+                    let e = v.pop().expect("one entry");
+                    *self = Slots::One(e);
+                }
+                (dropped, left)
+            }
+        }
+    }
+}
+
+/// A piece of an [`Intervals`] index: its end, and the entries covering it.
+#[derive(Clone, Debug)]
+struct Piece {
+    end: u64,
+    slots: Slots,
+}
+
+/// An index of accesses by byte interval: disjoint pieces (start → end and the entries that
+/// cover every byte of the piece). An entry spanning several pieces is listed by each (shared).
+///
+/// Visiting `[lo, hi)` costs one tree lookup plus the pieces it overlaps; inserting an entry
+/// splits at most two pieces and merges neighbours whose lists become identical, so the number
+/// of pieces follows the boundaries of the entries kept, never the bytes they span.
+#[derive(Clone, Debug, Default)]
+pub struct Intervals {
+    map: BTreeMap<u64, Piece>,
+    slots: usize,
+    /// Scratch space for piece starts.
+    scratch: Vec<u64>,
+}
+
+/// What a visit does with an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    /// Keep it in this piece.
+    Keep,
+    /// Drop it from this piece.
+    Drop,
+}
+
+impl Intervals {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Entry listings kept (an entry spanning several pieces counts once per piece).
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// Whether nothing is kept.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Number of pieces.
+    pub fn pieces(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether some piece overlaps `[lo, hi)`.
+    pub fn overlaps(&self, lo: u64, hi: u64) -> bool {
+        lo < hi
+            && self
+                .map
+                .range(..hi)
+                .next_back()
+                .is_some_and(|(_, p)| p.end > lo)
+    }
+
+    /// Splits the piece containing `at` (strictly inside it) in two; returns nothing, and
+    /// changes no verdict: both halves list the same entries.
+    pub fn split_at(&mut self, at: u64) {
+        let Some((&start, piece)) = self.map.range_mut(..at).next_back() else {
+            return;
+        };
+        if piece.end <= at {
+            return;
+        }
+        let right = Piece {
+            end: piece.end,
+            slots: piece.slots.clone(),
+        };
+        piece.end = at;
+        self.slots += right.slots.as_slice().len();
+        debug_assert!(start < at);
+        self.map.insert(at, right);
+    }
+
+    /// The starts of the pieces overlapping `[lo, hi)`, in order.
+    fn starts(&self, lo: u64, hi: u64, into: &mut Vec<u64>) {
+        into.clear();
+        if let Some((&s, p)) = self.map.range(..lo).next_back() {
+            if p.end > lo {
+                into.push(s);
+            }
+        }
+        into.extend(self.map.range(lo..hi).map(|(&s, _)| s));
+    }
+
+    /// Calls `f` for every entry of every piece overlapping `[lo, hi)` (an entry spanning several
+    /// pieces once per piece, consecutively) and drops it from that piece where `f` says so.
+    /// Returns the number of listings dropped.
+    pub fn visit(&mut self, lo: u64, hi: u64, mut f: impl FnMut(&Arc<Entry>) -> Visit) -> usize {
+        if lo >= hi || self.map.is_empty() {
+            return 0;
+        }
+        let mut dropped = 0;
+        let mut emptied = std::mem::take(&mut self.scratch);
+        emptied.clear();
+        // Pieces are disjoint and sorted: walk back from the last one starting before `hi`.
+        for (&start, piece) in self.map.range_mut(..hi).rev() {
+            if piece.end <= lo {
+                break;
+            }
+            let (d, left) = piece.slots.retain(|e| f(e) == Visit::Keep);
+            dropped += d;
+            if !left {
+                emptied.push(start);
+            }
+        }
+        for s in &emptied {
+            self.map.remove(s);
+        }
+        self.scratch = emptied;
+        self.slots -= dropped;
+        dropped
+    }
+
+    /// Adds `entry` over `[lo, hi)`. First, on exactly those bytes, drops the listings `drop`
+    /// accepts (trimming an entry that reaches beyond them). Returns the number dropped.
+    pub fn insert(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        entry: Arc<Entry>,
+        drop: impl FnMut(&Arc<Entry>) -> bool,
+    ) -> usize {
+        self.insert_many(lo, hi, std::slice::from_ref(&entry), drop)
+    }
+
+    /// Adds `entries` over `[lo, hi)`, as [`insert`](Self::insert) does one.
+    pub fn insert_many(
+        &mut self,
+        lo: u64,
+        hi: u64,
+        entries: &[Arc<Entry>],
+        mut drop: impl FnMut(&Arc<Entry>) -> bool,
+    ) -> usize {
+        if lo >= hi || entries.is_empty() {
+            return 0;
+        }
+        self.split_at(lo);
+        self.split_at(hi);
+        let mut starts = std::mem::take(&mut self.scratch);
+        self.starts(lo, hi, &mut starts);
+        let mut dropped = 0;
+        let mut added = 0;
+        let mut cursor = lo;
+        let fresh = |entries: &[Arc<Entry>]| match entries {
+            [one] => Slots::One(one.clone()),
+            many => Slots::Many(many.to_vec()),
+        };
+        // Gaps between the pieces get pieces of their own (inserted after the walk).
+        let mut gaps: Vec<(u64, u64)> = Vec::new();
+        for &s in &starts {
+            if s > cursor {
+                gaps.push((cursor, s));
+            }
+            let piece = self.map.get_mut(&s).expect("piece");
+            let (d, left) = piece.slots.retain(|e| !drop(e));
+            dropped += d;
+            if left {
+                for e in entries {
+                    piece.slots.push(e.clone());
+                }
+            } else {
+                piece.slots = fresh(entries);
+            }
+            added += entries.len();
+            cursor = piece.end;
+        }
+        if cursor < hi {
+            gaps.push((cursor, hi));
+        }
+        for (s, e) in gaps {
+            added += entries.len();
+            self.map.insert(
+                s,
+                Piece {
+                    end: e,
+                    slots: fresh(entries),
+                },
+            );
+        }
+        self.scratch = starts;
+        self.slots = self.slots + added - dropped;
+        self.coalesce(lo, hi);
+        dropped
+    }
+
+    /// Merges adjacent pieces around and within `[lo, hi)` whose lists are the same.
+    fn coalesce(&mut self, lo: u64, hi: u64) {
+        let mut starts = std::mem::take(&mut self.scratch);
+        self.starts(lo.saturating_sub(1), hi.saturating_add(1), &mut starts);
+        let mut k = 0;
+        while k + 1 < starts.len() {
+            let (a, b) = (starts[k], starts[k + 1]);
+            let pa = &self.map[&a];
+            let pb = &self.map[&b];
+            if pa.end == b && pa.slots.same(&pb.slots) {
+                let end = pb.end;
+                let n = pb.slots.as_slice().len();
+                self.map.remove(&b);
+                self.map.get_mut(&a).expect("piece").end = end;
+                self.slots -= n;
+                starts.remove(k + 1);
+            } else {
+                k += 1;
+            }
+        }
+        self.scratch = starts;
+    }
+
+    /// Drops, everywhere, the listings `keep` rejects, and merges the pieces left alike.
+    /// Returns the number of listings dropped.
+    pub fn sweep(&mut self, mut keep: impl FnMut(&Entry) -> bool) -> usize {
+        let before = self.slots;
+        let old = std::mem::take(&mut self.map);
+        let mut last: Option<(u64, Piece)> = None;
+        let mut slots = 0;
+        for (start, mut piece) in old {
+            let (_, left) = piece.slots.retain(|e| keep(e));
+            if !left {
+                continue;
+            }
+            match &mut last {
+                Some((_, p)) if p.end == start && p.slots.same(&piece.slots) => p.end = piece.end,
+                _ => {
+                    if let Some((s, p)) = last.take() {
+                        slots += p.slots.as_slice().len();
+                        self.map.insert(s, p);
+                    }
+                    last = Some((start, piece));
+                }
+            }
+        }
+        if let Some((s, p)) = last {
+            slots += p.slots.as_slice().len();
+            self.map.insert(s, p);
+        }
+        self.slots = slots;
+        before - slots
+    }
+
+    /// Every entry kept, once each, in order of first appearance.
+    pub fn entries(&self) -> Vec<Arc<Entry>> {
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut out = Vec::new();
+        for piece in self.map.values() {
+            for e in piece.slots.as_slice() {
+                if seen.insert(Arc::as_ptr(e)) {
+                    out.push(e.clone());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A dense index into the generation table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GenId(pub u32);
+
+/// Histories of at most this many entries are flat vectors; larger ones move into an index.
+pub const FLAT_MAX: usize = 48;
+
+/// The access history of one generation.
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// Flat form: the entries not covered, scanned by every access.
+    pub accesses: Vec<Access>,
+    /// What most histories never need: covered entries, or the indexed form.
+    pub rest: Option<Box<Rest>>,
+}
+
+/// The less common parts of a [`History`].
+#[derive(Clone, Debug, Default)]
+pub struct Rest {
+    /// Flat form: the covered entries (see the module docs), scanned once a conflict is found.
+    pub covered: Vec<Access>,
+    /// Indexed form (then `accesses` and `covered` are empty): every entry, by byte interval.
+    pub index: Option<Intervals>,
+}
+
+impl History {
+    /// A flat history of these entries.
+    pub fn flat(accesses: Vec<Access>) -> Self {
+        History {
+            accesses,
+            rest: None,
+        }
+    }
+
+    /// The covered entries of the flat form.
+    pub fn covered(&self) -> &[Access] {
+        self.rest.as_ref().map_or(&[], |r| &r.covered)
+    }
+
+    /// The index, in the indexed form.
+    pub fn index_mut(&mut self) -> Option<&mut Intervals> {
+        self.rest.as_mut().and_then(|r| r.index.as_mut())
+    }
+
+    /// Number of history entries kept (listings, for an index).
+    pub fn len(&self) -> usize {
+        match &self.rest {
+            Some(r) => match &r.index {
+                Some(ix) => ix.slots(),
+                None => self.accesses.len() + r.covered.len(),
+            },
+            None => self.accesses.len(),
+        }
     }
 
     /// Whether no history is kept.
-    pub fn history_is_empty(&self) -> bool {
-        self.accesses.is_empty() && self.covered.is_empty()
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops the entries the host's clock covers; returns how many were dropped. An index of at
+    /// most half `flat_max` entries goes back to the flat form.
+    pub fn prune(&mut self, host: &VectorClock, flat_max: usize) -> usize {
+        let before = self.len();
+        if let Some(ix) = self.index_mut() {
+            ix.sweep(|e| !host.covers(e.access.epoch()));
+            if ix.slots() <= flat_max / 2 {
+                let entries = ix.entries();
+                self.rest = None;
+                self.accesses = entries.iter().map(|e| e.access.clone()).collect();
+            }
+            return before - self.len();
+        }
+        self.accesses.retain(|a| !host.covers(a.epoch()));
+        if let Some(r) = &mut self.rest {
+            if self.accesses.is_empty() {
+                // Every covered entry happens before an entry that the host's clock covers.
+                self.rest = None;
+            } else {
+                r.covered.retain(|a| !host.covers(a.epoch()));
+            }
+        }
+        before - self.len()
+    }
+
+    /// Every entry, flat or indexed, moved out.
+    pub fn into_all(self) -> Vec<Access> {
+        let mut v = self.accesses;
+        if let Some(r) = self.rest {
+            match r.index {
+                Some(ix) => v.extend(ix.entries().iter().map(|e| e.access.clone())),
+                None => v.extend(r.covered),
+            }
+        }
+        v
+    }
+
+    /// Every entry, flat or indexed.
+    pub fn all(&self) -> Vec<Access> {
+        self.clone().into_all()
+    }
+
+    /// Moves a flat history into an index, in op order, trimming what rule 2 subsumes.
+    pub fn index_now(&mut self) {
+        if self.index_mut().is_some() {
+            return;
+        }
+        let mut all: Vec<Access> = std::mem::take(&mut self.accesses);
+        if let Some(r) = self.rest.take() {
+            all.extend(r.covered);
+        }
+        all.sort_by_key(|a| a.op);
+        let mut ix = Intervals::new();
+        for a in all {
+            let (lo, hi, p, op, writes) = (a.offset, a.end, a.participant, a.op, a.kind.writes());
+            let e = Arc::new(Entry {
+                access: a,
+                freed: None,
+            });
+            ix.insert(lo, hi, e, |x| {
+                x.access.participant == p
+                    && x.access.op < op
+                    && Access::dominates(writes, &x.access)
+            });
+        }
+        self.rest = Some(Box::new(Rest {
+            covered: Vec::new(),
+            index: Some(ix),
+        }));
+    }
+}
+
+/// The state of one live (or external) buffer generation. Kept small: a trace may hold a
+/// million live buffers.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The buffer's name.
+    pub name: Id,
+    /// The history every access scans.
+    pub history: History,
+    /// The `alloc` op's site.
+    pub alloc_site: Option<Arc<Site>>,
+    /// What most buffers do not need: tombstones to check, `record_stream` streams.
+    extra: Option<Box<Extra>>,
+    size: u64,
+    addr: u64,
+    alloc_op: u64,
+    /// The owning participant (a stream for device memory, the host otherwise).
+    pub owner: Participant,
+    /// Its memory kind.
+    pub memory: MemoryKind,
+    flags: u8,
+}
+
+/// The less common parts of a [`Generation`].
+#[derive(Clone, Debug, Default)]
+struct Extra {
+    reuse: Vec<Arc<Record>>,
+    record_streams: Vec<Participant>,
+}
+
+const EXTERNAL: u8 = 1;
+const HAS_ADDR: u8 = 2;
+const REUSE_LARGE: u8 = 4;
+
+impl Generation {
+    /// An external buffer: device memory of unknown size, used without an `alloc`.
+    pub fn external(name: Id) -> Self {
+        Generation {
+            name,
+            history: History::default(),
+            alloc_site: None,
+            extra: None,
+            size: 0,
+            addr: 0,
+            alloc_op: 0,
+            owner: Participant::HOST,
+            memory: MemoryKind::Device,
+            flags: EXTERNAL,
+        }
+    }
+
+    /// A buffer allocated at op `alloc_op`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allocated(
+        name: Id,
+        memory: MemoryKind,
+        owner: Participant,
+        size: u64,
+        addr: Option<u64>,
+        alloc_op: u64,
+        alloc_site: Option<Arc<Site>>,
+        history: History,
+    ) -> Self {
+        Generation {
+            name,
+            history,
+            alloc_site,
+            extra: None,
+            size,
+            addr: addr.unwrap_or(0),
+            alloc_op,
+            owner,
+            memory,
+            flags: if addr.is_some() { HAS_ADDR } else { 0 },
+        }
+    }
+
+    /// Whether this is an external buffer (used without an `alloc`).
+    pub fn is_external(&self) -> bool {
+        self.flags & EXTERNAL != 0
+    }
+
+    /// Size in bytes; `None` for an external buffer.
+    pub fn size(&self) -> Option<u64> {
+        (!self.is_external()).then_some(self.size)
+    }
+
+    /// Base address in its memory kind's address space, if it takes memory.
+    pub fn addr(&self) -> Option<u64> {
+        (self.flags & HAS_ADDR != 0).then_some(self.addr)
+    }
+
+    /// The `alloc` op, if allocated.
+    pub fn alloc_op(&self) -> Option<u64> {
+        (!self.is_external()).then_some(self.alloc_op)
+    }
+
+    /// Whether the index of large freed buffers held tombstones on its bytes at its allocation.
+    pub fn reuse_large(&self) -> bool {
+        self.flags & REUSE_LARGE != 0
+    }
+
+    /// Sets the tombstones its accesses are checked against.
+    pub fn set_reuse(&mut self, records: Vec<Arc<Record>>, large: bool) {
+        self.flags = (self.flags & !REUSE_LARGE) | if large { REUSE_LARGE } else { 0 };
+        match &mut self.extra {
+            Some(x) => x.reuse = records,
+            None if records.is_empty() => {}
+            None => {
+                self.extra = Some(Box::new(Extra {
+                    reuse: records,
+                    record_streams: Vec::new(),
+                }))
+            }
+        }
+    }
+
+    /// The records of small freed buffers on its bytes when it was allocated: only those can
+    /// race with its accesses as reuse (snapshots: entries the host's clock covers since are
+    /// skipped as they are met). Whether the index of large freed buffers held tombstones on its
+    /// bytes then is [`Generation::reuse_large`].
+    pub fn reuse(&self) -> &[Arc<Record>] {
+        self.extra.as_ref().map_or(&[], |x| &x.reuse)
+    }
+
+    /// The streams named by `record_stream` (other than the owner of device memory).
+    pub fn record_streams(&self) -> &[Participant] {
+        self.extra.as_ref().map_or(&[], |x| &x.record_streams)
+    }
+
+    /// Adds a stream named by `record_stream`.
+    pub fn add_record_stream(&mut self, p: Participant) {
+        let x = self.extra.get_or_insert_with(Default::default);
+        if !x.record_streams.contains(&p) {
+            x.record_streams.push(p);
+        }
+    }
+
+    /// Takes out the streams named by `record_stream`.
+    pub fn take_record_streams(&mut self) -> Vec<Participant> {
+        self.extra
+            .as_mut()
+            .map(|x| std::mem::take(&mut x.record_streams))
+            .unwrap_or_default()
     }
 }
 
@@ -129,13 +759,24 @@ pub struct Probe<'c> {
     pub end: u64,
 }
 
-/// Scans one history list for an access: drops the entries the host's clock covers, calls `hit`
-/// for every entry that conflicts with the access (overlapping bytes, another participant, a
-/// write on either side, not ordered before it), and, with `cover`, moves there the entries the
-/// access covers (see [`Generation::covered`]). Returns the number of entries dropped.
+impl Probe<'_> {
+    /// Whether the earlier access `a` conflicts with this one without happens-before.
+    #[inline]
+    pub fn conflicts(&self, a: &Access) -> bool {
+        a.participant != self.participant
+            && (self.writes || a.kind.writes())
+            && !self.clock.covers(a.epoch())
+    }
+}
+
+/// Scans a flat history list for an access: drops the entries the host's clock covers, calls
+/// `hit` for every entry that conflicts with the access (overlapping bytes, another participant,
+/// a write on either side, not ordered before it), and, with `cover`, drops the entries of the
+/// same participant that the access subsumes and moves to `cover`'s covered list those of others
+/// that it covers (see the module docs). Returns the number of entries dropped.
 pub fn scan(
     list: &mut Vec<Access>,
-    mut cover: Option<&mut Vec<Access>>,
+    mut cover: Option<&mut Option<Box<Rest>>>,
     host: &VectorClock,
     probe: Probe<'_>,
     mut hit: impl FnMut(&Access),
@@ -144,14 +785,14 @@ pub fn scan(
     let mut k = 0;
     while k < list.len() {
         let a = &list[k];
-        if host.covers(a.epoch) {
+        if host.covers(a.epoch()) {
             list.swap_remove(k);
             dropped += 1;
             continue;
         }
-        let ordered = probe.clock.covers(a.epoch);
+        let ordered = probe.clock.covers(a.epoch());
         if !ordered
-            && a.epoch.participant != probe.participant
+            && a.participant != probe.participant
             && (probe.writes || a.kind.writes())
             && a.overlaps(probe.offset, probe.end)
         {
@@ -161,9 +802,16 @@ pub fn scan(
             if ordered
                 && probe.offset <= a.offset
                 && a.end <= probe.end
-                && (probe.writes || !a.kind.writes())
+                && Access::dominates(probe.writes, a)
             {
-                c.push(list.swap_remove(k));
+                if a.participant == probe.participant {
+                    // Subsumed by this later access of its own participant.
+                    list.swap_remove(k);
+                    dropped += 1;
+                } else {
+                    let moved = list.swap_remove(k);
+                    c.get_or_insert_with(Default::default).covered.push(moved);
+                }
                 continue;
             }
         }
@@ -172,97 +820,407 @@ pub fn scan(
     dropped
 }
 
-/// A dense index into the generation table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GenId(pub u32);
-
-/// Freed generations with live history, by memory kind and address range.
-///
-/// Each memory kind's address space is cut into pages of `PAGE` bytes; a page lists the kept
-/// generations that touch it. An overlap query looks only at the pages of its own range.
-#[derive(Clone, Debug, Default)]
-pub struct Graveyard {
-    kinds: [Space; 3],
+/// What a small freed generation leaves: its unexcused accesses, its bytes and its free.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// First byte (absolute).
+    pub lo: u64,
+    /// One past the last byte (absolute).
+    pub hi: u64,
+    /// The buffer's name and free.
+    pub freed: Freed,
+    /// The accesses, with offsets relative to `lo`.
+    pub entries: Vec<Access>,
 }
 
+impl Record {
+    /// The absolute byte range of one of its entries.
+    #[inline]
+    pub fn range(&self, a: &Access) -> (u64, u64) {
+        (
+            self.lo + a.offset,
+            self.lo.saturating_add(a.end).min(self.hi),
+        )
+    }
+}
+
+/// The page size of the small-record table.
+const PAGE_BITS: u32 = 16;
+/// Freed generations spanning at most this many pages are small records; larger ones go, entry
+/// by entry, into the interval index.
+pub const SMALL_PAGES: u64 = 64;
+
+fn page_span(lo: u64, hi: u64) -> (u64, u64) {
+    (lo >> PAGE_BITS, (hi - 1) >> PAGE_BITS)
+}
+
+/// The tombstones of one memory kind.
 #[derive(Clone, Debug, Default)]
 struct Space {
-    ranges: FxHashMap<GenId, (u64, u64)>,
-    /// Page → the kept generations touching it, with their ranges. Emptied pages keep their
-    /// (empty) list, so the address space's pages are allocated once.
-    pages: FxHashMap<u64, Vec<(GenId, u64, u64)>>,
+    /// Small records, by slot.
+    records: Vec<Option<Arc<Record>>>,
+    free_slots: Vec<u32>,
+    /// Page → the slots of the records touching it (emptied lists stay until a sweep).
+    pages: rustc_hash::FxHashMap<u64, Vec<u32>>,
+    /// Small records kept.
+    count: usize,
+    /// Records no longer listed, for reuse (each uniquely owned, its entries empty).
+    spare: Vec<Arc<Record>>,
+    /// Entries of the small records.
+    entries: usize,
+    /// Large freed buffers, entry by entry.
+    large: Intervals,
 }
 
-/// The page size of the graveyard's index.
-const PAGE: u64 = 1 << 16;
-
-fn pages(start: u64, end: u64) -> std::ops::RangeInclusive<u64> {
-    (start / PAGE)..=((end - 1) / PAGE)
-}
-
-impl Graveyard {
-    /// Adds a freed generation occupying `[start, end)` (not empty).
-    pub fn insert(&mut self, kind: MemoryKind, start: u64, end: u64, g: GenId) {
-        let s = &mut self.kinds[kind.index()];
-        s.ranges.insert(g, (start, end));
-        for p in pages(start, end) {
-            s.pages.entry(p).or_default().push((g, start, end));
-        }
-    }
-
-    /// Removes a generation.
-    pub fn remove(&mut self, kind: MemoryKind, g: GenId) {
-        let s = &mut self.kinds[kind.index()];
-        let Some((start, end)) = s.ranges.remove(&g) else {
+impl Space {
+    fn remove(&mut self, slot: u32) {
+        let Some(mut rec) = self.records[slot as usize].take() else {
             return;
         };
-        for p in pages(start, end) {
-            if let Some(v) = s.pages.get_mut(&p) {
-                if let Some(k) = v.iter().position(|x| x.0 == g) {
+        self.entries -= rec.entries.len();
+        // Keep the allocation for the next record (most frees bury one and trim one).
+        if let Some(r) = Arc::get_mut(&mut rec) {
+            if self.spare.len() < 64 {
+                r.entries.clear();
+                let (lo, hi) = (r.lo, r.hi);
+                self.spare.push(rec);
+                return self.unlist(slot, lo, hi);
+            }
+        }
+        self.unlist(slot, rec.lo, rec.hi);
+    }
+
+    fn unlist(&mut self, slot: u32, lo: u64, hi: u64) {
+        self.count -= 1;
+        let (first, last) = page_span(lo, hi);
+        for p in first..=last {
+            if let Some(v) = self.pages.get_mut(&p) {
+                if let Some(k) = v.iter().position(|&s| s == slot) {
                     v.swap_remove(k);
                 }
             }
         }
+        self.free_slots.push(slot);
     }
 
-    /// Whether no freed generation is kept.
-    pub fn is_empty(&self) -> bool {
-        self.kinds.iter().all(|s| s.ranges.is_empty())
-    }
-
-    /// Calls `f` once for each generation overlapping `[start, end)`, with its start.
-    pub fn overlapping(
-        &self,
-        kind: MemoryKind,
-        start: u64,
-        end: u64,
-        mut f: impl FnMut(GenId, u64),
-    ) {
-        let s = &self.kinds[kind.index()];
-        if s.ranges.is_empty() || start >= end {
+    /// The slots of the small records overlapping `[lo, hi)`, each once: through the pages of
+    /// a range of at most [`SMALL_PAGES`] pages, through every record for a larger one.
+    fn overlapping(&self, lo: u64, hi: u64, into: &mut Vec<u32>) {
+        into.clear();
+        if self.count == 0 {
             return;
         }
-        let first = start / PAGE;
-        for p in pages(start, end) {
-            let Some(v) = s.pages.get(&p) else { continue };
-            for &(g, gs, ge) in v {
-                // Report each generation at the first page both ranges share.
-                if gs < end && start < ge && (gs / PAGE).max(first) == p {
-                    f(g, gs);
+        let (first, last) = page_span(lo, hi);
+        let overlaps = |s: u32| {
+            self.records[s as usize]
+                .as_ref()
+                .is_some_and(|r| r.lo < hi && lo < r.hi)
+        };
+        if last - first >= SMALL_PAGES {
+            into.extend((0..self.records.len() as u32).filter(|&s| overlaps(s)));
+            return;
+        }
+        for p in first..=last {
+            let Some(v) = self.pages.get(&p) else {
+                continue;
+            };
+            for &s in v {
+                if overlaps(s) && !into.contains(&s) {
+                    into.push(s);
                 }
             }
         }
     }
+}
 
-    /// Every kept generation with its memory kind.
-    pub fn all(&self) -> impl Iterator<Item = (MemoryKind, GenId)> + '_ {
-        [MemoryKind::Device, MemoryKind::Pinned, MemoryKind::Managed]
-            .into_iter()
-            .flat_map(move |k| self.kinds[k.index()].ranges.keys().map(move |&g| (k, g)))
+/// Tombstones of freed generations, by memory kind and absolute address (see the module docs).
+///
+/// A freed generation that spans at most [`SMALL_PAGES`] pages of 64 KiB is one [`Record`],
+/// listed by every page it touches: burying and finding it cost a lookup per page. A larger one
+/// is buried entry by entry in an [`Intervals`] index, whose cost does not depend on its size.
+#[derive(Clone, Debug)]
+pub struct Graveyard {
+    kinds: [Space; 3],
+    scratch: Vec<u32>,
+    small_pages: u64,
+}
+
+impl Default for Graveyard {
+    fn default() -> Self {
+        Self::new(SMALL_PAGES)
+    }
+}
+
+impl Graveyard {
+    /// A graveyard whose small records span at most `small_pages` pages of 64 KiB (0: every
+    /// freed buffer goes into the interval index).
+    pub fn new(small_pages: u64) -> Self {
+        Graveyard {
+            kinds: Default::default(),
+            scratch: Vec::new(),
+            small_pages,
+        }
     }
 
-    /// Number of kept generations.
+    /// Buries the accesses of a freed generation occupying `[base, base + size)`. Each trims the
+    /// tombstones of its participant that it subsumes (rule 2; for small records, whole entries
+    /// inside its bytes), and tombstones the host's clock covers are dropped on the way.
+    ///
+    /// Returns an empty vector (with its capacity) for the caller to reuse, when one is freed.
+    pub fn bury(
+        &mut self,
+        kind: MemoryKind,
+        base: u64,
+        size: u64,
+        mut entries: Vec<Access>,
+        freed: Freed,
+        host: &VectorClock,
+    ) -> Option<Vec<Access>> {
+        if entries.is_empty() || size == 0 {
+            return Some(entries);
+        }
+        let hi = base.saturating_add(size);
+        let space = &mut self.kinds[kind.index()];
+        let (first, last) = page_span(base, hi);
+        if last - first >= self.small_pages {
+            let ix = &mut space.large;
+            let freed = Arc::new(freed);
+            entries.sort_by_key(|a| a.op);
+            for a in entries {
+                let (lo, end) = (base + a.offset, base.saturating_add(a.end).min(hi));
+                let (p, op, writes) = (a.participant, a.op, a.kind.writes());
+                let entry = Arc::new(Entry {
+                    access: a,
+                    freed: Some(freed.clone()),
+                });
+                ix.insert(lo, end, entry, |w| {
+                    let w = &w.access;
+                    host.covers(w.epoch())
+                        || (w.participant == p && w.op < op && Access::dominates(writes, w))
+                });
+            }
+            return None;
+        }
+        let mut rec = Record {
+            lo: base,
+            hi,
+            freed,
+            entries,
+        };
+        // Trim the small records on these bytes: entries the host's clock covers, and entries
+        // inside the bytes of a later entry of the same participant that dominates them.
+        let mut slots = std::mem::take(&mut self.scratch);
+        space.overlapping(base, hi, &mut slots);
+        for &slot in &slots {
+            let Some(old) = space.records[slot as usize].as_mut() else {
+                continue;
+            };
+            let subsumed = |w: &Access| {
+                if host.covers(w.epoch()) {
+                    return true;
+                }
+                let (wl, wh) = old.range(w);
+                rec.entries.iter().any(|y| {
+                    let (yl, yh) = rec.range(y);
+                    y.participant == w.participant
+                        && w.op < y.op
+                        && Access::dominates(y.kind.writes(), w)
+                        && yl <= wl
+                        && wh <= yh
+                })
+            };
+            if !old.entries.iter().any(subsumed) {
+                continue;
+            }
+            let old = Arc::make_mut(old);
+            let before = old.entries.len();
+            let range = |a: &Access| (old.lo + a.offset, old.lo.saturating_add(a.end).min(old.hi));
+            old.entries.retain(|w| {
+                if host.covers(w.epoch()) {
+                    return false;
+                }
+                let (wl, wh) = range(w);
+                !rec.entries.iter().any(|y| {
+                    let (yl, yh) = rec.range(y);
+                    y.participant == w.participant
+                        && w.op < y.op
+                        && Access::dominates(y.kind.writes(), w)
+                        && yl <= wl
+                        && wh <= yh
+                })
+            });
+            space.entries -= before - old.entries.len();
+            if old.entries.is_empty() {
+                space.remove(slot);
+            }
+        }
+        self.scratch = slots;
+        space.entries += rec.entries.len();
+        space.count += 1;
+        let mut returned = None;
+        let arc = match space.spare.pop() {
+            Some(mut a) => {
+                let r = Arc::get_mut(&mut a).expect("spare records are unshared");
+                std::mem::swap(&mut r.entries, &mut rec.entries);
+                r.lo = rec.lo;
+                r.hi = rec.hi;
+                r.freed = rec.freed;
+                returned = Some(rec.entries);
+                a
+            }
+            None => Arc::new(rec),
+        };
+        let slot = match space.free_slots.pop() {
+            Some(s) => {
+                space.records[s as usize] = Some(arc);
+                s
+            }
+            None => {
+                space.records.push(Some(arc));
+                space.records.len() as u32 - 1
+            }
+        };
+        for p in first..=last {
+            space.pages.entry(p).or_default().push(slot);
+        }
+        returned
+    }
+
+    /// The tombstones on `[lo, hi)` of `kind`: the small records there, and whether the index of
+    /// large ones has some.
+    pub fn reuse(&mut self, kind: MemoryKind, lo: u64, hi: u64) -> (Vec<Arc<Record>>, bool) {
+        let space = &self.kinds[kind.index()];
+        if lo >= hi || (space.count == 0 && space.large.is_empty()) {
+            return (Vec::new(), false);
+        }
+        let mut slots = std::mem::take(&mut self.scratch);
+        space.overlapping(lo, hi, &mut slots);
+        let mut records: Vec<Arc<Record>> = Vec::with_capacity(slots.len());
+        records.extend(
+            slots
+                .iter()
+                .filter_map(|&s| space.records[s as usize].clone()),
+        );
+        self.scratch = slots;
+        (records, space.large.overlaps(lo, hi))
+    }
+
+    /// The index of large freed buffers of one memory kind.
+    pub fn large(&mut self, kind: MemoryKind) -> &mut Intervals {
+        &mut self.kinds[kind.index()].large
+    }
+
+    /// Drops the tombstones the host's clock covers; returns how many were dropped.
+    pub fn prune(&mut self, host: &VectorClock) -> usize {
+        let mut dropped = 0;
+        for space in &mut self.kinds {
+            dropped += space.large.sweep(|e| !host.covers(e.access.epoch()));
+            for slot in 0..space.records.len() as u32 {
+                let Some(rec) = space.records[slot as usize].as_mut() else {
+                    continue;
+                };
+                if !rec.entries.iter().any(|a| host.covers(a.epoch())) {
+                    continue;
+                }
+                let rec = Arc::make_mut(rec);
+                let before = rec.entries.len();
+                rec.entries.retain(|a| !host.covers(a.epoch()));
+                let d = before - rec.entries.len();
+                space.entries -= d;
+                dropped += d;
+                if rec.entries.is_empty() {
+                    space.remove(slot);
+                }
+            }
+            space.pages.retain(|_, v| !v.is_empty());
+        }
+        dropped
+    }
+
+    /// Whether no tombstone is kept.
+    pub fn is_empty(&self) -> bool {
+        self.kinds
+            .iter()
+            .all(|s| s.count == 0 && s.large.is_empty())
+    }
+
+    /// Tombstones kept: entries of small records, and listings of the index of large ones.
     pub fn len(&self) -> usize {
-        self.kinds.iter().map(|s| s.ranges.len()).sum()
+        self.kinds.iter().map(|s| s.entries + s.large.slots()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn access(op: u64, p: u32, time: u64, kind: AccessKind, offset: u64, end: u64) -> Arc<Entry> {
+        Arc::new(Entry {
+            access: Access {
+                op,
+                time,
+                participant: Participant(p),
+                kind,
+                offset,
+                end,
+                site: None,
+                label: 0,
+            },
+            freed: None,
+        })
+    }
+
+    fn listing(ix: &mut Intervals, lo: u64, hi: u64) -> Vec<u64> {
+        let mut v = Vec::new();
+        ix.visit(lo, hi, |e| {
+            v.push(e.access.op);
+            Visit::Keep
+        });
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    #[test]
+    fn pieces_split_trim_and_merge() {
+        let mut ix = Intervals::new();
+        ix.insert(0, 100, access(1, 1, 1, AccessKind::Write, 0, 100), |_| {
+            false
+        });
+        ix.insert(40, 60, access(2, 2, 1, AccessKind::Read, 40, 60), |_| false);
+        assert_eq!(ix.pieces(), 3);
+        assert_eq!(listing(&mut ix, 50, 51), vec![1, 2]);
+        assert_eq!(listing(&mut ix, 0, 10), vec![1]);
+        // Participant 1 writes [30, 70) again: its earlier write is trimmed there only.
+        let dropped = ix.insert(30, 70, access(3, 1, 2, AccessKind::Write, 30, 70), |e| {
+            e.access.participant == Participant(1)
+        });
+        assert_eq!(dropped, 3, "listings of op 1 in [30,40), [40,60), [60,70)");
+        assert_eq!(listing(&mut ix, 35, 36), vec![3]);
+        assert_eq!(listing(&mut ix, 50, 51), vec![2, 3]);
+        assert_eq!(listing(&mut ix, 0, 100), vec![1, 2, 3]);
+        assert_eq!(listing(&mut ix, 75, 76), vec![1]);
+        // Dropping participant 2 everywhere leaves [0,30) 1, [30,70) 3, [70,100) 1.
+        ix.sweep(|e| e.access.participant != Participant(2));
+        assert_eq!(ix.pieces(), 3);
+        assert_eq!(ix.slots(), 3);
+        ix.insert(0, 100, access(4, 1, 3, AccessKind::Write, 0, 100), |_| true);
+        assert_eq!((ix.pieces(), ix.slots()), (1, 1));
+        assert!(ix.overlaps(99, 1000) && !ix.overlaps(100, 1000));
+    }
+
+    #[test]
+    fn huge_ranges_cost_no_more_than_small_ones() {
+        let mut ix = Intervals::new();
+        let base = 1u64 << 47;
+        for k in 0..1000u64 {
+            ix.insert(
+                base,
+                base + (1 << 44),
+                access(k, 1, k + 1, AccessKind::Write, 0, 1 << 44),
+                |e| e.access.op < k,
+            );
+        }
+        assert_eq!((ix.pieces(), ix.slots()), (1, 1));
     }
 }

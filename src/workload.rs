@@ -176,6 +176,226 @@ impl Pipeline {
     }
 }
 
+/// The hostile and long-running trace shapes of the hardening work: each stresses one part of the
+/// checker's memory or time (see `docs/performance.md`, "Bounded memory and time"). `size` is the
+/// shape's scale; [`Shape::generate`] calls `emit` with every op, in order, without holding the
+/// trace in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    /// `size` cycles of: alloc a 512-byte temporary `t` on stream `s`, a launch on `s` that
+    /// writes it, a caching free. Nothing ever synchronizes the host; every cycle reuses the
+    /// same bytes. Clean.
+    Churn,
+    /// One buffer of 2^`size` bytes on stream `s`: alloc, a launch that writes it, free; then a
+    /// second buffer of the same size on `s` reuses its bytes and is written by `s` and read by
+    /// `t` without an event: a data race (with `s`'s write) and a reuse race (with `s`'s write of
+    /// the first buffer).
+    Huge,
+    /// `size` streams with one launch each; launch `k` writes bytes `[8k, 8k+8)` of the external
+    /// buffer `out`. Clean.
+    Streams,
+    /// `size` streams in a ring: stream `k` waits on the event of stream `k-1`, launches a kernel
+    /// that reads slice `k-1` and writes slice `k` of the external buffer `x`, and records its
+    /// event; stream 0 then waits on the last event and reads the last slice. Finally stream 1
+    /// writes slice 0 without waiting: one race with stream 0's last read.
+    Ring,
+    /// `size` rounds of: `s` writes `a` and records `e`; `t` waits on `e` and reads `a`. From the
+    /// second round on, every write races with `t`'s reads (write-after-read): `size - 1`
+    /// hazards.
+    LoopRace,
+    /// One buffer of `16 * size` bytes, never synchronized: streams `s` and `t` alternately
+    /// write `size` distinct 8-byte ranges of it, then stream `u` reads all of it: one race.
+    Ranges,
+    /// One launch on `s` that writes `size` distinct 8-byte regions of one buffer, then one that
+    /// reads them all on `s` and writes the first: clean.
+    Regions,
+    /// `size` buffers of 512 bytes allocated on `s` and written once by `s`, never freed. Clean.
+    Live,
+}
+
+impl Shape {
+    /// Every shape, in the order of the hardening issue.
+    pub const ALL: [Shape; 8] = [
+        Shape::Churn,
+        Shape::Huge,
+        Shape::Streams,
+        Shape::Ring,
+        Shape::LoopRace,
+        Shape::Ranges,
+        Shape::Regions,
+        Shape::Live,
+    ];
+
+    /// The shape's name on the command line (`churn`, `loop-race`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Shape::Churn => "churn",
+            Shape::Huge => "huge",
+            Shape::Streams => "streams",
+            Shape::Ring => "ring",
+            Shape::LoopRace => "loop-race",
+            Shape::Ranges => "ranges",
+            Shape::Regions => "regions",
+            Shape::Live => "live",
+        }
+    }
+
+    /// The shape named `name`.
+    pub fn from_name(name: &str) -> Option<Shape> {
+        Shape::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The size the hardening issue gives for this shape.
+    pub fn default_size(self) -> u64 {
+        match self {
+            Shape::Churn => 1_000_000,
+            Shape::Huge => 44,
+            Shape::Streams => 100_000,
+            Shape::Ring => 7_000,
+            Shape::LoopRace => 10_000,
+            Shape::Ranges => 1_000_000,
+            Shape::Regions => 80_000,
+            Shape::Live => 1_000_000,
+        }
+    }
+
+    /// The number of hazards the shape has at `size` (all of them errors).
+    pub fn hazards(self, size: u64) -> u64 {
+        match self {
+            Shape::Churn | Shape::Streams | Shape::Regions | Shape::Live => 0,
+            Shape::Ring | Shape::Ranges => 1,
+            Shape::Huge => 2,
+            Shape::LoopRace => size.saturating_sub(1),
+        }
+    }
+
+    /// Calls `emit` with every op of the shape at `size`, in order.
+    pub fn generate(self, size: u64, mut emit: impl FnMut(TraceOp)) {
+        let mut push = |op: Op| emit(TraceOp { op, site: None });
+        let launch = |stream: &Id, reads: Vec<Region>, writes: Vec<Region>| Op::Launch {
+            stream: stream.clone(),
+            name: None,
+            reads,
+            writes,
+        };
+        let alloc = |buffer: &Id, bytes: u64, stream: &Id| Op::Alloc {
+            buffer: buffer.clone(),
+            bytes,
+            stream: Some(stream.clone()),
+            memory: MemoryKind::Device,
+            addr: None,
+        };
+        let free = |buffer: &Id| Op::Free {
+            buffer: buffer.clone(),
+            stream: None,
+        };
+        let (s, t, u) = (Id::from("s"), Id::from("t"), Id::from("u"));
+        let stream = |k: u64| Id::from(format!("s{k}"));
+        match self {
+            Shape::Churn => {
+                let tmp = Id::from("t");
+                for _ in 0..size {
+                    push(alloc(&tmp, 512, &s));
+                    push(launch(&s, vec![], vec![Region::whole(tmp.clone())]));
+                    push(free(&tmp));
+                }
+            }
+            Shape::Huge => {
+                let bytes = 1u64 << size.min(46);
+                let (a, b) = (Id::from("a"), Id::from("b"));
+                push(alloc(&a, bytes, &s));
+                push(launch(&s, vec![], vec![Region::whole(a.clone())]));
+                push(free(&a));
+                push(alloc(&b, bytes, &s));
+                push(launch(&s, vec![], vec![Region::whole(b.clone())]));
+                push(launch(&t, vec![Region::whole(b.clone())], vec![]));
+            }
+            Shape::Streams => {
+                let out = Id::from("out");
+                for k in 0..size {
+                    push(launch(
+                        &stream(k),
+                        vec![],
+                        vec![Region::range(out.clone(), 8 * k, 8)],
+                    ));
+                }
+            }
+            Shape::Ring => {
+                let x = Id::from("x");
+                let event = |k: u64| Id::from(format!("e{k}"));
+                let slice = |k: u64| Region::range(x.clone(), 8 * k, 8);
+                for k in 0..size {
+                    let mut reads = vec![];
+                    if k > 0 {
+                        push(Op::EventWait {
+                            stream: stream(k),
+                            event: event(k - 1),
+                        });
+                        reads.push(slice(k - 1));
+                    }
+                    push(launch(&stream(k), reads, vec![slice(k)]));
+                    push(Op::EventRecord {
+                        event: event(k),
+                        stream: stream(k),
+                    });
+                }
+                if size > 1 {
+                    push(Op::EventWait {
+                        stream: stream(0),
+                        event: event(size - 1),
+                    });
+                    push(launch(&stream(0), vec![slice(size - 1), slice(0)], vec![]));
+                    push(launch(&stream(1), vec![], vec![slice(0)]));
+                }
+            }
+            Shape::LoopRace => {
+                let (a, e) = (Id::from("a"), Id::from("e"));
+                for _ in 0..size {
+                    push(launch(&s, vec![], vec![Region::whole(a.clone())]));
+                    push(Op::EventRecord {
+                        event: e.clone(),
+                        stream: s.clone(),
+                    });
+                    push(Op::EventWait {
+                        stream: t.clone(),
+                        event: e.clone(),
+                    });
+                    push(launch(&t, vec![Region::whole(a.clone())], vec![]));
+                }
+            }
+            Shape::Ranges => {
+                let a = Id::from("a");
+                push(alloc(&a, 16 * size.max(1), &s));
+                for k in 0..size {
+                    let on = if k % 2 == 0 { &s } else { &t };
+                    push(launch(
+                        on,
+                        vec![],
+                        vec![Region::range(a.clone(), 16 * k, 8)],
+                    ));
+                }
+                push(launch(&u, vec![Region::whole(a.clone())], vec![]));
+            }
+            Shape::Regions => {
+                let a = Id::from("a");
+                push(alloc(&a, 8 * size.max(1), &s));
+                let regions: Vec<Region> = (0..size)
+                    .map(|k| Region::range(a.clone(), 8 * k, 8))
+                    .collect();
+                push(launch(&s, vec![], regions.clone()));
+                push(launch(&s, regions, vec![Region::range(a.clone(), 0, 8)]));
+            }
+            Shape::Live => {
+                for k in 0..size {
+                    let b = Id::from(format!("b{k}"));
+                    push(alloc(&b, 512, &s));
+                    push(launch(&s, vec![], vec![Region::whole(b)]));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,15 +73,25 @@ fn pool_index(pool: Pool) -> usize {
     }
 }
 
+/// One block, live or free: 24 bytes, since a trace may hold a million live blocks. Its segment
+/// is not stored: the block above in the same segment is the one whose `prev` is this block
+/// (a block starting a segment has none), and [`DeviceCachingAllocator::segment_of`] finds it.
 #[derive(Clone, Copy, Debug)]
 struct BlockInfo {
     size: u64,
-    /// The block just below in the same segment, if any (the one above starts at `addr + size`).
-    prev: Option<u64>,
-    segment: u64,
+    /// The block just below in the same segment, or [`NO_PREV`] (the one above starts at
+    /// `addr + size`).
+    prev: u64,
     stream: StreamKey,
     allocated: bool,
     pool: Pool,
+}
+
+/// `BlockInfo::prev` of a block that starts its segment.
+const NO_PREV: u64 = u64::MAX;
+
+fn prev_of(info: &BlockInfo) -> Option<u64> {
+    (info.prev != NO_PREV).then_some(info.prev)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -178,18 +188,17 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             info.size = rounded;
             let rest = BlockInfo {
                 size: block_size - rounded,
-                prev: Some(addr),
-                segment: info.segment,
+                prev: addr,
                 stream,
                 allocated: false,
                 pool,
             };
             // `addr + rounded` lies inside the block, so it does not overflow.
             let rest_addr = addr + rounded;
-            let segment = info.segment;
             if let Some(after) = self.blocks.get_mut(&(addr + block_size)) {
-                if after.segment == segment {
-                    after.prev = Some(rest_addr);
+                // The block above, if it is of the same segment.
+                if after.prev == addr {
+                    after.prev = rest_addr;
                 }
             }
             self.blocks.insert(rest_addr, rest);
@@ -243,8 +252,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             base,
             BlockInfo {
                 size: seg_bytes,
-                prev: None,
-                segment: base,
+                prev: NO_PREV,
                 stream,
                 allocated: false,
                 pool,
@@ -271,7 +279,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
         let mut size = info.size;
         let mut prev_of_start = info.prev;
         // The free neighbour below, if it is of the same stream (it is of the same segment).
-        if let Some(prev_addr) = info.prev {
+        if let Some(prev_addr) = prev_of(&info) {
             if let Some(prev) = self.blocks.get(&prev_addr).copied() {
                 if !prev.allocated && prev.stream == stream {
                     set.remove(&(prev.stream, prev.size, prev_addr));
@@ -281,22 +289,25 @@ impl<M: Memory> DeviceCachingAllocator<M> {
                 }
             }
         }
-        // The free neighbour above, likewise. Blocks tile their segment, so it starts at the end.
+        // The free neighbour above, likewise. Blocks tile their segment, so it starts at the end;
+        // it is of the same segment when this block is below it.
         let next_addr = addr + info.size;
+        let mut below_after = addr;
         if let Some(next) = self.blocks.get(&next_addr).copied() {
-            if !next.allocated && next.segment == info.segment && next.stream == stream {
+            if !next.allocated && next.prev == addr && next.stream == stream {
                 set.remove(&(next.stream, next.size, next_addr));
                 size += next.size;
                 self.blocks.remove(&next_addr);
+                below_after = next_addr;
             }
         }
         if start != addr {
             self.blocks.remove(&addr);
         }
-        // The block after the merged one now has it below.
+        // The block after the merged one, if it is of the same segment, now has it below.
         if let Some(after) = self.blocks.get_mut(&(start + size)) {
-            if after.segment == info.segment {
-                after.prev = Some(start);
+            if after.prev == below_after {
+                after.prev = start;
             }
         }
         self.blocks.insert(
@@ -304,7 +315,6 @@ impl<M: Memory> DeviceCachingAllocator<M> {
             BlockInfo {
                 size,
                 prev: prev_of_start,
-                segment: info.segment,
                 stream,
                 allocated: false,
                 pool: info.pool,
@@ -328,7 +338,17 @@ impl<M: Memory> DeviceCachingAllocator<M> {
 
     /// The block that starts at `addr`, live or free.
     pub fn block(&self, addr: u64) -> Option<BlockState> {
-        self.blocks.get(&addr).map(|info| state(addr, info))
+        self.blocks
+            .get(&addr)
+            .map(|info| state(addr, self.segment_of(addr), info))
+    }
+
+    /// The base of the segment holding `addr` (0 if none does).
+    fn segment_of(&self, addr: u64) -> u64 {
+        self.segments
+            .range(..=addr)
+            .next_back()
+            .map_or(0, |(&base, _)| base)
     }
 
     /// Every block, live or free, in address order.
@@ -336,7 +356,7 @@ impl<M: Memory> DeviceCachingAllocator<M> {
         let mut v: Vec<BlockState> = self
             .blocks
             .iter()
-            .map(|(&addr, info)| state(addr, info))
+            .map(|(&addr, info)| state(addr, self.segment_of(addr), info))
             .collect();
         v.sort_by_key(|b| b.addr);
         v.into_iter()
@@ -379,11 +399,11 @@ impl<M: Memory> DeviceCachingAllocator<M> {
     }
 }
 
-fn state(addr: u64, info: &BlockInfo) -> BlockState {
+fn state(addr: u64, segment: u64, info: &BlockInfo) -> BlockState {
     BlockState {
         addr,
         size: info.size,
-        segment: info.segment,
+        segment,
         pool: info.pool,
         stream: Some(info.stream),
         allocated: info.allocated,
@@ -416,9 +436,9 @@ mod tests {
                 while at < base + seg.bytes {
                     let (&a, b) = blocks.next().expect("segment not covered");
                     assert_eq!(a, at, "gap or overlap in segment {base:#x}");
-                    assert_eq!(b.segment, base);
+                    assert_eq!(self.segment_of(a), base);
                     assert_eq!(
-                        b.prev,
+                        prev_of(b),
                         if a == base { None } else { below },
                         "prev link of {a:#x}"
                     );

@@ -63,7 +63,7 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             continue;
         };
         let lane = g.lane_index(p);
-        let prov = lane.and_then(|l| know.get(l).cloned()).unwrap_or_default();
+        let prov = lane.map(|l| know.get(l)).unwrap_or_default();
         // The earlier side: what it did, and whether it recorded an event after it.
         let mut line = if c.access == AccessKind::Alloc {
             format!(

@@ -30,6 +30,7 @@ use crate::report::{latest_by_participant, AccessKind, Hazard, Report};
 use crate::trace::{Id, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
 mod explain;
+mod know;
 pub mod picture;
 pub mod render;
 
@@ -72,6 +73,8 @@ pub struct GraphStats {
     pub peak_edges: usize,
     /// Lanes (the host and the streams).
     pub lanes: usize,
+    /// Nodes of the lanes' and events' provenance tries now (each shared node once).
+    pub know_nodes: usize,
 }
 
 /// One op, as a node.
@@ -120,14 +123,7 @@ struct Prov {
     on_host: bool,
 }
 
-/// A synchronization op through which knowledge arrives.
-struct Arrival {
-    via: u64,
-    from: Option<u64>,
-    how: How,
-    label: Arc<str>,
-    on_host: bool,
-}
+use know::{ArrivalRec as Arrival, Know};
 
 #[derive(Clone, Debug)]
 struct LaneState {
@@ -138,7 +134,7 @@ struct LaneState {
     /// The latest `event_record` on this lane: (op, event).
     last_record: Option<(u64, Id)>,
     /// What this lane knows of every lane, by lane index.
-    know: Vec<Prov>,
+    know: Know,
     /// The host op whose issue edge into this lane was drawn last.
     issued_from: Option<u64>,
     /// Per lane: its op whose legacy edge into this lane was drawn last.
@@ -153,7 +149,7 @@ impl LaneState {
             blocking,
             last: None,
             last_record: None,
-            know: Vec::new(),
+            know: Know::default(),
             issued_from: None,
             legacy_from: HashMap::default(),
         }
@@ -163,31 +159,7 @@ impl LaneState {
 #[derive(Clone, Debug)]
 struct Capture {
     op: u64,
-    know: Vec<Prov>,
-}
-
-/// Joins `src` into `dst` where it knows later ops. With an `arrival`, what is new arrives
-/// through it; without (the host's knowledge flowing into a stream op, rule 2), it keeps the
-/// provenance it had.
-fn join(dst: &mut Vec<Prov>, src: &[Prov], arrival: Option<&Arrival>) {
-    if dst.len() < src.len() {
-        dst.resize(src.len(), Prov::default());
-    }
-    for (d, s) in dst.iter_mut().zip(src) {
-        if s.upto > d.upto {
-            *d = match arrival {
-                Some(a) => Prov {
-                    upto: s.upto,
-                    via: Some(a.via),
-                    from: a.from,
-                    how: a.how,
-                    label: Some(a.label.clone()),
-                    on_host: a.on_host,
-                },
-                None => s.clone(),
-            };
-        }
-    }
+    know: Know,
 }
 
 const HOST_LANE: usize = 0;
@@ -288,10 +260,17 @@ impl DepGraph {
 
     /// Sizes of the graph.
     pub fn stats(&self) -> GraphStats {
+        let mut seen = HashSet::default();
+        let know = self.lanes.iter().map(|l| &l.know);
+        let know_nodes = know
+            .chain(self.events.values().map(|c| &c.know))
+            .map(|k| k.nodes(&mut seen))
+            .sum();
         GraphStats {
             nodes: self.g.node_count(),
             edges: self.g.edge_count(),
             lanes: self.lanes.len(),
+            know_nodes,
             ..self.stats
         }
     }
@@ -541,7 +520,7 @@ impl DepGraph {
             self.lanes[lane].issued_from = host_last;
         }
         let host_know = self.lanes[HOST_LANE].know.clone();
-        join(&mut self.lanes[lane].know, &host_know, None);
+        self.lanes[lane].know.join(&host_know, None);
         // Rule 5: the legacy default stream.
         let partners: Vec<usize> = if lane == DEFAULT_LANE {
             (0..self.lanes.len())
@@ -561,21 +540,15 @@ impl DepGraph {
                 self.lanes[lane].legacy_from.insert(p, last);
             }
             let mut src = self.lanes[p].know.clone();
-            if src.len() <= p {
-                src.resize(p + 1, Prov::default());
-            }
-            src[p] = Prov {
-                upto: Some(last),
-                ..Prov::default()
-            };
-            let arrival = Arrival {
+            src.set_own(p, last);
+            let arrival = Arc::new(Arrival {
                 via: i,
                 from: Some(last),
                 how: How::Legacy,
                 label: label.clone(),
                 on_host: false,
-            };
-            join(&mut self.lanes[lane].know, &src, Some(&arrival));
+            });
+            self.lanes[lane].know.join(&src, Some(&arrival));
         }
         self.set_own(lane, i);
         match op {
@@ -598,26 +571,18 @@ impl DepGraph {
         };
         let (from, know) = (c.op, c.know.clone());
         self.edge(Some(from), i, EdgeKind::Event, Some(event));
-        let arrival = Arrival {
+        let arrival = Arc::new(Arrival {
             via: i,
             from: Some(from),
             how: How::Event,
             label: label.clone(),
             on_host: lane == HOST_LANE,
-        };
-        join(&mut self.lanes[lane].know, &know, Some(&arrival));
+        });
+        self.lanes[lane].know.join(&know, Some(&arrival));
     }
 
     fn set_own(&mut self, lane: usize, i: u64) {
-        let know = &mut self.lanes[lane].know;
-        if know.len() <= lane {
-            know.resize(lane + 1, Prov::default());
-        }
-        know[lane] = Prov {
-            upto: Some(i),
-            via: Some(i),
-            ..Prov::default()
-        };
+        self.lanes[lane].know.set_own(lane, i);
     }
 
     /// Rule 4 and host order for an op of the host.
@@ -669,14 +634,14 @@ impl DepGraph {
             };
             self.edge(Some(last), i, EdgeKind::HostSync, None);
             let src = self.lanes[l].know.clone();
-            let arrival = Arrival {
+            let arrival = Arc::new(Arrival {
                 via: i,
                 from: Some(last),
                 how,
                 label: label.clone(),
                 on_host: true,
-            };
-            join(&mut self.lanes[HOST_LANE].know, &src, Some(&arrival));
+            });
+            self.lanes[HOST_LANE].know.join(&src, Some(&arrival));
         }
         self.lanes[HOST_LANE].last = Some(i);
     }
@@ -703,11 +668,11 @@ impl DepGraph {
 
     /// What `participant` knows, as the hazard's op sees it: its lane's provenance, joined with
     /// the host's (which every op on a stream and every free joins).
-    fn knowledge(&self, participant: &str) -> Vec<Prov> {
+    fn knowledge(&self, participant: &str) -> Know {
         let lane = self.lane_index(participant);
         let mut know = lane.map(|l| self.lanes[l].know.clone()).unwrap_or_default();
         if lane != Some(HOST_LANE) {
-            join(&mut know, &self.lanes[HOST_LANE].know, None);
+            know.join(&self.lanes[HOST_LANE].know, None);
         }
         know
     }
@@ -723,14 +688,16 @@ impl DepGraph {
     /// Removes the nodes nothing needs any more.
     fn prune(&mut self, now: u64) {
         let mut keep: HashSet<u64> = HashSet::default();
+        let mut seen = HashSet::default();
         for lane in &self.lanes {
             keep.extend(lane.last);
             keep.extend(lane.last_record.as_ref().map(|r| r.0));
             keep.extend(lane.issued_from);
-            for p in &lane.know {
-                keep.extend(p.via);
-                keep.extend(p.from);
-            }
+            // The ops the provenance names (each shared node once; what tags override is kept
+            // too, which only keeps more).
+            lane.know.ops(&mut seen, &mut |op| {
+                keep.insert(op);
+            });
         }
         let horizon = now.saturating_sub(self.cfg.window);
         let gone: Vec<(u64, NodeIndex)> = self
