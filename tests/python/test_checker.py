@@ -172,7 +172,9 @@ def test_stats_follow_what_the_checker_keeps():
     assert (s["ops"], s["generations"], s["hazards"]) == (3, 1, 1)
     assert s["history"] >= 2 and s["participants"] >= 3
     c.push({"op": "free", "buffer": "a"})
-    assert c.stats()["graveyard"] == 1
+    # The freed buffer's accesses (s1's write, s2's read) stay as tombstones for reuse checks
+    # until the host synchronizes with them.
+    assert c.stats()["graveyard"] == 2
     c.finish()
     assert c.stats() == {}
 
