@@ -18,7 +18,7 @@ use crate::checker::Checker;
 use crate::fuzz::gen::{generate, GenConfig};
 use crate::report::{AccessKind, Confirmation, Hazard, HazardKind, Report};
 use crate::sim::{self, Adversarial, Outcome, RandomScheduler, SimConfig, SimError};
-use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, TraceWriter};
+use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, TraceWriter, DEFAULT_STREAM};
 use crate::workload::SplitMix;
 
 /// Executes programs: the simulator, or a GPU.
@@ -206,7 +206,7 @@ pub struct Provocation {
 }
 
 /// How to provoke a hazard.
-pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
+pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, String> {
     let at = h.op as usize;
     let held = |c: &crate::report::Conflict| -> Option<usize> {
         if c.access == AccessKind::Alloc {
@@ -279,7 +279,10 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
             for c in h.conflicts.iter().filter(|c| c.access != AccessKind::Alloc) {
                 holds.push((shift(c.op as usize), at2));
             }
-            (!holds.is_empty()).then(|| Provocation {
+            if holds.is_empty() {
+                return Err(NOTHING_TO_HOLD.into());
+            }
+            Ok(Provocation {
                 program: p,
                 holds,
                 watch: hazard_buffers(h),
@@ -288,23 +291,30 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
         HazardKind::UnsafeFree => {
             // Allocate the same size right after the free, on the stream the block goes back to,
             // and overwrite it; hold the unordered accesses until that write is done.
-            let name = h.buffer.as_ref()?;
-            let (bytes, memory, addr) = program[..at].iter().rev().find_map(|op| match &op.op {
-                Op::Alloc {
-                    buffer,
-                    bytes,
-                    memory,
-                    addr,
-                    ..
-                } if buffer.as_str() == name => Some((*bytes, *memory, *addr)),
-                _ => None,
-            })?;
-            let by = h.access.as_ref()?.participant.clone();
+            let unknown = || "the freed buffer's allocation is not in the trace".to_string();
+            let name = h.buffer.as_ref().ok_or_else(unknown)?;
+            let (bytes, memory, addr) = program[..at]
+                .iter()
+                .rev()
+                .find_map(|op| match &op.op {
+                    Op::Alloc {
+                        buffer,
+                        bytes,
+                        memory,
+                        addr,
+                        ..
+                    } if buffer.as_str() == name => Some((*bytes, *memory, *addr)),
+                    _ => None,
+                })
+                .ok_or_else(unknown)?;
+            let by = h.access.as_ref().ok_or_else(unknown)?.participant.clone();
             if let Some(a) = addr.filter(|_| bytes > 0) {
                 // The program places its memory: a buffer of its own may take these bytes later,
                 // and one put here would share them with it. When the program writes such a
                 // buffer, that write is the reuse to corrupt.
-                if let Some((reuser, until)) = reuse_in_program(program, at, memory, a, a + bytes) {
+                if let Some((reuser, until)) =
+                    reuse_in_program(program, at, memory, a, a + bytes, &by)?
+                {
                     let holds: Vec<(usize, usize)> = h
                         .conflicts
                         .iter()
@@ -313,7 +323,10 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                         .collect();
                     let mut watch = hazard_buffers(h);
                     watch.insert(reuser);
-                    return (!holds.is_empty()).then(|| Provocation {
+                    if holds.is_empty() {
+                        return Err(NOTHING_TO_HOLD.into());
+                    }
+                    return Ok(Provocation {
                         program: program.to_vec(),
                         holds,
                         watch,
@@ -362,26 +375,37 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Option<Provocation> {
                 .collect();
             let mut watch = hazard_buffers(h);
             watch.insert(Id::from(format!("{name}.reused")));
-            (!holds.is_empty()).then_some(Provocation {
+            if holds.is_empty() {
+                return Err(NOTHING_TO_HOLD.into());
+            }
+            Ok(Provocation {
                 program: p,
                 holds,
                 watch,
             })
         }
-        _ => None,
+        kind => Err(format!("{kind} is not a race between two accesses")),
     }
 }
 
+/// What a provocation holds its accesses back for when there is none.
+const NOTHING_TO_HOLD: &str =
+    "no unordered access to hold back (its conflicts happen before everything the provocation can delay)";
+
 /// With placed memory: the first buffer allocated after op `at` on bytes `[start, end)` of
-/// `memory`, if the program writes it, and its first write.
+/// `memory` (freed by `by`) and its first write; `None` when no later buffer takes those bytes.
+/// An error says why the program's own reuse cannot show the corruption: device memory that
+/// comes back on another stream than `by` went back to the driver, which synchronized the
+/// device first, or the buffer is never written.
 fn reuse_in_program(
     program: &[TraceOp],
     at: usize,
     memory: MemoryKind,
     start: u64,
     end: u64,
-) -> Option<(Id, usize)> {
-    let (k, name) = program
+    by: &str,
+) -> Result<Option<(Id, usize)>, String> {
+    let found = program
         .iter()
         .enumerate()
         .skip(at + 1)
@@ -391,12 +415,21 @@ fn reuse_in_program(
                 bytes,
                 memory: m,
                 addr: Some(a),
-                ..
+                stream,
             } if *m == memory && *a < end && start < a.saturating_add(*bytes) => {
-                Some((k, buffer.clone()))
+                Some((k, buffer.clone(), stream.clone()))
             }
             _ => None,
-        })?;
+        });
+    let Some((k, name, stream)) = found else {
+        return Ok(None);
+    };
+    let owner = stream.as_ref().map_or(DEFAULT_STREAM, |s| s.as_str());
+    if memory == MemoryKind::Device && owner != by {
+        return Err(format!(
+            "the trace hands these bytes out again only to {name} on stream {owner} (op {k}), after the device synchronization that memory coming back from another stream implies: this run cannot corrupt them"
+        ));
+    }
     let writes = |op: &Op| match op {
         Op::Launch { writes, .. } => writes.iter().any(|r| r.buffer == name),
         Op::Copy { dst, .. } | Op::Memset { dst, .. } | Op::HostWrite { buffer: dst } => {
@@ -409,9 +442,12 @@ fn reuse_in_program(
         .enumerate()
         .skip(k + 1)
         .take_while(|(_, op)| !matches!(&op.op, Op::Free { buffer, .. } if *buffer == name))
-        .find(|(_, op)| writes(&op.op))?
+        .find(|(_, op)| writes(&op.op))
+        .ok_or_else(|| {
+            format!("the trace's next buffer at these bytes, {name} (op {k}), is never written")
+        })?
         .0;
-    Some((name, until))
+    Ok(Some((name, until)))
 }
 
 /// Whether a program's runs are explained by its report: every divergent run touches a buffer
@@ -475,7 +511,7 @@ pub fn run_campaign(
                 program: p,
                 holds,
                 watch: buffers,
-            }) = provocation(&program, h)
+            }) = provocation(&program, h).ok()
             else {
                 continue;
             };
@@ -647,15 +683,12 @@ pub fn confirm_report(
             (Some(_), Ok(r)) => {
                 let moved = r.hazard(h);
                 match confirm(&r.program, &moved, exec, attempts, h.op) {
-                    Ok(Some((observed, attempts))) => Confirmation::Ran {
+                    Ok(Ok((observed, attempts))) => Confirmation::Ran {
                         backend,
                         observed,
                         attempts,
                     },
-                    Ok(None) => skipped(
-                        "no unordered access to hold back (its conflicts happen before everything the provocation can delay)"
-                            .into(),
-                    ),
+                    Ok(Err(why)) => skipped(why),
                     Err(SimError::Unsupported { message, .. }) => skipped(message),
                 }
             }
@@ -678,16 +711,17 @@ fn not_provoked(kind: HazardKind) -> &'static str {
 
 /// Tries to make a reported hazard manifest: runs its provocation `attempts` times and counts
 /// the runs whose data in the hazard's buffers differ from the sequential reference. Returns
-/// `(observed, attempts)`, or `None` when the hazard kind cannot be provoked.
+/// `(observed, attempts)`, or why the hazard cannot be provoked.
 pub fn confirm(
     program: &[TraceOp],
     hazard: &Hazard,
     exec: &mut dyn Executor,
     attempts: u32,
     seed: u64,
-) -> Result<Option<(u32, u32)>, SimError> {
-    let Some(p) = provocation(program, hazard) else {
-        return Ok(None);
+) -> Result<Result<(u32, u32), String>, SimError> {
+    let p = match provocation(program, hazard) {
+        Ok(p) => p,
+        Err(why) => return Ok(Err(why)),
     };
     let reference = exec.reference(&p.program)?;
     let mut observed = 0;
@@ -697,5 +731,5 @@ pub fn confirm(
             observed += 1;
         }
     }
-    Ok(Some((observed, attempts)))
+    Ok(Ok((observed, attempts)))
 }

@@ -147,7 +147,7 @@ pub fn run_fix_campaign(
                 diverged |= !o.diverging(&reference).is_empty();
             }
             for h in f.before.hazards.iter().filter(|h| is_fixable(h.kind)) {
-                let Some(p) = provocation(&f.ops, &moved(h, &map)) else {
+                let Ok(p) = provocation(&f.ops, &moved(h, &map)) else {
                     continue;
                 };
                 // A provocation of an unsafe free extends the program (allocates the memory again
