@@ -22,7 +22,7 @@ use streamsan::trace::{parse_line_bytes, ParseError, TraceReader};
 
 /// The command line, compiled from the same source as the `streamsan` binary.
 #[allow(dead_code)]
-#[path = "../../../src/main.rs"]
+#[path = "../../../src/bin/streamsan/main.rs"]
 mod cli;
 
 pyo3::create_exception!(
