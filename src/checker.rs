@@ -332,6 +332,33 @@ impl Checker {
         Report::new(self.ops, self.hazards)
     }
 
+    /// Checks a whole trace: a new checker, every op of `ops` in order, then the report. The
+    /// error is the first op that is bad input, with its op index.
+    ///
+    /// ```
+    /// use streamsan::trace::{Op, Region, TraceOp};
+    /// use streamsan::Checker;
+    ///
+    /// let ops: Vec<TraceOp> = vec![
+    ///     Op::Launch { stream: "s1".into(), name: None, reads: vec![],
+    ///                  writes: vec![Region::whole("x")] }.into(),
+    ///     Op::Launch { stream: "s2".into(), name: None, reads: vec![Region::whole("x")],
+    ///                  writes: vec![] }.into(),
+    /// ];
+    /// let report = Checker::check_all(&ops).unwrap();
+    /// assert_eq!(report.errors, 1);
+    /// ```
+    pub fn check_all<'a>(
+        ops: impl IntoIterator<Item = &'a TraceOp>,
+    ) -> Result<Report, (u64, CheckError)> {
+        let mut checker = Checker::new();
+        for op in ops {
+            let index = checker.ops;
+            checker.check(op).map_err(|e| (index, e))?;
+        }
+        Ok(checker.finish())
+    }
+
     /// Checks the next op and returns the hazards it raised (sorted by kind, then buffer).
     ///
     /// An `Err` means the op is bad input under the trace format; the op is then not counted.

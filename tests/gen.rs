@@ -71,13 +71,8 @@ fn configs() -> Vec<(&'static str, GenConfig)> {
 
 /// Runs the checker over every op; panics with the program if it refuses one.
 fn check(p: &Program) -> Report {
-    let mut checker = Checker::new();
-    for (i, op) in p.ops.iter().enumerate() {
-        if let Err(e) = checker.check(op) {
-            panic!("the checker refused op {i}: {e:?}\n{p}");
-        }
-    }
-    checker.finish()
+    Checker::check_all(&p.ops)
+        .unwrap_or_else(|(i, e)| panic!("the checker refused op {i}: {e:?}\n{p}"))
 }
 
 fn has(report: &Report, kind: HazardKind) -> bool {

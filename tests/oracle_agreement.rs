@@ -39,12 +39,8 @@ fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
 }
 
 fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
-    let mut checker = Checker::new();
-    for (i, op) in ops.iter().enumerate() {
-        checker.check(op).map_err(|e| format!("op {i}: {e:?}"))?;
-    }
-    let mut keys: Vec<Key> = checker
-        .finish()
+    let mut keys: Vec<Key> = Checker::check_all(ops)
+        .map_err(|(i, e)| format!("op {i}: {e:?}"))?
         .hazards
         .into_iter()
         .map(|h| {

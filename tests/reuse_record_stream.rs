@@ -200,11 +200,7 @@ fn no_reuse_race_names_an_access_a_recorded_stream_covered_at_the_free() {
         let ops = program(&mut Rng(seed), 40);
         let paths = oracle_paths(&ops).expect("well-formed program");
         let recorded = recorded_at_free(&ops);
-        let mut checker = Checker::new();
-        for op in &ops {
-            checker.check(op).expect("well-formed program");
-        }
-        let report = checker.finish();
+        let report = Checker::check_all(&ops).expect("well-formed program");
         // The checker and the oracle agree on these programs too.
         let oracle: Vec<(u64, HazardKind, Option<String>)> = oracle_hazards(&ops)
             .expect("well-formed program")

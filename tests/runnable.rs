@@ -24,11 +24,7 @@ fn parse(text: &str) -> Vec<TraceOp> {
 }
 
 fn check(ops: &[TraceOp]) -> Option<Report> {
-    let mut c = Checker::new();
-    for op in ops {
-        c.check(op).ok()?;
-    }
-    Some(c.finish())
+    Checker::check_all(ops).ok()
 }
 
 /// (op, kind, buffer, conflicting ops) of each hazard the runnable program keeps.

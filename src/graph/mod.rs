@@ -917,6 +917,66 @@ fn did(kind: AccessKind) -> &'static str {
     }
 }
 
+/// Why a trace could not be walked a second time to explain its report.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The trace could not be read again (the first read had accepted it).
+    #[error(transparent)]
+    Read(#[from] crate::trace::ParseError),
+    /// The trace read again is not the trace that was checked.
+    #[error("{name}: the trace changed while it was read ({checked} ops checked, then {read})")]
+    Changed {
+        /// The trace's name.
+        name: String,
+        /// Ops the check saw.
+        checked: u64,
+        /// Ops read the second time.
+        read: u64,
+    },
+}
+
+/// The second walk of a check: reads the trace `reader` (named `name`) again through the
+/// dependency graph, explains the hazards of `report` (its check) and returns the picture.
+/// `implicit` are the checker's [`implicit_syncs`](crate::Checker::implicit_syncs); `progress`
+/// gets the ops walked so far, every 65,536 ops. The CLI's `check`, the Python binding and
+/// [`explain_program`] all walk through here.
+pub fn explain_trace<R: std::io::BufRead>(
+    reader: R,
+    name: &str,
+    report: &mut Report,
+    implicit: &[(u64, u64)],
+    mut progress: impl FnMut(u64),
+) -> Result<Picture, ExplainError> {
+    let mut graph = DepGraph::new(report, GraphConfig::default()).with_implicit_syncs(implicit);
+    let mut reader = crate::trace::TraceReader::new(reader, name.to_string());
+    let mut index = 0u64;
+    while let Some((op, _)) = reader.next_op()? {
+        graph.add(index, &op);
+        index += 1;
+        if index % 65_536 == 0 {
+            progress(index);
+        }
+    }
+    if index != report.ops {
+        return Err(ExplainError::Changed {
+            name: name.to_string(),
+            checked: report.ops,
+            read: index,
+        });
+    }
+    let stats = graph.stats();
+    tracing::info!(
+        ops = stats.ops,
+        peak_nodes = stats.peak_nodes,
+        peak_edges = stats.peak_edges,
+        nodes = stats.nodes,
+        edges = stats.edges,
+        lanes = stats.lanes,
+        "dependency graph"
+    );
+    Ok(graph.finish(report, name))
+}
+
 /// Builds the graph of a program held in memory, explains its report's hazards and draws it.
 /// `implicit` are the checker's [`implicit_syncs`](crate::Checker::implicit_syncs).
 pub fn explain_program(

@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use streamsan::graph::{DepGraph, GraphConfig, Picture};
+use streamsan::graph::Picture;
 use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
 use streamsan::trace::{parse_line_bytes, ParseError, TraceReader};
 
@@ -524,20 +524,14 @@ fn walk(
     implicit: &[(u64, u64)],
 ) -> Result<Picture, String> {
     let f = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
-    let mut graph = DepGraph::new(report, GraphConfig::default()).with_implicit_syncs(implicit);
-    let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), name.to_string());
-    let mut index = 0u64;
-    while let Some((op, _)) = reader.next_op().map_err(|e| e.to_string())? {
-        graph.add(index, &op);
-        index += 1;
-    }
-    if index != report.ops {
-        return Err(format!(
-            "{name}: the kept ops changed ({} ops checked, {index} read back)",
-            report.ops
-        ));
-    }
-    Ok(graph.finish(report, name))
+    streamsan::graph::explain_trace(
+        BufReader::with_capacity(1 << 16, f),
+        name,
+        report,
+        implicit,
+        |_| {},
+    )
+    .map_err(|e| e.to_string())
 }
 
 #[pymethods]

@@ -172,39 +172,16 @@ pub(crate) fn explain(
     implicit: &[(u64, u64)],
     len: Option<u64>,
 ) -> Result<streamsan::graph::Picture, CliError> {
-    use streamsan::graph::{DepGraph, GraphConfig};
     let bar = progress(len);
-    let mut graph = DepGraph::new(report, GraphConfig::default()).with_implicit_syncs(implicit);
-    let mut reader = TraceReader::new(source.open()?, name.to_string());
-    let mut index = 0u64;
-    while let Some((op, _)) = reader
-        .next_op()
-        .map_err(|e| CliError::BadInput(e.to_string()))?
-    {
-        graph.add(index, &op);
-        index += 1;
-        if index % 65_536 == 0 {
-            bar.inc(65_536);
-        }
-    }
+    let picture = streamsan::graph::explain_trace(source.open()?, name, report, implicit, |_| {
+        bar.inc(65_536)
+    })
+    .map_err(|e| match e {
+        streamsan::graph::ExplainError::Read(e) => CliError::BadInput(e.to_string()),
+        changed => CliError::Io(changed.to_string()),
+    });
     bar.finish_and_clear();
-    if index != report.ops {
-        return Err(CliError::Io(format!(
-            "{name}: the trace changed while it was read ({} ops, then {index})",
-            report.ops
-        )));
-    }
-    let stats = graph.stats();
-    tracing::info!(
-        ops = stats.ops,
-        peak_nodes = stats.peak_nodes,
-        peak_edges = stats.peak_edges,
-        nodes = stats.nodes,
-        edges = stats.edges,
-        lanes = stats.lanes,
-        "dependency graph"
-    );
-    Ok(graph.finish(report, name))
+    picture
 }
 
 /// Provokes every hazard and records in the report what was observed (or why it did not run).
