@@ -14,10 +14,10 @@
 //!
 //! Everything is a use of memory by a participant (the host or a stream) at a point of its order:
 //! kernel reads and writes, copies, host accesses of pinned memory — and allocations and frees.
-//! Happens-before is vector clocks over participants ([`clock`], [`order`]); a hazard is two
+//! Happens-before is vector clocks over participants (the `clock` and `order` modules); a hazard is two
 //! conflicting uses that happens-before does not order ([`checker`]). Reuse hazards are not a
 //! special case: the new owner's access conflicts with the freed owner's unordered access to the
-//! same bytes ([`shadow`], [`alloc`]).
+//! same bytes (the `shadow` and `alloc` modules).
 //!
 //! # Checking a trace
 //!
@@ -82,26 +82,40 @@
 //!
 //! [`sim`] runs programs on a simulated device under random, adversarial and exhaustive
 //! schedules, [`fuzz`] generates programs and confirms reported hazards by provoking them (on the
-//! simulator or a GPU), and [`oracle`] is a brute-force reference the checker is tested against.
+//! simulator or a GPU), and an oracle (`oracle`, with the `internals` feature) is a brute-force reference the checker is tested against.
 #![warn(missing_docs)]
 
-pub mod alloc;
+/// Declares a module of the engine's internals: public with the `internals` feature (the
+/// project's tests, fuzz targets and measurements use them), crate-private otherwise.
+macro_rules! internal {
+    ($(#[$m:meta])* mod $name:ident;) => {
+        #[cfg(feature = "internals")]
+        $(#[$m])*
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        $(#[$m])*
+        #[allow(dead_code, unused_imports)]
+        pub(crate) mod $name;
+    };
+}
+
+internal! { mod alloc; }
 pub mod checker;
-pub mod clock;
+internal! { mod clock; }
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cudarc;
 pub mod fix;
 pub mod fuzz;
 pub mod graph;
-pub mod kernels;
+internal! { mod kernels; }
 pub mod model;
-pub mod oracle;
-pub mod order;
+internal! { mod oracle; }
+internal! { mod order; }
 pub mod output;
 pub mod report;
 pub mod session;
-pub mod shadow;
+internal! { mod shadow; }
 pub mod sim;
 mod sync;
 pub mod text;

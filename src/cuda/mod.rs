@@ -20,7 +20,7 @@
 //! | happens-before edge | a message | [`Event`]: recorded on one stream, waited on by another |
 //! | heap segment | `mmap` | [`Gpu::map_segment`] / [`Gpu::unmap_segment`] |
 //! | page-locked buffer | — | [`PinnedBuffer`] |
-//! | a kernel | a function | [`Kernels`] (see [`crate::kernels`] for what each computes) |
+//! | a kernel | a function | [`Kernels`] (the `kernels` module says what each computes) |
 //!
 //! # No driver, no panic
 //!

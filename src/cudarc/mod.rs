@@ -50,7 +50,7 @@
 //!
 //! On the simulator ([`CudaContext::simulated`]) the same calls run on the CPU with the same
 //! allocator policy. **A user kernel runs as streamsan's hash kernel over the memory it was
-//! given** ([`crate::kernels`]): it writes values of its own into exactly the regions it was
+//! given** (the `kernels` module): it writes values of its own into exactly the regions it was
 //! given as `&mut`, and reads those given as `&`. The values differ from the GPU's; the accesses,
 //! and so the hazards, are the same. Copies and memsets keep their values. Sources are not
 //! compiled where there is no NVRTC (see [`nvrtc`]).
