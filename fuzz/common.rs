@@ -633,10 +633,12 @@ pub fn checker_report(ops: &[TraceOp], limits: Limits) -> Result<Report, String>
 }
 
 /// The limits that take every other path of the checker's state: every history in its interval
-/// index, every freed buffer buried entry by entry in the graveyard's interval index.
+/// index, every freed buffer buried entry by entry in the graveyard's interval index, a sweep of
+/// what the host's clock covers whenever the history has grown.
 pub const INDEXED: Limits = Limits {
     history_index_at: 0,
     small_freed_pages: 0,
+    sweep_at: 0,
 };
 
 /// The checker's hazards as keys, or its rejection. The checker with [`INDEXED`] limits must

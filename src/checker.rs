@@ -158,6 +158,10 @@ pub struct Limits {
     /// A freed buffer spanning at most this many 64 KiB pages stays one record of the graveyard;
     /// a larger one is buried entry by entry in its interval index (0: every freed buffer).
     pub small_freed_pages: u64,
+    /// A sweep drops what the host's clock covers from every history once they hold more than
+    /// this many entries in all (and twice as many as after the last sweep); tombstones are swept
+    /// likewise from a sixty-fourth of it.
+    pub sweep_at: usize,
 }
 
 impl Default for Limits {
@@ -165,6 +169,7 @@ impl Default for Limits {
         Limits {
             history_index_at: FLAT_MAX,
             small_freed_pages: crate::shadow::SMALL_PAGES,
+            sweep_at: 4096,
         }
     }
 }
@@ -238,9 +243,6 @@ impl Default for Checker {
     }
 }
 
-const PRUNE_MIN: usize = 4096;
-const GRAVEYARD_MIN: usize = 64;
-
 fn bytes_of(offset: u64, end: u64) -> Option<u64> {
     (end != u64::MAX).then(|| end - offset)
 }
@@ -275,9 +277,9 @@ impl Checker {
             ops: 0,
             hazards: Vec::new(),
             history: 0,
-            prune_at: PRUNE_MIN,
+            prune_at: limits.sweep_at,
             host_at_prune: VectorClock::new(),
-            graveyard_prune_at: GRAVEYARD_MIN,
+            graveyard_prune_at: limits.sweep_at / 64,
             host_at_graveyard_prune: VectorClock::new(),
             op_accesses: Vec::new(),
             found: Vec::new(),
@@ -1619,7 +1621,7 @@ impl Checker {
             self.graveyard.prune(self.order.host_clock());
             self.host_at_graveyard_prune = self.order.host_clock().clone();
         }
-        self.graveyard_prune_at = (2 * self.graveyard.len()).max(GRAVEYARD_MIN);
+        self.graveyard_prune_at = (2 * self.graveyard.len()).max(self.limits.sweep_at / 64);
     }
 
     /// Drops every history entry and tombstone that the host's clock covers. Runs when the
@@ -1640,7 +1642,7 @@ impl Checker {
             self.prune_graveyard();
             self.host_at_prune = self.order.host_clock().clone();
         }
-        self.prune_at = (2 * self.history).max(PRUNE_MIN);
+        self.prune_at = (2 * self.history).max(self.limits.sweep_at);
     }
 }
 
@@ -1851,7 +1853,16 @@ mod tests {
             let k = rng.below(6) as usize;
             let name = Id::from(format!("b{k}"));
             let stream = Id::from(format!("s{}", rng.below(3)));
-            let op = match rng.below(4) {
+            let op = match rng.below(7) {
+                4 => Op::EventRecord {
+                    event: Id::from(format!("e{}", rng.below(2))),
+                    stream,
+                },
+                5 => Op::EventWait {
+                    stream,
+                    event: Id::from(format!("e{}", rng.below(2))),
+                },
+                6 if rng.below(8) == 0 => Op::StreamSync { stream },
                 0 if !live[k] && k < 4 => {
                     live[k] = true;
                     Op::Alloc {
@@ -1869,16 +1880,19 @@ mod tests {
                         stream: None,
                     }
                 }
-                _ => Op::Launch {
-                    stream,
-                    name: None,
-                    reads: vec![Region::whole(name.clone())],
-                    writes: if rng.below(2) == 0 {
-                        vec![Region::range(name, 0, 8)]
-                    } else {
-                        vec![]
-                    },
-                },
+                _ => {
+                    let offset = 8 * rng.below(60);
+                    Op::Launch {
+                        stream,
+                        name: None,
+                        reads: vec![Region::whole(name.clone())],
+                        writes: if rng.below(2) == 0 {
+                            vec![Region::range(name, offset, 8 * rng.below(8))]
+                        } else {
+                            vec![]
+                        },
+                    }
+                }
             };
             ops.push(TraceOp::from(op));
         }
@@ -1886,7 +1900,11 @@ mod tests {
     }
 
     fn report(ops: &[TraceOp]) -> String {
-        let mut c = Checker::new();
+        report_with(ops, Limits::default())
+    }
+
+    fn report_with(ops: &[TraceOp], limits: Limits) -> String {
+        let mut c = Checker::with_limits(limits);
         for op in ops {
             if c.check(op).is_err() {
                 break;
@@ -1910,6 +1928,30 @@ mod tests {
         }
         for kind in ["data-race", "reuse-race", "use-after-free", "invalid-free"] {
             assert!(all.contains(kind), "no {kind} in the programs");
+        }
+    }
+
+    /// Every representation of histories and tombstones gives the same reports, with sweeps after
+    /// every op or after a few, so that histories move into the index and back.
+    #[test]
+    fn limits_change_no_report() {
+        for seed in 0..60 {
+            let ops = program(1000 + seed);
+            let plain = report(&ops);
+            for limits in [
+                Limits {
+                    history_index_at: 0,
+                    small_freed_pages: 0,
+                    sweep_at: 0,
+                },
+                Limits {
+                    history_index_at: 3,
+                    small_freed_pages: 64,
+                    sweep_at: 8,
+                },
+            ] {
+                assert_eq!(plain, report_with(&ops, limits), "seed {seed}, {limits:?}");
+            }
         }
     }
 }

@@ -500,11 +500,6 @@ impl History {
         }
     }
 
-    /// The covered entries of the flat form.
-    pub fn covered(&self) -> &[Access] {
-        self.rest.as_ref().map_or(&[], |r| &r.covered)
-    }
-
     /// The index, in the indexed form.
     pub fn index_mut(&mut self) -> Option<&mut Intervals> {
         self.rest.as_mut().and_then(|r| r.index.as_mut())
@@ -561,11 +556,6 @@ impl History {
             }
         }
         v
-    }
-
-    /// Every entry, flat or indexed.
-    pub fn all(&self) -> Vec<Access> {
-        self.clone().into_all()
     }
 
     /// Moves a flat history into an index, in op order, trimming what rule 2 subsumes.

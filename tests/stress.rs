@@ -60,6 +60,7 @@ fn churned_temporaries_keep_one_tombstone() {
         Limits {
             history_index_at: 0,
             small_freed_pages: 0,
+            sweep_at: 0,
         },
     );
     assert_eq!(again, report);
@@ -156,6 +157,7 @@ fn one_buffer_at_many_ranges_lists_each_latest_op() {
         Limits {
             history_index_at: 0,
             small_freed_pages: 0,
+            sweep_at: 0,
         },
     ] {
         let (report, peak) = run_with(Shape::Ranges, n, 1, limits);

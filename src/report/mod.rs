@@ -238,7 +238,8 @@ pub struct Hazard {
     pub pattern: Option<Pattern>,
     /// The hazard's own access.
     pub access: Option<AccessRef>,
-    /// Every earlier conflicting access, sorted by op.
+    /// The earlier conflicting accesses — for each participant, those of its latest conflicting
+    /// op — sorted by op.
     pub conflicts: Vec<Conflict>,
     /// For reuse races: the most recent free among the conflicts.
     pub free: Option<FreeRef>,
