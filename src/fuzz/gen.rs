@@ -48,7 +48,9 @@ use proptest::strategy::Strategy;
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
 use crate::checker::{CheckError, Checker};
 use crate::report::{HazardKind, Report};
-use crate::trace::{Id, MemoryKind, Op, Region, Site, TraceOp, DEFAULT_STREAM, HOST};
+use crate::trace::{
+    Id, MemoryKind, Op, OpParticipant, Region, Site, TraceOp, DEFAULT_STREAM, HOST,
+};
 use crate::workload::SplitMix;
 
 /// Knobs of the generator.
@@ -437,14 +439,15 @@ impl Model {
     /// The live regions an op touches (regions of freed buffers are uses after free, not
     /// accesses). A region both read and written counts as written.
     fn touches(&self, op: &Op) -> Vec<Touch> {
-        let mut out = Vec::new();
-        let add = |r: &Region, write: bool, out: &mut Vec<Touch>| {
+        let mut out: Vec<Touch> = Vec::new();
+        for access in op.accesses() {
+            let (r, write) = (access.region, access.write);
             if let Some(b) = self.live(&r.buffer) {
                 let lo = r.offset;
                 let hi = r.bytes.map_or(self.bufs[b].bytes, |n| lo + n);
                 let dup = out
                     .iter()
-                    .any(|t: &Touch| t.buf == b && t.lo == lo && t.hi == hi && t.write);
+                    .any(|t| t.buf == b && t.lo == lo && t.hi == hi && t.write);
                 if !dup {
                     out.push(Touch {
                         buf: b,
@@ -454,24 +457,6 @@ impl Model {
                     });
                 }
             }
-        };
-        match op {
-            Op::Launch { reads, writes, .. } => {
-                for r in writes {
-                    add(r, true, &mut out);
-                }
-                for r in reads {
-                    add(r, false, &mut out);
-                }
-            }
-            Op::Copy { src, dst, .. } => {
-                add(dst, true, &mut out);
-                add(src, false, &mut out);
-            }
-            Op::Memset { dst, .. } => add(dst, true, &mut out),
-            Op::HostRead { buffer } => add(buffer, false, &mut out),
-            Op::HostWrite { buffer } => add(buffer, true, &mut out),
-            _ => {}
         }
         out
     }
@@ -838,7 +823,7 @@ impl<D: Decisions> Builder<D> {
     // --- emitting
 
     fn emit(&mut self, op: Op) {
-        if let Some(s) = op_stream(&op) {
+        if let Some(s) = op.stream() {
             let p = stream_index(s);
             if p != DEFAULT_P && !self.created[p] {
                 self.created[p] = true;
@@ -1452,23 +1437,6 @@ impl<D: Decisions> Builder<D> {
     }
 }
 
-/// The stream an op names, if any.
-fn op_stream(op: &Op) -> Option<&Id> {
-    match op {
-        Op::StreamCreate { stream, .. }
-        | Op::RecordStream { stream, .. }
-        | Op::Launch { stream, .. }
-        | Op::Copy { stream, .. }
-        | Op::Memset { stream, .. }
-        | Op::EventRecord { stream, .. }
-        | Op::EventWait { stream, .. }
-        | Op::StreamSync { stream }
-        | Op::StreamQuery { stream, .. } => Some(stream),
-        Op::Alloc { stream, .. } | Op::Free { stream, .. } => stream.as_ref(),
-        _ => None,
-    }
-}
-
 /// The hazards the generator's own model predicts for a program it generated, as (op index,
 /// kind) pairs in op order: `data-race` and `reuse-race` at an access that conflicts with an
 /// unordered earlier access (same buffer; same bytes of a freed buffer), `unsafe-free` at a free,
@@ -1483,13 +1451,10 @@ pub fn predicted_hazards(program: &Program) -> Vec<(usize, HazardKind)> {
     let mut out = Vec::new();
     for (i, top) in program.ops.iter().enumerate() {
         let op = &top.op;
-        let p = match op {
-            Op::Launch { stream, .. } | Op::Copy { stream, .. } | Op::Memset { stream, .. } => {
-                Some(stream_index(stream))
-            }
-            Op::HostRead { .. } | Op::HostWrite { .. } => Some(HOST_P),
-            _ => None,
-        };
+        let p = op.is_access().then(|| match op.participant() {
+            OpParticipant::Host => HOST_P,
+            OpParticipant::Stream(stream) => stream_index(stream),
+        });
         if let Some(p) = p {
             let (mut race, mut reuse) = (false, false);
             model.conflicts(p, &model.touches(op), |_, _, r, _| {
@@ -1499,8 +1464,12 @@ pub fn predicted_hazards(program: &Program) -> Vec<(usize, HazardKind)> {
                     race = true
                 }
             });
-            let freed = op_regions(op).into_iter().any(|r| {
-                let b = model.slots.get(name_number(&r.buffer)).copied().flatten();
+            let freed = op.accesses().any(|a| {
+                let b = model
+                    .slots
+                    .get(name_number(&a.region.buffer))
+                    .copied()
+                    .flatten();
                 b.is_some_and(|b| !model.bufs[b].live)
             });
             for (hit, kind) in [
@@ -1526,17 +1495,6 @@ pub fn predicted_hazards(program: &Program) -> Vec<(usize, HazardKind)> {
         model.apply(op);
     }
     out
-}
-
-/// The regions an op names.
-fn op_regions(op: &Op) -> Vec<&Region> {
-    match op {
-        Op::Launch { reads, writes, .. } => writes.iter().chain(reads).collect(),
-        Op::Copy { src, dst, .. } => vec![dst, src],
-        Op::Memset { dst, .. } => vec![dst],
-        Op::HostRead { buffer } | Op::HostWrite { buffer } => vec![buffer],
-        _ => vec![],
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
