@@ -9,6 +9,7 @@ use std::fmt;
 pub mod arbitrary;
 mod op;
 pub mod reader;
+mod schema;
 pub mod writer;
 
 pub use op::{Op, OpAccess, OpParticipant};

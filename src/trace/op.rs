@@ -138,26 +138,7 @@ pub enum Op {
 impl Op {
     /// The op's name as the trace format spells it (`"launch"`, `"event_wait"`, …).
     pub fn name(&self) -> &'static str {
-        match self {
-            Op::StreamCreate { .. } => "stream_create",
-            Op::Alloc { .. } => "alloc",
-            Op::Free { .. } => "free",
-            Op::RecordStream { .. } => "record_stream",
-            Op::Launch { .. } => "launch",
-            Op::Copy { .. } => "copy",
-            Op::Memset { .. } => "memset",
-            Op::HostRead { .. } => "host_read",
-            Op::HostWrite { .. } => "host_write",
-            Op::EventCreate { .. } => "event_create",
-            Op::EventDestroy { .. } => "event_destroy",
-            Op::EventRecord { .. } => "event_record",
-            Op::EventWait { .. } => "event_wait",
-            Op::EventSync { .. } => "event_sync",
-            Op::EventQuery { .. } => "event_query",
-            Op::StreamSync { .. } => "stream_sync",
-            Op::StreamQuery { .. } => "stream_query",
-            Op::DeviceSync { .. } => "device_sync",
-        }
+        self.kind().name()
     }
 
     /// The participant the op belongs to (rule 1 of the trace format): the stream of `launch`,
