@@ -2,19 +2,23 @@
 //!
 //! A trace is a sequence of [`TraceOp`]s, numbered from 0 in issue order (the *op index*). The
 //! normative definition is the trace format, version 1 (`docs/trace-format.md`): this module is
-//! its Rust form. [`reader`] parses JSON Lines with located errors; [`writer`] writes ops back.
+//! its Rust form. [`read`] parses JSON Lines with located errors; [`writer`] writes ops back.
 
 use std::fmt;
 
 pub mod arbitrary;
 mod op;
-pub mod reader;
+pub mod read;
 mod schema;
 pub mod writer;
 
+/// The reader's former path: [`read`].
+#[doc(hidden)]
+pub use read as reader;
+
 pub use op::{Op, OpAccess, OpParticipant};
 
-pub use reader::{
+pub use read::{
     check_line_length, parse_line, parse_line_bytes, LineError, ParseError, Spans, TraceReader,
     MAX_LINE_BYTES,
 };

@@ -4,7 +4,7 @@
 //! fields as the format lists them (the schema of `trace/schema.rs`, which the reader's field
 //! table comes from too), then `site`. Fields at their default are left out, and so is an
 //! `offset` of 0; ids are always JSON strings, and a region is a bare id when it is the whole
-//! buffer. What it writes, [`parse_line`](super::reader::parse_line) reads back to an equal op,
+//! buffer. What it writes, [`parse_line`](super::read::parse_line) reads back to an equal op,
 //! on the reader's fast path.
 
 use std::fmt::Write as _;
