@@ -3,7 +3,7 @@
 //! borrowed from the checker, so that the two check each other.
 
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
-use crate::trace::{Id, MemoryKind, Op, DEFAULT_STREAM};
+use crate::trace::{Id, MemoryKind, Op, OpParticipant, DEFAULT_STREAM};
 
 /// Participant indices of the model: the host, the legacy default stream, the blocking stream
 /// `b`, then `s0`…`s3`.
@@ -47,6 +47,14 @@ pub(super) fn buffer_name(slot: usize) -> Id {
 
 pub(super) fn event_name(e: usize) -> Id {
     Id::from(format!("e{e}"))
+}
+
+/// The participant index of an op (rule 1 of the trace format).
+pub(super) fn participant(op: &Op) -> usize {
+    match op.participant() {
+        OpParticipant::Host => HOST_P,
+        OpParticipant::Stream(stream) => stream_index(stream),
+    }
 }
 
 /// The number in a generated name such as `x3` or `e1`.
@@ -382,11 +390,11 @@ impl Model {
                     }
                 }
             }
-            Op::Launch { stream, .. } | Op::Copy { stream, .. } | Op::Memset { stream, .. } => {
-                let p = stream_index(stream);
-                self.access(p, op);
-            }
-            Op::HostRead { .. } | Op::HostWrite { .. } => self.access(HOST_P, op),
+            Op::Launch { .. }
+            | Op::Copy { .. }
+            | Op::Memset { .. }
+            | Op::HostRead { .. }
+            | Op::HostWrite { .. } => self.access(participant(op), op),
             Op::EventCreate { event } | Op::EventDestroy { event } => self.set_event(event, None),
             Op::EventRecord { event, stream } => {
                 let p = stream_index(stream);

@@ -1,9 +1,9 @@
 //! The hazards the generator's own model predicts for a program it generated.
 
-use super::model::{name_number, stream_index, Model, HOST_P};
+use super::model::{name_number, participant, stream_index, Model};
 use super::Program;
 use crate::report::HazardKind;
-use crate::trace::{Op, OpParticipant};
+use crate::trace::Op;
 
 /// The hazards the generator's own model predicts for a program it generated, as (op index,
 /// kind) pairs in op order: `data-race` and `reuse-race` at an access that conflicts with an
@@ -19,10 +19,7 @@ pub fn predicted_hazards(program: &Program) -> Vec<(usize, HazardKind)> {
     let mut out = Vec::new();
     for (i, top) in program.ops.iter().enumerate() {
         let op = &top.op;
-        let p = op.is_access().then(|| match op.participant() {
-            OpParticipant::Host => HOST_P,
-            OpParticipant::Stream(stream) => stream_index(stream),
-        });
+        let p = op.is_access().then(|| participant(op));
         if let Some(p) = p {
             let (mut race, mut reuse) = (false, false);
             model.conflicts(p, &model.touches(op), |_, _, r, _| {
