@@ -35,7 +35,7 @@
 //!
 //! # Guarantee
 //!
-//! Every program satisfies [`validate`] and is valid input for the checker. With
+//! Every program satisfies [`validate()`] and is valid input for the checker. With
 //! `missing_sync == 0` every program is free of hazards under the trace format. The same
 //! configuration and seed (or decision words) give the same program. The id of an op, for the
 //! simulator and the GPU kernels, is its index in [`Program::ops`].
@@ -47,7 +47,7 @@
 //! | `mod.rs` | [`GenConfig`], [`Program`], the entry points, where decisions come from |
 //! | `model.rs` | the model: participants and names, clocks, buffers, the allocators' addresses |
 //! | `build.rs` | the builder: each step's choices and the ops it emits, syncs included |
-//! | `validate.rs` | [`validate`]: the constraints every generated program satisfies |
+//! | `validate.rs` | [`validate()`]: the constraints every generated program satisfies |
 //! | `predict.rs` | [`predicted_hazards`]: the model's own verdict on a program |
 
 mod build;
@@ -189,7 +189,7 @@ pub fn generate_from_words(cfg: &GenConfig, steps: &[Vec<u64>]) -> Program {
 /// It draws decision words, one vector per step, and feeds them to [`generate_from_words`];
 /// proptest shrinks the vectors (fewer steps, fewer words, words towards 0), which shortens and
 /// simplifies the program, and every shrunk program is again a generated one, so it satisfies
-/// [`validate`].
+/// [`validate()`].
 pub fn arb_program(cfg: GenConfig) -> impl Strategy<Value = Program> {
     let step = proptest::collection::vec(proptest::arbitrary::any::<u64>(), 0..=WORDS_PER_STEP);
     proptest::collection::vec(step, 0..=cfg.ops.max(1))
