@@ -177,21 +177,13 @@ pub fn check_program(program: &[TraceOp]) -> Option<Report> {
     Some(c.finish())
 }
 
-fn stream_of(op: &Op) -> Option<&Id> {
-    match op {
-        Op::Launch { stream, .. } | Op::Copy { stream, .. } | Op::Memset { stream, .. } => {
-            Some(stream)
-        }
-        _ => None,
-    }
-}
-
 /// The op that carries the epoch of an `alloc` conflict: the latest launch, copy or memset on
 /// the owning stream before the allocation.
 fn alloc_epoch_op(program: &[TraceOp], alloc: usize, stream: &str) -> Option<usize> {
-    (0..alloc)
-        .rev()
-        .find(|&k| stream_of(&program[k].op).is_some_and(|s| s.as_str() == stream))
+    (0..alloc).rev().find(|&k| {
+        let op = &program[k].op;
+        op.is_access() && op.on_stream().is_some_and(|s| s.as_str() == stream)
+    })
 }
 
 /// How to make a hazard manifest.
@@ -430,13 +422,7 @@ fn reuse_in_program(
             "the trace hands these bytes out again only to {name} on stream {owner} (op {k}), after the device synchronization that memory coming back from another stream implies: this run cannot corrupt them"
         ));
     }
-    let writes = |op: &Op| match op {
-        Op::Launch { writes, .. } => writes.iter().any(|r| r.buffer == name),
-        Op::Copy { dst, .. } | Op::Memset { dst, .. } | Op::HostWrite { buffer: dst } => {
-            dst.buffer == name
-        }
-        _ => false,
-    };
+    let writes = |op: &Op| op.accesses().any(|a| a.write && a.region.buffer == name);
     let until = program
         .iter()
         .enumerate()

@@ -2,15 +2,23 @@
 //!
 //! A trace is a sequence of [`TraceOp`]s, numbered from 0 in issue order (the *op index*). The
 //! normative definition is the trace format, version 1 (`docs/trace-format.md`): this module is
-//! its Rust form. [`reader`] parses JSON Lines with located errors; [`writer`] writes ops back.
+//! its Rust form. [`read`] parses JSON Lines with located errors; [`writer`] writes ops back.
 
 use std::fmt;
 
 pub mod arbitrary;
-pub mod reader;
+mod op;
+pub mod read;
+mod schema;
 pub mod writer;
 
-pub use reader::{
+/// The reader's former path: [`read`].
+#[doc(hidden)]
+pub use read as reader;
+
+pub use op::{Op, OpAccess, OpParticipant};
+
+pub use read::{
     check_line_length, parse_line, parse_line_bytes, LineError, ParseError, Spans, TraceReader,
     MAX_LINE_BYTES,
 };
@@ -178,215 +186,6 @@ impl Region {
     pub fn is_whole(&self) -> bool {
         self.offset == 0 && self.bytes.is_none()
     }
-}
-
-/// One operation of a trace, without its site.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Op {
-    /// `stream_create`: declares a stream with its attributes.
-    StreamCreate {
-        /// The stream.
-        stream: Id,
-        /// Its device (0 by default).
-        device: u64,
-        /// Whether it synchronizes with the legacy default stream (false by default).
-        blocking: bool,
-    },
-    /// `alloc`: allocates `bytes` bytes through the allocator model.
-    Alloc {
-        /// The new buffer's name.
-        buffer: Id,
-        /// Requested size.
-        bytes: u64,
-        /// The owning stream of device memory (`"default"` when absent).
-        stream: Option<Id>,
-        /// The memory kind.
-        memory: MemoryKind,
-        /// The address a recorded program actually got, instead of the model's choice.
-        addr: Option<u64>,
-    },
-    /// `free`: a caching free (no stream) or a stream-ordered free on `stream`.
-    Free {
-        /// The buffer.
-        buffer: Id,
-        /// The stream of a stream-ordered free (`cudaFreeAsync`).
-        stream: Option<Id>,
-    },
-    /// `record_stream`: the freed memory is not reused before `stream`'s work up to the free ends.
-    RecordStream {
-        /// The buffer.
-        buffer: Id,
-        /// The stream whose work must finish first.
-        stream: Id,
-    },
-    /// `launch`: a kernel on `stream`.
-    Launch {
-        /// The stream.
-        stream: Id,
-        /// The kernel's name, for reports (stored inline when short, like ids).
-        name: Option<smol_str::SmolStr>,
-        /// Regions the kernel reads.
-        reads: Vec<Region>,
-        /// Regions the kernel writes (a region both read and written counts as written).
-        writes: Vec<Region>,
-    },
-    /// `copy`: an async memcpy from `src` to `dst` on `stream`.
-    Copy {
-        /// The stream.
-        stream: Id,
-        /// The source region (read).
-        src: Region,
-        /// The destination region (written).
-        dst: Region,
-    },
-    /// `memset`: writes `dst` on `stream`.
-    Memset {
-        /// The stream.
-        stream: Id,
-        /// The destination region.
-        dst: Region,
-    },
-    /// `host_read`: the host reads pinned or managed memory.
-    HostRead {
-        /// The region read.
-        buffer: Region,
-    },
-    /// `host_write`: the host writes pinned or managed memory.
-    HostWrite {
-        /// The region written.
-        buffer: Region,
-    },
-    /// `event_create`: creates the event, or resets it to never-recorded.
-    EventCreate {
-        /// The event.
-        event: Id,
-    },
-    /// `event_destroy`: the event becomes never-recorded.
-    EventDestroy {
-        /// The event.
-        event: Id,
-    },
-    /// `event_record`: the event captures the work issued on `stream` so far.
-    EventRecord {
-        /// The event.
-        event: Id,
-        /// The stream.
-        stream: Id,
-    },
-    /// `event_wait`: later work on `stream` waits for the event's capture.
-    EventWait {
-        /// The waiting stream.
-        stream: Id,
-        /// The event.
-        event: Id,
-    },
-    /// `event_sync`: the host waits for the event's capture.
-    EventSync {
-        /// The event.
-        event: Id,
-    },
-    /// `event_query`: with `complete`, the same as `event_sync`; otherwise nothing.
-    EventQuery {
-        /// The event.
-        event: Id,
-        /// Whether the query reported completion.
-        complete: bool,
-    },
-    /// `stream_sync`: the host waits for all work issued on `stream` so far.
-    StreamSync {
-        /// The stream.
-        stream: Id,
-    },
-    /// `stream_query`: with `complete`, the same as `stream_sync`; otherwise nothing.
-    StreamQuery {
-        /// The stream.
-        stream: Id,
-        /// Whether the query reported completion.
-        complete: bool,
-    },
-    /// `device_sync`: the host waits for all work issued on every stream of `device`.
-    DeviceSync {
-        /// The device (0 by default).
-        device: u64,
-    },
-}
-
-impl Op {
-    /// The op's name as the trace format spells it (`"launch"`, `"event_wait"`, …).
-    pub fn name(&self) -> &'static str {
-        match self {
-            Op::StreamCreate { .. } => "stream_create",
-            Op::Alloc { .. } => "alloc",
-            Op::Free { .. } => "free",
-            Op::RecordStream { .. } => "record_stream",
-            Op::Launch { .. } => "launch",
-            Op::Copy { .. } => "copy",
-            Op::Memset { .. } => "memset",
-            Op::HostRead { .. } => "host_read",
-            Op::HostWrite { .. } => "host_write",
-            Op::EventCreate { .. } => "event_create",
-            Op::EventDestroy { .. } => "event_destroy",
-            Op::EventRecord { .. } => "event_record",
-            Op::EventWait { .. } => "event_wait",
-            Op::EventSync { .. } => "event_sync",
-            Op::EventQuery { .. } => "event_query",
-            Op::StreamSync { .. } => "stream_sync",
-            Op::StreamQuery { .. } => "stream_query",
-            Op::DeviceSync { .. } => "device_sync",
-        }
-    }
-
-    /// The stream of an op on a stream (rule 1 of the trace format: `launch`, `copy`, `memset`,
-    /// `event_record`, `event_wait` and a stream-ordered `free`); `None` for the host's ops.
-    pub fn on_stream(&self) -> Option<&Id> {
-        match self {
-            Op::Launch { stream, .. }
-            | Op::Copy { stream, .. }
-            | Op::Memset { stream, .. }
-            | Op::EventRecord { stream, .. }
-            | Op::EventWait { stream, .. }
-            | Op::Free {
-                stream: Some(stream),
-                ..
-            } => Some(stream),
-            _ => None,
-        }
-    }
-
-    /// The event an event op names.
-    pub fn event(&self) -> Option<&Id> {
-        match self {
-            Op::EventCreate { event }
-            | Op::EventDestroy { event }
-            | Op::EventRecord { event, .. }
-            | Op::EventWait { event, .. }
-            | Op::EventSync { event }
-            | Op::EventQuery { event, .. } => Some(event),
-            _ => None,
-        }
-    }
-
-    /// Every op name of the trace format, in the order the format lists them.
-    pub const NAMES: &'static [&'static str] = &[
-        "stream_create",
-        "alloc",
-        "free",
-        "record_stream",
-        "launch",
-        "copy",
-        "memset",
-        "host_read",
-        "host_write",
-        "event_create",
-        "event_destroy",
-        "event_record",
-        "event_wait",
-        "event_sync",
-        "event_query",
-        "stream_sync",
-        "stream_query",
-        "device_sync",
-    ];
 }
 
 /// An op with its optional site: one line of a trace.

@@ -1,14 +1,17 @@
 //! Writing traces: [`TraceOp`]s back to JSON Lines.
 //!
 //! [`write_op`] writes the object of one op in the format's own order: `op` first, then the op's
-//! fields as the format lists them, then `site`. Optional fields at their default are left out,
-//! ids are always JSON strings, and a region is a bare id when it is the whole buffer. What it
-//! writes, [`parse_line`](super::reader::parse_line) reads back to an equal op.
+//! fields as the format lists them (the schema of `trace/schema.rs`, which the reader's field
+//! table comes from too), then `site`. Fields at their default are left out, and so is an
+//! `offset` of 0; ids are always JSON strings, and a region is a bare id when it is the whole
+//! buffer. What it writes, [`parse_line`](super::read::parse_line) reads back to an equal op,
+//! on the reader's fast path.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
 
-use super::{Id, Op, Region, Site, TraceOp};
+use super::schema::{Key, Need, Value};
+use super::{Region, Site, TraceOp};
 
 /// Appends the JSON object of `op` to `out`, without a newline.
 ///
@@ -17,175 +20,65 @@ use super::{Id, Op, Region, Site, TraceOp};
 /// let op = TraceOp::from(Op::Memset { stream: Id::from("s1"), dst: Region::range("a", 0, 64) });
 /// let mut line = String::new();
 /// write_op(&op, &mut line);
-/// assert_eq!(line, r#"{"op":"memset","stream":"s1","dst":{"buffer":"a","offset":0,"bytes":64}}"#);
+/// assert_eq!(line, r#"{"op":"memset","stream":"s1","dst":{"buffer":"a","bytes":64}}"#);
 /// ```
 pub fn write_op(op: &TraceOp, out: &mut String) {
-    let mut w = ObjectWriter { out };
-    w.out.push_str("{\"op\":\"");
-    w.out.push_str(op.op.name());
-    w.out.push('"');
-    match &op.op {
-        Op::StreamCreate {
-            stream,
-            device,
-            blocking,
-        } => {
-            w.id("stream", stream);
-            if *device != 0 {
-                w.int("device", *device);
+    out.push_str("{\"op\":\"");
+    out.push_str(op.op.name());
+    out.push('"');
+    for field in op.op.kind().fields() {
+        let Some(value) = op.op.value(field.key) else {
+            continue;
+        };
+        if field.need == Need::Defaulted && value.is_default() {
+            continue;
+        }
+        push_key(out, field.key.name());
+        match value {
+            Value::Id(id) => push_str(out, id.as_str()),
+            Value::Int(n) => push_int(out, n),
+            Value::Bool(b) => out.push_str(if b { "true" } else { "false" }),
+            Value::Memory(memory) => push_str(out, memory.as_str()),
+            Value::Region(region) => push_region(out, region),
+            Value::Regions(regions) => {
+                out.push('[');
+                for (i, region) in regions.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    push_region(out, region);
+                }
+                out.push(']');
             }
-            if *blocking {
-                w.bool("blocking", true);
-            }
-        }
-        Op::Alloc {
-            buffer,
-            bytes,
-            stream,
-            memory,
-            addr,
-        } => {
-            w.id("buffer", buffer);
-            w.int("bytes", *bytes);
-            if let Some(stream) = stream {
-                w.id("stream", stream);
-            }
-            if *memory != Default::default() {
-                w.key("memory");
-                push_str(w.out, memory.as_str());
-            }
-            if let Some(addr) = addr {
-                w.int("addr", *addr);
-            }
-        }
-        Op::Free { buffer, stream } => {
-            w.id("buffer", buffer);
-            if let Some(stream) = stream {
-                w.id("stream", stream);
-            }
-        }
-        Op::RecordStream { buffer, stream } => {
-            w.id("buffer", buffer);
-            w.id("stream", stream);
-        }
-        Op::Launch {
-            stream,
-            name,
-            reads,
-            writes,
-        } => {
-            w.id("stream", stream);
-            if let Some(name) = name {
-                w.key("name");
-                push_str(w.out, name);
-            }
-            w.regions("reads", reads);
-            w.regions("writes", writes);
-        }
-        Op::Copy { stream, src, dst } => {
-            w.id("stream", stream);
-            w.region("src", src);
-            w.region("dst", dst);
-        }
-        Op::Memset { stream, dst } => {
-            w.id("stream", stream);
-            w.region("dst", dst);
-        }
-        Op::HostRead { buffer } | Op::HostWrite { buffer } => w.region("buffer", buffer),
-        Op::EventCreate { event } | Op::EventDestroy { event } | Op::EventSync { event } => {
-            w.id("event", event)
-        }
-        Op::EventRecord { event, stream } => {
-            w.id("event", event);
-            w.id("stream", stream);
-        }
-        Op::EventWait { stream, event } => {
-            w.id("stream", stream);
-            w.id("event", event);
-        }
-        Op::EventQuery { event, complete } => {
-            w.id("event", event);
-            w.bool("complete", *complete);
-        }
-        Op::StreamSync { stream } => w.id("stream", stream),
-        Op::StreamQuery { stream, complete } => {
-            w.id("stream", stream);
-            w.bool("complete", *complete);
-        }
-        Op::DeviceSync { device } => {
-            if *device != 0 {
-                w.int("device", *device);
-            }
+            Value::Text(text) => push_str(out, text),
         }
     }
     match &op.site {
         None => {}
         Some(Site::Label(label)) => {
-            w.key("site");
-            push_str(w.out, label);
+            push_key(out, Key::Site.name());
+            push_str(out, label);
         }
         Some(Site::Stack(frames)) => {
-            w.key("site");
-            w.out.push('[');
+            push_key(out, Key::Site.name());
+            out.push('[');
             for (i, frame) in frames.iter().enumerate() {
                 if i > 0 {
-                    w.out.push(',');
+                    out.push(',');
                 }
-                push_str(w.out, frame);
+                push_str(out, frame);
             }
-            w.out.push(']');
+            out.push(']');
         }
     }
-    w.out.push('}');
+    out.push('}');
 }
 
-/// Writes the fields of one object after its `"op"`.
-struct ObjectWriter<'a> {
-    out: &'a mut String,
-}
-
-impl ObjectWriter<'_> {
-    fn key(&mut self, key: &str) {
-        self.out.push_str(",\"");
-        self.out.push_str(key);
-        self.out.push_str("\":");
-    }
-
-    fn id(&mut self, key: &str, id: &Id) {
-        self.key(key);
-        push_str(self.out, id.as_str());
-    }
-
-    fn int(&mut self, key: &str, n: u64) {
-        self.key(key);
-        push_int(self.out, n);
-    }
-
-    fn bool(&mut self, key: &str, b: bool) {
-        self.key(key);
-        self.out.push_str(if b { "true" } else { "false" });
-    }
-
-    fn region(&mut self, key: &str, region: &Region) {
-        self.key(key);
-        push_region(self.out, region);
-    }
-
-    /// A list of regions, left out when empty.
-    fn regions(&mut self, key: &str, regions: &[Region]) {
-        if regions.is_empty() {
-            return;
-        }
-        self.key(key);
-        self.out.push('[');
-        for (i, region) in regions.iter().enumerate() {
-            if i > 0 {
-                self.out.push(',');
-            }
-            push_region(self.out, region);
-        }
-        self.out.push(']');
-    }
+/// Appends `,"key":`.
+fn push_key(out: &mut String, key: &str) {
+    out.push_str(",\"");
+    out.push_str(key);
+    out.push_str("\":");
 }
 
 fn push_int(out: &mut String, n: u64) {
@@ -193,6 +86,8 @@ fn push_int(out: &mut String, n: u64) {
     let _ = write!(out, "{n}");
 }
 
+/// Appends a region: a bare id for the whole buffer, else an object without `offset` when it
+/// is 0 and without `bytes` when the region runs to the end of the buffer.
 fn push_region(out: &mut String, region: &Region) {
     if region.is_whole() {
         push_str(out, region.buffer.as_str());
@@ -200,8 +95,10 @@ fn push_region(out: &mut String, region: &Region) {
     }
     out.push_str("{\"buffer\":");
     push_str(out, region.buffer.as_str());
-    out.push_str(",\"offset\":");
-    push_int(out, region.offset);
+    if region.offset != 0 {
+        out.push_str(",\"offset\":");
+        push_int(out, region.offset);
+    }
     if let Some(bytes) = region.bytes {
         out.push_str(",\"bytes\":");
         push_int(out, bytes);
@@ -303,7 +200,7 @@ impl<W: Write> TraceWriter<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{parse_line, MemoryKind};
+    use crate::trace::{parse_line, Id, MemoryKind, Op};
 
     fn line(op: impl Into<TraceOp>) -> String {
         let mut out = String::new();
@@ -389,7 +286,7 @@ mod tests {
         };
         assert_eq!(
             line(op),
-            r#"{"op":"launch","stream":"7","name":"gemm","reads":["a",{"buffer":"b","offset":0,"bytes":16}],"writes":[{"buffer":"c","offset":8}],"site":["f.rs:1","g.rs:2"]}"#
+            r#"{"op":"launch","stream":"7","name":"gemm","reads":["a",{"buffer":"b","bytes":16}],"writes":[{"buffer":"c","offset":8}],"site":["f.rs:1","g.rs:2"]}"#
         );
         let op = TraceOp {
             op: Op::HostWrite {
