@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+#[cfg(any(test, feature = "proptest"))]
 pub mod arbitrary;
 mod op;
 pub mod read;

@@ -57,6 +57,7 @@ mod validate;
 
 use std::fmt;
 
+#[cfg(feature = "proptest")]
 use proptest::strategy::Strategy;
 
 use crate::checker::{CheckError, Checker};
@@ -184,6 +185,7 @@ pub fn generate_from_words(cfg: &GenConfig, steps: &[Vec<u64>]) -> Program {
     .run()
 }
 
+#[cfg(feature = "proptest")]
 /// A proptest strategy for programs that shrinks to minimal programs.
 ///
 /// It draws decision words, one vector per step, and feeds them to [`generate_from_words`];
@@ -198,6 +200,7 @@ pub fn arb_program(cfg: GenConfig) -> impl Strategy<Value = Program> {
 
 /// The most decision words [`arb_program`] draws for one step (a step with many regions and
 /// synchronizations may ask for more; those take the simplest choice).
+#[cfg(feature = "proptest")]
 const WORDS_PER_STEP: usize = 32;
 
 // ---------------------------------------------------------------------------------------------
