@@ -256,9 +256,9 @@ impl Memory for Arena {
 }
 
 impl Arena {
-    fn new(base: u64) -> Self {
+    fn new(memory: MemoryKind) -> Self {
         Arena {
-            model: ModelMemory::new(base),
+            model: ModelMemory::of(memory),
             segments: BTreeMap::new(),
             uninitialized: 0,
         }
@@ -412,13 +412,9 @@ struct Run<'p> {
     outcome: Outcome,
 }
 
-const DEVICE_BASE: u64 = 0x7f00_0000_0000;
-const PINNED_BASE: u64 = 0x2000_0000_0000;
-const MANAGED_BASE: u64 = 0x3000_0000_0000;
-
 /// Where memory placed by the program (`addr`) may lie: from the base of its kind's compressed
-/// space ([`crate::fuzz::runnable::BASES`]), at most [`MAX_WORDS`] words up.
-const PLACED_BASES: [u64; 3] = crate::fuzz::runnable::BASES;
+/// space ([`crate::alloc::space`]), at most [`MAX_WORDS`] words up.
+const PLACED_BASES: [u64; 3] = crate::alloc::space::BASES;
 
 /// The most words the simulator gives one buffer, or placed memory of one kind: larger programs
 /// are not simulated (an `Unsupported` error says so).
@@ -437,9 +433,9 @@ pub fn run(
     let mut r = Run {
         program,
         cfg,
-        device: DeviceCachingAllocator::new(Arena::new(DEVICE_BASE)),
-        pinned: HostCachingAllocator::new(Arena::new(PINNED_BASE)),
-        managed: HostCachingAllocator::new(Arena::new(MANAGED_BASE)),
+        device: DeviceCachingAllocator::new(Arena::new(MemoryKind::Device)),
+        pinned: HostCachingAllocator::new(Arena::new(MemoryKind::Pinned)),
+        managed: HostCachingAllocator::new(Arena::new(MemoryKind::Managed)),
         streams: Vec::new(),
         stream_ids: HashMap::new(),
         buffers: HashMap::new(),

@@ -79,10 +79,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::rc::Rc;
 
+use crate::alloc::space::BASES;
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory};
 use crate::cuda::{DeviceRegion, Event, Gpu, GpuError, Kernels, PinnedBuffer, Stream, StreamKind};
 use crate::fuzz::campaign::Executor;
-use crate::fuzz::runnable::BASES;
 use crate::kernels::{checksum, hash_word, memset_word, MAX_READS};
 use crate::sim::{Outcome, SimError};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};

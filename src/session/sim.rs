@@ -22,10 +22,6 @@ use crate::alloc::{
 use crate::kernels::{fmix, hash_word};
 use crate::trace::MemoryKind;
 
-/// Base addresses of the simulated address spaces: the checker's and [`crate::sim`]'s.
-const DEVICE_BASE: u64 = 0x7f00_0000_0000;
-const PINNED_BASE: u64 = 0x2000_0000_0000;
-
 /// The simulated memory is full: the segment the allocator asked for does not fit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("out of simulated {} memory: a segment of {bytes} bytes does not fit in {capacity} bytes ({mapped} mapped)", memory.as_str())]
@@ -212,12 +208,12 @@ impl SimBackend {
         SimBackend {
             device: DeviceCachingAllocator::new(SimArena::new(
                 MemoryKind::Device,
-                DEVICE_BASE,
+                crate::alloc::space::DEVICE_BASE,
                 device_bytes,
             )),
             pinned: HostCachingAllocator::new(SimArena::new(
                 MemoryKind::Pinned,
-                PINNED_BASE,
+                crate::alloc::space::PINNED_BASE,
                 pinned_bytes,
             )),
             streams: vec![SimStream {
