@@ -126,7 +126,6 @@ use crate::trace::{MemoryKind, TraceOp};
 mod buffer;
 #[cfg(feature = "cuda")]
 mod cuda;
-mod export;
 mod handle;
 mod launch;
 mod record;
@@ -555,9 +554,12 @@ impl Session {
     /// `streamsan check`.
     pub fn write_trace(&self, path: impl AsRef<Path>) -> Result<(), SessionError> {
         let ops = self.trace()?;
-        let mut out = String::new();
-        export::write_trace(&ops, &mut out);
-        std::fs::write(path, out)?;
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let mut writer = crate::trace::TraceWriter::new(file);
+        for op in &ops {
+            writer.write(op)?;
+        }
+        writer.finish()?;
         Ok(())
     }
 
