@@ -80,7 +80,7 @@
 //!
 //! # Evidence
 //!
-//! [`sim`] runs programs on a simulated device under random, adversarial and exhaustive
+//! [`exec::sim`] runs programs on a simulated device under random, adversarial and exhaustive
 //! schedules, [`fuzz`] generates programs and confirms reported hazards by provoking them (on the
 //! simulator or a GPU), and [`oracle`] is a brute-force reference the checker is tested against.
 #![warn(missing_docs)]
@@ -91,6 +91,7 @@ pub mod clock;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cudarc;
+pub mod exec;
 pub mod fix;
 pub mod fuzz;
 pub mod graph;
@@ -102,7 +103,6 @@ pub mod output;
 pub mod report;
 pub mod session;
 pub mod shadow;
-pub mod sim;
 mod sync;
 pub mod text;
 pub mod trace;

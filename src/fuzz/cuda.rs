@@ -82,9 +82,9 @@ use std::rc::Rc;
 use crate::alloc::space::BASES;
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory};
 use crate::cuda::{DeviceRegion, Event, Gpu, GpuError, Kernels, PinnedBuffer, Stream, StreamKind};
+use crate::exec::{ExecError as SimError, Outcome};
 use crate::fuzz::campaign::Executor;
 use crate::kernels::{checksum, hash_word, memset_word, MAX_READS};
-use crate::sim::{Outcome, SimError};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
 use crate::workload::SplitMix;
 

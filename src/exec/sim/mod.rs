@@ -1,0 +1,1021 @@
+//! The simulated device: runs ops on CPU memory, so that races tear data exactly as they would on
+//! a GPU.
+//!
+//! Memory comes from the allocator policies of the checker's model ([`crate::alloc`]) over
+//! simulated arenas at the model's addresses, so a buffer freed while in use is handed out again
+//! and overwritten, exactly as on a GPU. Kernels compute [`crate::kernels::hash_word`]: each written
+//! word depends on the op, its index and every word read at that index, so any reordering changes
+//! the result. A launch runs one kernel per write region, in order, each reading its inputs as
+//! memory then is (a GPU's `hash_launch`).
+//!
+//! Each stream is a FIFO queue of work, and only real CUDA ordering constrains when work runs —
+//! stream order, event waits, host syncs, the legacy default stream and the allocator's
+//! `record_stream` fence — so every schedule the simulator produces is one a GPU could produce.
+//! *When* queued work runs depends on how the device is driven:
+//!
+//! - **By a scheduler** ([`Device::program`], through [`run`] and [`explore`]): nothing runs when it
+//!   is issued; at every step a [`Scheduler`](super::Scheduler) picks which ready participant moves —
+//!   the host issues its next op (or a chunk of a host access), or a stream runs the next chunk of
+//!   its head op. Kernels are not atomic: they read and write in chunks of
+//!   [`SimConfig::chunk_words`] words that interleave with other participants' chunks.
+//! - **Eagerly** ([`Device::session`], a [`Session`](crate::Session)'s backend): work runs when it
+//!   is issued, except on a *lagging* stream: a launch with a spin starts a lag, and the stream's
+//!   work from there on waits in its queue until CUDA's ordering forces it — a host sync of the
+//!   stream, the device or an event it recorded; an event wait by another stream; the legacy default
+//!   stream's implicit edges; a `record_stream` fence at a free. Every queued op had its
+//!   cross-stream dependencies met when it was queued (they are forced at issue), so every schedule
+//!   produced is one a GPU could produce, with the spun stream as late as possible.
+//!
+//! Reads by a program run are *tagged*: a buffer reads only what it wrote itself, and a pattern of
+//! its generation elsewhere (see the arena), so that what a program observes does not depend on
+//! whatever earlier owners left in memory — only on races. A session's reads are raw, as a GPU's.
+
+mod arena;
+mod program;
+
+use std::collections::VecDeque;
+
+use smallvec::SmallVec;
+
+use super::{
+    Backend, EventKey, ExecError, Fence, Fill, Issued, Kernel, Op, Span, StreamKey, StreamKind,
+};
+use crate::alloc::{AllocatorStats, DeviceCachingAllocator, HostCachingAllocator};
+use crate::kernels::{fmix, hash_word};
+use crate::trace::MemoryKind;
+
+pub use super::{
+    Actor, Adversarial, Executor, Hold, Outcome, RandomScheduler, Ready, Replay, Scheduler,
+    Sequential,
+};
+pub use arena::SimOutOfMemory;
+pub use program::{explore, reference, run, Exploration, SimConfig, SimExecutor, MAX_WORDS};
+
+use arena::Arena;
+
+/// A point of a stream's order: its work up to sequence number `seq`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    stream: StreamKey,
+    seq: u64,
+}
+
+/// The spans of a launch (four of each inline, as a session keeps them).
+type SpanList = SmallVec<[Span; 4]>;
+
+/// Work queued on a stream or run by the host.
+#[derive(Debug)]
+enum Work {
+    /// The hash kernel: one kernel per write region; `words` is the longest region.
+    Launch {
+        id: u32,
+        reads: SpanList,
+        writes: SpanList,
+        words: u32,
+    },
+    Copy {
+        src: Span,
+        dst: Span,
+    },
+    Memset {
+        dst: Span,
+        value: u32,
+    },
+    /// A copy from pageable host memory, its bytes staged when issued.
+    Store {
+        dst: Span,
+        data: Vec<u8>,
+    },
+    /// The host reads pinned memory (a program's, observed).
+    HostRead {
+        src: Span,
+    },
+    /// The host writes these words into pinned memory (a program's).
+    HostWrite {
+        dst: Span,
+        data: Vec<u32>,
+    },
+    /// Event records and waits, stream-ordered frees, user kernels run now: nothing to run.
+    Marker,
+}
+
+impl Work {
+    fn words(&self) -> u32 {
+        let w = |s: &Span| u32::try_from(s.words()).unwrap_or(u32::MAX);
+        match self {
+            Work::Launch { words, .. } => *words,
+            Work::Copy { dst, .. }
+            | Work::Memset { dst, .. }
+            | Work::Store { dst, .. }
+            | Work::HostWrite { dst, .. } => w(dst),
+            Work::HostRead { src } => w(src),
+            Work::Marker => 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    op: usize,
+    seq: u64,
+    work: Work,
+    deps: SmallVec<[Mark; 2]>,
+    /// Words done so far.
+    progress: u32,
+}
+
+#[derive(Debug)]
+struct SimStream {
+    kind: StreamKind,
+    device: u64,
+    queue: VecDeque<Pending>,
+    /// Sequence number of the last op issued on the stream.
+    issued: u64,
+    /// Sequence number of the last op done.
+    done: u64,
+}
+
+impl SimStream {
+    fn new(kind: StreamKind) -> Self {
+        SimStream {
+            kind,
+            device: 0,
+            queue: VecDeque::new(),
+            issued: 0,
+            done: 0,
+        }
+    }
+}
+
+/// How issued work runs: see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timing {
+    Eager,
+    Scheduled,
+}
+
+/// What a program run observes: digests of the reads, and the last value each word of every
+/// generation received from its own accesses.
+#[derive(Debug, Default)]
+struct Observer {
+    /// (op, region) → (generation, digest).
+    reads: std::collections::BTreeMap<(usize, usize), (u32, u64)>,
+    /// By generation: its base address and the last value each word received.
+    gens: Vec<(u64, Vec<Option<u32>>)>,
+}
+
+/// The simulated device. See the [module docs](self).
+#[derive(Debug)]
+pub struct Device {
+    timing: Timing,
+    chunk_words: u32,
+    /// Run the work on the simulated memory (`false`: keep the allocators and the streams' order,
+    /// but launches, stores, loads, event records and waits do nothing; for measuring a session's
+    /// own cost).
+    execute: bool,
+    device: DeviceCachingAllocator<Arena>,
+    pinned: HostCachingAllocator<Arena>,
+    managed: HostCachingAllocator<Arena>,
+    /// By stream key; 0 is the legacy default stream.
+    streams: Vec<SimStream>,
+    /// By event key: the point captured by the last record.
+    events: Vec<Option<Mark>>,
+    /// The host's access in progress (a program's).
+    host_work: Option<Pending>,
+    /// What the host waits for before it issues its next op (a program's).
+    host_wait: SmallVec<[Mark; 4]>,
+    /// A program run's observations (`None` for a session: reads are raw).
+    observer: Option<Observer>,
+}
+
+/// `what`: the region is external memory, which the simulator has none of.
+fn not_simulated(what: &str) -> ExecError {
+    ExecError::InvalidArgument(format!(
+        "{what}: the simulator has no memory behind external regions"
+    ))
+}
+
+impl Device {
+    fn with(timing: Timing, chunk_words: u32, device_bytes: u64, pinned_bytes: u64) -> Self {
+        Device {
+            timing,
+            chunk_words: chunk_words.max(1),
+            execute: true,
+            device: DeviceCachingAllocator::new(Arena::new(MemoryKind::Device, device_bytes)),
+            pinned: HostCachingAllocator::new(Arena::new(MemoryKind::Pinned, pinned_bytes)),
+            managed: HostCachingAllocator::new(Arena::new(MemoryKind::Managed, pinned_bytes)),
+            streams: vec![SimStream::new(StreamKind::LegacyDefault)],
+            events: Vec::new(),
+            host_work: None,
+            host_wait: SmallVec::new(),
+            observer: None,
+        }
+    }
+
+    /// A session's device: work runs when issued (but on a lagging stream), reads are raw, and an
+    /// allocation whose segment does not fit in `device_bytes` (device memory) or `pinned_bytes`
+    /// (host memory) fails. With `execute` off, no work runs at all (see
+    /// [`SessionConfig::sim_execute`](crate::session::SessionConfig::sim_execute)).
+    pub fn session(device_bytes: u64, pinned_bytes: u64, execute: bool) -> Self {
+        let mut d = Device::with(Timing::Eager, u32::MAX, device_bytes, pinned_bytes);
+        d.execute = execute;
+        d
+    }
+
+    /// A program run's device: nothing runs until a scheduler steps it, kernels advance
+    /// `chunk_words` words per step, and reads are tagged and observed.
+    pub(crate) fn program(chunk_words: u32) -> Self {
+        let mut d = Device::with(Timing::Scheduled, chunk_words, u64::MAX, u64::MAX);
+        d.observer = Some(Observer::default());
+        d
+    }
+
+    fn arena(&mut self, memory: MemoryKind) -> &mut Arena {
+        match memory {
+            MemoryKind::Device => self.device.memory_mut(),
+            MemoryKind::Pinned => self.pinned.memory_mut(),
+            MemoryKind::Managed => self.managed.memory_mut(),
+        }
+    }
+
+    fn stream_mut(&mut self, s: StreamKey) -> &mut SimStream {
+        let k = s as usize;
+        while self.streams.len() <= k {
+            self.streams.push(SimStream::new(StreamKind::NonBlocking));
+        }
+        &mut self.streams[k]
+    }
+
+    fn is_done(&self, m: &Mark) -> bool {
+        self.streams
+            .get(m.stream as usize)
+            .is_none_or(|st| st.done >= m.seq)
+    }
+
+    /// The last point issued on stream `s`.
+    fn last(&self, s: StreamKey) -> Mark {
+        Mark {
+            stream: s,
+            seq: self.streams.get(s as usize).map_or(0, |st| st.issued),
+        }
+    }
+
+    /// Rule 5: an op on the legacy default stream waits for the blocking streams (of device 0),
+    /// and an op on a blocking stream (of device 0) waits for the legacy default stream.
+    fn legacy_deps(&self, s: StreamKey, out: &mut SmallVec<[Mark; 2]>) {
+        let Some(st) = self.streams.get(s as usize) else {
+            return;
+        };
+        match st.kind {
+            StreamKind::LegacyDefault => {
+                for (k, b) in self.streams.iter().enumerate() {
+                    if b.kind == StreamKind::Blocking && b.device == 0 && b.issued > 0 {
+                        out.push(self.last(k as StreamKey));
+                    }
+                }
+            }
+            StreamKind::Blocking if st.device == 0 && self.streams[0].issued > 0 => {
+                out.push(self.last(0))
+            }
+            _ => {}
+        }
+    }
+
+    /// The points the host waits for at a sync of stream `s` (for the legacy default stream, also
+    /// the blocking streams of device 0).
+    fn stream_marks(&self, s: StreamKey) -> SmallVec<[Mark; 4]> {
+        let mut w: SmallVec<[Mark; 4]> = SmallVec::new();
+        w.push(self.last(s));
+        if self.streams.get(s as usize).map(|st| st.kind) == Some(StreamKind::LegacyDefault) {
+            for (k, b) in self.streams.iter().enumerate() {
+                if b.kind == StreamKind::Blocking && b.device == 0 {
+                    w.push(self.last(k as StreamKey));
+                }
+            }
+        }
+        w
+    }
+
+    /// The host waits for `marks`: at once (eagerly), or before its next op (scheduled).
+    fn wait_host(&mut self, marks: &[Mark]) {
+        match self.timing {
+            Timing::Eager => {
+                for m in marks {
+                    self.flush(m.stream, m.seq);
+                }
+            }
+            Timing::Scheduled => {
+                self.host_wait.clear();
+                self.host_wait.extend_from_slice(marks);
+            }
+        }
+    }
+
+    /// Issues work on stream `s` as op `op`, after `deps` (fences, an event wait): runs it now, or
+    /// queues it behind a lag (`lag` starts one) or for a scheduler.
+    fn submit(
+        &mut self,
+        s: StreamKey,
+        op: usize,
+        work: Work,
+        mut deps: SmallVec<[Mark; 2]>,
+        lag: bool,
+    ) -> Issued {
+        self.stream_mut(s);
+        match self.timing {
+            Timing::Eager => {
+                for d in &deps {
+                    self.flush(d.stream, d.seq);
+                }
+                deps.clear();
+                self.legacy_deps(s, &mut deps);
+                for d in &deps {
+                    self.flush(d.stream, d.seq);
+                }
+                let st = &mut self.streams[s as usize];
+                st.issued += 1;
+                let seq = st.issued;
+                let mut p = Pending {
+                    op,
+                    seq,
+                    work,
+                    deps: SmallVec::new(),
+                    progress: 0,
+                };
+                if lag || !st.queue.is_empty() {
+                    st.queue.push_back(p);
+                } else {
+                    self.advance(&mut p);
+                    self.streams[s as usize].done = seq;
+                }
+                Issued::Done
+            }
+            Timing::Scheduled => {
+                self.legacy_deps(s, &mut deps);
+                deps.retain(|d| !self.is_done(d));
+                let st = &mut self.streams[s as usize];
+                st.issued += 1;
+                let seq = st.issued;
+                st.queue.push_back(Pending {
+                    op,
+                    seq,
+                    work,
+                    deps,
+                    progress: 0,
+                });
+                Issued::Queued
+            }
+        }
+    }
+
+    /// Runs the queued work of stream `s` up to sequence number `upto` (eagerly driven: its
+    /// dependencies were met when it was queued).
+    fn flush(&mut self, s: StreamKey, upto: u64) {
+        loop {
+            let Some(stream) = self.streams.get_mut(s as usize) else {
+                return;
+            };
+            match stream.queue.front() {
+                Some(p) if p.seq <= upto => {}
+                _ => return,
+            }
+            let Some(mut p) = stream.queue.pop_front() else {
+                return;
+            };
+            while !self.advance(&mut p) {}
+            self.streams[s as usize].done = p.seq;
+        }
+    }
+
+    /// Runs every queued op of every stream.
+    fn flush_all(&mut self) {
+        for k in 0..self.streams.len() {
+            self.flush(k as StreamKey, u64::MAX);
+        }
+    }
+
+    /// Brings stream `s` up to date and counts one op run now on it (a user kernel, a copy from
+    /// or to pageable memory).
+    fn run_now(&mut self, s: StreamKey, op: usize) {
+        let mut deps = SmallVec::new();
+        self.legacy_deps(s, &mut deps);
+        for d in &deps {
+            self.flush(d.stream, d.seq);
+        }
+        self.flush(s, u64::MAX);
+        self.submit(s, op, Work::Marker, SmallVec::new(), false);
+    }
+
+    /// The fences as points of the streams' orders.
+    fn marks(fences: &[Fence]) -> SmallVec<[Mark; 2]> {
+        fences
+            .iter()
+            .map(|f| Mark {
+                stream: f.stream,
+                seq: f.mark,
+            })
+            .collect()
+    }
+
+    /// Checks that a span can be executed on: session memory inside one segment.
+    fn check(&mut self, s: &Span, what: &str) -> Result<(), ExecError> {
+        if s.external {
+            return Err(not_simulated(what));
+        }
+        if self.arena(s.memory).contains(s.addr, s.bytes) {
+            Ok(())
+        } else {
+            Err(ExecError::InvalidArgument(format!(
+                "{what}: {} bytes of {} memory at {:#x} are not inside the simulated memory",
+                s.bytes,
+                s.memory.as_str(),
+                s.addr
+            )))
+        }
+    }
+
+    /// The words `[from, to)` of span `s` (cut to its length), raw or as its generation sees them.
+    fn load(&mut self, s: &Span, from: u32, to: u32) -> Vec<u32> {
+        let to = u64::from(to).min(s.words());
+        let from = u64::from(from);
+        if from >= to {
+            return Vec::new();
+        }
+        let tagged = self.observer.is_some();
+        let gen = s.gen;
+        let arena = self.arena(s.memory);
+        if s.is_aligned() {
+            if tagged {
+                return (from..to)
+                    .map(|i| arena.read_word(s.addr + 4 * i, Some(gen)))
+                    .collect();
+            }
+            return arena
+                .read_words(s.addr + 4 * from, to - from)
+                .unwrap_or_default();
+        }
+        let start = 4 * from;
+        let bytes = (4 * to).min(s.bytes) - start;
+        let bytes = arena.read_bytes(s.addr + start, bytes).unwrap_or_default();
+        bytes
+            .chunks(4)
+            .map(|c| {
+                let mut le = [0u8; 4];
+                le[..c.len()].copy_from_slice(c);
+                u32::from_le_bytes(le)
+            })
+            .collect()
+    }
+
+    /// Writes `values` over the words of span `s` from word `from` (the last word cut to its end),
+    /// as its generation's.
+    fn store(&mut self, s: &Span, from: u32, values: &[u32]) {
+        let from = u64::from(from);
+        let n = (values.len() as u64).min(s.words().saturating_sub(from));
+        if n == 0 {
+            return;
+        }
+        let values = &values[..n as usize];
+        let gen = s.gen;
+        if s.is_aligned() {
+            let addr = s.addr + 4 * from;
+            self.arena(s.memory).write_words(addr, values, gen);
+            if let Some(obs) = &mut self.observer {
+                if let Some((base, words)) = obs.gens.get_mut(gen as usize) {
+                    let first = ((addr - *base) / 4) as usize;
+                    for (k, &v) in values.iter().enumerate() {
+                        if let Some(w) = words.get_mut(first + k) {
+                            *w = Some(v);
+                        }
+                    }
+                }
+            }
+            return;
+        }
+        let start = 4 * from;
+        let bytes: Vec<u8> = values
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .take((s.bytes - start) as usize)
+            .collect();
+        self.arena(s.memory)
+            .write_bytes(s.addr + start, &bytes, gen);
+    }
+
+    /// Adds the words `values` read from region `k` of op `op`, from word `from`, to its digest.
+    fn observe(&mut self, op: usize, k: usize, s: &Span, from: u32, values: &[u32]) {
+        if let Some(obs) = &mut self.observer {
+            let e = obs.reads.entry((op, k)).or_insert((s.gen, 0));
+            for (n, &v) in values.iter().enumerate() {
+                e.1 = e.1.wrapping_add(u64::from(fmix(v ^ (from + n as u32))));
+            }
+        }
+    }
+
+    /// Runs the next chunk of `p`; returns whether it completed.
+    fn advance(&mut self, p: &mut Pending) -> bool {
+        let total = p.work.words();
+        let from = p.progress;
+        let to = total.min(from.saturating_add(self.chunk_words));
+        p.progress = to;
+        if !self.execute {
+            return to >= total;
+        }
+        match &p.work {
+            Work::Launch {
+                id, reads, writes, ..
+            } => {
+                if writes.is_empty() {
+                    for (k, r) in reads.iter().enumerate() {
+                        let v = self.load(r, from, to);
+                        self.observe(p.op, k, r, from, &v);
+                    }
+                }
+                // One kernel per write region, each from memory as the previous one left it.
+                for (j, w) in writes.iter().enumerate() {
+                    let inputs: SmallVec<[Vec<u32>; 4]> =
+                        reads.iter().map(|r| self.load(r, from, to)).collect();
+                    if j == 0 {
+                        for (k, (r, v)) in reads.iter().zip(&inputs).enumerate() {
+                            self.observe(p.op, k, r, from, v);
+                        }
+                    }
+                    let end = u64::from(to).min(w.words()) as u32;
+                    let out: Vec<u32> = (from..end.max(from))
+                        .map(|i| {
+                            let at = (i - from) as usize;
+                            hash_word(*id, j as u32, i, inputs.iter().map(|r| r.get(at).copied()))
+                        })
+                        .collect();
+                    self.store(w, from, &out);
+                }
+            }
+            Work::Copy { src, dst } => {
+                let v = self.load(src, from, to);
+                self.observe(p.op, 0, src, from, &v);
+                self.store(dst, from, &v);
+            }
+            Work::Memset { dst, value } => {
+                let n = to.saturating_sub(from) as usize;
+                self.store(dst, from, &vec![*value; n]);
+            }
+            Work::Store { dst, data } => {
+                if from == 0 {
+                    let n = data.len().min(dst.bytes as usize);
+                    let gen = dst.gen;
+                    self.arena(dst.memory)
+                        .write_bytes(dst.addr, &data[..n], gen);
+                }
+            }
+            Work::HostRead { src } => {
+                let v = self.load(src, from, to);
+                self.observe(p.op, 0, src, from, &v);
+            }
+            Work::HostWrite { dst, data } => {
+                let end = (to as usize).min(data.len());
+                let chunk = data.get(from as usize..end).unwrap_or(&[]).to_vec();
+                self.store(dst, from, &chunk);
+            }
+            Work::Marker => {}
+        }
+        to >= total
+    }
+
+    /// The host accesses pinned memory as op `op`: now (eagerly, its fences forced), or as the
+    /// host's work in progress once its fences are done (scheduled).
+    fn host_access(
+        &mut self,
+        op: usize,
+        work: Work,
+        fences: &[Fence],
+    ) -> Result<Issued, ExecError> {
+        let deps = Device::marks(fences);
+        match self.timing {
+            Timing::Eager => {
+                for d in &deps {
+                    self.flush(d.stream, d.seq);
+                }
+                let mut p = Pending {
+                    op,
+                    seq: 0,
+                    work,
+                    deps: SmallVec::new(),
+                    progress: 0,
+                };
+                match &p.work {
+                    Work::HostRead { src } => {
+                        let src = *src;
+                        self.check(&src, "read")?;
+                        Ok(Issued::Bytes(
+                            self.arena(src.memory)
+                                .read_bytes(src.addr, src.bytes)
+                                .unwrap_or_default(),
+                        ))
+                    }
+                    _ => {
+                        if let Work::HostWrite { dst, .. } = &p.work {
+                            let dst = *dst;
+                            self.check(&dst, "write")?;
+                        }
+                        let execute = std::mem::replace(&mut self.execute, true);
+                        while !self.advance(&mut p) {}
+                        self.execute = execute;
+                        Ok(Issued::Done)
+                    }
+                }
+            }
+            Timing::Scheduled => {
+                if deps.iter().all(|d| self.is_done(d)) {
+                    self.host_work = Some(Pending {
+                        op,
+                        seq: 0,
+                        work,
+                        deps: SmallVec::new(),
+                        progress: 0,
+                    });
+                    Ok(Issued::Queued)
+                } else {
+                    // Wait for the fences, then issue again.
+                    self.host_wait.clear();
+                    self.host_wait.extend(deps);
+                    Ok(Issued::Retry)
+                }
+            }
+        }
+    }
+
+    /// The words of a region (a user kernel's on the simulator): raw, and checked to be
+    /// simulated memory.
+    pub fn read(&mut self, span: &Span) -> Result<Vec<u32>, ExecError> {
+        self.check(span, "read")?;
+        Ok(self.load(span, 0, u32::try_from(span.words()).unwrap_or(u32::MAX)))
+    }
+
+    /// Writes the words of a region (a user kernel's on the simulator), the last word cut to the
+    /// region's end.
+    pub fn write(&mut self, span: &Span, words: &[u32]) -> Result<(), ExecError> {
+        self.check(span, "write")?;
+        self.store(span, 0, words);
+        Ok(())
+    }
+
+    // ---- driven by a scheduler ----------------------------------------------------------------
+
+    /// The streams whose head op can run now, in key order.
+    fn ready_streams(&self, out: &mut Vec<super::Ready>) {
+        for (k, s) in self.streams.iter().enumerate() {
+            if let Some(p) = s.queue.front() {
+                if p.deps.iter().all(|d| self.is_done(d)) {
+                    out.push(super::Ready {
+                        actor: super::Actor::Stream(k),
+                        op: p.op,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs the next chunk of stream `s`'s head op; returns the op if it completed.
+    fn step_stream(&mut self, s: usize) -> Option<usize> {
+        let mut p = self.streams.get_mut(s)?.queue.pop_front()?;
+        if self.advance(&mut p) {
+            self.streams[s].done = p.seq;
+            Some(p.op)
+        } else {
+            self.streams[s].queue.push_front(p);
+            None
+        }
+    }
+
+    /// The op of the host's access in progress.
+    fn host_op(&self) -> Option<usize> {
+        self.host_work.as_ref().map(|p| p.op)
+    }
+
+    /// Whether everything the host waits for is done.
+    fn host_free(&self) -> bool {
+        self.host_wait.iter().all(|m| self.is_done(m))
+    }
+
+    /// Runs the next chunk of the host's access; returns the op if it completed.
+    fn step_host(&mut self) -> Option<usize> {
+        let mut p = self.host_work.take()?;
+        if self.advance(&mut p) {
+            Some(p.op)
+        } else {
+            self.host_work = Some(p);
+            None
+        }
+    }
+
+    /// Starts tracking what generation `gen`, `bytes` at `addr`, writes (a program run's).
+    fn track(&mut self, gen: u32, addr: u64, bytes: u64) {
+        if let Some(obs) = &mut self.observer {
+            let k = gen as usize;
+            if obs.gens.len() <= k {
+                obs.gens.resize_with(k + 1, || (0, Vec::new()));
+            }
+            obs.gens[k] = (addr, vec![None; (bytes / 4) as usize]);
+        }
+    }
+}
+
+impl Backend for Device {
+    fn issue(&mut self, index: u64, op: Op<'_>) -> Result<Issued, ExecError> {
+        let i = index as usize;
+        match op {
+            Op::StreamCreate {
+                stream,
+                kind,
+                device,
+            } => {
+                let st = self.stream_mut(stream);
+                if stream != 0 {
+                    st.kind = kind;
+                    st.device = device;
+                }
+                Ok(Issued::Done)
+            }
+            Op::EventCreate { event } | Op::EventDestroy { event } => {
+                let k = event as usize;
+                if self.events.len() <= k {
+                    self.events.resize(k + 1, None);
+                }
+                self.events[k] = None;
+                Ok(Issued::Done)
+            }
+            Op::Alloc {
+                memory,
+                bytes,
+                stream,
+                at,
+            } => {
+                let addr = match at {
+                    Some(a) if bytes > 0 => {
+                        self.arena(memory).place(4 * MAX_WORDS);
+                        Some(a)
+                    }
+                    _ => {
+                        let block = match memory {
+                            MemoryKind::Device => self.device.allocate(bytes, stream),
+                            MemoryKind::Pinned => self.pinned.allocate(bytes),
+                            MemoryKind::Managed => self.managed.allocate(bytes),
+                        }
+                        .map_err(|e| ExecError::alloc(e, bytes, memory))?;
+                        block.map(|b| b.addr)
+                    }
+                };
+                Ok(Issued::Allocated(addr))
+            }
+            Op::Free {
+                span,
+                owner,
+                to,
+                record_streams,
+                placed,
+            } => {
+                for &s in record_streams {
+                    self.flush(s, u64::MAX);
+                }
+                if span.bytes > 0 && !placed {
+                    let r = match span.memory {
+                        MemoryKind::Device => self.device.free(span.addr, to.unwrap_or(owner)),
+                        MemoryKind::Pinned => self.pinned.free(span.addr),
+                        MemoryKind::Managed => self.managed.free(span.addr),
+                    };
+                    r.map_err(|e| ExecError::InvalidArgument(e.to_string()))?;
+                }
+                match to {
+                    Some(s) => Ok(self.submit(s, i, Work::Marker, SmallVec::new(), false)),
+                    None => Ok(Issued::Done),
+                }
+            }
+            Op::Launch {
+                stream,
+                kernel,
+                reads,
+                writes,
+                fences,
+            } => {
+                let (id, lag) = match kernel {
+                    Kernel::Hash { id, spin_ns } => (id, spin_ns > 0),
+                    #[cfg(feature = "cuda")]
+                    Kernel::User { id, .. } => (id, false),
+                    Kernel::Standin { id, .. } => (id, false),
+                };
+                if !self.execute {
+                    return Ok(Issued::Done);
+                }
+                let reads: SpanList = (0..reads.count()).map(|k| reads.span(k)).collect();
+                let writes: SpanList = (0..writes.count()).map(|k| writes.span(k)).collect();
+                for s in reads.iter().chain(&writes) {
+                    self.check(s, "launch")?;
+                }
+                let words = reads
+                    .iter()
+                    .chain(&writes)
+                    .map(|s| u32::try_from(s.words()).unwrap_or(u32::MAX))
+                    .max()
+                    .unwrap_or(0);
+                let work = Work::Launch {
+                    id,
+                    reads,
+                    writes,
+                    words,
+                };
+                Ok(self.submit(stream, i, work, Device::marks(fences), lag))
+            }
+            Op::Copy {
+                stream,
+                src,
+                dst,
+                fences,
+            } => {
+                self.check(&src, "copy")?;
+                self.check(&dst, "copy")?;
+                Ok(self.submit(
+                    stream,
+                    i,
+                    Work::Copy { src, dst },
+                    Device::marks(fences),
+                    false,
+                ))
+            }
+            Op::Memset {
+                stream,
+                dst,
+                fill,
+                fences,
+            } => {
+                self.check(&dst, "memset")?;
+                let value = match fill {
+                    Fill::Word(v) => v,
+                    Fill::Byte(b) => u32::from_ne_bytes([b; 4]),
+                };
+                Ok(self.submit(
+                    stream,
+                    i,
+                    Work::Memset { dst, value },
+                    Device::marks(fences),
+                    false,
+                ))
+            }
+            Op::Store { stream, dst, data } => {
+                if !self.execute {
+                    return Ok(Issued::Done);
+                }
+                self.check(&dst, "memcpy_htod")?;
+                let work = Work::Store {
+                    dst,
+                    data: data.to_vec(),
+                };
+                Ok(self.submit(stream, i, work, SmallVec::new(), false))
+            }
+            Op::Load { stream, src } => {
+                if !self.execute {
+                    return Ok(Issued::Bytes(vec![0; src.bytes as usize]));
+                }
+                self.check(&src, "memcpy_dtoh")?;
+                self.run_now(stream, i);
+                let bytes = self
+                    .arena(src.memory)
+                    .read_bytes(src.addr, src.bytes)
+                    .unwrap_or_default();
+                let marks = self.stream_marks(stream);
+                self.wait_host(&marks);
+                Ok(Issued::Bytes(bytes))
+            }
+            Op::RunNow { stream, .. } => {
+                self.run_now(stream, i);
+                Ok(Issued::Done)
+            }
+            Op::HostRead { span, fences } => {
+                self.host_access(i, Work::HostRead { src: span }, fences)
+            }
+            Op::HostWrite { span, data, fences } => {
+                let words: Vec<u32> = data
+                    .chunks(4)
+                    .map(|c| {
+                        let mut le = [0u8; 4];
+                        le[..c.len()].copy_from_slice(c);
+                        u32::from_le_bytes(le)
+                    })
+                    .collect();
+                if self.timing == Timing::Eager {
+                    // A host write of whole bytes: the bytes past the data keep their values.
+                    self.check(&span, "write")?;
+                    for d in Device::marks(fences) {
+                        self.flush(d.stream, d.seq);
+                    }
+                    let n = data.len().min(span.bytes as usize);
+                    self.arena(span.memory)
+                        .write_bytes(span.addr, &data[..n], span.gen);
+                    return Ok(Issued::Done);
+                }
+                self.host_access(
+                    i,
+                    Work::HostWrite {
+                        dst: span,
+                        data: words,
+                    },
+                    fences,
+                )
+            }
+            Op::EventRecord { event, stream } => {
+                if !self.execute {
+                    return Ok(Issued::Done);
+                }
+                let issued = self.submit(stream, i, Work::Marker, SmallVec::new(), false);
+                let mark = self.last(stream);
+                let k = event as usize;
+                if self.events.len() <= k {
+                    self.events.resize(k + 1, None);
+                }
+                self.events[k] = Some(mark);
+                Ok(issued)
+            }
+            Op::EventWait { stream, event } => {
+                if !self.execute {
+                    return Ok(Issued::Done);
+                }
+                let deps: SmallVec<[Mark; 2]> = self.event_mark(event).into_iter().collect();
+                Ok(self.submit(stream, i, Work::Marker, deps, false))
+            }
+            Op::EventSync { event } => {
+                let marks: SmallVec<[Mark; 4]> = self.event_mark(event).into_iter().collect();
+                self.wait_host(&marks);
+                Ok(Issued::Done)
+            }
+            Op::EventQuery { event } => Ok(Issued::Complete(
+                self.event_mark(event).is_none_or(|m| self.is_done(&m)),
+            )),
+            Op::StreamSync { stream } => {
+                let marks = self.stream_marks(stream);
+                self.wait_host(&marks);
+                Ok(Issued::Done)
+            }
+            Op::StreamQuery { stream } => {
+                let idle = |st: &SimStream| st.queue.is_empty();
+                let complete = match self.streams.get(stream as usize) {
+                    None => true,
+                    Some(st) if st.kind == StreamKind::LegacyDefault => {
+                        idle(st)
+                            && self
+                                .streams
+                                .iter()
+                                .filter(|b| b.kind == StreamKind::Blocking)
+                                .all(idle)
+                    }
+                    Some(st) => idle(st),
+                };
+                Ok(Issued::Complete(complete))
+            }
+            Op::DeviceSync { device } => {
+                let marks: SmallVec<[Mark; 4]> = (0..self.streams.len())
+                    .filter(|&k| self.streams[k].device == device)
+                    .map(|k| self.last(k as StreamKey))
+                    .collect();
+                if self.timing == Timing::Eager {
+                    self.flush_all();
+                } else {
+                    self.wait_host(&marks);
+                }
+                Ok(Issued::Done)
+            }
+        }
+    }
+
+    fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
+        let m = self.last(stream);
+        Ok((m.seq > 0 && !self.is_done(&m)).then_some(Fence {
+            stream,
+            mark: m.seq,
+        }))
+    }
+
+    fn fence_done(&self, fence: Fence) -> bool {
+        self.is_done(&Mark {
+            stream: fence.stream,
+            seq: fence.mark,
+        })
+    }
+
+    fn release_stream(&mut self, _: StreamKey) {}
+
+    fn device_memory_stats(&self) -> AllocatorStats {
+        self.device.stats()
+    }
+
+    fn sim(&mut self) -> Option<&mut Device> {
+        Some(self)
+    }
+}
+
+impl Device {
+    fn event_mark(&self, event: EventKey) -> Option<Mark> {
+        self.events.get(event as usize).copied().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests;
