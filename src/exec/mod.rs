@@ -34,6 +34,9 @@ pub(crate) mod program;
 mod sched;
 pub mod sim;
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
 pub use error::ExecError;
 pub use outcome::{Executor, Outcome};
 pub use sched::{Actor, Adversarial, Hold, RandomScheduler, Ready, Replay, Scheduler, Sequential};

@@ -185,13 +185,13 @@ impl Resolver {
     }
 
     /// The live buffer `id`.
-    #[allow(dead_code)] // the GPU runner's
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU runner's
     pub(crate) fn buffer(&self, id: &Id) -> Option<&Buffer> {
         self.buffers.get(id)
     }
 
     /// Whether `record_stream` named a stream for buffer `id` since its allocation.
-    #[allow(dead_code)] // the GPU runner's
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))] // the GPU runner's
     pub(crate) fn recorded(&self, id: &Id) -> bool {
         self.record_streams.get(id).is_some_and(|v| !v.is_empty())
     }
