@@ -31,16 +31,15 @@
 //! whatever earlier owners left in memory — only on races. A session's reads are raw, as a GPU's.
 
 mod arena;
+mod backend;
 mod program;
 
 use std::collections::VecDeque;
 
 use smallvec::SmallVec;
 
-use super::{
-    Backend, EventKey, ExecError, Fence, Fill, Issued, Kernel, Op, Span, StreamKey, StreamKind,
-};
-use crate::alloc::{AllocatorStats, DeviceCachingAllocator, HostCachingAllocator};
+use super::{ExecError, Fence, Issued, Span, StreamKey, StreamKind};
+use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator};
 use crate::kernels::{fmix, hash_word};
 use crate::trace::MemoryKind;
 
@@ -581,66 +580,24 @@ impl Device {
         to >= total
     }
 
-    /// The host accesses pinned memory as op `op`: now (eagerly, its fences forced), or as the
-    /// host's work in progress once its fences are done (scheduled).
-    fn host_access(
-        &mut self,
-        op: usize,
-        work: Work,
-        fences: &[Fence],
-    ) -> Result<Issued, ExecError> {
+    /// The host's access of pinned memory as op `op` (scheduled): its work in progress once its
+    /// fences are done.
+    fn host_work(&mut self, op: usize, work: Work, fences: &[Fence]) -> Issued {
         let deps = Device::marks(fences);
-        match self.timing {
-            Timing::Eager => {
-                for d in &deps {
-                    self.flush(d.stream, d.seq);
-                }
-                let mut p = Pending {
-                    op,
-                    seq: 0,
-                    work,
-                    deps: SmallVec::new(),
-                    progress: 0,
-                };
-                match &p.work {
-                    Work::HostRead { src } => {
-                        let src = *src;
-                        self.check(&src, "read")?;
-                        Ok(Issued::Bytes(
-                            self.arena(src.memory)
-                                .read_bytes(src.addr, src.bytes)
-                                .unwrap_or_default(),
-                        ))
-                    }
-                    _ => {
-                        if let Work::HostWrite { dst, .. } = &p.work {
-                            let dst = *dst;
-                            self.check(&dst, "write")?;
-                        }
-                        let execute = std::mem::replace(&mut self.execute, true);
-                        while !self.advance(&mut p) {}
-                        self.execute = execute;
-                        Ok(Issued::Done)
-                    }
-                }
-            }
-            Timing::Scheduled => {
-                if deps.iter().all(|d| self.is_done(d)) {
-                    self.host_work = Some(Pending {
-                        op,
-                        seq: 0,
-                        work,
-                        deps: SmallVec::new(),
-                        progress: 0,
-                    });
-                    Ok(Issued::Queued)
-                } else {
-                    // Wait for the fences, then issue again.
-                    self.host_wait.clear();
-                    self.host_wait.extend(deps);
-                    Ok(Issued::Retry)
-                }
-            }
+        if deps.iter().all(|d| self.is_done(d)) {
+            self.host_work = Some(Pending {
+                op,
+                seq: 0,
+                work,
+                deps: SmallVec::new(),
+                progress: 0,
+            });
+            Issued::Queued
+        } else {
+            // Wait for the fences, then issue again.
+            self.host_wait.clear();
+            self.host_wait.extend(deps);
+            Issued::Retry
         }
     }
 
@@ -717,303 +674,6 @@ impl Device {
             }
             obs.gens[k] = (addr, vec![None; (bytes / 4) as usize]);
         }
-    }
-}
-
-impl Backend for Device {
-    fn issue(&mut self, index: u64, op: Op<'_>) -> Result<Issued, ExecError> {
-        let i = index as usize;
-        match op {
-            Op::StreamCreate {
-                stream,
-                kind,
-                device,
-            } => {
-                let st = self.stream_mut(stream);
-                if stream != 0 {
-                    st.kind = kind;
-                    st.device = device;
-                }
-                Ok(Issued::Done)
-            }
-            Op::EventCreate { event } | Op::EventDestroy { event } => {
-                let k = event as usize;
-                if self.events.len() <= k {
-                    self.events.resize(k + 1, None);
-                }
-                self.events[k] = None;
-                Ok(Issued::Done)
-            }
-            Op::Alloc {
-                memory,
-                bytes,
-                stream,
-                at,
-            } => {
-                let addr = match at {
-                    Some(a) if bytes > 0 => {
-                        self.arena(memory).place(4 * MAX_WORDS);
-                        Some(a)
-                    }
-                    _ => {
-                        let block = match memory {
-                            MemoryKind::Device => self.device.allocate(bytes, stream),
-                            MemoryKind::Pinned => self.pinned.allocate(bytes),
-                            MemoryKind::Managed => self.managed.allocate(bytes),
-                        }
-                        .map_err(|e| ExecError::alloc(e, bytes, memory))?;
-                        block.map(|b| b.addr)
-                    }
-                };
-                Ok(Issued::Allocated(addr))
-            }
-            Op::Free {
-                span,
-                owner,
-                to,
-                record_streams,
-                placed,
-            } => {
-                for &s in record_streams {
-                    self.flush(s, u64::MAX);
-                }
-                if span.bytes > 0 && !placed {
-                    let r = match span.memory {
-                        MemoryKind::Device => self.device.free(span.addr, to.unwrap_or(owner)),
-                        MemoryKind::Pinned => self.pinned.free(span.addr),
-                        MemoryKind::Managed => self.managed.free(span.addr),
-                    };
-                    r.map_err(|e| ExecError::InvalidArgument(e.to_string()))?;
-                }
-                match to {
-                    Some(s) => Ok(self.submit(s, i, Work::Marker, SmallVec::new(), false)),
-                    None => Ok(Issued::Done),
-                }
-            }
-            Op::Launch {
-                stream,
-                kernel,
-                reads,
-                writes,
-                fences,
-            } => {
-                let (id, lag) = match kernel {
-                    Kernel::Hash { id, spin_ns } => (id, spin_ns > 0),
-                    #[cfg(feature = "cuda")]
-                    Kernel::User { id, .. } => (id, false),
-                    Kernel::Standin { id, .. } => (id, false),
-                };
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
-                let reads: SpanList = (0..reads.count()).map(|k| reads.span(k)).collect();
-                let writes: SpanList = (0..writes.count()).map(|k| writes.span(k)).collect();
-                for s in reads.iter().chain(&writes) {
-                    self.check(s, "launch")?;
-                }
-                let words = reads
-                    .iter()
-                    .chain(&writes)
-                    .map(|s| u32::try_from(s.words()).unwrap_or(u32::MAX))
-                    .max()
-                    .unwrap_or(0);
-                let work = Work::Launch {
-                    id,
-                    reads,
-                    writes,
-                    words,
-                };
-                Ok(self.submit(stream, i, work, Device::marks(fences), lag))
-            }
-            Op::Copy {
-                stream,
-                src,
-                dst,
-                fences,
-            } => {
-                self.check(&src, "copy")?;
-                self.check(&dst, "copy")?;
-                Ok(self.submit(
-                    stream,
-                    i,
-                    Work::Copy { src, dst },
-                    Device::marks(fences),
-                    false,
-                ))
-            }
-            Op::Memset {
-                stream,
-                dst,
-                fill,
-                fences,
-            } => {
-                self.check(&dst, "memset")?;
-                let value = match fill {
-                    Fill::Word(v) => v,
-                    Fill::Byte(b) => u32::from_ne_bytes([b; 4]),
-                };
-                Ok(self.submit(
-                    stream,
-                    i,
-                    Work::Memset { dst, value },
-                    Device::marks(fences),
-                    false,
-                ))
-            }
-            Op::Store { stream, dst, data } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
-                self.check(&dst, "memcpy_htod")?;
-                let work = Work::Store {
-                    dst,
-                    data: data.to_vec(),
-                };
-                Ok(self.submit(stream, i, work, SmallVec::new(), false))
-            }
-            Op::Load { stream, src } => {
-                if !self.execute {
-                    return Ok(Issued::Bytes(vec![0; src.bytes as usize]));
-                }
-                self.check(&src, "memcpy_dtoh")?;
-                self.run_now(stream, i);
-                let bytes = self
-                    .arena(src.memory)
-                    .read_bytes(src.addr, src.bytes)
-                    .unwrap_or_default();
-                let marks = self.stream_marks(stream);
-                self.wait_host(&marks);
-                Ok(Issued::Bytes(bytes))
-            }
-            Op::RunNow { stream, .. } => {
-                self.run_now(stream, i);
-                Ok(Issued::Done)
-            }
-            Op::HostRead { span, fences } => {
-                self.host_access(i, Work::HostRead { src: span }, fences)
-            }
-            Op::HostWrite { span, data, fences } => {
-                let words: Vec<u32> = data
-                    .chunks(4)
-                    .map(|c| {
-                        let mut le = [0u8; 4];
-                        le[..c.len()].copy_from_slice(c);
-                        u32::from_le_bytes(le)
-                    })
-                    .collect();
-                if self.timing == Timing::Eager {
-                    // A host write of whole bytes: the bytes past the data keep their values.
-                    self.check(&span, "write")?;
-                    for d in Device::marks(fences) {
-                        self.flush(d.stream, d.seq);
-                    }
-                    let n = data.len().min(span.bytes as usize);
-                    self.arena(span.memory)
-                        .write_bytes(span.addr, &data[..n], span.gen);
-                    return Ok(Issued::Done);
-                }
-                self.host_access(
-                    i,
-                    Work::HostWrite {
-                        dst: span,
-                        data: words,
-                    },
-                    fences,
-                )
-            }
-            Op::EventRecord { event, stream } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
-                let issued = self.submit(stream, i, Work::Marker, SmallVec::new(), false);
-                let mark = self.last(stream);
-                let k = event as usize;
-                if self.events.len() <= k {
-                    self.events.resize(k + 1, None);
-                }
-                self.events[k] = Some(mark);
-                Ok(issued)
-            }
-            Op::EventWait { stream, event } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
-                let deps: SmallVec<[Mark; 2]> = self.event_mark(event).into_iter().collect();
-                Ok(self.submit(stream, i, Work::Marker, deps, false))
-            }
-            Op::EventSync { event } => {
-                let marks: SmallVec<[Mark; 4]> = self.event_mark(event).into_iter().collect();
-                self.wait_host(&marks);
-                Ok(Issued::Done)
-            }
-            Op::EventQuery { event } => Ok(Issued::Complete(
-                self.event_mark(event).is_none_or(|m| self.is_done(&m)),
-            )),
-            Op::StreamSync { stream } => {
-                let marks = self.stream_marks(stream);
-                self.wait_host(&marks);
-                Ok(Issued::Done)
-            }
-            Op::StreamQuery { stream } => {
-                let idle = |st: &SimStream| st.queue.is_empty();
-                let complete = match self.streams.get(stream as usize) {
-                    None => true,
-                    Some(st) if st.kind == StreamKind::LegacyDefault => {
-                        idle(st)
-                            && self
-                                .streams
-                                .iter()
-                                .filter(|b| b.kind == StreamKind::Blocking)
-                                .all(idle)
-                    }
-                    Some(st) => idle(st),
-                };
-                Ok(Issued::Complete(complete))
-            }
-            Op::DeviceSync { device } => {
-                let marks: SmallVec<[Mark; 4]> = (0..self.streams.len())
-                    .filter(|&k| self.streams[k].device == device)
-                    .map(|k| self.last(k as StreamKey))
-                    .collect();
-                if self.timing == Timing::Eager {
-                    self.flush_all();
-                } else {
-                    self.wait_host(&marks);
-                }
-                Ok(Issued::Done)
-            }
-        }
-    }
-
-    fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
-        let m = self.last(stream);
-        Ok((m.seq > 0 && !self.is_done(&m)).then_some(Fence {
-            stream,
-            mark: m.seq,
-        }))
-    }
-
-    fn fence_done(&self, fence: Fence) -> bool {
-        self.is_done(&Mark {
-            stream: fence.stream,
-            seq: fence.mark,
-        })
-    }
-
-    fn release_stream(&mut self, _: StreamKey) {}
-
-    fn device_memory_stats(&self) -> AllocatorStats {
-        self.device.stats()
-    }
-
-    fn sim(&mut self) -> Option<&mut Device> {
-        Some(self)
-    }
-}
-
-impl Device {
-    fn event_mark(&self, event: EventKey) -> Option<Mark> {
-        self.events.get(event as usize).copied().flatten()
     }
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::exec::{Backend, Fill, Kernel, Op};
 use crate::trace::{Id, MemoryKind, Op as TOp, Region, TraceOp};
 
 // ---- a session's device: eager, with lagging streams ----------------------------------------
