@@ -397,6 +397,13 @@ pub trait Backend: Send {
     /// Counters of the device caching allocator.
     fn device_memory_stats(&self) -> crate::alloc::AllocatorStats;
 
+    /// Whether the backend runs device work. A simulator that measures a harness's own cost runs
+    /// none ([`SessionConfig::sim_execute`](crate::session::SessionConfig::sim_execute)): its
+    /// launches, event records and event waits do nothing, and a caller may leave them unissued.
+    fn runs_work(&self) -> bool {
+        true
+    }
+
     /// The simulator's memory, for the closure of a user kernel run with [`Op::RunNow`]; `None`
     /// on a GPU.
     fn sim(&mut self) -> Option<&mut sim::Device> {
@@ -415,5 +422,92 @@ pub trait Backend: Send {
     #[cfg(feature = "cuda")]
     fn context(&self) -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
         None
+    }
+}
+
+/// Every backend as one type, which a [`Session`](crate::Session) holds: calls go to the backend
+/// it is by a `match` the compiler sees through (a session's hot path — a launch, an event record,
+/// an event wait — is a handful of instructions on top of the backend's own work).
+pub enum AnyBackend {
+    /// The simulator.
+    Sim(sim::Device),
+    /// A GPU.
+    #[cfg(feature = "cuda")]
+    Cuda(cuda::CudaDevice),
+}
+
+impl Backend for AnyBackend {
+    #[inline]
+    fn issue(&mut self, index: u64, op: Op<'_>) -> Result<Issued, ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.issue(index, op),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.issue(index, op),
+        }
+    }
+
+    fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.fence(stream),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.fence(stream),
+        }
+    }
+
+    fn fence_done(&self, fence: Fence) -> bool {
+        match self {
+            AnyBackend::Sim(d) => d.fence_done(fence),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.fence_done(fence),
+        }
+    }
+
+    fn release_stream(&mut self, stream: StreamKey) {
+        match self {
+            AnyBackend::Sim(d) => d.release_stream(stream),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.release_stream(stream),
+        }
+    }
+
+    fn device_memory_stats(&self) -> crate::alloc::AllocatorStats {
+        match self {
+            AnyBackend::Sim(d) => d.device_memory_stats(),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.device_memory_stats(),
+        }
+    }
+
+    #[inline]
+    fn runs_work(&self) -> bool {
+        match self {
+            AnyBackend::Sim(d) => d.runs_work(),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(_) => true,
+        }
+    }
+
+    fn sim(&mut self) -> Option<&mut sim::Device> {
+        match self {
+            AnyBackend::Sim(d) => Some(d),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(_) => None,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn gpu_stream(&self, stream: StreamKey) -> Option<(&crate::cuda::Gpu, &crate::cuda::Stream)> {
+        match self {
+            AnyBackend::Sim(_) => None,
+            AnyBackend::Cuda(d) => d.gpu_stream(stream),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn context(&self) -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
+        match self {
+            AnyBackend::Sim(_) => None,
+            AnyBackend::Cuda(d) => d.context(),
+        }
     }
 }

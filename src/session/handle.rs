@@ -19,6 +19,8 @@ pub struct Stream {
 
 pub(crate) struct StreamInner {
     pub(crate) core: Arc<Core>,
+    /// The session's number (the core's), kept here so a key is one load away.
+    pub(crate) session: u64,
     /// Dense index: 0 is the legacy default stream. Also the allocator's stream key.
     pub(crate) key: u32,
     pub(crate) id: Id,
@@ -28,7 +30,7 @@ pub(crate) struct StreamInner {
 impl Drop for StreamInner {
     fn drop(&mut self) {
         self.core.release_stream(StreamRef {
-            session: self.core.session,
+            session: self.session,
             key: self.key,
         });
     }
@@ -49,6 +51,7 @@ impl Stream {
         Stream {
             inner: Arc::new(StreamInner {
                 core: core.clone(),
+                session: core.session,
                 key: core.legacy_stream().key,
                 id: Id::from(crate::trace::DEFAULT_STREAM),
                 kind: StreamKind::LegacyDefault,
@@ -66,6 +69,7 @@ impl Stream {
         Ok(Stream {
             inner: Arc::new(StreamInner {
                 core: core.clone(),
+                session: key.session,
                 key: key.key,
                 id,
                 kind,
@@ -77,7 +81,7 @@ impl Stream {
     #[inline]
     pub(crate) fn key(&self) -> StreamRef {
         StreamRef {
-            session: self.inner.core.session,
+            session: self.inner.session,
             key: self.inner.key,
         }
     }
@@ -95,6 +99,7 @@ impl Stream {
     /// Makes later work on this stream wait for what `event` captured when last recorded
     /// (`cudaStreamWaitEvent`). Waiting on an event never recorded has no effect, and the report
     /// warns about it.
+    #[inline]
     #[track_caller]
     pub fn wait(&self, event: &Event) -> Result<(), SessionError> {
         self.inner
@@ -129,6 +134,8 @@ impl Stream {
 /// on. Dropping it records `event_destroy`.
 pub struct Event {
     pub(crate) core: Arc<Core>,
+    /// The session's number (the core's).
+    pub(crate) session: u64,
     pub(crate) key: u32,
     pub(crate) id: Id,
 }
@@ -147,6 +154,7 @@ impl Event {
         let (key, id) = core.create_event(site)?;
         Ok(Event {
             core: core.clone(),
+            session: key.session,
             key: key.key,
             id,
         })
@@ -156,7 +164,7 @@ impl Event {
     #[inline]
     pub(crate) fn key(&self) -> EventRef {
         EventRef {
-            session: self.core.session,
+            session: self.session,
             key: self.key,
         }
     }
@@ -168,6 +176,7 @@ impl Event {
 
     /// Captures the work issued on `stream` so far (`cudaEventRecord`), replacing the earlier
     /// capture; waits issued before keep waiting for the old one.
+    #[inline]
     #[track_caller]
     pub fn record(&self, stream: &Stream) -> Result<(), SessionError> {
         self.core

@@ -7,7 +7,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use super::buffer::AsRegion;
-use super::core::{Core, Region, Regions, SessionError};
+use super::core::{Core, LaunchDesc, Region, Regions, SessionError};
 use super::Stream;
 
 pub use super::core::{LaunchError, RawLaunch};
@@ -32,21 +32,17 @@ pub use super::core::{LaunchError, RawLaunch};
 pub struct Launch<'a> {
     pub(crate) core: &'a Arc<Core>,
     pub(crate) stream: &'a Stream,
-    pub(crate) name: Cow<'static, str>,
-    pub(crate) reads: Regions,
-    pub(crate) writes: Regions,
-    pub(crate) spin_ns: u64,
-    pub(crate) site: &'static Location<'static>,
+    pub(crate) desc: LaunchDesc,
 }
 
 impl fmt::Debug for Launch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Launch")
             .field("stream", &self.stream.id())
-            .field("name", &self.name)
-            .field("reads", &self.reads)
-            .field("writes", &self.writes)
-            .field("spin_ns", &self.spin_ns)
+            .field("name", &self.desc.name)
+            .field("reads", &self.desc.reads)
+            .field("writes", &self.desc.writes)
+            .field("spin_ns", &self.desc.spin_ns)
             .finish()
     }
 }
@@ -61,36 +57,38 @@ impl<'a> Launch<'a> {
         Launch {
             core,
             stream,
-            name,
-            reads: Regions::default(),
-            writes: Regions::default(),
-            spin_ns: 0,
-            site,
+            desc: LaunchDesc {
+                name,
+                reads: Regions::default(),
+                writes: Regions::default(),
+                spin_ns: 0,
+                site,
+            },
         }
     }
 
     /// The kernel reads `buffer` (a whole buffer, or a region).
     pub fn read(mut self, buffer: &impl AsRegion) -> Self {
-        self.reads.push(buffer.region());
+        self.desc.reads.push(buffer.region());
         self
     }
 
     /// The kernel writes `buffer` (a whole buffer, or a region). A region both read and written
     /// counts as written.
     pub fn write(mut self, buffer: &mut impl AsRegion) -> Self {
-        self.writes.push(buffer.region());
+        self.desc.writes.push(buffer.region());
         self
     }
 
     /// The kernel reads `region` (a view, or an external region).
     pub fn reads(mut self, region: Region) -> Self {
-        self.reads.push(region);
+        self.desc.reads.push(region);
         self
     }
 
     /// The kernel writes `region` (a view, or an external region).
     pub fn writes(mut self, region: Region) -> Self {
-        self.writes.push(region);
+        self.desc.writes.push(region);
         self
     }
 
@@ -101,22 +99,16 @@ impl<'a> Launch<'a> {
     /// this launch and everything after it on the stream run only when an ordering forces them.
     /// The result of the launch does not change.
     pub fn spin(mut self, ns: u64) -> Self {
-        self.spin_ns = ns;
+        self.desc.spin_ns = ns;
         self
     }
 
     /// Runs the built-in hash kernel ([`crate::kernels`]): each write region `j` becomes
     /// `hash_word(op, j, i, reads[..][i])`, one kernel per write region on a GPU, where `op` is the
     /// launch's op index (returned). At most [`MAX_READS`](crate::kernels::MAX_READS) reads.
-    pub fn hash(self) -> Result<u64, SessionError> {
-        self.core.launch_hash(
-            self.stream.key(),
-            self.name,
-            &self.reads,
-            &self.writes,
-            self.spin_ns,
-            self.site,
-        )
+    #[inline]
+    pub fn hash(mut self) -> Result<u64, SessionError> {
+        self.core.launch_hash(self.stream.key(), &mut self.desc)
     }
 
     /// Runs a user kernel: `f` gets the raw stream and the declared regions, enqueues its work,
@@ -135,18 +127,11 @@ impl<'a> Launch<'a> {
     /// caller owns. It must not write host memory that Rust code holds a reference to. Touching
     /// memory outside the declared regions is not undefined behaviour by itself, but the report
     /// then misses those accesses.
-    pub unsafe fn run<F>(self, mut f: F) -> Result<u64, SessionError>
+    pub unsafe fn run<F>(mut self, mut f: F) -> Result<u64, SessionError>
     where
         F: FnMut(&RawLaunch<'_>) -> Result<(), LaunchError>,
     {
-        self.core.launch_run(
-            self.stream.key(),
-            self.name,
-            &self.reads,
-            &self.writes,
-            self.spin_ns,
-            self.site,
-            &mut f,
-        )
+        self.core
+            .launch_run(self.stream.key(), &mut self.desc, &mut f)
     }
 }

@@ -119,7 +119,7 @@ use std::panic::Location;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::exec::Fill;
+use crate::exec::{AnyBackend, Fill};
 use crate::report::{Hazard, Report};
 use crate::trace::TraceOp;
 
@@ -186,7 +186,7 @@ impl Session {
             config.sim_pinned_bytes,
             config.sim_execute,
         );
-        Session::start(Box::new(sim), BackendKind::Simulated, &config)
+        Session::start(AnyBackend::Sim(sim), BackendKind::Simulated, &config)
     }
 
     /// A session on CUDA device `ordinal`, with the default [`SessionConfig`].
@@ -203,11 +203,15 @@ impl Session {
     #[cfg(feature = "cuda")]
     pub fn cuda_with(ordinal: usize, config: SessionConfig) -> Result<Session, SessionError> {
         let backend = crate::exec::cuda::CudaDevice::open(ordinal).map_err(no_gpu)?;
-        Session::start(Box::new(backend), BackendKind::Cuda { ordinal }, &config)
+        Session::start(
+            AnyBackend::Cuda(backend),
+            BackendKind::Cuda { ordinal },
+            &config,
+        )
     }
 
     fn start(
-        backend: Box<dyn crate::exec::Backend>,
+        backend: AnyBackend,
         kind: BackendKind,
         config: &SessionConfig,
     ) -> Result<Session, SessionError> {

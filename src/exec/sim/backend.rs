@@ -10,7 +10,57 @@ use crate::exec::{
 use crate::trace::MemoryKind;
 
 impl Backend for Device {
+    #[inline]
     fn issue(&mut self, index: u64, op: Op<'_>) -> Result<Issued, ExecError> {
+        if !self.execute {
+            // No device work: what would run on the device returns at once.
+            match op {
+                Op::Launch { .. }
+                | Op::Store { .. }
+                | Op::EventRecord { .. }
+                | Op::EventWait { .. } => return Ok(Issued::Done),
+                Op::Load { src, .. } => return Ok(Issued::Bytes(vec![0; src.bytes as usize])),
+                _ => {}
+            }
+        }
+        self.issue_op(index, op)
+    }
+
+    fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
+        let m = self.last(stream);
+        Ok((m.seq > 0 && !self.is_done(&m)).then_some(Fence {
+            stream,
+            mark: m.seq,
+        }))
+    }
+
+    fn fence_done(&self, fence: Fence) -> bool {
+        self.is_done(&Mark {
+            stream: fence.stream,
+            seq: fence.mark,
+        })
+    }
+
+    fn release_stream(&mut self, _: StreamKey) {}
+
+    #[inline]
+    fn runs_work(&self) -> bool {
+        self.execute
+    }
+
+    fn device_memory_stats(&self) -> AllocatorStats {
+        self.device.stats()
+    }
+
+    fn sim(&mut self) -> Option<&mut Device> {
+        Some(self)
+    }
+}
+
+impl Device {
+    /// Issues op `index` (see [`Backend::issue`]).
+    #[inline(never)]
+    fn issue_op(&mut self, index: u64, op: Op<'_>) -> Result<Issued, ExecError> {
         let i = index as usize;
         match op {
             Op::StreamCreate {
@@ -92,9 +142,6 @@ impl Backend for Device {
                     Kernel::User { id, .. } => (id, false),
                     Kernel::Standin { id, .. } => (id, false),
                 };
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
                 let reads: SpanList = (0..reads.count()).map(|k| reads.span(k)).collect();
                 let writes: SpanList = (0..writes.count()).map(|k| writes.span(k)).collect();
                 for s in reads.iter().chain(&writes) {
@@ -150,9 +197,6 @@ impl Backend for Device {
                 ))
             }
             Op::Store { stream, dst, data } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
                 self.check(&dst, "memcpy_htod")?;
                 let work = Work::Store {
                     dst,
@@ -161,9 +205,6 @@ impl Backend for Device {
                 Ok(self.submit(stream, i, work, SmallVec::new(), false))
             }
             Op::Load { stream, src } => {
-                if !self.execute {
-                    return Ok(Issued::Bytes(vec![0; src.bytes as usize]));
-                }
                 self.check(&src, "memcpy_dtoh")?;
                 self.run_now(stream, i);
                 let bytes = self
@@ -219,9 +260,6 @@ impl Backend for Device {
                 Ok(Issued::Done)
             }
             Op::EventRecord { event, stream } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
                 let issued = self.submit(stream, i, Work::Marker, SmallVec::new(), false);
                 let mark = self.last(stream);
                 let k = event as usize;
@@ -232,9 +270,6 @@ impl Backend for Device {
                 Ok(issued)
             }
             Op::EventWait { stream, event } => {
-                if !self.execute {
-                    return Ok(Issued::Done);
-                }
                 let deps: SmallVec<[Mark; 2]> = self.event_mark(event).into_iter().collect();
                 Ok(self.submit(stream, i, Work::Marker, deps, false))
             }
@@ -280,31 +315,6 @@ impl Backend for Device {
                 Ok(Issued::Done)
             }
         }
-    }
-
-    fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
-        let m = self.last(stream);
-        Ok((m.seq > 0 && !self.is_done(&m)).then_some(Fence {
-            stream,
-            mark: m.seq,
-        }))
-    }
-
-    fn fence_done(&self, fence: Fence) -> bool {
-        self.is_done(&Mark {
-            stream: fence.stream,
-            seq: fence.mark,
-        })
-    }
-
-    fn release_stream(&mut self, _: StreamKey) {}
-
-    fn device_memory_stats(&self) -> AllocatorStats {
-        self.device.stats()
-    }
-
-    fn sim(&mut self) -> Option<&mut Device> {
-        Some(self)
     }
 }
 

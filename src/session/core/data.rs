@@ -12,7 +12,7 @@ use std::panic::Location;
 use super::raw::{KernelFn, RawLaunch, RawTarget};
 use super::record::Rec;
 use super::{guarded_callback, Core, Region, RegionSlice, Regions, SessionError, State, StreamRef};
-use crate::exec::{Fill, Issued, Kernel, Op};
+use crate::exec::{Backend, Fill, Issued, Kernel, Op};
 use crate::kernels::MAX_READS;
 use crate::trace::MemoryKind;
 
@@ -35,6 +35,20 @@ pub(crate) enum KernelExec<'a> {
     /// The built-in hash kernel over the declared regions (the simulator's stand-in for a user
     /// kernel: its values differ from the real kernel's, its accesses are the same).
     Hash(std::marker::PhantomData<&'a ()>),
+}
+
+/// A kernel launch as declared ([`crate::session::Launch`]): what the core runs.
+pub(crate) struct LaunchDesc {
+    /// The kernel's name for reports.
+    pub(crate) name: Cow<'static, str>,
+    /// The regions it reads.
+    pub(crate) reads: Regions,
+    /// The regions it writes.
+    pub(crate) writes: Regions,
+    /// Nanoseconds the stream spins first.
+    pub(crate) spin_ns: u64,
+    /// Where it was issued.
+    pub(crate) site: &'static Location<'static>,
 }
 
 /// Words of `bytes`, little-endian, the last one padded with zeros.
@@ -103,12 +117,11 @@ impl Core {
     pub(crate) fn launch_hash(
         &self,
         stream: StreamRef,
-        name: Cow<'static, str>,
-        reads: &Regions,
-        writes: &Regions,
-        spin_ns: u64,
-        site: &'static Location<'static>,
+        launch: &mut LaunchDesc,
     ) -> Result<u64, SessionError> {
+        let name = std::mem::take(&mut launch.name);
+        let (reads, writes, spin_ns, site) =
+            (&launch.reads, &launch.writes, launch.spin_ns, launch.site);
         let s = self.stream(stream)?;
         self.regions(reads.iter().chain(writes.iter()))?;
         if reads.len() > MAX_READS {
@@ -119,19 +132,21 @@ impl Core {
         }
         let mut st = self.lock()?;
         let op = st.next_op;
-        st.backend.issue(
-            op,
-            Op::Launch {
-                stream: s,
-                kernel: Kernel::Hash {
-                    id: op as u32,
-                    spin_ns,
+        if st.backend.runs_work() {
+            st.backend.issue(
+                op,
+                Op::Launch {
+                    stream: s,
+                    kernel: Kernel::Hash {
+                        id: op as u32,
+                        spin_ns,
+                    },
+                    reads,
+                    writes,
+                    fences: &[],
                 },
-                reads,
-                writes,
-                fences: &[],
-            },
-        )?;
+            )?;
+        }
         st.record_launch(s, name, reads.iter(), writes.iter(), Some(site));
         Ok(op)
     }
@@ -139,17 +154,15 @@ impl Core {
     /// Runs a user kernel's closure `f` with the stream brought up to date (after `spin_ns` of
     /// spinning), and records the launch, even if `f` failed (it may have enqueued work before
     /// failing). Returns the op index.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn launch_run(
         &self,
         stream: StreamRef,
-        name: Cow<'static, str>,
-        reads: &Regions,
-        writes: &Regions,
-        spin_ns: u64,
-        site: &'static Location<'static>,
+        launch: &mut LaunchDesc,
         f: &mut KernelFn<'_>,
     ) -> Result<u64, SessionError> {
+        let name = std::mem::take(&mut launch.name);
+        let (reads, writes, spin_ns, site) =
+            (&launch.reads, &launch.writes, launch.spin_ns, launch.site);
         let s = self.stream(stream)?;
         self.regions(reads.iter().chain(writes.iter()))?;
         let mut st = self.lock()?;
@@ -203,34 +216,36 @@ impl Core {
         let mut st = self.lock()?;
         let op = st.next_op;
         let id = op as u32;
-        let kernel = match exec {
-            #[cfg(feature = "cuda")]
-            KernelExec::Cuda {
-                func,
-                grid,
-                block,
-                shared_mem_bytes,
-                args,
-            } => Kernel::User {
-                id,
-                func,
-                grid,
-                block,
-                shared_mem_bytes,
-                args,
-            },
-            KernelExec::Hash(_) => Kernel::Standin { id, name },
-        };
-        st.backend.issue(
-            op,
-            Op::Launch {
-                stream: s,
-                kernel,
-                reads: &RegionSlice(reads),
-                writes: &RegionSlice(writes),
-                fences: &[],
-            },
-        )?;
+        if st.backend.runs_work() {
+            let kernel = match exec {
+                #[cfg(feature = "cuda")]
+                KernelExec::Cuda {
+                    func,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    args,
+                } => Kernel::User {
+                    id,
+                    func,
+                    grid,
+                    block,
+                    shared_mem_bytes,
+                    args,
+                },
+                KernelExec::Hash(_) => Kernel::Standin { id, name },
+            };
+            st.backend.issue(
+                op,
+                Op::Launch {
+                    stream: s,
+                    kernel,
+                    reads: &RegionSlice(reads),
+                    writes: &RegionSlice(writes),
+                    fences: &[],
+                },
+            )?;
+        }
         st.record_launch(s, Cow::Borrowed(name), reads, writes, Some(site));
         Ok(op)
     }

@@ -6,7 +6,8 @@
 //! core and call it, and nothing here knows them.
 //!
 //! Every op follows one pattern: take the lock (which returns a parked error first), validate,
-//! issue it to the backend ([`crate::exec::Backend`]), record it. The op is recorded only once
+//! issue it to the backend ([`crate::exec::Backend`]: [`AnyBackend`], the simulator or a GPU),
+//! record it. The op is recorded only once
 //! the backend accepted it, so the trace holds what the device was asked to do, in the order it
 //! was asked.
 
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::PoisonError;
 
 use crate::alloc::AllocatorStats;
-use crate::exec::{Backend, Issued, Op, StreamKind};
+use crate::exec::{AnyBackend, Backend, Issued, Op, StreamKind};
 use crate::report::{Hazard, Report};
 use crate::sync::{Mutex, MutexGuard};
 use crate::trace::{Id, MemoryKind, TraceOp};
@@ -33,7 +34,7 @@ pub use error::{LaunchError, SessionError};
 pub use raw::RawLaunch;
 pub use region::Region;
 
-pub(crate) use data::KernelExec;
+pub(crate) use data::{KernelExec, LaunchDesc};
 use names::Names;
 pub(crate) use record::Loc;
 use record::{AllocRec, Rec, Recorder};
@@ -137,7 +138,7 @@ struct Live {
 
 /// What the lock protects.
 pub(crate) struct State {
-    backend: Box<dyn Backend>,
+    backend: AnyBackend,
     recorder: Option<Recorder>,
     finished: bool,
     parked: Option<SessionError>,
@@ -233,7 +234,7 @@ pub(crate) struct Core {
 
 impl Core {
     pub(crate) fn new(
-        backend: Box<dyn Backend>,
+        backend: AnyBackend,
         kind: BackendKind,
         config: &SessionConfig,
     ) -> Result<Core, SessionError> {
@@ -573,13 +574,15 @@ impl Core {
         let s = self.stream(stream)?;
         let mut st = self.lock()?;
         let op = st.next_op;
-        st.backend.issue(
-            op,
-            Op::EventRecord {
-                event: e,
-                stream: s,
-            },
-        )?;
+        if st.backend.runs_work() {
+            st.backend.issue(
+                op,
+                Op::EventRecord {
+                    event: e,
+                    stream: s,
+                },
+            )?;
+        }
         st.record(Rec::EventRecord {
             event: e,
             stream: s,
@@ -598,13 +601,15 @@ impl Core {
         let s = self.stream(stream)?;
         let mut st = self.lock()?;
         let op = st.next_op;
-        st.backend.issue(
-            op,
-            Op::EventWait {
-                stream: s,
-                event: e,
-            },
-        )?;
+        if st.backend.runs_work() {
+            st.backend.issue(
+                op,
+                Op::EventWait {
+                    stream: s,
+                    event: e,
+                },
+            )?;
+        }
         st.record(Rec::EventWait {
             stream: s,
             event: e,
