@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::ExecError;
+use super::error::ExecError;
 use crate::trace::{Id, TraceOp};
 
 /// What a run observed.

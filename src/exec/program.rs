@@ -15,7 +15,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::{Backend, EventKey, ExecError, Fence, Issued, Op, Span, StreamKey, StreamKind};
+use super::backend::{Backend, EventKey, Fence, Issued, Op, Span, StreamKey, StreamKind};
+use super::error::ExecError;
 use crate::trace::{Id, MemoryKind, Region, DEFAULT_STREAM};
 
 /// A live buffer of a program run.

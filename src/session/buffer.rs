@@ -12,7 +12,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use super::core::{Core, SessionError, WORD};
-use super::Stream;
+use super::handle::Stream;
 use crate::trace::{Id, MemoryKind};
 
 pub use super::core::Region;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::buffer::AsRegion;
 use super::core::{Core, LaunchDesc, Region, Regions, SessionError};
-use super::Stream;
+use super::handle::Stream;
 
 pub use super::core::{LaunchError, RawLaunch};
 

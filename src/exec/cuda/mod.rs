@@ -29,10 +29,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaContext};
 
-use super::{
-    Backend, EventKey, ExecError, Fence, Fill, Issued, Kernel, Op, Span, Spans, StreamKey,
-    StreamKind,
+use super::backend::{
+    Backend, EventKey, Fence, Fill, Issued, Kernel, Op, Span, Spans, StreamKey, StreamKind,
 };
+use super::error::ExecError;
 use crate::alloc::{AllocatorStats, DeviceCachingAllocator, HostCachingAllocator};
 use crate::cuda::{self as device_layer, DeviceRegion, Event, Gpu, GpuError, Stream};
 use crate::kernels::MAX_READS;

@@ -84,11 +84,11 @@ use std::sync::Arc;
 use super::{CudaDevice, GpuSegments, PinnedSegments};
 use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory};
 use crate::cuda::{DeviceRegion, Gpu, GpuError};
+use crate::exec::backend::{Backend, Fill, Issued, Kernel, Op as ExecOp, Span, StreamKey};
+use crate::exec::error::ExecError;
+use crate::exec::outcome::{Executor, Outcome};
 use crate::exec::program::Resolver;
-use crate::exec::{
-    Adversarial, Backend, ExecError, Executor, Fill, Hold, Issued, Kernel, Op as ExecOp, Outcome,
-    RandomScheduler, Scheduler, Sequential, Span, StreamKey,
-};
+use crate::exec::sched::{Adversarial, Hold, RandomScheduler, Scheduler, Sequential};
 use crate::kernels::{checksum, hash_word, memset_word, MAX_READS};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
 use crate::workload::SplitMix;

@@ -2,11 +2,13 @@
 
 use smallvec::SmallVec;
 
-use super::{Device, Mark, SimStream, SpanList, Timing, Work, MAX_WORDS};
+use super::device::{Device, Mark, SimStream, SpanList, Timing, Work};
+use super::program::MAX_WORDS;
 use crate::alloc::AllocatorStats;
-use crate::exec::{
-    Backend, EventKey, ExecError, Fence, Fill, Issued, Kernel, Op, StreamKey, StreamKind,
+use crate::exec::backend::{
+    Backend, EventKey, Fence, Fill, Issued, Kernel, Op, SimMemory, Span, StreamKey, StreamKind,
 };
+use crate::exec::error::ExecError;
 use crate::trace::MemoryKind;
 
 impl Backend for Device {
@@ -52,7 +54,7 @@ impl Backend for Device {
         self.device.stats()
     }
 
-    fn sim(&mut self) -> Option<&mut Device> {
+    fn sim(&mut self) -> Option<&mut dyn SimMemory> {
         Some(self)
     }
 }
@@ -321,5 +323,15 @@ impl Device {
 impl Device {
     fn event_mark(&self, event: EventKey) -> Option<Mark> {
         self.events.get(event as usize).copied().flatten()
+    }
+}
+
+impl SimMemory for Device {
+    fn read(&mut self, span: &Span) -> Result<Vec<u32>, ExecError> {
+        Device::read(self, span)
+    }
+
+    fn write(&mut self, span: &Span, words: &[u32]) -> Result<(), ExecError> {
+        Device::write(self, span, words)
     }
 }

@@ -5,11 +5,13 @@
 //! every buffer live at the end, and the last value each word of every buffer generation received.
 //! Two runs of one program agree exactly when no op observed different data.
 
-use super::{Device, Timing};
+use super::device::{Device, Timing};
+use crate::exec::backend::{Backend, Fill, Issued, Kernel, Op as ExecOp, Span};
+use crate::exec::error::ExecError;
+use crate::exec::outcome::{Executor, Outcome};
 use crate::exec::program::Resolver;
-use crate::exec::{
-    Actor, Adversarial, Backend, ExecError, Executor, Fill, Issued, Kernel, Op as ExecOp, Outcome,
-    RandomScheduler, Ready, Replay, Scheduler, Sequential, Span,
+use crate::exec::sched::{
+    Actor, Adversarial, RandomScheduler, Ready, Replay, Scheduler, Sequential,
 };
 use crate::kernels::{fmix, hash_word, memset_word};
 use crate::trace::{Op, Region, TraceOp};

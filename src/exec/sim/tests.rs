@@ -1,5 +1,5 @@
 use super::*;
-use crate::exec::{Backend, Fill, Kernel, Op};
+use crate::exec::{Backend, Fill, Issued, Kernel, Op, Span, StreamKey, StreamKind};
 use crate::trace::{Id, MemoryKind, Op as TOp, Region, TraceOp};
 
 // ---- a session's device: eager, with lagging streams ----------------------------------------

@@ -13,6 +13,7 @@
 
 mod data;
 mod error;
+mod kernel;
 mod names;
 mod raw;
 mod record;
@@ -34,11 +35,11 @@ pub use error::{LaunchError, SessionError};
 pub use raw::RawLaunch;
 pub use region::Region;
 
-pub(crate) use data::{KernelExec, LaunchDesc};
+pub(crate) use kernel::{KernelExec, LaunchDesc};
 use names::Names;
 pub(crate) use record::Loc;
 use record::{AllocRec, Rec, Recorder};
-pub(crate) use region::{RegionSlice, Regions, WORD};
+pub(crate) use region::{Regions, WORD};
 
 /// Knobs of a session. `SessionConfig::default()` is what
 /// [`Session::simulated`](super::Session::simulated) and [`Session::cuda`](super::Session) use.

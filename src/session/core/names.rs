@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 
-use super::SessionError;
+use super::error::SessionError;
 use crate::trace::{Id, MemoryKind, DEFAULT_STREAM, HOST};
 
 /// Which counter a fresh name comes from.

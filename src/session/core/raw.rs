@@ -4,15 +4,16 @@
 use std::cell::RefCell;
 use std::fmt;
 
-use super::{LaunchError, Region, SessionError};
-use crate::exec::sim::Device;
+use super::error::{LaunchError, SessionError};
+use super::region::Region;
+use crate::exec::SimMemory;
 
 /// A user kernel as [`Launch::run`](crate::session::Launch::run) passes it on.
 pub(crate) type KernelFn<'f> = dyn FnMut(&RawLaunch<'_>) -> Result<(), LaunchError> + 'f;
 
 /// Where a user kernel runs.
 pub(crate) enum RawTarget<'a> {
-    Sim(RefCell<&'a mut Device>),
+    Sim(RefCell<&'a mut dyn SimMemory>),
     #[cfg(feature = "cuda")]
     Cuda {
         stream: &'a crate::cuda::Stream,

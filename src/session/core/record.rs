@@ -17,8 +17,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::Location;
 
+use super::error::SessionError;
 use super::region::Region;
-use super::SessionError;
 use crate::checker::{CheckError, Checker};
 use crate::trace::{self, Id, MemoryKind, Op, Site, TraceOp, DEFAULT_STREAM};
 
