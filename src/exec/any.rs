@@ -9,6 +9,9 @@ use super::sim;
 /// Every backend as one type, which a [`Session`](crate::Session) holds: calls go to the backend
 /// it is by a `match` the compiler sees through (a session's hot path — a launch, an event record,
 /// an event wait — is a handful of instructions on top of the backend's own work).
+// One per session, inside its state: never moved on a hot path, and unboxed so that a call reaches
+// the backend without another pointer.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyBackend {
     /// The simulator.
     Sim(sim::Device),

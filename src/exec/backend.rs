@@ -350,7 +350,7 @@ pub trait SimMemory {
     fn write(&mut self, span: &Span, words: &[u32]) -> Result<(), ExecError>;
 }
 
-/// Something that executes ops: the CPU simulator or a GPU. See the [module docs](self).
+/// Something that executes ops: the CPU simulator or a GPU. See the [execution layer](crate::exec).
 pub trait Backend: Send {
     /// Issues op `index` (the op index of the program or session, which the hash kernel mixes
     /// into what it writes).

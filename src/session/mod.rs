@@ -61,15 +61,21 @@
 //!
 //! # Backends
 //!
-//! - [`Session::cuda`] (feature `cuda`) runs on a real GPU through [`crate::cuda`], with cudarc's
-//!   event tracking off: the harness adds no synchronization of its own. Device memory comes from
-//!   [`DeviceCachingAllocator`](crate::alloc::DeviceCachingAllocator) over segments mapped with
-//!   `cuMemAlloc` ([`GpuSegments`]), so a freed block really is handed to the next allocation of
-//!   its size on its stream, as PyTorch's allocator does. `record_stream` is honoured as PyTorch
-//!   honours it: the freed block goes back to its pool only once the recorded streams' work up to
-//!   the free has finished (an internal event per stream, polled at the next allocation).
-//! - [`Session::simulated`] runs the same ops on the CPU with the same allocator policies and the
-//!   kernel semantics of [`crate::kernels`], so a race-free program computes the same words on both.
+//! A session records each op and issues it to its backend, one of the two of the execution layer
+//! ([`crate::exec`]):
+//!
+//! - [`Session::cuda`] (feature `cuda`) runs on a real GPU (`exec::cuda::CudaDevice`), with
+//!   cudarc's event tracking off: the harness adds no synchronization of its own. Device memory
+//!   comes from [`DeviceCachingAllocator`](crate::alloc::DeviceCachingAllocator) over segments
+//!   mapped with `cuMemAlloc`, so a freed block really is handed to the next allocation of its size
+//!   on its stream, as PyTorch's allocator does. `record_stream` is honoured as PyTorch honours
+//!   it: the freed block goes back to its pool only once the recorded streams' work up to the free
+//!   has finished (an internal event per stream, polled at the next allocation). A stream whose
+//!   last handle is dropped is destroyed at the next device synchronization, or when the session
+//!   ends.
+//! - [`Session::simulated`] runs the same ops on the CPU ([`crate::exec::sim::Device`]) with the
+//!   same allocator policies and the kernel semantics of [`crate::kernels`], so a race-free
+//!   program computes the same words on both.
 //!   Ops run as they are issued, except that [`Launch::spin`] makes its stream lag: the launch and
 //!   everything issued after it on that stream run only when CUDA's ordering forces them (a host
 //!   sync, an event wait, the legacy default stream, a `record_stream` fence). That is the most

@@ -13,8 +13,8 @@
 //! `record_stream` fence — so every schedule the simulator produces is one a GPU could produce.
 //! *When* queued work runs depends on how the device is driven:
 //!
-//! - **By a scheduler** ([`Device::program`], through [`run`] and [`explore`]): nothing runs when it
-//!   is issued; at every step a [`Scheduler`](super::Scheduler) picks which ready participant moves —
+//! - **By a scheduler** (a program run: [`run`], [`reference()`], [`explore`]): nothing runs when it
+//!   is issued; at every step a [`Scheduler`] picks which ready participant moves —
 //!   the host issues its next op (or a chunk of a host access), or a stream runs the next chunk of
 //!   its head op. Kernels are not atomic: they read and write in chunks of
 //!   [`SimConfig::chunk_words`] words that interleave with other participants' chunks.
