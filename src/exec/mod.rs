@@ -20,6 +20,18 @@
 //! What a run of a program observed is an [`Outcome`]; two runs of one program on one backend agree
 //! exactly when no op observed different data.
 //!
+//! # Layout
+//!
+//! | file | holds |
+//! |---|---|
+//! | `backend.rs` | [`Backend`], [`Op`] and what ops carry ([`Span`], [`Fence`], [`Kernel`], [`Fill`]), [`Issued`] |
+//! | `any.rs` | [`AnyBackend`]: a session's backend, dispatched without a virtual call on its hot path |
+//! | `sched.rs` | [`Scheduler`] and the schedulers |
+//! | `outcome.rs` | [`Outcome`], [`Executor`] |
+//! | `program.rs` | what the program runners of both backends share: ids to keys, buffers and their generations, `record_stream` fences, placed memory |
+//! | `sim/` | the simulated device (`device.rs`, its memory in `arena.rs`, its ops in `backend.rs`) and program runs on it (`program.rs`) |
+//! | `cuda/` | the GPU backend (`mod.rs`, its segments in `segments.rs`) and program runs on it (`program.rs`) |
+//!
 //! # Errors
 //!
 //! Every failure of the layer is an [`ExecError`]: an op a backend cannot run
