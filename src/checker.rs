@@ -38,11 +38,6 @@ pub struct CheckError {
     pub expected: Option<String>,
 }
 
-/// Base addresses of the model's address spaces (one per memory kind).
-const DEVICE_BASE: u64 = 0x7f00_0000_0000;
-const PINNED_BASE: u64 = 0x2000_0000_0000;
-const MANAGED_BASE: u64 = 0x3000_0000_0000;
-
 /// What a buffer name refers to now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Name {
@@ -265,9 +260,9 @@ impl Checker {
             freed: Vec::new(),
             freed_slots: Vec::new(),
             graveyard: Graveyard::new(limits.small_freed_pages),
-            device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
-            pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
-            managed: HostCachingAllocator::new(ModelMemory::new(MANAGED_BASE)),
+            device: DeviceCachingAllocator::new(ModelMemory::of(MemoryKind::Device)),
+            pinned: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Pinned)),
+            managed: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Managed)),
             addr_mode: None,
             live: Default::default(),
             freed_by: BTreeMap::new(),

@@ -80,9 +80,10 @@
 //!
 //! # Evidence
 //!
-//! [`sim`] runs programs on a simulated device under random, adversarial and exhaustive
+//! [`exec::sim`] runs programs on a simulated device under random, adversarial and exhaustive
 //! schedules, [`fuzz`] generates programs and confirms reported hazards by provoking them (on the
-//! simulator or a GPU), and an oracle (`oracle`, with the `internals` feature) is a brute-force reference the checker is tested against.
+//! simulator or a GPU), and an oracle (`oracle`, with the `internals`
+//! feature) is a brute-force reference the checker is tested against.
 #![warn(missing_docs)]
 
 /// Declares a module of the engine's internals: public with the `internals` feature (the
@@ -105,6 +106,7 @@ internal! { mod clock; }
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod cudarc;
+pub mod exec;
 pub mod fix;
 pub mod fuzz;
 pub mod graph;
@@ -116,7 +118,6 @@ pub mod output;
 pub mod report;
 pub mod session;
 internal! { mod shadow; }
-pub mod sim;
 mod sync;
 pub mod text;
 pub mod trace;

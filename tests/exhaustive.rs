@@ -15,9 +15,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::Config;
+use streamsan::exec::sim::{explore, reference, Exploration, SimConfig};
 use streamsan::fuzz::campaign::{check_program, unexplained};
 use streamsan::fuzz::gen::{arb_program, generate, GenConfig};
-use streamsan::sim::{explore, reference, Exploration, SimConfig};
 use streamsan::trace::TraceOp;
 use streamsan::workload::SplitMix;
 use streamsan::{HazardKind, Report};

@@ -8,10 +8,10 @@
 mod common;
 
 use proptest::prelude::*;
+use streamsan::exec::sim::{self, RandomScheduler, SimConfig};
 use streamsan::fix::{fix_program, is_fixable, Fixed};
 use streamsan::fuzz::gen::{arb_program, GenConfig};
 use streamsan::report::HazardKind;
-use streamsan::sim::{self, RandomScheduler, SimConfig};
 use streamsan::trace::{parse_line, Op, TraceOp};
 use streamsan::workload::SplitMix;
 

@@ -349,7 +349,7 @@ fn initialized_programs_read_no_uninitialized_memory() {
     let mut worst = 0;
     for seed in 0..300u64 {
         let p = generate(&cfg, &mut SplitMix::new(seed));
-        let o = streamsan::sim::reference(&p.ops).expect("runs on the simulator");
+        let o = streamsan::exec::sim::reference(&p.ops).expect("runs on the simulator");
         if o.uninitialized > 0 && worst == 0 {
             worst = seed + 1;
         }

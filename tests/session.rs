@@ -715,7 +715,7 @@ fn simulator_matches_the_sequential_reference() {
             *addr = None;
         }
     }
-    let reference = streamsan::sim::reference(&trace).expect("the reference runs the trace");
+    let reference = streamsan::exec::sim::reference(&trace).expect("the reference runs the trace");
     for b in &bufs {
         let words = s.memcpy_dtov::<u32>(s.default_stream(), b).unwrap();
         assert_eq!(

@@ -8,9 +8,9 @@
 //! (c, the clocks against a brute-force happens-before oracle, is `tests/oracle_agreement.rs`.)
 
 use proptest::prelude::*;
+use streamsan::exec::sim::{self, RandomScheduler, SimConfig};
 use streamsan::fuzz::campaign::{check_program, unexplained};
 use streamsan::fuzz::gen::{arb_program, GenConfig};
-use streamsan::sim::{self, RandomScheduler, SimConfig};
 use streamsan::trace::{TraceOp, TraceReader, TraceWriter};
 use streamsan::workload::SplitMix;
 

@@ -27,6 +27,7 @@
 
 mod device;
 mod host;
+pub mod space;
 
 pub use device::{
     device_segment_size, round_device_size, DeviceCachingAllocator, LARGE_BUFFER, MIN_BLOCK_SIZE,

@@ -143,10 +143,12 @@ impl CudaContext {
         self: &Arc<Self>,
         site: &'static Location<'static>,
     ) -> Result<Arc<CudaStream>, DriverError> {
-        let stream = self
-            .session
-            .shared()
-            .create_stream(None, StreamKind::NonBlocking, site)?;
+        let stream = crate::session::Stream::create(
+            self.session.core(),
+            None,
+            StreamKind::NonBlocking,
+            site,
+        )?;
         Ok(Arc::new(CudaStream {
             ctx: self.clone(),
             stream,
@@ -168,7 +170,7 @@ impl CudaContext {
         self: &Arc<Self>,
         site: &'static Location<'static>,
     ) -> Result<CudaEvent, DriverError> {
-        let event = self.session.shared().create_event(site)?;
+        let event = crate::session::Event::create(self.session.core(), site)?;
         Ok(CudaEvent {
             ctx: self.clone(),
             event,
@@ -179,7 +181,7 @@ impl CudaContext {
     /// `device_sync`.
     #[track_caller]
     pub fn synchronize(&self) -> Result<(), DriverError> {
-        Ok(self.session.shared().device_sync(Location::caller())?)
+        Ok(self.session.core().device_sync(Location::caller())?)
     }
 
     /// Whether cudarc's automatic event tracking is on: never, here. The facade adds no
@@ -214,7 +216,7 @@ impl CudaContext {
     /// Ends recording and returns the report of every hazard found so far ([`Session::finish`]).
     /// Later calls through this context's handles return [`SessionError::Finished`].
     pub fn finish(&self) -> Result<Report, DriverError> {
-        Ok(self.session.shared().finish()?)
+        Ok(self.session.core().finish()?)
     }
 }
 

@@ -321,8 +321,8 @@ impl LaunchArgs<'_> {
         // SAFETY: the caller's contract; every argument pointer borrows its value for the
         // builder's lifetime.
         unsafe {
-            stream.ctx.session.shared().launch_kernel(
-                &stream.stream,
+            stream.ctx.session.core().launch_kernel(
+                stream.stream.key(),
                 func.name,
                 reads,
                 writes,

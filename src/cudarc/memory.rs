@@ -50,13 +50,10 @@ impl CudaContext {
         len: usize,
     ) -> Result<PinnedHostSlice<T>, DriverError> {
         let bytes = bytes_of::<T>(len)?;
-        let (region, _) = self.session.shared().alloc(
-            MemoryKind::Pinned,
-            None,
-            None,
-            bytes,
-            Location::caller(),
-        )?;
+        let (region, _) =
+            self.session
+                .core()
+                .alloc(MemoryKind::Pinned, None, None, bytes, Location::caller())?;
         Ok(PinnedHostSlice {
             ctx: self.clone(),
             region,
@@ -102,7 +99,7 @@ impl<T: DeviceRepr> PinnedHostSlice<T> {
         let bytes = self
             .ctx
             .session
-            .shared()
+            .core()
             .host_read_bytes(&self.region, Location::caller())?;
         Ok(vec_from_bytes(&bytes, self.len))
     }
@@ -118,7 +115,7 @@ impl<T: DeviceRepr> PinnedHostSlice<T> {
                 self.len
             )));
         }
-        Ok(self.ctx.session.shared().host_write_bytes(
+        Ok(self.ctx.session.core().host_write_bytes(
             &self.region,
             as_bytes(data),
             Location::caller(),
@@ -128,7 +125,7 @@ impl<T: DeviceRepr> PinnedHostSlice<T> {
 
 impl<T> Drop for PinnedHostSlice<T> {
     fn drop(&mut self) {
-        self.ctx.session.shared().drop_free(&self.region);
+        self.ctx.session.core().drop_free(&self.region, None);
     }
 }
 
@@ -292,9 +289,9 @@ impl CudaStream {
         site: &'static Location<'static>,
     ) -> Result<CudaSlice<T>, DriverError> {
         let bytes = bytes_of::<T>(len)?;
-        let (region, _) = self.ctx.session.shared().alloc(
+        let (region, _) = self.ctx.session.core().alloc(
             MemoryKind::Device,
-            Some(&self.stream),
+            Some(self.stream.key()),
             None,
             bytes,
             site,
@@ -333,11 +330,12 @@ impl CudaStream {
     }
 
     fn memset_at(&self, dst: Region, site: &'static Location<'static>) -> Result<(), DriverError> {
-        Ok(self
-            .ctx
-            .session
-            .shared()
-            .memset_byte(&self.stream, dst, 0, site)?)
+        Ok(self.ctx.session.core().memset(
+            self.stream.key(),
+            dst,
+            crate::exec::Fill::Byte(0),
+            site,
+        )?)
     }
 
     /// A new slice on this stream with a copy of `src`: an `alloc`, then the copy of
@@ -388,12 +386,12 @@ impl CudaStream {
         site: &'static Location<'static>,
     ) -> Result<(), DriverError> {
         let to = prefix::<T>(&dst.region(), src.len(), dst.len(), "memcpy_htod")?;
-        let shared = self.ctx.session.shared();
+        let core = self.ctx.session.core();
         match src.host() {
             HostRef::Pageable(data) => {
-                shared.memcpy_htod_bytes(&self.stream, as_bytes(data), to, site)?
+                core.memcpy_htod(self.stream.key(), as_bytes(data), to, false, site)?
             }
-            HostRef::Pinned(from) => shared.copy(&self.stream, from, to, site)?,
+            HostRef::Pinned(from) => core.copy(self.stream.key(), from, to, site)?,
         }
         Ok(())
     }
@@ -422,11 +420,12 @@ impl CudaStream {
         src: &Src,
         site: &'static Location<'static>,
     ) -> Result<Vec<T>, DriverError> {
-        let bytes =
-            self.ctx
-                .session
-                .shared()
-                .memcpy_dtoh_bytes(&self.stream, src.region(), site)?;
+        let bytes = self.ctx.session.core().memcpy_dtoh(
+            self.stream.key(),
+            src.region(),
+            "memcpy_dtoh",
+            site,
+        )?;
         Ok(vec_from_bytes(&bytes, src.len()))
     }
 
@@ -445,7 +444,7 @@ impl CudaStream {
     ) -> Result<(), DriverError> {
         let site = Location::caller();
         let have = dst.len();
-        let shared = self.ctx.session.shared();
+        let core = self.ctx.session.core();
         match dst.host_mut() {
             HostMut::Pageable(out) => {
                 if src.len() > have {
@@ -454,12 +453,13 @@ impl CudaStream {
                         src.len()
                     )));
                 }
-                let bytes = shared.memcpy_dtoh_bytes(&self.stream, src.region(), site)?;
+                let bytes =
+                    core.memcpy_dtoh(self.stream.key(), src.region(), "memcpy_dtoh", site)?;
                 fill_from_bytes(out, &bytes);
             }
             HostMut::Pinned(to) => {
                 let to = prefix::<T>(&to, src.len(), have, "memcpy_dtoh")?;
-                shared.copy(&self.stream, src.region(), to, site)?;
+                core.copy(self.stream.key(), src.region(), to, site)?;
             }
         }
         Ok(())
@@ -485,8 +485,8 @@ impl CudaStream {
         Ok(self
             .ctx
             .session
-            .shared()
-            .copy(&self.stream, src.region(), to, site)?)
+            .core()
+            .copy(self.stream.key(), src.region(), to, site)?)
     }
 
     /// A new slice on this stream with a copy of `src`: an `alloc`, then a `copy`.

@@ -284,8 +284,8 @@ impl<T> Drop for CudaSlice<T> {
             self.stream
                 .ctx
                 .session
-                .shared()
-                .drop_free_on(&self.region, &self.stream.stream);
+                .core()
+                .drop_free(&self.region, Some(self.stream.stream.key()));
         }
     }
 }

@@ -63,8 +63,8 @@ impl CudaStream {
         Ok(self
             .ctx
             .session
-            .shared()
-            .stream_sync(&self.stream, Location::caller())?)
+            .core()
+            .stream_sync(self.stream.key(), Location::caller())?)
     }
 
     /// A new event that captures the work issued on this stream so far.
@@ -96,8 +96,8 @@ impl CudaStream {
         Ok(self
             .ctx
             .session
-            .shared()
-            .event_wait(&self.stream, &event.event, site)?)
+            .core()
+            .event_wait(self.stream.key(), event.event.key(), site)?)
     }
 
     /// Makes this stream wait for the work issued on `other` so far: `self.wait(&other.record_event(None)?)`.
@@ -157,8 +157,8 @@ impl CudaEvent {
         Ok(self
             .ctx
             .session
-            .shared()
-            .event_record(&self.event, &stream.stream, site)?)
+            .core()
+            .event_record(self.event.key(), stream.stream.key(), site)?)
     }
 
     /// Blocks the host until the captured work is done (`cuEventSynchronize`): an `event_sync`.
@@ -167,8 +167,8 @@ impl CudaEvent {
         Ok(self
             .ctx
             .session
-            .shared()
-            .event_sync(&self.event, Location::caller())?)
+            .core()
+            .event_sync(self.event.key(), Location::caller())?)
     }
 
     /// Whether the captured work is done, without waiting: an `event_query` with the answer (a
@@ -186,6 +186,10 @@ impl CudaEvent {
     }
 
     fn query_at(&self, site: &'static Location<'static>) -> Result<bool, DriverError> {
-        Ok(self.ctx.session.shared().event_query(&self.event, site)?)
+        Ok(self
+            .ctx
+            .session
+            .core()
+            .event_query(self.event.key(), site)?)
     }
 }

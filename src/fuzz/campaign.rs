@@ -15,65 +15,16 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::checker::Checker;
+use crate::exec::{sim, ExecError, Outcome};
 use crate::fuzz::gen::{generate, GenConfig};
 use crate::report::{AccessKind, Confirmation, Hazard, HazardKind, Report};
-use crate::sim::{self, Adversarial, Outcome, RandomScheduler, SimConfig, SimError};
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, TraceWriter, DEFAULT_STREAM};
 use crate::workload::SplitMix;
 
-/// Executes programs: the simulator, or a GPU.
-pub trait Executor {
-    /// A short name for reports (`"sim"`, `"cuda"`).
-    fn name(&self) -> &'static str;
-    /// The sequential, issue-order result.
-    fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, SimError>;
-    /// A run under an unconstrained schedule chosen by `seed`.
-    fn random(&mut self, program: &[TraceOp], seed: u64) -> Result<Outcome, SimError>;
-    /// A run steered so that each `(held, until)` op waits for `until` to complete first.
-    fn provoke(
-        &mut self,
-        program: &[TraceOp],
-        holds: &[(usize, usize)],
-        seed: u64,
-    ) -> Result<Outcome, SimError>;
-}
-
 /// The simulated device as an executor.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SimExecutor {
-    /// Chunking of kernels.
-    pub config: SimConfig,
-}
-
-impl Executor for SimExecutor {
-    fn name(&self) -> &'static str {
-        "sim"
-    }
-    fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, SimError> {
-        sim::reference(program)
-    }
-    fn random(&mut self, program: &[TraceOp], seed: u64) -> Result<Outcome, SimError> {
-        sim::run(
-            program,
-            &mut RandomScheduler(SplitMix::new(seed)),
-            self.config,
-        )
-    }
-    fn provoke(
-        &mut self,
-        program: &[TraceOp],
-        holds: &[(usize, usize)],
-        seed: u64,
-    ) -> Result<Outcome, SimError> {
-        let mut s = Adversarial {
-            holds: holds.to_vec(),
-            rng: SplitMix::new(seed),
-            // Odd seeds keep the held accesses back for as long as anything else can run.
-            starve: seed % 2 == 1,
-        };
-        sim::run(program, &mut s, self.config)
-    }
-}
+pub use crate::exec::sim::SimExecutor;
+/// Executes programs: the simulator, or a GPU (the execution layer's program runners).
+pub use crate::exec::Executor;
 
 /// Knobs of a campaign.
 #[derive(Clone, Debug)]
@@ -469,7 +420,7 @@ pub fn run_campaign(
         let program = generate(&cfg.gen, &mut SplitMix::new(case_seed)).ops;
         let report = check_program(&program)
             .ok_or_else(|| format!("case {case}: the generator made bad input"))?;
-        let sim_err = |e: SimError| format!("case {case} (seed {case_seed}): {e}");
+        let sim_err = |e: ExecError| format!("case {case} (seed {case_seed}): {e}");
         let reference = exec.reference(&program).map_err(sim_err)?;
         res.runs += 1;
         res.summary.programs += 1;
@@ -675,7 +626,8 @@ pub fn confirm_report(
                         attempts,
                     },
                     Ok(Err(why)) => skipped(why),
-                    Err(SimError::Unsupported { message, .. }) => skipped(message),
+                    Err(ExecError::Unsupported { message, .. }) => skipped(message),
+                    Err(e) => skipped(e.to_string()),
                 }
             }
         };
@@ -704,7 +656,7 @@ pub fn confirm(
     exec: &mut dyn Executor,
     attempts: u32,
     seed: u64,
-) -> Result<Result<(u32, u32), String>, SimError> {
+) -> Result<Result<(u32, u32), String>, ExecError> {
     let p = match provocation(program, hazard) {
         Ok(p) => p,
         Err(why) => return Ok(Err(why)),

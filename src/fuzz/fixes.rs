@@ -13,11 +13,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use crate::exec::ExecError;
 use crate::fix::{fix_program, is_fixable, Fixed};
 use crate::fuzz::campaign::{check_program, provocation, write_trace, CampaignConfig, Executor};
 use crate::fuzz::gen::generate;
 use crate::report::Hazard;
-use crate::sim::SimError;
 use crate::trace::TraceOp;
 use crate::workload::SplitMix;
 
@@ -135,7 +135,7 @@ pub fn run_fix_campaign(
             failure = Some("more than two ops were inserted per hazard at one op");
         } else if f.after.is_clean() {
             res.run += 1;
-            let sim_err = |e: SimError| format!("case {case} (seed {case_seed}): {e}");
+            let sim_err = |e: ExecError| format!("case {case} (seed {case_seed}): {e}");
             let reference = exec.reference(&f.ops).map_err(sim_err)?;
             res.runs += 1;
             let mut diverged = false;

@@ -33,9 +33,9 @@ use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory, St
 use crate::report::Hazard;
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
 
-/// Where compressed memory of each kind starts (device, pinned, managed), as in the checker's
-/// model.
-pub const BASES: [u64; 3] = [0x7f00_0000_0000, 0x2000_0000_0000, 0x3000_0000_0000];
+/// Where compressed memory of each kind starts (device, pinned, managed): the model's address
+/// spaces ([`crate::alloc::space`]).
+pub use crate::alloc::space::BASES;
 
 /// A trace made runnable: see the [module docs](self).
 #[derive(Clone, Debug)]
@@ -494,9 +494,9 @@ struct Model {
 impl Model {
     fn new() -> Self {
         Model {
-            device: DeviceCachingAllocator::new(ModelMemory::new(BASES[0])),
-            pinned: HostCachingAllocator::new(ModelMemory::new(BASES[1])),
-            managed: HostCachingAllocator::new(ModelMemory::new(BASES[2])),
+            device: DeviceCachingAllocator::new(ModelMemory::of(MemoryKind::Device)),
+            pinned: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Pinned)),
+            managed: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Managed)),
             keys: HashMap::new(),
             owners: HashMap::new(),
         }

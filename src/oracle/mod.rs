@@ -48,13 +48,6 @@ use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory, St
 use crate::report::HazardKind;
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
-/// Base address of the model's device memory.
-const DEVICE_BASE: u64 = 0x7f00_0000_0000;
-/// Base address of the model's pinned memory.
-const PINNED_BASE: u64 = 0x2000_0000_0000;
-/// Base address of the model's managed memory.
-const MANAGED_BASE: u64 = 0x3000_0000_0000;
-
 /// One hazard as the oracle finds it: the parts of a [`Hazard`](crate::Hazard) that the
 /// happens-before semantics decide.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -218,9 +211,9 @@ impl Builder {
             accesses: Vec::new(),
             frees: Vec::new(),
             found: BTreeMap::new(),
-            device: DeviceCachingAllocator::new(ModelMemory::new(DEVICE_BASE)),
-            pinned: HostCachingAllocator::new(ModelMemory::new(PINNED_BASE)),
-            managed: HostCachingAllocator::new(ModelMemory::new(MANAGED_BASE)),
+            device: DeviceCachingAllocator::new(ModelMemory::of(MemoryKind::Device)),
+            pinned: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Pinned)),
+            managed: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Managed)),
             addr_mode: None,
         }
     }

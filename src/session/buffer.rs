@@ -11,9 +11,11 @@ use std::ops::{Bound, RangeBounds};
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::state::Shared;
-use super::{SessionError, Stream};
+use super::core::{Core, SessionError, WORD};
+use super::handle::Stream;
 use crate::trace::{Id, MemoryKind};
+
+pub use super::core::Region;
 
 /// A type the buffers hold: one 32-bit word, as the kernels see memory.
 ///
@@ -50,131 +52,6 @@ impl Element for f32 {
     }
     fn from_word(word: u32) -> Self {
         f32::from_bits(word)
-    }
-}
-
-/// The bytes of one element.
-pub(crate) const WORD: u64 = 4;
-
-/// A byte range of one buffer: what a kernel, copy or memset reads or writes.
-///
-/// Regions are plain values (`Copy`), like raw pointers: one may outlive its buffer, and using it
-/// after the buffer's free is a `use-after-free` in the report (the memory itself stays mapped
-/// until the session ends, so nothing crashes).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub struct Region {
-    /// The session that made it.
-    pub(crate) session: u64,
-    /// The buffer's key in its session (0 for none).
-    pub(crate) key: u64,
-    pub(crate) memory: MemoryKind,
-    /// Address of the buffer's first byte.
-    pub(crate) base: u64,
-    pub(crate) offset: u64,
-    pub(crate) bytes: u64,
-    /// The whole buffer (recorded as the bare buffer id).
-    pub(crate) whole: bool,
-    /// Memory the session did not allocate.
-    pub(crate) external: bool,
-}
-
-impl Default for Region {
-    fn default() -> Self {
-        Region {
-            session: 0,
-            key: 0,
-            memory: MemoryKind::Device,
-            base: 0,
-            offset: 0,
-            bytes: 0,
-            whole: false,
-            external: false,
-        }
-    }
-}
-
-impl fmt::Debug for Region {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Region")
-            .field("memory", &self.memory)
-            .field("ptr", &format_args!("{:#x}", self.device_ptr()))
-            .field("offset", &self.offset)
-            .field("bytes", &self.bytes)
-            .field("external", &self.external)
-            .finish()
-    }
-}
-
-impl Region {
-    /// The device address of the region's first byte (for pinned memory, its device-mapped
-    /// address; on the simulator, a simulated address).
-    pub fn device_ptr(&self) -> u64 {
-        self.base + self.offset
-    }
-
-    /// First byte, relative to the buffer's start.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// Length in bytes.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Length in 32-bit words.
-    pub fn words(&self) -> u64 {
-        self.bytes / WORD
-    }
-
-    /// The memory kind of the buffer.
-    pub fn memory(&self) -> MemoryKind {
-        self.memory
-    }
-
-    /// Whether the region is of memory the session did not allocate.
-    pub fn is_external(&self) -> bool {
-        self.external
-    }
-
-    /// The sub-region of `bytes` bytes at `offset` bytes into this region, if it fits and is whole
-    /// words.
-    pub fn sub(&self, offset: u64, bytes: u64) -> Option<Region> {
-        let end = offset.checked_add(bytes)?;
-        if end > self.bytes || offset % WORD != 0 || bytes % WORD != 0 {
-            return None;
-        }
-        Some(Region {
-            offset: self.offset + offset,
-            bytes,
-            whole: self.whole && offset == 0 && bytes == self.bytes,
-            ..*self
-        })
-    }
-
-    /// The sub-region of `bytes` bytes at `offset` bytes into this region, if it fits, at any
-    /// byte offset (the views of typed buffers whose elements are not words).
-    pub(crate) fn byte_range(&self, offset: u64, bytes: u64) -> Option<Region> {
-        let end = offset.checked_add(bytes)?;
-        if end > self.bytes {
-            return None;
-        }
-        Some(Region {
-            offset: self.offset + offset,
-            bytes,
-            whole: self.whole && offset == 0 && bytes == self.bytes,
-            ..*self
-        })
-    }
-
-    /// Whether the two regions share a byte of memory.
-    pub(crate) fn overlaps(&self, other: &Region) -> bool {
-        let (a, b) = (self.device_ptr(), other.device_ptr());
-        self.memory == other.memory
-            && a < b.saturating_add(other.bytes)
-            && b < a.saturating_add(self.bytes)
-            && self.bytes > 0
-            && other.bytes > 0
     }
 }
 
@@ -231,7 +108,7 @@ fn slice_of(region: &Region, range: impl RangeBounds<usize>, len: usize) -> Opti
 /// [`Session::record_stream`](super::Session::record_stream) makes the block wait for other
 /// streams.
 pub struct DeviceBuffer<T: Element> {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) core: Arc<Core>,
     pub(crate) region: Region,
     pub(crate) id: Id,
     len: usize,
@@ -251,16 +128,16 @@ impl<T: Element> fmt::Debug for DeviceBuffer<T> {
 
 impl<T: Element> DeviceBuffer<T> {
     pub(crate) fn alloc(
-        shared: &Arc<Shared>,
+        core: &Arc<Core>,
         stream: &Stream,
         name: Option<&str>,
         len: usize,
         site: &'static Location<'static>,
     ) -> Result<Self, SessionError> {
         let bytes = bytes_of(len, MemoryKind::Device)?;
-        let (region, id) = shared.alloc(MemoryKind::Device, Some(stream), name, bytes, site)?;
+        let (region, id) = core.alloc(MemoryKind::Device, Some(stream.key()), name, bytes, site)?;
         Ok(DeviceBuffer {
-            shared: shared.clone(),
+            core: core.clone(),
             region,
             id,
             len,
@@ -320,8 +197,7 @@ impl<T: Element> DeviceBuffer<T> {
     #[track_caller]
     pub fn free(mut self) -> Result<(), SessionError> {
         self.freed = true;
-        self.shared
-            .free(&self.region, None, Some(Location::caller()))
+        self.core.free(&self.region, None, Some(Location::caller()))
     }
 
     /// Frees the buffer in stream order on `stream` (`cudaFreeAsync`): its block goes to
@@ -329,8 +205,8 @@ impl<T: Element> DeviceBuffer<T> {
     #[track_caller]
     pub fn free_on(mut self, stream: &Stream) -> Result<(), SessionError> {
         self.freed = true;
-        self.shared
-            .free(&self.region, Some(stream), Some(Location::caller()))
+        self.core
+            .free(&self.region, Some(stream.key()), Some(Location::caller()))
     }
 }
 
@@ -343,7 +219,7 @@ impl<T: Element> AsRegion for DeviceBuffer<T> {
 impl<T: Element> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
         if !self.freed {
-            self.shared.drop_free(&self.region);
+            self.core.drop_free(&self.region, None);
         }
     }
 }
@@ -355,7 +231,7 @@ impl<T: Element> Drop for DeviceBuffer<T> {
 /// with no synchronization: reading what a copy writes before waiting for the copy is a data race
 /// in the report, and on a GPU returns whatever the copy had written so far.
 pub struct PinnedBuffer<T: Element> {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) core: Arc<Core>,
     pub(crate) region: Region,
     pub(crate) id: Id,
     len: usize,
@@ -375,15 +251,15 @@ impl<T: Element> fmt::Debug for PinnedBuffer<T> {
 
 impl<T: Element> PinnedBuffer<T> {
     pub(crate) fn alloc(
-        shared: &Arc<Shared>,
+        core: &Arc<Core>,
         name: Option<&str>,
         len: usize,
         site: &'static Location<'static>,
     ) -> Result<Self, SessionError> {
         let bytes = bytes_of(len, MemoryKind::Pinned)?;
-        let (region, id) = shared.alloc(MemoryKind::Pinned, None, name, bytes, site)?;
+        let (region, id) = core.alloc(MemoryKind::Pinned, None, name, bytes, site)?;
         Ok(PinnedBuffer {
-            shared: shared.clone(),
+            core: core.clone(),
             region,
             id,
             len,
@@ -441,7 +317,7 @@ impl<T: Element> PinnedBuffer<T> {
     /// The host reads the whole buffer now (a `host_read`), without waiting for anything.
     #[track_caller]
     pub fn read(&self) -> Result<Vec<T>, SessionError> {
-        let words = self.shared.host_read(&self.region, Location::caller())?;
+        let words = self.core.host_read(&self.region, Location::caller())?;
         Ok(words.into_iter().map(T::from_word).collect())
     }
 
@@ -462,7 +338,7 @@ impl<T: Element> PinnedBuffer<T> {
     #[track_caller]
     pub fn write_with(&mut self, f: impl FnOnce(&mut [T])) -> Result<(), SessionError> {
         let mut f = Some(f);
-        self.shared.host_write_with(
+        self.core.host_write_with(
             &self.region,
             &mut |words: &mut [u32]| {
                 let mut elems: Vec<T> = words.iter().map(|&w| T::from_word(w)).collect();
@@ -488,7 +364,7 @@ impl<T: Element> PinnedBuffer<T> {
                 self.len
             )));
         }
-        self.shared.host_write_with(
+        self.core.host_write_with(
             &self.region,
             &mut |words: &mut [u32]| {
                 for (w, e) in words.iter_mut().zip(data) {
@@ -504,8 +380,7 @@ impl<T: Element> PinnedBuffer<T> {
     #[track_caller]
     pub fn free(mut self) -> Result<(), SessionError> {
         self.freed = true;
-        self.shared
-            .free(&self.region, None, Some(Location::caller()))
+        self.core.free(&self.region, None, Some(Location::caller()))
     }
 }
 
@@ -518,7 +393,7 @@ impl<T: Element> AsRegion for PinnedBuffer<T> {
 impl<T: Element> Drop for PinnedBuffer<T> {
     fn drop(&mut self) {
         if !self.freed {
-            self.shared.drop_free(&self.region);
+            self.core.drop_free(&self.region, None);
         }
     }
 }
@@ -531,54 +406,6 @@ fn bytes_of(len: usize, memory: MemoryKind) -> Result<u64, SessionError> {
             memory,
             reason: format!("{len} elements of 4 bytes overflow 2^64 bytes"),
         })
-}
-
-/// Up to `N` regions inline, the rest on the heap: the read and write lists of a launch, which
-/// rarely name more than a few buffers.
-#[derive(Clone)]
-pub(crate) struct Regions<const N: usize = 4> {
-    len: usize,
-    inline: [Region; N],
-    spill: Vec<Region>,
-}
-
-impl<const N: usize> Default for Regions<N> {
-    fn default() -> Self {
-        Regions {
-            len: 0,
-            inline: [Region::default(); N],
-            spill: Vec::new(),
-        }
-    }
-}
-
-impl<const N: usize> Regions<N> {
-    pub(crate) fn push(&mut self, r: Region) {
-        if self.len < N {
-            self.inline[self.len] = r;
-        } else {
-            self.spill.push(r);
-        }
-        self.len += 1;
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Region> + '_ {
-        self.inline[..self.len.min(N)].iter().chain(&self.spill)
-    }
-
-    pub(crate) fn to_vec(&self) -> Vec<Region> {
-        self.iter().copied().collect()
-    }
-}
-
-impl<const N: usize> fmt::Debug for Regions<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
 }
 
 #[cfg(test)]
@@ -608,43 +435,8 @@ mod tests {
     }
 
     #[test]
-    fn sub_regions_are_whole_words_inside() {
-        let r = region(64);
-        let s = r.sub(8, 16).unwrap();
-        assert_eq!((s.offset(), s.bytes(), s.device_ptr()), (8, 16, 0x1008));
-        assert!(!s.whole);
-        assert!(r.sub(0, 64).unwrap().whole);
-        assert!(r.sub(60, 8).is_none());
-        assert!(r.sub(2, 4).is_none());
-        assert!(r.sub(u64::MAX, 4).is_none());
-        let t = slice_of(&r, 1..3, 16).unwrap();
+    fn slices_are_element_ranges() {
+        let t = slice_of(&region(64), 1..3, 16).unwrap();
         assert_eq!((t.offset(), t.bytes()), (4, 8));
-    }
-
-    #[test]
-    fn overlap_needs_a_shared_byte() {
-        let r = region(64);
-        assert!(r.overlaps(&r.sub(60, 4).unwrap()));
-        assert!(!r.sub(0, 32).unwrap().overlaps(&r.sub(32, 32).unwrap()));
-        assert!(!r.overlaps(&r.sub(0, 0).unwrap()));
-        let pinned = Region {
-            memory: MemoryKind::Pinned,
-            ..r
-        };
-        assert!(!r.overlaps(&pinned));
-    }
-
-    #[test]
-    fn regions_spill_past_inline() {
-        let mut v: Regions<2> = Regions::default();
-        for k in 0..5 {
-            v.push(Region {
-                key: k,
-                ..Region::default()
-            });
-        }
-        assert_eq!(v.len(), 5);
-        let keys: Vec<u64> = v.iter().map(|r| r.key).collect();
-        assert_eq!(keys, vec![0, 1, 2, 3, 4]);
     }
 }

@@ -4,36 +4,36 @@ use std::fmt;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::state::{GpuEvent, GpuStream, Shared};
-use super::SessionError;
+use super::core::{Core, EventRef, SessionError, StreamRef};
 use crate::trace::Id;
 
-/// The synchronization behaviour of a stream, as in the trace format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StreamKind {
-    /// The legacy default stream: an op on it waits for the earlier work of every blocking
-    /// stream, and later work of those streams waits for it.
-    LegacyDefault,
-    /// Created with `cudaStreamDefault`: implicitly ordered with the legacy default stream.
-    Blocking,
-    /// Created with `cudaStreamNonBlocking` (PyTorch's streams): never implicitly ordered.
-    NonBlocking,
-}
+pub use crate::exec::StreamKind;
 
 /// A stream of a session: a queue of device work, like a thread of the CPU. Cheap to clone; the
-/// stream is destroyed when its last clone is dropped (work already issued still runs).
+/// backend forgets the stream when its last clone is dropped (work already issued still runs; a
+/// GPU stream is destroyed at the next device synchronization or when the session ends).
 #[derive(Clone)]
 pub struct Stream {
     pub(crate) inner: Arc<StreamInner>,
 }
 
 pub(crate) struct StreamInner {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) core: Arc<Core>,
+    /// The session's number (the core's), kept here so a key is one load away.
+    pub(crate) session: u64,
     /// Dense index: 0 is the legacy default stream. Also the allocator's stream key.
     pub(crate) key: u32,
     pub(crate) id: Id,
     pub(crate) kind: StreamKind,
-    pub(crate) cuda: GpuStream,
+}
+
+impl Drop for StreamInner {
+    fn drop(&mut self) {
+        self.core.release_stream(StreamRef {
+            session: self.session,
+            key: self.key,
+        });
+    }
 }
 
 impl fmt::Debug for Stream {
@@ -46,17 +46,44 @@ impl fmt::Debug for Stream {
 }
 
 impl Stream {
-    pub(crate) fn legacy(shared: &Arc<Shared>) -> Stream {
-        shared.legacy_stream()
+    /// The legacy default stream of `core`.
+    pub(crate) fn legacy(core: &Arc<Core>) -> Stream {
+        Stream {
+            inner: Arc::new(StreamInner {
+                core: core.clone(),
+                session: core.session,
+                key: core.legacy_stream().key,
+                id: Id::from(crate::trace::DEFAULT_STREAM),
+                kind: StreamKind::LegacyDefault,
+            }),
+        }
     }
 
     pub(crate) fn create(
-        shared: &Arc<Shared>,
+        core: &Arc<Core>,
         name: Option<&str>,
         kind: StreamKind,
         site: &'static Location<'static>,
     ) -> Result<Stream, SessionError> {
-        shared.create_stream(name, kind, site)
+        let (key, id) = core.create_stream(name, kind, site)?;
+        Ok(Stream {
+            inner: Arc::new(StreamInner {
+                core: core.clone(),
+                session: key.session,
+                key: key.key,
+                id,
+                kind,
+            }),
+        })
+    }
+
+    /// The stream as the session core names it.
+    #[inline]
+    pub(crate) fn key(&self) -> StreamRef {
+        StreamRef {
+            session: self.inner.session,
+            key: self.inner.key,
+        }
     }
 
     /// The stream's id in the trace and in reports (`"default"` for the legacy default stream).
@@ -72,11 +99,12 @@ impl Stream {
     /// Makes later work on this stream wait for what `event` captured when last recorded
     /// (`cudaStreamWaitEvent`). Waiting on an event never recorded has no effect, and the report
     /// warns about it.
+    #[inline]
     #[track_caller]
     pub fn wait(&self, event: &Event) -> Result<(), SessionError> {
         self.inner
-            .shared
-            .event_wait(self, event, Location::caller())
+            .core
+            .event_wait(self.key(), event.key(), Location::caller())
     }
 
     /// Blocks the host until all work issued on this stream so far is done
@@ -84,32 +112,32 @@ impl Stream {
     /// blocking streams).
     #[track_caller]
     pub fn synchronize(&self) -> Result<(), SessionError> {
-        self.inner.shared.stream_sync(self, Location::caller())
+        self.inner.core.stream_sync(self.key(), Location::caller())
     }
 
     /// Whether all work issued on this stream so far is done (`cudaStreamQuery`), without
     /// waiting. Recorded with its result: a `true` orders like [`Stream::synchronize`].
     #[track_caller]
     pub fn query(&self) -> Result<bool, SessionError> {
-        self.inner.shared.stream_query(self, Location::caller())
+        self.inner.core.stream_query(self.key(), Location::caller())
     }
 
     /// The raw `CUstream` of a GPU session, for the driver calls the session does not wrap (work
     /// enqueued on it behind the session's back is not recorded); `None` on the simulator.
     #[cfg(feature = "cuda")]
     pub fn cu_stream(&self) -> Option<cudarc::driver::sys::CUstream> {
-        self.inner.cuda.as_ref().map(|s| s.raw())
+        self.inner.core.cu_stream(self.key())
     }
 }
 
 /// An event of a session: a snapshot of a stream's work for another stream or the host to wait
 /// on. Dropping it records `event_destroy`.
 pub struct Event {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) core: Arc<Core>,
+    /// The session's number (the core's).
+    pub(crate) session: u64,
     pub(crate) key: u32,
     pub(crate) id: Id,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) cuda: GpuEvent,
 }
 
 impl fmt::Debug for Event {
@@ -120,10 +148,25 @@ impl fmt::Debug for Event {
 
 impl Event {
     pub(crate) fn create(
-        shared: &Arc<Shared>,
+        core: &Arc<Core>,
         site: &'static Location<'static>,
     ) -> Result<Event, SessionError> {
-        shared.create_event(site)
+        let (key, id) = core.create_event(site)?;
+        Ok(Event {
+            core: core.clone(),
+            session: key.session,
+            key: key.key,
+            id,
+        })
+    }
+
+    /// The event as the session core names it.
+    #[inline]
+    pub(crate) fn key(&self) -> EventRef {
+        EventRef {
+            session: self.session,
+            key: self.key,
+        }
     }
 
     /// The event's id in the trace and in reports.
@@ -133,27 +176,29 @@ impl Event {
 
     /// Captures the work issued on `stream` so far (`cudaEventRecord`), replacing the earlier
     /// capture; waits issued before keep waiting for the old one.
+    #[inline]
     #[track_caller]
     pub fn record(&self, stream: &Stream) -> Result<(), SessionError> {
-        self.shared.event_record(self, stream, Location::caller())
+        self.core
+            .event_record(self.key(), stream.key(), Location::caller())
     }
 
     /// Blocks the host until the captured work is done (`cudaEventSynchronize`).
     #[track_caller]
     pub fn synchronize(&self) -> Result<(), SessionError> {
-        self.shared.event_sync(self, Location::caller())
+        self.core.event_sync(self.key(), Location::caller())
     }
 
     /// Whether the captured work is done (`cudaEventQuery`), without waiting. Recorded with its
     /// result: a `true` orders like [`Event::synchronize`].
     #[track_caller]
     pub fn query(&self) -> Result<bool, SessionError> {
-        self.shared.event_query(self, Location::caller())
+        self.core.event_query(self.key(), Location::caller())
     }
 }
 
 impl Drop for Event {
     fn drop(&mut self) {
-        self.shared.drop_event(self.key);
+        self.core.drop_event(self.key());
     }
 }

@@ -2,21 +2,15 @@
 //! hash kernel or a user kernel.
 
 use std::borrow::Cow;
-use std::cell::RefCell;
 use std::fmt;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::buffer::{AsRegion, Region, Regions};
-use super::sim::SimBackend;
-use super::state::Shared;
-use super::{SessionError, Stream};
+use super::buffer::AsRegion;
+use super::core::{Core, LaunchDesc, Region, Regions, SessionError};
+use super::handle::Stream;
 
-/// The error a user kernel of [`Launch::run`] returns.
-pub type LaunchError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A user kernel as [`Launch::run`] passes it on.
-pub(crate) type KernelFn<'f> = dyn FnMut(&RawLaunch<'_>) -> Result<(), LaunchError> + 'f;
+pub use super::core::{LaunchError, RawLaunch};
 
 /// A kernel launch being declared: made by [`Session::launch`](super::Session::launch), finished by
 /// [`Launch::hash`] or [`Launch::run`].
@@ -36,67 +30,65 @@ pub(crate) type KernelFn<'f> = dyn FnMut(&RawLaunch<'_>) -> Result<(), LaunchErr
 /// ```
 #[must_use = "a launch does nothing until `hash` or `run` is called"]
 pub struct Launch<'a> {
-    pub(crate) shared: &'a Arc<Shared>,
+    pub(crate) core: &'a Arc<Core>,
     pub(crate) stream: &'a Stream,
-    pub(crate) name: Cow<'static, str>,
-    pub(crate) reads: Regions,
-    pub(crate) writes: Regions,
-    pub(crate) spin_ns: u64,
-    pub(crate) site: &'static Location<'static>,
+    pub(crate) desc: LaunchDesc,
 }
 
 impl fmt::Debug for Launch<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Launch")
             .field("stream", &self.stream.id())
-            .field("name", &self.name)
-            .field("reads", &self.reads)
-            .field("writes", &self.writes)
-            .field("spin_ns", &self.spin_ns)
+            .field("name", &self.desc.name)
+            .field("reads", &self.desc.reads)
+            .field("writes", &self.desc.writes)
+            .field("spin_ns", &self.desc.spin_ns)
             .finish()
     }
 }
 
 impl<'a> Launch<'a> {
     pub(crate) fn new(
-        shared: &'a Arc<Shared>,
+        core: &'a Arc<Core>,
         stream: &'a Stream,
         name: Cow<'static, str>,
         site: &'static Location<'static>,
     ) -> Self {
         Launch {
-            shared,
+            core,
             stream,
-            name,
-            reads: Regions::default(),
-            writes: Regions::default(),
-            spin_ns: 0,
-            site,
+            desc: LaunchDesc {
+                name,
+                reads: Regions::default(),
+                writes: Regions::default(),
+                spin_ns: 0,
+                site,
+            },
         }
     }
 
     /// The kernel reads `buffer` (a whole buffer, or a region).
     pub fn read(mut self, buffer: &impl AsRegion) -> Self {
-        self.reads.push(buffer.region());
+        self.desc.reads.push(buffer.region());
         self
     }
 
     /// The kernel writes `buffer` (a whole buffer, or a region). A region both read and written
     /// counts as written.
     pub fn write(mut self, buffer: &mut impl AsRegion) -> Self {
-        self.writes.push(buffer.region());
+        self.desc.writes.push(buffer.region());
         self
     }
 
     /// The kernel reads `region` (a view, or an external region).
     pub fn reads(mut self, region: Region) -> Self {
-        self.reads.push(region);
+        self.desc.reads.push(region);
         self
     }
 
     /// The kernel writes `region` (a view, or an external region).
     pub fn writes(mut self, region: Region) -> Self {
-        self.writes.push(region);
+        self.desc.writes.push(region);
         self
     }
 
@@ -107,16 +99,16 @@ impl<'a> Launch<'a> {
     /// this launch and everything after it on the stream run only when an ordering forces them.
     /// The result of the launch does not change.
     pub fn spin(mut self, ns: u64) -> Self {
-        self.spin_ns = ns;
+        self.desc.spin_ns = ns;
         self
     }
 
     /// Runs the built-in hash kernel ([`crate::kernels`]): each write region `j` becomes
     /// `hash_word(op, j, i, reads[..][i])`, one kernel per write region on a GPU, where `op` is the
     /// launch's op index (returned). At most [`MAX_READS`](crate::kernels::MAX_READS) reads.
-    pub fn hash(self) -> Result<u64, SessionError> {
-        let shared = self.shared;
-        shared.launch_hash(self)
+    #[inline]
+    pub fn hash(mut self) -> Result<u64, SessionError> {
+        self.core.launch_hash(self.stream.key(), &mut self.desc)
     }
 
     /// Runs a user kernel: `f` gets the raw stream and the declared regions, enqueues its work,
@@ -135,139 +127,11 @@ impl<'a> Launch<'a> {
     /// caller owns. It must not write host memory that Rust code holds a reference to. Touching
     /// memory outside the declared regions is not undefined behaviour by itself, but the report
     /// then misses those accesses.
-    pub unsafe fn run<F>(self, mut f: F) -> Result<u64, SessionError>
+    pub unsafe fn run<F>(mut self, mut f: F) -> Result<u64, SessionError>
     where
         F: FnMut(&RawLaunch<'_>) -> Result<(), LaunchError>,
     {
-        let shared = self.shared;
-        shared.launch_run(self, &mut f)
-    }
-}
-
-/// Where a user kernel runs.
-pub(crate) enum RawTarget<'a> {
-    Sim(RefCell<&'a mut SimBackend>),
-    #[cfg(feature = "cuda")]
-    Cuda {
-        stream: &'a crate::cuda::Stream,
-        gpu: &'a crate::cuda::Gpu,
-    },
-}
-
-/// What a user kernel gets from [`Launch::run`]: its op index, its declared regions, and the
-/// stream (on a GPU) or the simulated memory (on the simulator).
-pub struct RawLaunch<'a> {
-    pub(crate) op: u64,
-    pub(crate) reads: &'a [Region],
-    pub(crate) writes: &'a [Region],
-    pub(crate) target: RawTarget<'a>,
-}
-
-impl fmt::Debug for RawLaunch<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RawLaunch")
-            .field("op", &self.op)
-            .field("reads", &self.reads)
-            .field("writes", &self.writes)
-            .field("simulated", &self.is_simulated())
-            .finish()
-    }
-}
-
-fn inside(r: &Region, of: &[Region]) -> bool {
-    of.iter().any(|d| {
-        d.key == r.key
-            && d.memory == r.memory
-            && d.device_ptr() <= r.device_ptr()
-            && r.device_ptr() + r.bytes <= d.device_ptr() + d.bytes
-    })
-}
-
-impl RawLaunch<'_> {
-    /// The launch's op index.
-    pub fn op(&self) -> u64 {
-        self.op
-    }
-
-    /// The declared read regions, in order (their `device_ptr` is what a kernel takes).
-    pub fn reads(&self) -> &[Region] {
-        self.reads
-    }
-
-    /// The declared write regions, in order.
-    pub fn writes(&self) -> &[Region] {
-        self.writes
-    }
-
-    /// Whether this launch runs on the simulator.
-    pub fn is_simulated(&self) -> bool {
-        matches!(self.target, RawTarget::Sim(_))
-    }
-
-    /// The raw `CUstream` to enqueue the kernel on; `None` on the simulator.
-    #[cfg(feature = "cuda")]
-    pub fn cu_stream(&self) -> Option<cudarc::driver::sys::CUstream> {
-        match &self.target {
-            RawTarget::Cuda { stream, .. } => Some(stream.raw()),
-            RawTarget::Sim(_) => None,
-        }
-    }
-
-    /// The device layer's stream, for [`crate::cuda::Kernels`]; `None` on the simulator.
-    #[cfg(feature = "cuda")]
-    pub fn stream(&self) -> Option<&crate::cuda::Stream> {
-        match &self.target {
-            RawTarget::Cuda { stream, .. } => Some(stream),
-            RawTarget::Sim(_) => None,
-        }
-    }
-
-    /// The session's device (event tracking off): its [`Kernels`](crate::cuda::Kernels) and its
-    /// cudarc context, to launch functions of other modules; `None` on the simulator.
-    #[cfg(feature = "cuda")]
-    pub fn gpu(&self) -> Option<&crate::cuda::Gpu> {
-        match &self.target {
-            RawTarget::Cuda { gpu, .. } => Some(gpu),
-            RawTarget::Sim(_) => None,
-        }
-    }
-
-    /// On the simulator, the words of `region`, which must lie inside a declared read or write
-    /// region. On a GPU, an error: read device memory with a kernel.
-    pub fn read_words(&self, region: &Region) -> Result<Vec<u32>, SessionError> {
-        match &self.target {
-            RawTarget::Sim(b) => {
-                if !inside(region, self.reads) && !inside(region, self.writes) {
-                    return Err(SessionError::InvalidArgument(format!(
-                        "{region:?} is not inside a declared region of the launch"
-                    )));
-                }
-                b.borrow_mut().read(region)
-            }
-            #[cfg(feature = "cuda")]
-            RawTarget::Cuda { .. } => Err(SessionError::InvalidArgument(
-                "read_words is for the simulator; on a GPU, enqueue a kernel on cu_stream()".into(),
-            )),
-        }
-    }
-
-    /// On the simulator, writes the words of `region`, which must lie inside a declared write
-    /// region. On a GPU, an error: write device memory with a kernel.
-    pub fn write_words(&self, region: &Region, words: &[u32]) -> Result<(), SessionError> {
-        match &self.target {
-            RawTarget::Sim(b) => {
-                if !inside(region, self.writes) {
-                    return Err(SessionError::InvalidArgument(format!(
-                        "{region:?} is not inside a declared write region of the launch"
-                    )));
-                }
-                b.borrow_mut().write(region, words)
-            }
-            #[cfg(feature = "cuda")]
-            RawTarget::Cuda { .. } => Err(SessionError::InvalidArgument(
-                "write_words is for the simulator; on a GPU, enqueue a kernel on cu_stream()"
-                    .into(),
-            )),
-        }
+        self.core
+            .launch_run(self.stream.key(), &mut self.desc, &mut f)
     }
 }

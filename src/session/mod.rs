@@ -61,15 +61,21 @@
 //!
 //! # Backends
 //!
-//! - [`Session::cuda`] (feature `cuda`) runs on a real GPU through [`crate::cuda`], with cudarc's
-//!   event tracking off: the harness adds no synchronization of its own. Device memory comes from
-//!   [`DeviceCachingAllocator`](crate::alloc::DeviceCachingAllocator) over segments mapped with
-//!   `cuMemAlloc` ([`GpuSegments`]), so a freed block really is handed to the next allocation of
-//!   its size on its stream, as PyTorch's allocator does. `record_stream` is honoured as PyTorch
-//!   honours it: the freed block goes back to its pool only once the recorded streams' work up to
-//!   the free has finished (an internal event per stream, polled at the next allocation).
-//! - [`Session::simulated`] runs the same ops on the CPU with the same allocator policies and the
-//!   kernel semantics of [`crate::kernels`], so a race-free program computes the same words on both.
+//! A session records each op and issues it to its backend, one of the two of the execution layer
+//! ([`crate::exec`]):
+//!
+//! - [`Session::cuda`] (feature `cuda`) runs on a real GPU (`exec::cuda::CudaDevice`), with
+//!   cudarc's event tracking off: the harness adds no synchronization of its own. Device memory
+//!   comes from [`DeviceCachingAllocator`](crate::alloc::DeviceCachingAllocator) over segments
+//!   mapped with `cuMemAlloc`, so a freed block really is handed to the next allocation of its size
+//!   on its stream, as PyTorch's allocator does. `record_stream` is honoured as PyTorch honours
+//!   it: the freed block goes back to its pool only once the recorded streams' work up to the free
+//!   has finished (an internal event per stream, polled at the next allocation). A stream whose
+//!   last handle is dropped is destroyed at the next device synchronization, or when the session
+//!   ends.
+//! - [`Session::simulated`] runs the same ops on the CPU ([`crate::exec::sim::Device`]) with the
+//!   same allocator policies and the kernel semantics of [`crate::kernels`], so a race-free
+//!   program computes the same words on both.
 //!   Ops run as they are issued, except that [`Launch::spin`] makes its stream lag: the launch and
 //!   everything issued after it on that stream run only when CUDA's ordering forces them (a host
 //!   sync, an event wait, the legacy default stream, a `record_stream` fence). That is the most
@@ -119,143 +125,48 @@ use std::panic::Location;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::checker::CheckError;
+use crate::exec::{AnyBackend, Fill};
 use crate::report::{Hazard, Report};
-use crate::trace::{MemoryKind, TraceOp};
+use crate::trace::TraceOp;
 
 mod buffer;
-#[cfg(feature = "cuda")]
-mod cuda;
-mod export;
+pub(crate) mod core;
 mod handle;
 mod launch;
-mod record;
-mod sim;
-mod state;
-mod typed;
 
+pub use self::core::{BackendKind, SessionConfig, SessionError};
+pub use crate::exec::sim::SimOutOfMemory;
 pub use buffer::{AsRegion, DeviceBuffer, Element, PinnedBuffer, Region};
-#[cfg(feature = "cuda")]
-pub use cuda::{GpuSegments, PinnedSegments};
 pub use handle::{Event, Stream, StreamKind};
 pub use launch::{Launch, LaunchError, RawLaunch};
-pub use sim::SimOutOfMemory;
 
-use state::Backend;
-pub(crate) use state::Shared;
-pub(crate) use typed::KernelExec;
+pub(crate) use self::core::{Core, KernelExec};
 
-/// Knobs of a session. `SessionConfig::default()` is what [`Session::simulated`] and
-/// [`Session::cuda`] use.
-#[derive(Clone, Debug)]
-pub struct SessionConfig {
-    /// Record and check ops (default `true`). With `false` the session only executes: no trace, no
-    /// report (an empty one), for measuring the cost of checking.
-    pub check: bool,
-    /// Keep the trace ops for [`Session::trace`] and [`Session::write_trace`] (default `true`).
-    /// Turn off for long runs: the checker's memory follows the live working set, the trace's
-    /// follows the run's length.
-    pub keep_trace: bool,
-    /// The simulated device's memory in bytes (default 141 GB, an H200's): an allocation whose
-    /// segment does not fit is an error, as on a GPU. Ignored by [`Session::cuda`].
-    pub sim_device_bytes: u64,
-    /// The simulated pinned host memory in bytes (default 64 GiB). Ignored by [`Session::cuda`].
-    pub sim_pinned_bytes: u64,
-    /// Run the work on the simulated device (default `true`). With `false` the simulator still
-    /// allocates, and the session still records and checks every op, but launches, event records
-    /// and event waits do nothing on the device (memory keeps its contents, and streams never
-    /// lag): a backend with no device work, for measuring the harness's own cost per call.
-    /// Ignored by [`Session::cuda`].
-    pub sim_execute: bool,
-}
-
-impl Default for SessionConfig {
-    fn default() -> Self {
-        SessionConfig {
-            check: true,
-            keep_trace: true,
-            sim_device_bytes: 141_000_000_000,
-            sim_pinned_bytes: 64 << 30,
-            sim_execute: true,
-        }
+/// Whether a device-layer error means "there is no GPU here".
+#[cfg(feature = "cuda")]
+fn no_gpu(e: crate::cuda::GpuError) -> SessionError {
+    use crate::cuda::GpuError;
+    match e {
+        GpuError::NoDriver
+        | GpuError::NoDevice
+        | GpuError::NoSuchDevice { .. }
+        | GpuError::DriverUnusable(_) => SessionError::NoGpu {
+            reason: e.to_string(),
+        },
+        e => SessionError::Gpu(e),
     }
-}
-
-/// What can go wrong in a session.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SessionError {
-    /// There is no GPU to run on: no CUDA driver, no device, or no device of that ordinal.
-    #[error("no GPU: {reason}")]
-    NoGpu {
-        /// What is missing, in the driver's words.
-        reason: String,
-    },
-    /// A CUDA driver or NVRTC call failed.
-    #[cfg(feature = "cuda")]
-    #[error(transparent)]
-    Gpu(#[from] crate::cuda::GpuError),
-    /// An allocation failed: out of memory, or a size that cannot be rounded.
-    #[error("cannot allocate {bytes} bytes of {} memory: {reason}", memory.as_str())]
-    Alloc {
-        /// The requested size.
-        bytes: u64,
-        /// The memory kind.
-        memory: MemoryKind,
-        /// Why, with its causes.
-        reason: String,
-    },
-    /// An argument was out of its domain (a region that is not whole words, copy regions of
-    /// different lengths, a bad name, too many reads for the hash kernel, …).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// A handle or region of another session was passed.
-    #[error("a stream, event, buffer or region of another session was passed")]
-    WrongSession,
-    /// The session was finished ([`Session::finish`]); its handles can no longer record.
-    #[error("the session is finished")]
-    Finished,
-    /// The session was called from inside a closure it was running ([`Launch::run`],
-    /// [`PinnedBuffer::write_with`]).
-    #[error("the session was called from inside one of its own callbacks")]
-    Reentrant,
-    /// The checker rejected an op as bad input: a bug of the harness, or a name clash the harness
-    /// could not see (e.g. an external region named like a live buffer).
-    #[error("the checker rejected op {op}: {0}", op = .0.op)]
-    Check(CheckError),
-    /// The closure of [`Launch::run`] failed.
-    #[error("the launch closure failed: {0}")]
-    Launch(LaunchError),
-    /// Writing the trace failed.
-    #[error("cannot write the trace: {0}")]
-    Io(#[from] std::io::Error),
-    /// The checker thread could not be started or stopped working.
-    #[error("the checker thread failed: {0}")]
-    Checker(String),
-}
-
-/// Which backend a session runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BackendKind {
-    /// The CPU simulator.
-    Simulated,
-    /// A CUDA device, by ordinal.
-    Cuda {
-        /// The device ordinal.
-        ordinal: usize,
-    },
 }
 
 /// A recorded, checked run of a multi-stream program. See the [module docs](self).
 pub struct Session {
-    shared: Arc<Shared>,
+    core: Arc<Core>,
     default: Stream,
 }
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
-            .field("backend", &self.shared.kind)
+            .field("backend", &self.core.kind)
             .finish_non_exhaustive()
     }
 }
@@ -276,10 +187,12 @@ impl Session {
 
     /// A session on the CPU simulator.
     pub fn simulated_with(config: SessionConfig) -> Result<Session, SessionError> {
-        let mut sim = sim::SimBackend::new(config.sim_device_bytes, config.sim_pinned_bytes);
-        sim.set_execute(config.sim_execute);
-        let backend = Backend::Sim(sim);
-        Session::start(backend, BackendKind::Simulated, &config)
+        let sim = crate::exec::sim::Device::session(
+            config.sim_device_bytes,
+            config.sim_pinned_bytes,
+            config.sim_execute,
+        );
+        Session::start(AnyBackend::Sim(sim), BackendKind::Simulated, &config)
     }
 
     /// A session on CUDA device `ordinal`, with the default [`SessionConfig`].
@@ -295,40 +208,45 @@ impl Session {
     /// A session on CUDA device `ordinal`.
     #[cfg(feature = "cuda")]
     pub fn cuda_with(ordinal: usize, config: SessionConfig) -> Result<Session, SessionError> {
-        let backend = Backend::Cuda(cuda::CudaBackend::open(ordinal)?);
-        Session::start(backend, BackendKind::Cuda { ordinal }, &config)
+        let backend = crate::exec::cuda::CudaDevice::open(ordinal).map_err(no_gpu)?;
+        Session::start(
+            AnyBackend::Cuda(backend),
+            BackendKind::Cuda { ordinal },
+            &config,
+        )
     }
 
     fn start(
-        backend: Backend,
+        backend: AnyBackend,
         kind: BackendKind,
         config: &SessionConfig,
     ) -> Result<Session, SessionError> {
-        let shared = Shared::new(backend, kind, config)?;
-        let default = Stream::legacy(&shared);
-        Ok(Session { shared, default })
+        let core = Arc::new(Core::new(backend, kind, config)?);
+        let default = Stream::legacy(&core);
+        Ok(Session { core, default })
     }
 
-    /// What every handle of this session shares (for the facade of [`crate::cudarc`]).
-    pub(crate) fn shared(&self) -> &Arc<Shared> {
-        &self.shared
+    /// The session core every handle of this session shares (for the facade of
+    /// [`crate::cudarc`]).
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
     }
 
     /// The backend this session runs on.
     pub fn backend(&self) -> BackendKind {
-        self.shared.kind
+        self.core.kind
     }
 
     /// Whether this session runs on the CPU simulator.
     pub fn is_simulated(&self) -> bool {
-        self.shared.kind == BackendKind::Simulated
+        self.core.kind == BackendKind::Simulated
     }
 
     /// The cudarc context of a GPU session (event tracking off), to load user kernels for
     /// [`Launch::run`]; `None` on the simulator.
     #[cfg(feature = "cuda")]
     pub fn context(&self) -> Option<Arc<cudarc::driver::CudaContext>> {
-        self.shared.context.clone()
+        self.core.context()
     }
 
     /// The legacy default stream (trace id `"default"`): implicitly ordered with the blocking
@@ -341,7 +259,7 @@ impl Session {
     #[track_caller]
     pub fn stream(&self) -> Result<Stream, SessionError> {
         Stream::create(
-            &self.shared,
+            &self.core,
             None,
             StreamKind::NonBlocking,
             Location::caller(),
@@ -353,7 +271,7 @@ impl Session {
     #[track_caller]
     pub fn stream_named(&self, name: &str) -> Result<Stream, SessionError> {
         Stream::create(
-            &self.shared,
+            &self.core,
             Some(name),
             StreamKind::NonBlocking,
             Location::caller(),
@@ -364,14 +282,14 @@ impl Session {
     /// stream.
     #[track_caller]
     pub fn blocking_stream(&self) -> Result<Stream, SessionError> {
-        Stream::create(&self.shared, None, StreamKind::Blocking, Location::caller())
+        Stream::create(&self.core, None, StreamKind::Blocking, Location::caller())
     }
 
     /// A new blocking stream with a name for reports.
     #[track_caller]
     pub fn blocking_stream_named(&self, name: &str) -> Result<Stream, SessionError> {
         Stream::create(
-            &self.shared,
+            &self.core,
             Some(name),
             StreamKind::Blocking,
             Location::caller(),
@@ -381,7 +299,7 @@ impl Session {
     /// A new event, named `e1`, `e2`, …; never recorded yet.
     #[track_caller]
     pub fn event(&self) -> Result<Event, SessionError> {
-        Event::create(&self.shared, Location::caller())
+        Event::create(&self.core, Location::caller())
     }
 
     /// Allocates `len` elements of device memory owned by `stream`, from the caching allocator.
@@ -396,7 +314,7 @@ impl Session {
         stream: &Stream,
         len: usize,
     ) -> Result<DeviceBuffer<T>, SessionError> {
-        DeviceBuffer::alloc(&self.shared, stream, None, len, Location::caller())
+        DeviceBuffer::alloc(&self.core, stream, None, len, Location::caller())
     }
 
     /// [`Session::alloc`] with a name for reports (not the name of a live buffer of this session).
@@ -407,14 +325,14 @@ impl Session {
         name: &str,
         len: usize,
     ) -> Result<DeviceBuffer<T>, SessionError> {
-        DeviceBuffer::alloc(&self.shared, stream, Some(name), len, Location::caller())
+        DeviceBuffer::alloc(&self.core, stream, Some(name), len, Location::caller())
     }
 
     /// Allocates `len` elements of pinned (page-locked) host memory from the host caching
     /// allocator, owned by the host.
     #[track_caller]
     pub fn alloc_pinned<T: Element>(&self, len: usize) -> Result<PinnedBuffer<T>, SessionError> {
-        PinnedBuffer::alloc(&self.shared, None, len, Location::caller())
+        PinnedBuffer::alloc(&self.core, None, len, Location::caller())
     }
 
     /// [`Session::alloc_pinned`] with a name for reports.
@@ -424,7 +342,7 @@ impl Session {
         name: &str,
         len: usize,
     ) -> Result<PinnedBuffer<T>, SessionError> {
-        PinnedBuffer::alloc(&self.shared, Some(name), len, Location::caller())
+        PinnedBuffer::alloc(&self.core, Some(name), len, Location::caller())
     }
 
     /// A region of memory this session did not allocate (an *external* buffer of the trace format:
@@ -447,7 +365,7 @@ impl Session {
         device_ptr: u64,
         bytes: u64,
     ) -> Result<Region, SessionError> {
-        self.shared.external(name, device_ptr, bytes)
+        self.core.external(name, device_ptr, bytes)
     }
 
     /// Makes the free of `buffer` wait for the work issued on `stream` up to that free, as
@@ -459,8 +377,8 @@ impl Session {
         buffer: &impl AsRegion,
         stream: &Stream,
     ) -> Result<(), SessionError> {
-        self.shared
-            .record_stream(&buffer.region(), stream, Location::caller())
+        self.core
+            .record_stream(&buffer.region(), stream.key(), Location::caller())
     }
 
     /// Starts a kernel launch on `stream`; finish it with [`Launch::hash`] or [`Launch::run`].
@@ -470,7 +388,7 @@ impl Session {
         stream: &'a Stream,
         name: impl Into<Cow<'static, str>>,
     ) -> Launch<'a> {
-        Launch::new(&self.shared, stream, name.into(), Location::caller())
+        Launch::new(&self.core, stream, name.into(), Location::caller())
     }
 
     /// Enqueues a copy of `src` into `dst` on `stream` (`cudaMemcpyAsync`). Either may be device or
@@ -482,8 +400,8 @@ impl Session {
         src: &impl AsRegion,
         dst: &mut impl AsRegion,
     ) -> Result<(), SessionError> {
-        self.shared
-            .copy(stream, src.region(), dst.region(), Location::caller())
+        self.core
+            .copy(stream.key(), src.region(), dst.region(), Location::caller())
     }
 
     /// Enqueues a memset of every 32-bit word of `dst` to `value` on `stream`
@@ -495,8 +413,12 @@ impl Session {
         dst: &mut impl AsRegion,
         value: u32,
     ) -> Result<(), SessionError> {
-        self.shared
-            .memset(stream, dst.region(), value, Location::caller())
+        self.core.memset(
+            stream.key(),
+            dst.region(),
+            Fill::Word(value),
+            Location::caller(),
+        )
     }
 
     /// Copies `src` from the host's pageable memory into `dst` through `stream` and waits for it
@@ -510,8 +432,8 @@ impl Session {
         dst: &mut impl AsRegion,
     ) -> Result<(), SessionError> {
         let words: Vec<u32> = src.iter().map(|x| x.to_word()).collect();
-        self.shared
-            .memcpy_htod(stream, &words, dst.region(), Location::caller())
+        self.core
+            .memcpy_htod_words(stream.key(), &words, dst.region(), Location::caller())
     }
 
     /// Copies `src` into a new vector through `stream` and waits for it (a `cudaMemcpy` to
@@ -524,47 +446,50 @@ impl Session {
         src: &impl AsRegion,
     ) -> Result<Vec<T>, SessionError> {
         let words = self
-            .shared
-            .memcpy_dtov(stream, src.region(), Location::caller())?;
+            .core
+            .memcpy_dtov(stream.key(), src.region(), Location::caller())?;
         Ok(words.into_iter().map(T::from_word).collect())
     }
 
     /// Blocks the host until all work of the device is done (`cudaDeviceSynchronize`).
     #[track_caller]
     pub fn synchronize(&self) -> Result<(), SessionError> {
-        self.shared.device_sync(Location::caller())
+        self.core.device_sync(Location::caller())
     }
 
     /// The number of ops recorded so far: the op index the next op gets.
     pub fn ops(&self) -> u64 {
-        self.shared.ops()
+        self.core.ops()
     }
 
     /// Every hazard found so far (waits for the checker to catch up).
     pub fn hazards(&self) -> Result<Vec<Hazard>, SessionError> {
-        self.shared.hazards()
+        self.core.hazards()
     }
 
     /// The ops recorded so far, as a trace (waits for the checker to catch up). Empty when
     /// [`SessionConfig::keep_trace`] or [`SessionConfig::check`] is off.
     pub fn trace(&self) -> Result<Vec<TraceOp>, SessionError> {
-        self.shared.trace()
+        self.core.trace()
     }
 
     /// Writes the ops recorded so far to `path` as JSON Lines (the trace format, version 1), for
     /// `streamsan check`.
     pub fn write_trace(&self, path: impl AsRef<Path>) -> Result<(), SessionError> {
         let ops = self.trace()?;
-        let mut out = String::new();
-        export::write_trace(&ops, &mut out);
-        std::fs::write(path, out)?;
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let mut writer = crate::trace::TraceWriter::new(file);
+        for op in &ops {
+            writer.write(op)?;
+        }
+        writer.finish()?;
         Ok(())
     }
 
     /// Counters of the device caching allocator: segments, reserved and allocated bytes, live and
     /// cached blocks.
     pub fn device_memory_stats(&self) -> Result<crate::alloc::AllocatorStats, SessionError> {
-        self.shared.device_memory_stats()
+        self.core.device_memory_stats()
     }
 
     /// Ends recording and returns the report of every hazard found.
@@ -574,7 +499,7 @@ impl Session {
     /// segments go back to the driver when the session and every handle are gone, after a device
     /// synchronization.
     pub fn finish(self) -> Result<Report, SessionError> {
-        self.shared.finish()
+        self.core.finish()
     }
 }
 

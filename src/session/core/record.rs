@@ -17,9 +17,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::Location;
 
-use super::buffer::Region;
-
-use super::SessionError;
+use super::error::SessionError;
+use super::region::Region;
 use crate::checker::{CheckError, Checker};
 use crate::trace::{self, Id, MemoryKind, Op, Site, TraceOp, DEFAULT_STREAM};
 

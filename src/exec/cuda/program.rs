@@ -1,0 +1,895 @@
+//! Running trace programs on a GPU, so that the campaign's verdicts are held against what a GPU
+//! actually does: [`CudaExecutor`] is the GPU backend ([`CudaDevice`]) plus a scheduler per run.
+//!
+//! Every op of a program becomes the driver call it names, on the stream it names, with no added
+//! synchronization except where the scheduler asks for it.
+//!
+//! # One run
+//!
+//! Each run of a program starts from nothing and releases everything it made when it ends:
+//!
+//! - **Streams**: `"default"` is the legacy default stream; `stream_create` makes a blocking or
+//!   non-blocking stream as it says; a stream named before any `stream_create` is non-blocking, as
+//!   in the simulator. Destroyed at the end of the run.
+//! - **Events**: `event_create` makes a fresh event, never recorded; an event named before any
+//!   `event_create` is created on first use; `event_destroy` destroys it.
+//! - **Memory**: buffers come from the same allocator policies as the checker and the simulator
+//!   ([`crate::alloc`]): device memory from the device caching allocator over segments mapped with
+//!   `cuMemAlloc`, pinned memory from the host caching allocator over `cuMemHostAlloc` segments.
+//!   So a freed block really is handed out again and really overwritten, and frees never unmap
+//!   anything during a run: a late access of freed memory lands in the next owner's data and
+//!   never faults. Every segment the policies will ask for is mapped before the run (found by
+//!   running them over a model address space) and fresh device segments are zeroed (on a private
+//!   stream, before the run), so reads of never-written memory see the same words in every run.
+//!   All segments are unmapped once the device is idle at the end of the run; nothing is cached
+//!   across runs, so device memory in use ([`CudaExecutor::device_memory_in_use`]) returns to its
+//!   starting value.
+//! - **Placed memory**: allocations with `addr` (the compressed addresses of
+//!   [`crate::fuzz::runnable`], which `check --confirm` runs recorded traces through) lie in one
+//!   segment per memory kind, mapped and zeroed before the run (managed memory is pinned memory
+//!   here); device memory that comes back on another stream than the one its free gave it to
+//!   synchronizes the device at its `alloc`, as the trace format says.
+//! - **`record_stream`**: a free records a fence event on every stream recorded for the buffer;
+//!   every later access of memory that reuses the freed bytes waits for those fences first (a
+//!   stream op with `cuStreamWaitEvent`, a host access with `cuEventSynchronize`).
+//!
+//! Kernels are those of [`crate::kernels`]: a launch at op index `i` runs `hash_launch` with
+//! `op_id = i` once per write region `j`, reads in order (the first [`MAX_READS`] of them; every
+//! read region is observed); a memset writes [`memset_word`]`(i)`; a copy is the `copy_words`
+//! kernel; a host write writes [`hash_word`]`(i, 0, k, [])` at word `k`.
+//!
+//! # What a run observes
+//!
+//! Kernels do not report what they read, so the run observes memory around each op, on the op's
+//! own stream, with the `checksum` kernel into one `u64` slot per observation of a device array
+//! zeroed at the start of the run:
+//!
+//! - each read region `k` of a launch or copy (the copy's source is region 0) is checksummed just
+//!   before and just after the op; both go into [`Outcome::reads`] under `(op, k)`, named by the
+//!   read buffer — whatever the op read differently, the window around it saw differently too;
+//! - each write region `j` of a launch (a copy's or memset's destination is region 0) is
+//!   checksummed just after the op, under `(op, WRITE_KEY + j)`, named by the written buffer;
+//! - a host read is checksummed on the host, under `(op, 0)`;
+//! - at the end, after the device is idle, [`Outcome::live`] holds the checksum of every live
+//!   buffer. [`Outcome::written`] stays empty.
+//!
+//! The observations are enqueued right next to the op on its stream, so whatever a program orders
+//! after the op is ordered after them too: they add no race of their own. Runs are only ever
+//! compared with other runs on the device, never with the simulator.
+//!
+//! # Schedules
+//!
+//! The scheduler holds ops back ([`Scheduler::hold`]):
+//!
+//! - [`Executor::reference`] ([`Sequential`]): issue order, the device synchronized after every op.
+//! - [`Executor::random`] ([`RandomScheduler`]): the program as written. The seed only adds timing
+//!   noise: before about one stream op in four, a `spin` kernel of up to 100 µs on the op's stream
+//!   (a delay, never an ordering).
+//! - [`Executor::provoke`] ([`Adversarial`]): every held op of a stream is preceded on its stream by
+//!   a `spin` kernel of 1 to 4 ms (chosen by the seed), so that the ops that are not ordered after
+//!   it run first. A held host op (host read or write, allocation) cannot be delayed on the device
+//!   and is not.
+//!
+//! # Errors
+//!
+//! Every failure — a driver error, an allocation the device cannot serve, an op this executor does
+//! not support, even a panic inside the driver bindings — is an [`ExecError::Unsupported`] whose
+//! message starts with `CUDA`, never a panic. A kernel fault leaves the CUDA context unusable, and
+//! every later run then fails with the driver's error.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use super::{CudaDevice, GpuSegments, PinnedSegments};
+use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory};
+use crate::cuda::{DeviceRegion, Gpu, GpuError};
+use crate::exec::backend::{Backend, Fill, Issued, Kernel, Op as ExecOp, Span, StreamKey};
+use crate::exec::error::ExecError;
+use crate::exec::outcome::{Executor, Outcome};
+use crate::exec::program::Resolver;
+use crate::exec::sched::{Adversarial, Hold, RandomScheduler, Scheduler, Sequential};
+use crate::kernels::{checksum, hash_word, memset_word, MAX_READS};
+use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
+use crate::workload::SplitMix;
+
+pub use crate::exec::sched::{provoke_spin_ns, PROVOKE_SPIN_NS, RANDOM_JITTER_NS};
+
+/// The second half of an [`Outcome::reads`] key for write region `j` of an op is
+/// `WRITE_KEY + j`; read regions use their own index `k < WRITE_KEY`.
+pub const WRITE_KEY: usize = 1 << 16;
+
+/// The [`Outcome::reads`] key of a free's view of the freed buffer's final contents.
+pub const FREE_KEY: usize = 2 << 16;
+
+/// The most bytes of placed memory of one kind a run maps.
+pub const MAX_PLACED_BYTES: u64 = 4 << 30;
+
+/// Runs programs on one CUDA device. See the [module docs](self).
+#[derive(Debug)]
+pub struct CudaExecutor {
+    gpu: Arc<Gpu>,
+    runs: u64,
+}
+
+impl CudaExecutor {
+    /// Opens device `ordinal` and compiles the kernels (NVRTC), so that a campaign fails here,
+    /// with a clear message, rather than at its first program.
+    pub fn new(ordinal: usize) -> Result<Self, String> {
+        let gpu = guard(|| Gpu::open(ordinal).map_err(|e| e.to_string()))
+            .and_then(|r| r)
+            .map_err(|e| format!("CUDA device {ordinal}: {e}"))?;
+        guard(|| gpu.kernels().map(|_| ()).map_err(|e| e.to_string()))
+            .and_then(|r| r)
+            .map_err(|e| format!("CUDA device {ordinal}: cannot load the kernels: {e}"))?;
+        Ok(CudaExecutor {
+            gpu: Arc::new(gpu),
+            runs: 0,
+        })
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Runs made so far (successful or not).
+    pub fn runs(&self) -> u64 {
+        self.runs
+    }
+
+    /// Device memory in use, in bytes: total minus free as `cuMemGetInfo` reports them, for the
+    /// whole device (other processes included). The executor caches no segments between runs, so
+    /// between runs this is what it was before the first (up to the driver's own bookkeeping).
+    pub fn try_device_memory_in_use(&self) -> Result<u64, String> {
+        let (free, total) = self
+            .gpu
+            .mem_get_info()
+            .map_err(|e| format!("CUDA: cuMemGetInfo: {e}"))?;
+        Ok(total.saturating_sub(free) as u64)
+    }
+
+    /// [`CudaExecutor::try_device_memory_in_use`], or `u64::MAX` when the driver cannot say.
+    pub fn device_memory_in_use(&self) -> u64 {
+        self.try_device_memory_in_use().unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of device memory this executor keeps cached between runs: always 0.
+    pub fn cached_bytes(&self) -> u64 {
+        0
+    }
+
+    /// Runs `program` once under `scheduler`.
+    pub fn run(
+        &mut self,
+        program: &[TraceOp],
+        scheduler: &mut dyn Scheduler,
+    ) -> Result<Outcome, ExecError> {
+        self.runs += 1;
+        let gpu = &self.gpu;
+        guard(|| execute(gpu, program, scheduler)).unwrap_or_else(|panic| {
+            Err(ExecError::unsupported(
+                0,
+                format!("CUDA: the driver bindings panicked: {panic}"),
+            ))
+        })
+    }
+}
+
+impl Executor for CudaExecutor {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, ExecError> {
+        self.run(program, &mut Sequential)
+    }
+
+    fn random(&mut self, program: &[TraceOp], seed: u64) -> Result<Outcome, ExecError> {
+        self.run(program, &mut RandomScheduler(SplitMix::new(seed)))
+    }
+
+    fn provoke(
+        &mut self,
+        program: &[TraceOp],
+        holds: &[(usize, usize)],
+        seed: u64,
+    ) -> Result<Outcome, ExecError> {
+        self.run(program, &mut Adversarial::new(holds.to_vec(), seed))
+    }
+}
+
+/// Runs `f`, turning a panic into its message.
+fn guard<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "a panic".to_owned())
+    })
+}
+
+fn unsupported(op: usize, message: impl std::fmt::Display) -> ExecError {
+    ExecError::unsupported(op, format!("CUDA: {message}"))
+}
+
+/// A driver error at op `op`, while doing `what`.
+fn driver(op: usize, what: &'static str) -> impl FnOnce(GpuError) -> ExecError {
+    move |e| unsupported(op, format!("{what}: {e}"))
+}
+
+/// Runs `program` once and releases everything the run made, on success and on error.
+fn execute(
+    gpu: &Arc<Gpu>,
+    program: &[TraceOp],
+    scheduler: &mut dyn Scheduler,
+) -> Result<Outcome, ExecError> {
+    gpu.kernels().map_err(driver(0, "loading the kernels"))?;
+    let mut run = Run::new(gpu, program)?;
+    let result = run.play(scheduler).and_then(|()| run.collect());
+    let released = run
+        .dev
+        .release()
+        .map_err(|e| unsupported(program.len(), format!("releasing the run's memory: {e}")));
+    let outcome = result?;
+    released?;
+    Ok(outcome)
+}
+
+/// The sizes of the device and pinned segments the allocator policies will ask for while
+/// `program` runs, found by running the policies over a model address space.
+fn segments_needed(program: &[TraceOp]) -> (Vec<u64>, Vec<u64>) {
+    struct Sizes(ModelMemory, Vec<u64>);
+    impl Memory for Sizes {
+        type Error = <ModelMemory as Memory>::Error;
+        fn map_segment(&mut self, bytes: u64) -> Result<u64, Self::Error> {
+            self.1.push(bytes);
+            self.0.map_segment(bytes)
+        }
+    }
+    let mut device = DeviceCachingAllocator::new(Sizes(ModelMemory::new(1 << 40), Vec::new()));
+    let mut pinned = HostCachingAllocator::new(Sizes(ModelMemory::new(1 << 40), Vec::new()));
+    let mut keys: HashMap<Id, u32> = HashMap::new();
+    let mut key = |s: Option<&Id>| {
+        let name = s.cloned().unwrap_or_else(|| Id::from(DEFAULT_STREAM));
+        let n = keys.len() as u32;
+        *keys.entry(name).or_insert(n)
+    };
+    let mut live: HashMap<Id, (MemoryKind, u64)> = HashMap::new();
+    for op in program {
+        match &op.op {
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                ..
+            } => {
+                let block = match memory {
+                    MemoryKind::Device => {
+                        device.allocate(*bytes, key(stream.as_ref())).ok().flatten()
+                    }
+                    _ => pinned.allocate(*bytes).ok().flatten(),
+                };
+                if let Some(b) = block {
+                    live.insert(buffer.clone(), (*memory, b.addr));
+                }
+            }
+            Op::Free { buffer, stream } => {
+                if let Some((memory, addr)) = live.remove(buffer) {
+                    let _ = match (memory, stream) {
+                        (MemoryKind::Device, Some(s)) => device.free(addr, key(Some(s))),
+                        (MemoryKind::Device, None) => device.free_caching(addr),
+                        _ => pinned.free(addr),
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    (device.into_memory().1, pinned.into_memory().1)
+}
+
+/// The bytes each memory kind's placed memory spans: the highest end of an allocation with
+/// `addr`, from its kind's base ([`crate::alloc::space`]).
+fn placed_extents(program: &[TraceOp]) -> [u64; 3] {
+    let mut extent = [0u64; 3];
+    for op in program {
+        if let Op::Alloc {
+            bytes,
+            memory,
+            addr: Some(a),
+            ..
+        } = &op.op
+        {
+            if *bytes > 0 {
+                let k = memory.index();
+                let end = a
+                    .saturating_sub(crate::alloc::space::base(*memory))
+                    .saturating_add(*bytes);
+                extent[k] = extent[k].max(end.next_multiple_of(4));
+            }
+        }
+    }
+    extent
+}
+
+/// One observation of [`Outcome::reads`].
+enum Observed {
+    /// Checksum slots of the device array, combined.
+    Slots(Vec<usize>),
+    /// A checksum taken on the host.
+    Value(u64),
+}
+
+/// Checksum slots an op needs: reads before and after, and each write region.
+fn slots_of(op: &Op) -> usize {
+    match op {
+        Op::Launch { reads, writes, .. } => 2 * reads.len() + writes.len(),
+        Op::Copy { .. } => 3,
+        Op::Memset { .. } | Op::Free { .. } => 1,
+        _ => 0,
+    }
+}
+
+/// Words of `bytes` read back from the host (little-endian, as the device stores them).
+fn words_of(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// One run of a program.
+struct Run<'p> {
+    program: &'p [TraceOp],
+    dev: CudaDevice,
+    names: Resolver,
+    /// The device array of checksum slots (`u64` each) and how many there are.
+    slots: u64,
+    slot_count: usize,
+    next_slot: usize,
+    observed: Vec<((usize, usize), Id, Observed)>,
+}
+
+impl<'p> Run<'p> {
+    fn new(gpu: &Arc<Gpu>, program: &'p [TraceOp]) -> Result<Self, ExecError> {
+        let setup = |e: GpuError| unsupported(0, format!("setting up the run: {e}"));
+        let mut segments = GpuSegments::zeroed(gpu.clone()).map_err(setup)?;
+        let slot_count = program.iter().map(|o| slots_of(&o.op)).sum::<usize>();
+        let slots = segments
+            .map_now(8 * slot_count.max(1) as u64)
+            .map_err(setup)?;
+        let (device_sizes, pinned_sizes) = segments_needed(program);
+        for size in device_sizes {
+            segments.prepare(size).map_err(setup)?;
+        }
+        let mut pinned = PinnedSegments::new(gpu.clone());
+        for size in pinned_sizes {
+            pinned.prepare(size).map_err(setup)?;
+        }
+        let mut placed = [None; 3];
+        for (k, extent) in placed_extents(program).into_iter().enumerate() {
+            if extent == 0 {
+                continue;
+            }
+            if extent > MAX_PLACED_BYTES {
+                return Err(unsupported(
+                    0,
+                    format!("the program places {extent} bytes of memory of one kind; at most {MAX_PLACED_BYTES} are run"),
+                ));
+            }
+            let base = if k == MemoryKind::Device.index() {
+                segments.map_now(extent).map_err(setup)?
+            } else {
+                pinned.map_now(extent).map_err(setup)?
+            };
+            placed[k] = Some((base, extent));
+        }
+        Ok(Run {
+            program,
+            dev: CudaDevice::with(gpu.clone(), segments, pinned, placed, true),
+            names: Resolver::new(Some("CUDA")),
+            slots,
+            slot_count,
+            next_slot: 0,
+            observed: Vec::new(),
+        })
+    }
+
+    /// Issues every op, each held back as the scheduler says.
+    fn play(&mut self, scheduler: &mut dyn Scheduler) -> Result<(), ExecError> {
+        for i in 0..self.program.len() {
+            let on_stream = matches!(
+                self.program[i].op,
+                Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. }
+            );
+            let hold = scheduler.hold(i, on_stream);
+            self.issue(i, hold)?;
+            if hold == Hold::SyncAfter {
+                self.dev
+                    .gpu
+                    .synchronize()
+                    .map_err(driver(i, "synchronizing after the op"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After the last op: waits for the device, reads the slots, checksums the live buffers.
+    fn collect(&mut self) -> Result<Outcome, ExecError> {
+        let end = self.program.len();
+        self.dev
+            .gpu
+            .synchronize()
+            .map_err(driver(end, "synchronizing at the end of the run"))?;
+        let words = u32::try_from(2 * self.slot_count)
+            .map_err(|_| unsupported(end, "too many checksum slots"))?;
+        let raw = self.read_back(
+            end,
+            MemoryKind::Device,
+            DeviceRegion::new(self.slots, words),
+        )?;
+        let slot = |s: usize| -> u64 {
+            let lo = raw.get(2 * s).copied().unwrap_or(0);
+            let hi = raw.get(2 * s + 1).copied().unwrap_or(0);
+            u64::from(lo) | (u64::from(hi) << 32)
+        };
+        let mut outcome = Outcome {
+            steps: end,
+            ..Outcome::default()
+        };
+        for (key, buffer, obs) in std::mem::take(&mut self.observed) {
+            let value = match obs {
+                Observed::Value(v) => v,
+                Observed::Slots(s) => s.iter().fold(0u64, |acc, &x| acc.rotate_left(17) ^ slot(x)),
+            };
+            outcome.reads.insert(key, (buffer, value));
+        }
+        let live: Vec<(Id, MemoryKind, u64, u64)> = self
+            .names
+            .live()
+            .into_iter()
+            .map(|(id, b)| (id.clone(), b.memory, b.addr, b.size))
+            .collect();
+        for (name, memory, addr, size) in live {
+            let words = u32::try_from(size / 4)
+                .map_err(|_| unsupported(end, format!("buffer {name} is too large")))?;
+            let data = self.read_back(end, memory, DeviceRegion::new(addr, words))?;
+            outcome.live.insert(name, checksum(&data));
+        }
+        Ok(outcome)
+    }
+
+    /// The words of a region, with the device idle.
+    fn read_back(
+        &mut self,
+        op: usize,
+        memory: MemoryKind,
+        region: DeviceRegion,
+    ) -> Result<Vec<u32>, ExecError> {
+        if region.words == 0 {
+            return Ok(Vec::new());
+        }
+        match memory {
+            MemoryKind::Device => {
+                let reader = self
+                    .dev
+                    .device
+                    .memory()
+                    .reader()
+                    .ok_or_else(|| unsupported(op, "a run without its private stream"))?;
+                // SAFETY: the region lies in a segment of this run, mapped until it is released.
+                unsafe { reader.read_words(region) }.map_err(driver(op, "reading a buffer back"))
+            }
+            _ => {
+                let span = Span {
+                    memory,
+                    addr: region.ptr,
+                    bytes: region.bytes() as u64,
+                    gen: 0,
+                    external: false,
+                };
+                let bytes = self.dev.host_read(&span).map_err(|e| unsupported(op, e))?;
+                Ok(words_of(&bytes))
+            }
+        }
+    }
+
+    /// Before a stream op: fence waits, then the scheduler's delay.
+    fn prepare(
+        &mut self,
+        i: usize,
+        s: StreamKey,
+        regions: &[&Region],
+        hold: Hold,
+    ) -> Result<(), ExecError> {
+        let fences = self.names.fences(regions);
+        self.dev
+            .wait_fences(s, &fences)
+            .map_err(self.names.failed(i, "waiting for a record_stream fence"))?;
+        if let Hold::Spin(ns) = hold {
+            let kernels = self
+                .dev
+                .gpu
+                .kernels()
+                .map_err(driver(i, "delaying the op"))?;
+            let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
+            kernels
+                .spin(stream, ns)
+                .map_err(driver(i, "delaying the op"))?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues a checksum of `span` on stream `s` into a fresh slot.
+    fn checksum_slot(&mut self, i: usize, s: StreamKey, span: &Span) -> Result<usize, ExecError> {
+        let slot = self.next_slot;
+        if slot >= self.slot_count {
+            return Err(unsupported(i, "ran out of checksum slots"));
+        }
+        self.next_slot += 1;
+        let out = self.slots + 8 * slot as u64;
+        let region = DeviceRegion::new(span.addr, (span.bytes / 4) as u32);
+        let kernels = self
+            .dev
+            .gpu
+            .kernels()
+            .map_err(driver(i, "enqueuing a checksum"))?;
+        let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
+        // SAFETY: the span lies in a live buffer of this run and the slot in the slot array; both
+        // stay mapped until the run is released, which waits for the device first.
+        unsafe { kernels.checksum(stream, region, out) }
+            .map_err(driver(i, "enqueuing a checksum"))?;
+        Ok(slot)
+    }
+
+    fn observe(&mut self, i: usize, k: usize, buffer: &Id, obs: Observed) {
+        self.observed.push(((i, k), buffer.clone(), obs));
+    }
+
+    /// The host issues op `i`.
+    fn issue(&mut self, i: usize, hold: Hold) -> Result<(), ExecError> {
+        let index = i as u64;
+        let program = self.program;
+        match &program[i].op {
+            Op::StreamCreate {
+                stream,
+                device,
+                blocking,
+            } => {
+                self.names
+                    .stream_create(i, stream, *device, *blocking, &mut self.dev)?;
+            }
+            Op::Alloc {
+                buffer,
+                bytes,
+                stream,
+                memory,
+                addr,
+            } => {
+                if bytes % 4 != 0 {
+                    return Err(unsupported(
+                        i,
+                        format!("buffer {buffer} of {bytes} bytes is not whole 4-byte words"),
+                    ));
+                }
+                self.names.alloc(
+                    i,
+                    buffer,
+                    *bytes,
+                    stream.as_ref(),
+                    *memory,
+                    *addr,
+                    &mut self.dev,
+                )?;
+            }
+            Op::Free { buffer, stream } => {
+                self.observe_free(i, buffer, stream.as_ref())?;
+                self.names.free(i, buffer, stream.as_ref(), &mut self.dev)?;
+            }
+            Op::RecordStream { buffer, stream } => {
+                self.names.record_stream(i, buffer, stream, &mut self.dev)?;
+            }
+            Op::Launch {
+                stream,
+                reads,
+                writes,
+                ..
+            } => {
+                let s = self.names.stream(i, stream, &mut self.dev)?;
+                let r: Vec<(Id, Span)> = reads
+                    .iter()
+                    .map(|x| Ok((x.buffer.clone(), self.names.span(i, x)?)))
+                    .collect::<Result<_, ExecError>>()?;
+                let w: Vec<(Id, Span)> = writes
+                    .iter()
+                    .map(|x| Ok((x.buffer.clone(), self.names.span(i, x)?)))
+                    .collect::<Result<_, ExecError>>()?;
+                let all: Vec<&Region> = reads.iter().chain(writes).collect();
+                self.prepare(i, s, &all, hold)?;
+                let before: Vec<usize> = r
+                    .iter()
+                    .map(|(_, x)| self.checksum_slot(i, s, x))
+                    .collect::<Result<_, _>>()?;
+                // The kernel hashes at most MAX_READS read regions into its writes; every read
+                // region is observed all the same.
+                let rs: Vec<Span> = r.iter().take(MAX_READS).map(|x| x.1).collect();
+                let ws: Vec<Span> = w.iter().map(|x| x.1).collect();
+                self.dev
+                    .issue(
+                        index,
+                        ExecOp::Launch {
+                            stream: s,
+                            kernel: Kernel::Hash {
+                                id: u32::try_from(i)
+                                    .map_err(|_| unsupported(i, "op index too large"))?,
+                                spin_ns: 0,
+                            },
+                            reads: &rs,
+                            writes: &ws,
+                            fences: &[],
+                        },
+                    )
+                    .map_err(self.names.failed(i, "launching hash_launch"))?;
+                for (k, ((name, x), pre)) in r.iter().zip(before).enumerate() {
+                    let post = self.checksum_slot(i, s, x)?;
+                    self.observe(i, k, name, Observed::Slots(vec![pre, post]));
+                }
+                for (j, (name, x)) in w.iter().enumerate() {
+                    let slot = self.checksum_slot(i, s, x)?;
+                    self.observe(i, WRITE_KEY + j, name, Observed::Slots(vec![slot]));
+                }
+            }
+            Op::Copy { stream, src, dst } => {
+                let s = self.names.stream(i, stream, &mut self.dev)?;
+                let (a, b) = (self.names.span(i, src)?, self.names.span(i, dst)?);
+                if a.bytes != b.bytes {
+                    return Err(unsupported(i, "copy regions of different lengths"));
+                }
+                if a.addr < b.end() && b.addr < a.end() {
+                    return Err(unsupported(i, "overlapping copy regions"));
+                }
+                self.prepare(i, s, &[src, dst], hold)?;
+                let pre = self.checksum_slot(i, s, &a)?;
+                self.dev
+                    .issue(
+                        index,
+                        ExecOp::Copy {
+                            stream: s,
+                            src: a,
+                            dst: b,
+                            fences: &[],
+                        },
+                    )
+                    .map_err(self.names.failed(i, "enqueuing a copy"))?;
+                let post = self.checksum_slot(i, s, &a)?;
+                let out = self.checksum_slot(i, s, &b)?;
+                self.observe(i, 0, &src.buffer, Observed::Slots(vec![pre, post]));
+                self.observe(i, WRITE_KEY, &dst.buffer, Observed::Slots(vec![out]));
+            }
+            Op::Memset { stream, dst } => {
+                let s = self.names.stream(i, stream, &mut self.dev)?;
+                let d = self.names.span(i, dst)?;
+                self.prepare(i, s, &[dst], hold)?;
+                let op_id = u32::try_from(i).map_err(|_| unsupported(i, "op index too large"))?;
+                self.dev
+                    .issue(
+                        index,
+                        ExecOp::Memset {
+                            stream: s,
+                            dst: d,
+                            fill: Fill::Word(memset_word(op_id)),
+                            fences: &[],
+                        },
+                    )
+                    .map_err(self.names.failed(i, "enqueuing a memset"))?;
+                let out = self.checksum_slot(i, s, &d)?;
+                self.observe(i, WRITE_KEY, &dst.buffer, Observed::Slots(vec![out]));
+            }
+            Op::HostRead { buffer } => {
+                let span = self.names.span(i, buffer)?;
+                if span.memory == MemoryKind::Device {
+                    return Err(unsupported(i, "a host read of device memory"));
+                }
+                let fences = self.names.fences(&[buffer]);
+                let issued = self
+                    .dev
+                    .issue(
+                        index,
+                        ExecOp::HostRead {
+                            span,
+                            fences: &fences,
+                        },
+                    )
+                    .map_err(self.names.failed(i, "a host read"))?;
+                if let Issued::Bytes(bytes) = issued {
+                    let v = checksum(&words_of(&bytes));
+                    self.observe(i, 0, &buffer.buffer, Observed::Value(v));
+                }
+            }
+            Op::HostWrite { buffer } => {
+                let span = self.names.span(i, buffer)?;
+                if span.memory == MemoryKind::Device {
+                    return Err(unsupported(i, "a host write of device memory"));
+                }
+                let fences = self.names.fences(&[buffer]);
+                let op_id = u32::try_from(i).map_err(|_| unsupported(i, "op index too large"))?;
+                let data: Vec<u8> = (0..(span.bytes / 4) as u32)
+                    .flat_map(|k| hash_word(op_id, 0, k, []).to_le_bytes())
+                    .collect();
+                self.dev
+                    .issue(
+                        index,
+                        ExecOp::HostWrite {
+                            span,
+                            data: &data,
+                            fences: &fences,
+                        },
+                    )
+                    .map_err(self.names.failed(i, "a host write"))?;
+            }
+            Op::EventCreate { event } => {
+                let event = self.names.event(event);
+                self.dev
+                    .issue(index, ExecOp::EventCreate { event })
+                    .map_err(self.names.failed(i, "creating an event"))?;
+            }
+            Op::EventDestroy { event } => {
+                let event = self.names.event(event);
+                self.dev
+                    .issue(index, ExecOp::EventDestroy { event })
+                    .map_err(self.names.failed(i, "destroying an event"))?;
+            }
+            Op::EventRecord { event, stream } => {
+                let stream = self.names.stream(i, stream, &mut self.dev)?;
+                let event = self.names.event(event);
+                self.dev
+                    .issue(index, ExecOp::EventRecord { event, stream })
+                    .map_err(self.names.failed(i, "recording an event"))?;
+            }
+            Op::EventWait { stream, event } => {
+                let stream = self.names.stream(i, stream, &mut self.dev)?;
+                let event = self.names.event(event);
+                self.dev
+                    .issue(index, ExecOp::EventWait { stream, event })
+                    .map_err(self.names.failed(i, "waiting on an event"))?;
+            }
+            // A query that returned `true` orders like a sync; one that returned `false` orders
+            // nothing.
+            Op::EventSync { event }
+            | Op::EventQuery {
+                event,
+                complete: true,
+            } => {
+                let event = self.names.event(event);
+                self.dev
+                    .issue(index, ExecOp::EventSync { event })
+                    .map_err(self.names.failed(i, "synchronizing an event"))?;
+            }
+            Op::EventQuery {
+                complete: false, ..
+            }
+            | Op::StreamQuery {
+                complete: false, ..
+            } => {}
+            Op::StreamSync { stream }
+            | Op::StreamQuery {
+                stream,
+                complete: true,
+            } => {
+                let stream = self.names.stream(i, stream, &mut self.dev)?;
+                self.dev
+                    .issue(index, ExecOp::StreamSync { stream })
+                    .map_err(self.names.failed(i, "synchronizing a stream"))?;
+            }
+            Op::DeviceSync { device } => {
+                self.dev
+                    .issue(index, ExecOp::DeviceSync { device: *device })
+                    .map_err(self.names.failed(i, "synchronizing the device"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A free's view of the freed buffer's final contents, seen by the freeing participant at the
+    /// free: what its program left there (a write the free is not ordered after is an unsafe
+    /// free). Not where the observation itself would need or add ordering: with record_stream
+    /// (the free is ordered after the recorded streams, the freeing stream is not), with fences of
+    /// earlier owners, or on the legacy stream (whose implicit edges would order blocking streams
+    /// that the program leaves unordered).
+    fn observe_free(
+        &mut self,
+        i: usize,
+        buffer: &Id,
+        stream: Option<&Id>,
+    ) -> Result<(), ExecError> {
+        if self.names.recorded(buffer) {
+            return Ok(());
+        }
+        let Some(b) = self
+            .names
+            .buffer(buffer)
+            .filter(|b| b.fences.is_empty())
+            .cloned()
+        else {
+            return Ok(());
+        };
+        if b.size == 0 || b.size % 4 != 0 {
+            return Ok(());
+        }
+        let sp = self.names.span(i, &Region::whole(buffer.clone()))?;
+        if b.memory == MemoryKind::Device {
+            let s = match stream {
+                Some(s) => self.names.stream(i, s, &mut self.dev)?,
+                None => b.owner,
+            };
+            if s != 0 {
+                let out = self.checksum_slot(i, s, &sp)?;
+                self.observe(i, FREE_KEY, buffer, Observed::Slots(vec![out]));
+            }
+        } else if stream.is_none() {
+            let bytes = self.dev.host_read(&sp).map_err(|e| unsupported(i, e))?;
+            let v = checksum(&words_of(&bytes));
+            self.observe(i, FREE_KEY, buffer, Observed::Value(v));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fuzz::gen::{generate, GenConfig};
+
+    #[test]
+    fn slot_counts_cover_every_observation() {
+        let p = generate(&GenConfig::default(), &mut SplitMix::new(3)).ops;
+        for op in &p {
+            let n = slots_of(&op.op);
+            match &op.op {
+                Op::Launch { reads, writes, .. } => {
+                    assert_eq!(n, 2 * reads.len() + writes.len())
+                }
+                Op::Copy { .. } => assert_eq!(n, 3),
+                // A free observes the freed buffer's final contents in one slot.
+                Op::Memset { .. } | Op::Free { .. } => assert_eq!(n, 1),
+                _ => assert_eq!(n, 0),
+            }
+        }
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        if Gpu::available() {
+            return;
+        }
+        let e = CudaExecutor::new(0).unwrap_err();
+        assert!(e.contains("CUDA device 0"), "{e}");
+    }
+
+    #[test]
+    fn placed_extents_reach_the_highest_end() {
+        let base = crate::alloc::space::base(MemoryKind::Pinned);
+        let p: Vec<TraceOp> = vec![
+            Op::Alloc {
+                buffer: "a".into(),
+                bytes: 6,
+                stream: None,
+                memory: MemoryKind::Pinned,
+                addr: Some(base + 8),
+            }
+            .into(),
+            Op::Alloc {
+                buffer: "b".into(),
+                bytes: 4,
+                stream: None,
+                memory: MemoryKind::Pinned,
+                addr: Some(base),
+            }
+            .into(),
+        ];
+        assert_eq!(placed_extents(&p), [0, 16, 0]);
+    }
+}
