@@ -395,6 +395,24 @@ impl VectorClock {
         }
     }
 
+    /// The component-wise minimum of the two clocks: what both know.
+    pub fn meet(&self, other: &VectorClock) -> VectorClock {
+        let mut out = VectorClock::new();
+        let n = self.dense.len().min(other.dense.len());
+        out.dense = (0..n).map(|i| self.dense[i].min(other.dense[i])).collect();
+        if let (Some(_), Some(_)) = (&self.shared, &other.shared) {
+            for (p, t) in self.nonzero() {
+                if p.index() >= DENSE {
+                    let m = t.min(other.get(p));
+                    if m > 0 {
+                        out.raise(p, m);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Whether every component of this clock is at most the same component of `other`.
     pub fn le(&self, other: &VectorClock) -> bool {
         self.dense

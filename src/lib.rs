@@ -86,6 +86,7 @@
 #![warn(missing_docs)]
 
 pub mod alloc;
+pub mod analysis;
 pub mod checker;
 pub mod clock;
 #[cfg(feature = "cuda")]
