@@ -62,6 +62,12 @@ enum Command {
         /// Provocation attempts per hazard with --confirm.
         #[arg(long, default_value_t = 5)]
         attempts: u32,
+        /// Also say which synchronization ops (event waits, host syncs and queries,
+        /// record_stream) the program needs and what each prevents, and which are redundant:
+        /// text lists them by site, JSON adds the `syncs` array, SARIF adds a note for each
+        /// redundant one, HTML greys redundant sync edges. It never changes the exit status.
+        #[arg(long)]
+        syncs: bool,
     },
     /// Write the trace with the synchronization that removes its races inserted.
     ///
@@ -91,6 +97,12 @@ enum Command {
         /// Write the fixed trace to this file instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Instead of inserting synchronization, remove the synchronization ops that are
+        /// redundant together: each removal is checked, and the written trace has no error
+        /// the trace as written does not have (a clean trace stays clean). Every other line is
+        /// kept as it was; standard error says how many were removed.
+        #[arg(long)]
+        remove_redundant: bool,
     },
     /// Measure the checking engine on a synthetic clean pipeline (no parsing): ns/op and ops/s.
     ///
@@ -111,6 +123,11 @@ enum Command {
         /// Seed of the workload's random choices.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Events each step of the pipeline waits on: 1 (the previous stage's) or up to
+        /// streams - 1 (the previous stages' too, in a random order: "insurance" waits, most of
+        /// them redundant).
+        #[arg(long, default_value_t = 1)]
+        waits: u32,
         /// Write the workload as a trace to this file (`-` for stdout) instead of timing it.
         #[arg(long)]
         write_trace: Option<PathBuf>,
@@ -259,14 +276,21 @@ where
             output,
             confirm,
             attempts,
+            syncs,
         } => check(
             &file,
             format,
             color,
             output.as_ref(),
             confirm.map(|b| (b, attempts)),
+            syncs,
         ),
-        Command::Fix { file, output } => fix(&file, output.as_ref()),
+        Command::Fix {
+            file,
+            output,
+            remove_redundant: true,
+        } => fix_remove_redundant(&file, output.as_ref()),
+        Command::Fix { file, output, .. } => fix(&file, output.as_ref()),
         Command::Bench {
             write_trace,
             json,
@@ -281,6 +305,7 @@ where
             seed,
             write_trace,
             json,
+            waits,
             ..
         } => bench(
             Pipeline {
@@ -289,6 +314,7 @@ where
                 buffers,
                 seed,
             },
+            waits,
             write_trace.as_ref(),
             json,
         ),
@@ -481,6 +507,7 @@ fn check(
     color: Color,
     output: Option<&PathBuf>,
     confirm: Option<(Backend, u32)>,
+    syncs: bool,
 ) -> Result<u8, String> {
     refuse_overwrite(file, output, "checked")?;
     let (input, name, len, count) = open_input(file)?;
@@ -489,7 +516,8 @@ fn check(
     // read twice (standard input, a pipe) is kept in a temporary file for that.
     let explains = matches!(format, Format::Text | Format::Dot | Format::Html);
     let mut spool = None;
-    let input: Box<dyn BufRead> = if explains && !rereadable(file) {
+    // The synchronization analysis may walk it again too, to re-check a few syncs.
+    let input: Box<dyn BufRead> = if (explains || syncs) && !rereadable(file) {
         match Spool::create() {
             Ok((s, f)) => {
                 let tee = Tee {
@@ -512,7 +540,7 @@ fn check(
         input
     };
     let mut reader = TraceReader::new(input, name.clone());
-    let mut checker = Checker::new();
+    let mut checker = CheckRun::new(syncs);
     // With --confirm the program is kept, to run it.
     let mut program = Vec::new();
     loop {
@@ -522,7 +550,7 @@ fn check(
             Err(e) => return Err(e.to_string()),
         };
         if let Err(e) = checker.check(&op) {
-            let at = locate(&checker, &op, spans, &e);
+            let at = locate(checker.checker(), &op, spans, &e);
             return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
         }
         if confirm.is_some() {
@@ -534,18 +562,29 @@ fn check(
     }
     bar.finish_and_clear();
     drop(reader);
-    let implicit = checker.implicit_syncs().to_vec();
-    let mut report = checker.finish();
+    let implicit = checker.checker().implicit_syncs().to_vec();
+    let mut report = match &spool {
+        Some(s) if !s.failed.get() => {
+            checker.finish(Some(&Source::File(s.file.path().into())), &name)?
+        }
+        Some(_) => checker.finish(None, &name)?,
+        None => checker.finish(
+            rereadable(file)
+                .then(|| Source::File(file.clone()))
+                .as_ref(),
+            &name,
+        )?,
+    };
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
     let source = match &spool {
-        Some(s) if !s.failed.get() => Some(Source::File(s.file.path().to_path_buf())),
+        Some(s) if !s.failed.get() && explains => Some(Source::File(s.file.path().to_path_buf())),
         Some(_) => None,
         None if explains && rereadable(file) => Some(Source::File(file.clone())),
         None => None,
     };
-    if spool.as_ref().is_some_and(|s| s.failed.get()) {
+    if explains && spool.as_ref().is_some_and(|s| s.failed.get()) {
         eprintln!(
             "streamsan: cannot keep a copy of the input; the report will not explain its hazards"
         );
@@ -903,12 +942,12 @@ impl<R: io::Read, W: Write> io::Read for Tee<R, W> {
     }
 }
 
-fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {
+fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {
     if let Some(path) = write_trace {
         let out = Output::open(Some(path))?;
         let mut w = TraceWriter::new(out);
         let mut result = Ok(());
-        p.generate(|op| {
+        p.generate_waiting(waits, |op| {
             if result.is_ok() {
                 result = w.write(&op);
             }
@@ -947,7 +986,7 @@ fn bench(p: Pipeline, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, S
         elapsed += start.elapsed();
         batch.clear();
     };
-    p.generate(|op| {
+    p.generate_waiting(waits, |op| {
         batch.push(op);
         if batch.len() == BATCH {
             run(&mut batch);
@@ -1327,4 +1366,160 @@ fn cuda_executor() -> Result<Box<dyn streamsan::fuzz::campaign::Executor>, Strin
 #[cfg(not(feature = "cuda"))]
 fn cuda_executor() -> Result<Box<dyn streamsan::fuzz::campaign::Executor>, String> {
     Err("--backend cuda: this streamsan was built without the `cuda` feature".into())
+}
+
+/// The checker of `check`: plain, or with the synchronization analysis (`--syncs`).
+enum CheckRun {
+    Plain(Checker),
+    Syncs(Box<streamsan::analysis::syncs::SyncChecker>),
+}
+
+impl CheckRun {
+    fn new(syncs: bool) -> Self {
+        if syncs {
+            CheckRun::Syncs(Box::default())
+        } else {
+            CheckRun::Plain(Checker::new())
+        }
+    }
+
+    fn check(&mut self, op: &TraceOp) -> Result<(), CheckError> {
+        match self {
+            CheckRun::Plain(c) => c.check(op).map(|_| ()),
+            CheckRun::Syncs(c) => c.check(op).map(|_| ()),
+        }
+    }
+
+    fn checker(&self) -> &Checker {
+        match self {
+            CheckRun::Plain(c) => c,
+            CheckRun::Syncs(c) => c.checker(),
+        }
+    }
+
+    fn ops(&self) -> u64 {
+        self.checker().ops()
+    }
+
+    /// Ends the walk: the report, with a verdict on every synchronization op when analysed. The
+    /// few ops the analysis leaves to a re-check are decided by walking `source` again.
+    fn finish(self, source: Option<&Source>, name: &str) -> Result<streamsan::Report, String> {
+        let c = match self {
+            CheckRun::Plain(c) => return Ok(c.finish()),
+            CheckRun::Syncs(c) => c,
+        };
+        let stats = c.stats();
+        let mut outcome = c.finish();
+        tracing::info!(
+            unchanged = stats.unchanged,
+            whatifs = stats.whatifs,
+            peak_live = stats.peak_live,
+            abandoned = stats.abandoned,
+            probes = stats.probes,
+            "synchronization analysis"
+        );
+        if !outcome.undecided.is_empty() {
+            let Some(source) = source else {
+                return Err(format!(
+                    "{name}: cannot walk the trace a second time to decide {} synchronization ops",
+                    outcome.undecided.len()
+                ));
+            };
+            streamsan::analysis::syncs::resolve(&mut outcome, |skipped, real| {
+                let mut reader = TraceReader::new(source.open()?, name.to_string());
+                let mut failed = None;
+                let ops = std::iter::from_fn(|| match reader.next_op() {
+                    Ok(Some((op, _))) => Some(op),
+                    Ok(None) => None,
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        None
+                    }
+                });
+                let found = streamsan::analysis::syncs::recheck(ops, skipped, real)
+                    .map_err(|e| format!("{name}: op {}: {e}", e.op))?;
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok(found),
+                }
+            })?;
+        }
+        Ok(outcome.into_report())
+    }
+}
+
+/// `fix --remove-redundant`: writes the trace without the synchronization ops that are
+/// redundant together, every other line as it was. The trace is held in memory.
+fn fix_remove_redundant(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, String> {
+    let name = if file.as_os_str() == "-" {
+        "<stdin>".to_string()
+    } else {
+        file.display().to_string()
+    };
+    refuse_overwrite(file, output, "fixed")?;
+    let (mut input, ..) = open_input(file)?;
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut input, &mut bytes)
+        .map_err(|e| format!("{name}: cannot read: {e}"))?;
+    // First walk: the ops, with located errors for bad input.
+    let mut reader = TraceReader::new(&bytes[..], name.clone());
+    let mut checker = Checker::new();
+    let mut ops = Vec::new();
+    while let Some((op, spans)) = reader.next_op().map_err(|e| e.to_string())? {
+        if let Err(e) = checker.check(&op) {
+            let at = locate(&checker, &op, spans, &e);
+            return Err(ParseError::at(name, at, e.message, e.expected.as_deref()).to_string());
+        }
+        ops.push(op);
+    }
+    drop(reader);
+    let removal = streamsan::analysis::syncs::remove_redundant(&ops)
+        .map_err(|e| format!("{name}: op {}: {e}", e.op))?;
+    // Second walk: every line, but those of the removed ops.
+    let removed: std::collections::HashSet<u64> = removal.removed.iter().copied().collect();
+    let mut out = Output::open(output)?;
+    let mut index = 0u64;
+    let mut written = Ok(());
+    for (number, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+        let mut content = line.strip_suffix(b"\n").unwrap_or(line);
+        content = content.strip_suffix(b"\r").unwrap_or(content);
+        if number == 0 {
+            content = content.strip_prefix(b"\xef\xbb\xbf").unwrap_or(content);
+        }
+        let is_op = streamsan::trace::parse_line_bytes(content)
+            .map_err(|e| format!("{name}:{}:{}: {}", number + 1, e.column, e.message))?
+            .is_some();
+        if is_op {
+            index += 1;
+            if removed.contains(&(index - 1)) {
+                continue;
+            }
+        }
+        if written.is_ok() {
+            written = out.write_all(line);
+        }
+    }
+    match written.and_then(|_| out.commit()) {
+        Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+        Err(e) => return Err(format!("cannot write the trace: {e}")),
+        Ok(()) => {}
+    }
+    let after = &removal.after;
+    eprintln!(
+        "streamsan: removed {} of {} synchronization ops ({} ops left of {}); the written trace has {}",
+        removal.removed.len(),
+        removal.syncs,
+        ops.len() - removal.removed.len(),
+        ops.len(),
+        if after.errors == 0 {
+            "no error".to_string()
+        } else {
+            format!(
+                "the {} error{} of the trace as written, no other",
+                after.errors,
+                if after.errors == 1 { "" } else { "s" }
+            )
+        }
+    );
+    Ok(if after.is_clean() { 0 } else { 1 })
 }

@@ -447,3 +447,276 @@ pub fn resolve<E>(
     }
     Ok(())
 }
+
+/// The verdicts of one site (or of one op without a site), for the text output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteSummary {
+    /// The site as reports print it (a stack joined with `" <- "`), or `None` for an op
+    /// without a site.
+    pub site: Option<String>,
+    /// The op names of its synchronization ops, in order of first appearance.
+    pub kinds: Vec<&'static str>,
+    /// The op indices of its synchronization ops, in order.
+    pub ops: Vec<u64>,
+    /// How many were needed.
+    pub needed: u64,
+    /// What the needed ones prevent, sorted (each error once).
+    pub prevents: Vec<ErrorKey>,
+}
+
+impl SiteSummary {
+    /// How many synchronization ops the site issued.
+    pub fn count(&self) -> u64 {
+        self.ops.len() as u64
+    }
+
+    /// How many were redundant.
+    pub fn redundant(&self) -> u64 {
+        self.count() - self.needed
+    }
+}
+
+/// The verdicts grouped by site (ops without a site each alone), redundant sites first (every op
+/// redundant), then sites with some redundant ops, then sites whose every op was needed; within
+/// each group in order of the site's first op.
+pub fn by_site(syncs: &[SyncVerdict]) -> Vec<SiteSummary> {
+    let mut sites: Vec<SiteSummary> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for v in syncs {
+        let key = v.site.as_ref().map(|s| s.to_string());
+        let k = match &key {
+            Some(s) => *index.entry(s.clone()).or_insert_with(|| {
+                sites.push(SiteSummary {
+                    site: key.clone(),
+                    kinds: Vec::new(),
+                    ops: Vec::new(),
+                    needed: 0,
+                    prevents: Vec::new(),
+                });
+                sites.len() - 1
+            }),
+            None => {
+                sites.push(SiteSummary {
+                    site: None,
+                    kinds: Vec::new(),
+                    ops: Vec::new(),
+                    needed: 0,
+                    prevents: Vec::new(),
+                });
+                sites.len() - 1
+            }
+        };
+        let s = &mut sites[k];
+        if !s.kinds.contains(&v.kind) {
+            s.kinds.push(v.kind);
+        }
+        s.ops.push(v.op);
+        if v.needed {
+            s.needed += 1;
+            s.prevents.extend(v.prevents.iter().cloned());
+        }
+    }
+    for s in &mut sites {
+        s.prevents.sort();
+        s.prevents.dedup();
+    }
+    let rank = |s: &SiteSummary| match (s.needed, s.redundant()) {
+        (0, _) => 0,
+        (_, r) if r > 0 => 1,
+        _ => 2,
+    };
+    sites.sort_by_key(|s| (rank(s), s.ops[0]));
+    sites
+}
+
+/// A list of op indices, the first few of them: `"ops 3, 9 and 12"`, `"ops 3, 9, 12, … (40)"`.
+fn op_list(ops: &[u64]) -> String {
+    const SHOWN: usize = 5;
+    let shown: Vec<String> = ops.iter().take(SHOWN).map(|o| o.to_string()).collect();
+    let word = if ops.len() == 1 { "op" } else { "ops" };
+    match ops.len() {
+        0 => String::new(),
+        1 => format!("{word} {}", shown[0]),
+        n if n <= SHOWN => format!("{word} {} and {}", shown[..n - 1].join(", "), shown[n - 1]),
+        n => format!("{word} {}, … ({n} in all)", shown.join(", ")),
+    }
+}
+
+/// A list of errors, the first few of them.
+fn error_list(errors: &[ErrorKey]) -> String {
+    const SHOWN: usize = 3;
+    let shown: Vec<String> = errors
+        .iter()
+        .take(SHOWN)
+        .map(|e| crate::text::escape(&e.to_string()).into_owned())
+        .collect();
+    let more = errors.len().saturating_sub(SHOWN);
+    let mut s = shown.join(", ");
+    if more > 0 {
+        s.push_str(&format!(" and {more} more"));
+    }
+    s
+}
+
+/// The text output of the analysis: a summary line, then one line per site (or per op without a
+/// site) with the count of its synchronization ops and how many were needed and redundant,
+/// redundant sites first. `clean`: whether the trace has no error (a redundant sync then keeps
+/// the program hazard-free; otherwise it adds no hazard).
+pub fn render_text(syncs: &[SyncVerdict], clean: bool) -> String {
+    use std::fmt::Write as _;
+    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    let mut out = String::new();
+    let total = syncs.len() as u64;
+    let needed = syncs.iter().filter(|s| s.needed).count() as u64;
+    let sites = by_site(syncs);
+    let _ = writeln!(
+        out,
+        "synchronization: {} at {}: {} needed, {} redundant",
+        plural(total, "synchronization op"),
+        plural(sites.len() as u64, "site"),
+        needed,
+        total - needed
+    );
+    let keeps = if clean {
+        "removing it keeps the program hazard-free"
+    } else {
+        "removing it alone adds no hazard"
+    };
+    for s in &sites {
+        let at = match &s.site {
+            Some(site) => crate::text::escape(site).into_owned(),
+            None => format!("op {}", s.ops[0]),
+        };
+        let what = format!(
+            "{at} ({}): {}, {} needed, {} redundant",
+            s.kinds.join(", "),
+            plural(s.count(), "synchronization"),
+            s.needed,
+            s.redundant()
+        );
+        let redundant_ops: Vec<u64> = s
+            .ops
+            .iter()
+            .copied()
+            .filter(|op| {
+                syncs
+                    .binary_search_by_key(op, |v| v.op)
+                    .is_ok_and(|k| !syncs[k].needed)
+            })
+            .collect();
+        if s.needed == 0 {
+            let _ = writeln!(
+                out,
+                "  redundant: {what} — {keeps}; if it is there for timing, time with CUDA events instead"
+            );
+        } else if s.redundant() > 0 {
+            let _ = writeln!(
+                out,
+                "  partly needed: {what} — the needed ones prevent {}; the redundant ones ({}) can go, each alone",
+                error_list(&s.prevents),
+                op_list(&redundant_ops)
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "  needed: {what} — prevents {}",
+                error_list(&s.prevents)
+            );
+        }
+    }
+    out
+}
+
+impl SyncOutcome {
+    /// The report with its `syncs` (undecided ops must be resolved first: [`resolve`]).
+    pub fn into_report(self) -> Report {
+        let mut report = self.report;
+        report.syncs = Some(self.syncs);
+        report
+    }
+}
+
+/// What [`remove_redundant`] found.
+#[derive(Clone, Debug)]
+pub struct Removal {
+    /// The op indices of the synchronization ops removed, in order.
+    pub removed: Vec<u64>,
+    /// The number of synchronization ops of the trace.
+    pub syncs: u64,
+    /// The report of the trace as written.
+    pub before: Report,
+    /// The report of the trace without the removed ops (op indices of that trace).
+    pub after: Report,
+}
+
+/// The trace without the synchronization ops that are redundant together: no error of the
+/// trace without them is missing from the trace as written (a clean trace stays clean).
+///
+/// The analysis names the redundant ops, each alone. Removing them all at once is tried first;
+/// where that adds an error, the set is split in halves, each half tried on what is left, down
+/// to one op at a time — every removal kept is checked. A needed op stays needed once others are
+/// gone (removing ops only removes orderings), so the ops left are all needed or were redundant
+/// only in company.
+pub fn remove_redundant(ops: &[TraceOp]) -> Result<Removal, CheckError> {
+    let (before, verdicts) = analyze(ops)?;
+    let real = error_keys(&before);
+    let syncs = verdicts.len() as u64;
+    let candidates: Vec<u64> = verdicts
+        .iter()
+        .filter(|v| !v.needed)
+        .map(|v| v.op)
+        .collect();
+    let mut removed: BTreeSet<u64> = BTreeSet::new();
+    // Whether the trace without `removed` and `more` adds no error. Hazards are reported at the
+    // op being checked, so each is compared at its op's index in the trace as written.
+    let safe = |removed: &BTreeSet<u64>, more: &[u64]| -> Result<bool, CheckError> {
+        let mut c = Checker::new();
+        for (i, op) in ops.iter().enumerate() {
+            let i = i as u64;
+            if removed.contains(&i) || more.binary_search(&i).is_ok() {
+                continue;
+            }
+            for h in c.check(op)? {
+                let key = ErrorKey {
+                    op: i,
+                    ..ErrorKey::of(h)
+                };
+                if h.is_error() && !real.contains(&key) {
+                    return Ok(false);
+                }
+            }
+            let _ = c.take_hazards();
+        }
+        Ok(true)
+    };
+    let mut pending = vec![candidates];
+    while let Some(chunk) = pending.pop() {
+        if chunk.is_empty() {
+            continue;
+        }
+        if safe(&removed, &chunk)? {
+            removed.extend(chunk);
+        } else if chunk.len() > 1 {
+            let (a, b) = chunk.split_at(chunk.len() / 2);
+            // The first half is tried first.
+            pending.push(b.to_vec());
+            pending.push(a.to_vec());
+        }
+    }
+    let kept: Vec<&TraceOp> = ops
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !removed.contains(&(*i as u64)))
+        .map(|(_, op)| op)
+        .collect();
+    let mut c = Checker::new();
+    for op in kept {
+        c.check(op)?;
+    }
+    Ok(Removal {
+        removed: removed.into_iter().collect(),
+        syncs,
+        before,
+        after: c.finish(),
+    })
+}
