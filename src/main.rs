@@ -128,6 +128,9 @@ enum Command {
         /// them redundant).
         #[arg(long, default_value_t = 1)]
         waits: u32,
+        /// Time the checker with the synchronization analysis (`check --syncs`).
+        #[arg(long)]
+        syncs: bool,
         /// Write the workload as a trace to this file (`-` for stdout) instead of timing it.
         #[arg(long)]
         write_trace: Option<PathBuf>,
@@ -306,6 +309,7 @@ where
             write_trace,
             json,
             waits,
+            syncs,
             ..
         } => bench(
             Pipeline {
@@ -314,7 +318,7 @@ where
                 buffers,
                 seed,
             },
-            waits,
+            (waits, syncs),
             write_trace.as_ref(),
             json,
         ),
@@ -942,7 +946,12 @@ impl<R: io::Read, W: Write> io::Read for Tee<R, W> {
     }
 }
 
-fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> Result<u8, String> {
+fn bench(
+    p: Pipeline,
+    (waits, syncs): (u32, bool),
+    write_trace: Option<&PathBuf>,
+    json: bool,
+) -> Result<u8, String> {
     if let Some(path) = write_trace {
         let out = Output::open(Some(path))?;
         let mut w = TraceWriter::new(out);
@@ -961,7 +970,7 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
     // The workload is generated in batches, and only the checking of each batch is timed:
     // memory stays the same for any number of ops.
     const BATCH: usize = 4096;
-    let mut checker = Checker::new();
+    let mut checker = CheckRun::new(syncs);
     let mut batch = Vec::with_capacity(BATCH);
     let mut elapsed = std::time::Duration::ZERO;
     let (mut hazards, mut peak_history, mut count) = (0usize, 0usize, 0u64);
@@ -970,7 +979,7 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
         let start = Instant::now();
         for op in batch.iter() {
             match checker.check(op) {
-                Ok(h) => hazards += h.len(),
+                Ok(h) => hazards += h,
                 Err(e) => {
                     failed.get_or_insert(format!(
                         "the generated workload is invalid at op {count}: {e}"
@@ -979,7 +988,7 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
                 }
             }
             if count % 1024 == 0 {
-                peak_history = peak_history.max(checker.stats().history);
+                peak_history = peak_history.max(checker.checker().stats().history);
             }
             count += 1;
         }
@@ -996,7 +1005,11 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
     if let Some(e) = failed {
         return Err(e);
     }
-    let stats = checker.stats();
+    let stats = checker.checker().stats();
+    // The analysis's verdicts are made at the end, timed too.
+    let start = Instant::now();
+    let analysis = checker.finish_syncs();
+    elapsed += start.elapsed();
     let ops = count;
     let n = ops as f64;
     let ns_per_op = elapsed.as_nanos() as f64 / n;
@@ -1008,6 +1021,9 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
                 "seconds": elapsed.as_secs_f64(), "ns_per_op": ns_per_op,
                 "ops_per_second": n / elapsed.as_secs_f64(), "hazards": hazards,
                 "peak_history": peak_history, "generations": stats.generations,
+                "syncs": analysis.as_ref().map(|(n, needed, s)| serde_json::json!({
+                    "syncs": n, "needed": needed, "stats": s,
+                })),
             })
         );
     } else {
@@ -1022,6 +1038,12 @@ fn bench(p: Pipeline, waits: u32, write_trace: Option<&PathBuf>, json: bool) -> 
             hazards,
             peak_history
         );
+        if let Some((n, needed, s)) = analysis {
+            outln!(
+                "synchronization analysis: {n} synchronization ops, {needed} needed; {} unchanged by their removal, {} what-ifs (at most {} at once), {} given up; {} what-if updates, {} accesses checked again",
+                s.unchanged, s.whatifs, s.peak_live, s.abandoned, s.updates, s.probes
+            );
+        }
     }
     Ok(0)
 }
@@ -1370,7 +1392,7 @@ fn cuda_executor() -> Result<Box<dyn streamsan::fuzz::campaign::Executor>, Strin
 
 /// The checker of `check`: plain, or with the synchronization analysis (`--syncs`).
 enum CheckRun {
-    Plain(Checker),
+    Plain(Box<Checker>),
     Syncs(Box<streamsan::analysis::syncs::SyncChecker>),
 }
 
@@ -1379,14 +1401,28 @@ impl CheckRun {
         if syncs {
             CheckRun::Syncs(Box::default())
         } else {
-            CheckRun::Plain(Checker::new())
+            CheckRun::Plain(Box::default())
         }
     }
 
-    fn check(&mut self, op: &TraceOp) -> Result<(), CheckError> {
+    /// Checks an op; returns the number of hazards it raised.
+    fn check(&mut self, op: &TraceOp) -> Result<usize, CheckError> {
         match self {
-            CheckRun::Plain(c) => c.check(op).map(|_| ()),
-            CheckRun::Syncs(c) => c.check(op).map(|_| ()),
+            CheckRun::Plain(c) => c.check(op).map(|h| h.len()),
+            CheckRun::Syncs(c) => c.check(op).map(|h| h.len()),
+        }
+    }
+
+    /// For `bench`: with the analysis, the number of synchronization ops, how many were needed
+    /// (those left to a re-check counted as redundant), and the analysis's counters.
+    fn finish_syncs(self) -> Option<(usize, usize, streamsan::analysis::syncs::SyncStats)> {
+        match self {
+            CheckRun::Plain(_) => None,
+            CheckRun::Syncs(c) => {
+                let o = c.finish();
+                let needed = o.syncs.iter().filter(|s| s.needed).count();
+                Some((o.syncs.len(), needed, o.stats))
+            }
         }
     }
 
@@ -1405,7 +1441,7 @@ impl CheckRun {
     /// few ops the analysis leaves to a re-check are decided by walking `source` again.
     fn finish(self, source: Option<&Source>, name: &str) -> Result<streamsan::Report, String> {
         let c = match self {
-            CheckRun::Plain(c) => return Ok(c.finish()),
+            CheckRun::Plain(c) => return Ok((*c).finish()),
             CheckRun::Syncs(c) => c,
         };
         let stats = c.stats();

@@ -424,3 +424,29 @@ fn conformance_and_example_traces_agree() {
     );
     assert!(needed > 10 && syncs > needed);
 }
+
+/// The analysis equals the brute force on a pipeline with "insurance" waits (`streamsan bench
+/// --waits`): each step waits on the events of five stages, most of them redundant.
+#[test]
+fn pipeline_with_insurance_waits_agrees() {
+    use streamsan::workload::Pipeline;
+    let mut ops = Vec::new();
+    Pipeline {
+        ops: 1500,
+        streams: 6,
+        buffers: 24,
+        seed: 3,
+    }
+    .generate_waiting(5, |op| ops.push(op));
+    let (report, brute) = brute_force(&ops).expect("accepted");
+    let (report2, product) = analyze(&ops).expect("accepted");
+    assert!(report.is_clean());
+    assert_eq!(report, report2);
+    let needed = brute.iter().filter(|s| s.needed).count();
+    println!("{} synchronization ops, {needed} needed", brute.len());
+    assert!(brute.len() > 600 && needed > 10 && needed < brute.len() / 2);
+    assert!(
+        brute == product,
+        "the analysis and the brute force disagree"
+    );
+}

@@ -179,6 +179,8 @@ pub struct SyncStats {
     pub abandoned: u64,
     /// Accesses checked again with a what-if's clock (one per region).
     pub probes: u64,
+    /// What-ifs advanced over an op that may change them (one per what-if and op).
+    pub updates: u64,
 }
 
 /// The checker with the synchronization analysis: checks ops one at a time as [`Checker`] does
@@ -525,7 +527,7 @@ pub fn by_site(syncs: &[SyncVerdict]) -> Vec<SiteSummary> {
         (_, r) if r > 0 => 1,
         _ => 2,
     };
-    sites.sort_by_key(|s| (rank(s), s.ops[0]));
+    sites.sort_unstable_by_key(|s| (rank(s), s.ops[0]));
     sites
 }
 
@@ -559,21 +561,59 @@ fn error_list(errors: &[ErrorKey]) -> String {
 }
 
 /// The text output of the analysis: a summary line, then one line per site (or per op without a
-/// site) with the count of its synchronization ops and how many were needed and redundant,
-/// redundant sites first. `clean`: whether the trace has no error (a redundant sync then keeps
-/// the program hazard-free; otherwise it adds no hazard).
+/// site) with the count of its synchronization ops and how many were needed and redundant, in
+/// three groups: redundant sites first (under the advice that applies to each of them), then
+/// sites with some redundant ops, then sites whose every op was needed. `clean`: whether the
+/// trace has no error (a redundant sync then keeps the program hazard-free; otherwise it adds no
+/// hazard).
 pub fn render_text(syncs: &[SyncVerdict], clean: bool) -> String {
     use std::fmt::Write as _;
+    // Sites with a label, grouped; an op without a site is a group of its own (most ops of a
+    // trace without sites: no table for them).
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut labelled: Vec<(String, Vec<usize>)> = Vec::new();
+    for (k, v) in syncs.iter().enumerate() {
+        if let Some(site) = &v.site {
+            let key = site.to_string();
+            match index.get(&key) {
+                Some(&g) => labelled[g].1.push(k),
+                None => {
+                    index.insert(key.clone(), labelled.len());
+                    labelled.push((key, vec![k]));
+                }
+            }
+        }
+    }
+    let rank = |members: &[usize]| {
+        let needed = members.iter().filter(|&&k| syncs[k].needed).count();
+        match needed {
+            0 => 0,
+            n if n < members.len() => 1,
+            _ => 2,
+        }
+    };
+    let mut groups: Vec<(u8, u64, Option<usize>, usize)> = labelled
+        .iter()
+        .enumerate()
+        .map(|(g, (_, m))| (rank(m), syncs[m[0]].op, Some(g), m[0]))
+        .collect();
+    groups.extend(
+        syncs
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| v.site.is_none())
+            .map(|(k, v)| (if v.needed { 2 } else { 0 }, v.op, None, k)),
+    );
+    groups.sort_unstable_by_key(|&(r, op, _, _)| (r, op));
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
-    let mut out = String::new();
     let total = syncs.len() as u64;
     let needed = syncs.iter().filter(|s| s.needed).count() as u64;
-    let sites = by_site(syncs);
+    let mut out = String::with_capacity(64 + 80 * groups.len());
     let _ = writeln!(
         out,
         "synchronization: {} at {}: {} needed, {} redundant",
         plural(total, "synchronization op"),
-        plural(sites.len() as u64, "site"),
+        plural(groups.len() as u64, "site"),
         needed,
         total - needed
     );
@@ -582,47 +622,73 @@ pub fn render_text(syncs: &[SyncVerdict], clean: bool) -> String {
     } else {
         "removing it alone adds no hazard"
     };
-    for s in &sites {
-        let at = match &s.site {
-            Some(site) => crate::text::escape(site).into_owned(),
-            None => format!("op {}", s.ops[0]),
-        };
-        let what = format!(
-            "{at} ({}): {}, {} needed, {} redundant",
-            s.kinds.join(", "),
-            plural(s.count(), "synchronization"),
-            s.needed,
-            s.redundant()
-        );
-        let redundant_ops: Vec<u64> = s
-            .ops
-            .iter()
-            .copied()
-            .filter(|op| {
-                syncs
-                    .binary_search_by_key(op, |v| v.op)
-                    .is_ok_and(|k| !syncs[k].needed)
-            })
-            .collect();
-        if s.needed == 0 {
-            let _ = writeln!(
-                out,
-                "  redundant: {what} — {keeps}; if it is there for timing, time with CUDA events instead"
-            );
-        } else if s.redundant() > 0 {
-            let _ = writeln!(
-                out,
-                "  partly needed: {what} — the needed ones prevent {}; the redundant ones ({}) can go, each alone",
-                error_list(&s.prevents),
-                op_list(&redundant_ops)
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "  needed: {what} — prevents {}",
-                error_list(&s.prevents)
-            );
+    let mut current = None;
+    for &(r, _, g, k) in &groups {
+        if current != Some(r) {
+            current = Some(r);
+            let _ = match r {
+                0 => writeln!(
+                    out,
+                    "redundant — {keeps}; if it is there for timing, time with CUDA events instead:"
+                ),
+                1 => writeln!(
+                    out,
+                    "partly needed — the redundant ones can go, each alone:"
+                ),
+                _ => writeln!(out, "needed:"),
+            };
         }
+        let (members, label): (Vec<usize>, Option<&str>) = match g {
+            Some(g) => (labelled[g].1.clone(), Some(labelled[g].0.as_str())),
+            None => (vec![k], None),
+        };
+        out.push_str("  ");
+        match label {
+            Some(site) => out.push_str(&crate::text::escape(site)),
+            None => {
+                let _ = write!(out, "op {}", syncs[k].op);
+            }
+        }
+        out.push_str(" (");
+        let mut kinds: Vec<&str> = Vec::new();
+        for &m in &members {
+            if !kinds.contains(&syncs[m].kind) {
+                kinds.push(syncs[m].kind);
+            }
+        }
+        out.push_str(&kinds.join(", "));
+        let count = members.len();
+        let needed = members.iter().filter(|&&m| syncs[m].needed).count();
+        let _ = write!(
+            out,
+            "): {count} synchronization{}, {needed} needed, {} redundant",
+            if count == 1 { "" } else { "s" },
+            count - needed
+        );
+        if r > 0 {
+            let mut prevents: Vec<ErrorKey> = members
+                .iter()
+                .flat_map(|&m| syncs[m].prevents.iter().cloned())
+                .collect();
+            prevents.sort();
+            prevents.dedup();
+            if r == 1 {
+                let redundant: Vec<u64> = members
+                    .iter()
+                    .filter(|&&m| !syncs[m].needed)
+                    .map(|&m| syncs[m].op)
+                    .collect();
+                let _ = write!(
+                    out,
+                    " ({}); the needed ones prevent {}",
+                    op_list(&redundant),
+                    error_list(&prevents)
+                );
+            } else {
+                let _ = write!(out, "; prevents {}", error_list(&prevents));
+            }
+        }
+        out.push('\n');
     }
     out
 }

@@ -1,12 +1,24 @@
 //! The what-ifs: for each synchronization op whose removal changes something, the state of
 //! happens-before with that op alone removed, held as differences from the real state and
 //! advanced op by op beside the real checker (see the parent module's docs for the argument).
+//!
+//! # Differences
+//!
+//! A what-if's clock is at most the real one, component by component (it has fewer edges), and
+//! each participant's own component is the real one (only its own accesses advance it). A clock
+//! of a what-if is kept as a [`Diff`]: the few components where it is below the real clock, with
+//! its values there; every other component is the real one. An op changes the clock of its own
+//! participant only (or an event's capture, or the host's), so a what-if's new difference is
+//! found from the differences of the op's inputs alone, component by component: for each
+//! component where an input differs, the what-if's value is the largest of its inputs' values
+//! there, the real one the largest of the real inputs', and the component differs if the first is
+//! below the second. Nothing is copied but those few components.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::checker::Checker;
-use crate::clock::{Epoch, Participant, VectorClock};
+use crate::clock::{Epoch, Participant, Time, VectorClock};
 use crate::order::Order;
 use crate::report::HazardKind;
 use crate::shadow::Access;
@@ -27,17 +39,25 @@ pub(super) struct Verdict {
     pub undecided: bool,
 }
 
+/// A clock of a what-if, as its differences from the real clock: the components where it is
+/// below, with its values there, sorted by participant.
+type Diff = Vec<(Participant, Time)>;
+
+fn diff_at(d: &Diff, q: Participant) -> Option<Time> {
+    d.iter().find(|(p, _)| *p == q).map(|&(_, t)| t)
+}
+
 /// A what-if: the trace with one synchronization op replaced by nothing, as differences from
 /// the real state. Everything not listed here is as in the real state.
 #[derive(Clone, Debug)]
 struct WhatIf {
     verdict: usize,
     born: u64,
-    /// Participants whose clock differs, with their clock here.
-    clocks: Vec<(Participant, VectorClock)>,
-    /// Events whose capture differs, with their capture here (never "unrecorded": whether an
-    /// event is recorded does not depend on clocks).
-    captures: Vec<(Id, VectorClock)>,
+    /// Participants whose clock differs.
+    clocks: Vec<(Participant, Diff)>,
+    /// Events whose capture differs (never "unrecorded": whether an event is recorded does not
+    /// depend on clocks).
+    captures: Vec<(Id, Diff)>,
     /// A removed `record_stream`: the live buffer that lacks this stream among its
     /// `record_stream` streams here.
     record_stream: Option<(Id, Participant)>,
@@ -47,12 +67,12 @@ struct WhatIf {
 }
 
 impl WhatIf {
-    fn clock(&self, p: Participant) -> Option<&VectorClock> {
-        self.clocks.iter().find(|(q, _)| *q == p).map(|(_, c)| c)
+    fn clock(&self, p: Participant) -> Option<&Diff> {
+        self.clocks.iter().find(|(q, _)| *q == p).map(|(_, d)| d)
     }
 
-    fn capture(&self, e: &Id) -> Option<&VectorClock> {
-        self.captures.iter().find(|(f, _)| f == e).map(|(_, c)| c)
+    fn capture(&self, e: &Id) -> Option<&Diff> {
+        self.captures.iter().find(|(f, _)| f == e).map(|(_, d)| d)
     }
 
     fn is_empty(&self) -> bool {
@@ -61,11 +81,144 @@ impl WhatIf {
             && self.record_stream.is_none()
             && self.tombs.is_empty()
     }
+
+    /// Whether `p`'s clock here covers the access at `e`.
+    fn covers(&self, order: &Order, p: Participant, e: Epoch) -> bool {
+        match self.clock(p).and_then(|d| diff_at(d, e.participant)) {
+            Some(t) => t >= e.time,
+            None => order.clock(p).covers(e),
+        }
+    }
+
+    /// `p`'s clock here, whole (for the read-only probes of the checker).
+    fn full_clock(&self, order: &Order, p: Participant) -> VectorClock {
+        let mut c = order.clock(p).clone();
+        for &(q, t) in self.clock(p).map_or(&[][..], |d| d) {
+            c.lower(q, t);
+        }
+        c
+    }
 }
 
-/// `p`'s clock in what-if `w`: its own where it differs, else the real one.
-fn val<'a>(w: &'a WhatIf, order: &'a Order, p: Participant) -> &'a VectorClock {
-    w.clock(p).unwrap_or_else(|| order.clock(p))
+/// Where an op's new clock takes its values from.
+#[derive(Clone, Copy, Debug)]
+enum Src<'a> {
+    /// A participant's clock (as it is before the op, the real one and the what-if's).
+    Part(Participant),
+    /// An event's capture.
+    Event(&'a Id),
+    /// The host's clock with the real values of this clock (the host's before an op that has
+    /// already changed the real one).
+    HostBefore(&'a VectorClock),
+}
+
+/// The real clock of a source (`None`: an event never recorded, which joins nothing).
+fn real_of<'a>(order: &'a Order, src: Src<'a>) -> Option<&'a VectorClock> {
+    match src {
+        Src::Part(p) => Some(order.clock(p)),
+        Src::Event(e) => order.capture(e),
+        Src::HostBefore(c) => Some(c),
+    }
+}
+
+fn diff_of<'w>(w: &'w WhatIf, src: Src<'_>) -> Option<&'w Diff> {
+    match src {
+        Src::Part(p) => w.clock(p),
+        Src::Event(e) => w.capture(e),
+        Src::HostBefore(_) => w.clock(Participant::HOST),
+    }
+}
+
+/// The sources of an op's new clock, with their real clocks (resolved once per op).
+type Sources<'a> = smallvec::SmallVec<[(Src<'a>, &'a VectorClock); 4]>;
+
+fn sources<'a>(order: &'a Order, srcs: &[Src<'a>]) -> Sources<'a> {
+    srcs.iter()
+        .filter_map(|&s| real_of(order, s).map(|c| (s, c)))
+        .collect()
+}
+
+/// The difference of the join of `srcs` in what-if `w` (the new clock of `target`, whose own
+/// component is never below the real one), written into `out`: a merge of the sources'
+/// differences, which are sorted by participant, as the result is.
+fn combine_into(w: &WhatIf, srcs: &Sources<'_>, target: Participant, out: &mut Diff) {
+    out.clear();
+    let diffs: smallvec::SmallVec<[&[(Participant, Time)]; 4]> = srcs
+        .iter()
+        .map(|&(s, _)| diff_of(w, s).map_or(&[][..], |d| &d[..]))
+        .collect();
+    let mut nonempty = diffs.iter().enumerate().filter(|(_, d)| !d.is_empty());
+    let Some((only, first)) = nonempty.next() else {
+        return;
+    };
+    if nonempty.next().is_none() {
+        // The common case: one source differs.
+        for &(q, t) in first.iter() {
+            if q == target {
+                continue;
+            }
+            let (mut mine, mut real) = (t, 0);
+            for (k, &(_, c)) in srcs.iter().enumerate() {
+                let r = c.get(q);
+                real = real.max(r);
+                if k != only {
+                    mine = mine.max(r);
+                }
+            }
+            if mine < real {
+                out.push((q, mine));
+            }
+        }
+        return;
+    }
+    let mut at: smallvec::SmallVec<[usize; 4]> = smallvec::smallvec![0; diffs.len()];
+    while let Some(q) = diffs
+        .iter()
+        .zip(&at)
+        .filter_map(|(d, &k)| d.get(k).map(|&(q, _)| q))
+        .min()
+    {
+        let (mut mine, mut real) = (0, 0);
+        for ((&(_, c), d), k) in srcs.iter().zip(&diffs).zip(at.iter_mut()) {
+            let r = c.get(q);
+            real = real.max(r);
+            match d.get(*k) {
+                Some(&(p, t)) if p == q => {
+                    *k += 1;
+                    mine = mine.max(t);
+                }
+                _ => mine = mine.max(r),
+            }
+        }
+        if q != target && mine < real {
+            out.push((q, mine));
+        }
+    }
+}
+
+/// [`combine_into`] into a new difference.
+fn combine(w: &WhatIf, srcs: &Sources<'_>, target: Participant) -> Diff {
+    let mut out = Diff::new();
+    combine_into(w, srcs, target, &mut out);
+    out
+}
+
+/// The difference of `base` (a clock an op replaced by nothing leaves as it was) from the join
+/// of `base` and `others` (what the op makes of it).
+fn raised(base: &VectorClock, others: &[&VectorClock], target: Participant) -> Diff {
+    let mut out = Diff::new();
+    for o in others {
+        o.for_each_above(base, |q, _, b| {
+            if q != target {
+                out.push((q, b));
+            }
+        });
+    }
+    if others.len() > 1 {
+        out.sort_unstable_by_key(|&(q, _)| q);
+        out.dedup_by_key(|&mut (q, _)| q);
+    }
+    out
 }
 
 /// A tombstone of a what-if.
@@ -117,14 +270,14 @@ impl Tombs {
     }
 }
 
-/// What is read of the real state before an op is checked.
+/// What an op does to the what-ifs, found before the real checker checks it.
 #[derive(Debug, Default)]
 pub(super) struct Pre {
     /// The what-ifs this op may change, sorted.
     affected: Vec<u32>,
-    /// The real clock of the op's stream before the op.
-    op_clock: Option<VectorClock>,
-    /// The real host clock before the op.
+    /// The op, replaced by nothing: the difference it leaves, and whose clock differs.
+    removed: Option<(Participant, Diff)>,
+    /// The real host clock before the op (an `alloc` with `addr` may synchronize the device).
     host: Option<VectorClock>,
     /// A free of a live buffer: what the what-ifs check.
     free: Option<FreeData>,
@@ -142,15 +295,52 @@ struct FreeData {
     owner: Participant,
 }
 
+/// Lists of what-ifs by key.
+#[derive(Clone, Debug)]
+struct Lists<K: std::hash::Hash + Eq>(rustc_hash::FxHashMap<K, Vec<u32>>);
+
+impl<K: std::hash::Hash + Eq> Default for Lists<K> {
+    fn default() -> Self {
+        Lists(Default::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Clone> Lists<K> {
+    fn get(&self, k: &K) -> &[u32] {
+        if self.0.is_empty() {
+            return &[];
+        }
+        self.0.get(k).map_or(&[], |v| v)
+    }
+
+    fn insert(&mut self, k: &K, wid: u32) {
+        self.0.entry(k.clone()).or_default().push(wid);
+    }
+
+    fn remove(&mut self, k: &K, wid: u32) {
+        if let Some(v) = self.0.get_mut(k) {
+            if let Some(i) = v.iter().position(|&w| w == wid) {
+                v.swap_remove(i);
+            }
+            if v.is_empty() {
+                self.0.remove(k);
+            }
+        }
+    }
+}
+
 /// The what-if engine.
 #[derive(Clone, Debug)]
 pub(super) struct Engine {
     config: SyncConfig,
     slab: Vec<Option<WhatIf>>,
     free_slots: Vec<u32>,
-    by_part: BTreeSet<(u32, u32)>,
-    by_event: BTreeSet<(Id, u32)>,
-    by_buffer: BTreeSet<(Id, u32)>,
+    /// The what-ifs with a clock of their own, by participant.
+    by_part: Vec<Vec<u32>>,
+    /// The what-ifs with a capture of their own, by event.
+    by_event: Lists<Id>,
+    /// The what-ifs that lack a `record_stream` stream, by buffer.
+    by_buffer: Lists<Id>,
     ages: BTreeSet<(u64, u32)>,
     tombs: Tombs,
     pub verdicts: Vec<Verdict>,
@@ -162,23 +352,8 @@ pub(super) struct Engine {
     sweep_at: u64,
     sweep_version: u64,
     pub stats: SyncStats,
-}
-
-/// The ops that may join a clock into the host's.
-fn joins_host(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::EventSync { .. }
-            | Op::EventQuery { complete: true, .. }
-            | Op::StreamSync { .. }
-            | Op::StreamQuery { complete: true, .. }
-            | Op::DeviceSync { .. }
-            | Op::Alloc {
-                addr: Some(_),
-                memory: MemoryKind::Device,
-                ..
-            }
-    )
+    scratch: Vec<u32>,
+    scratch_diff: Diff,
 }
 
 /// The stream of an op on a stream (rule 1), the event it names, and whether it accesses memory.
@@ -198,15 +373,35 @@ fn stream_op(op: &Op) -> Option<(&Id, Option<&Id>, bool)> {
     }
 }
 
+/// The legacy default stream's edges into an op on `p` (rule 5): the streams whose clocks it
+/// joins.
+fn legacy(order: &Order, p: Participant) -> &[Participant] {
+    if p == Order::DEFAULT {
+        order.blocking0()
+    } else if order.is_blocking0(p) {
+        std::slice::from_ref(&Order::DEFAULT)
+    } else {
+        &[]
+    }
+}
+
+/// The streams of `device`.
+fn streams_of(order: &Order, device: u64) -> Vec<Participant> {
+    (1..order.participants() as u32)
+        .map(Participant)
+        .filter(|&p| order.device(p) == device)
+        .collect()
+}
+
 impl Engine {
     pub fn new(config: SyncConfig) -> Self {
         Engine {
             config,
             slab: Vec::new(),
             free_slots: Vec::new(),
-            by_part: BTreeSet::new(),
-            by_event: BTreeSet::new(),
-            by_buffer: BTreeSet::new(),
+            by_part: Vec::new(),
+            by_event: Lists::default(),
+            by_buffer: Lists::default(),
             ages: BTreeSet::new(),
             tombs: Tombs::default(),
             verdicts: Vec::new(),
@@ -217,6 +412,8 @@ impl Engine {
             sweep_at: 0,
             sweep_version: 0,
             stats: SyncStats::default(),
+            scratch: Vec::new(),
+            scratch_diff: Diff::new(),
         }
     }
 
@@ -228,171 +425,288 @@ impl Engine {
         self.slab[wid as usize].as_mut().expect("live what-if")
     }
 
+    fn part(&self, p: Participant) -> &[u32] {
+        self.by_part.get(p.index()).map_or(&[], |v| v)
+    }
+
     fn collect_part(&self, p: Participant, out: &mut Vec<u32>) {
-        out.extend(
-            self.by_part
-                .range((p.0, 0)..=(p.0, u32::MAX))
-                .map(|&(_, w)| w),
-        );
+        out.extend_from_slice(self.part(p));
     }
 
-    fn collect_event(&self, e: &Id, out: &mut Vec<u32>) {
-        if self.by_event.is_empty() {
-            return;
+    fn index_part(&mut self, p: Participant, wid: u32, add: bool) {
+        let i = p.index();
+        if self.by_part.len() <= i {
+            self.by_part.resize_with(i + 1, Vec::new);
         }
-        out.extend(
-            self.by_event
-                .range((e.clone(), 0)..=(e.clone(), u32::MAX))
-                .map(|(_, w)| *w),
-        );
-    }
-
-    fn collect_buffer(&self, b: &Id, out: &mut Vec<u32>) {
-        if self.by_buffer.is_empty() {
-            return;
-        }
-        out.extend(
-            self.by_buffer
-                .range((b.clone(), 0)..=(b.clone(), u32::MAX))
-                .map(|(_, w)| *w),
-        );
-    }
-
-    /// The what-ifs whose clock of `p` or of what `p`'s ops join implicitly (the host, the legacy
-    /// default stream's edges) differs.
-    fn collect_stream(&self, order: &Order, p: Option<Participant>, out: &mut Vec<u32>) {
-        self.collect_part(Participant::HOST, out);
-        let Some(p) = p else { return };
-        self.collect_part(p, out);
-        if p == Order::DEFAULT {
-            for &b in order.blocking0() {
-                self.collect_part(b, out);
-            }
-        } else if order.is_blocking0(p) {
-            self.collect_part(Order::DEFAULT, out);
+        let v = &mut self.by_part[i];
+        if add {
+            v.push(wid);
+        } else if let Some(k) = v.iter().position(|&w| w == wid) {
+            v.swap_remove(k);
         }
     }
 
-    /// The what-ifs with a clock that differs on a stream of `device`, or on the host.
+    /// The what-ifs with a clock of their own on a stream of `device`, or on the host.
     fn collect_device(&self, order: &Order, device: u64, out: &mut Vec<u32>) {
-        for &(p, w) in &self.by_part {
-            let p = Participant(p);
-            if p.is_host() || order.device(p) == device {
-                out.push(w);
+        for (p, ws) in self.by_part.iter().enumerate() {
+            let p = Participant(p as u32);
+            if !ws.is_empty() && (p.is_host() || order.device(p) == device) {
+                out.extend_from_slice(ws);
             }
         }
     }
 
-    /// Reads what the op needs of the real state before it is checked; keeps history for the
-    /// what-ifs' host clocks from now on where the op may move the host's clock ahead of theirs.
+    /// Finds what the op does to the what-ifs, before the real checker checks it, and applies
+    /// the new clocks and captures (the real checker does not look at them). Keeps history for
+    /// the what-ifs' host clocks from now on where the op may move the real host's clock ahead.
     pub fn before(&mut self, checker: &mut Checker, op: &Op) -> Pre {
-        let order = checker.order();
         let mut pre = Pre::default();
         let any = self.live > 0;
         let sync = super::is_sync(op);
-        let mut out = Vec::new();
-        if let Some((stream, event, _)) = stream_op(op) {
-            let p = order.find_stream(stream);
-            if any {
-                self.collect_stream(order, p, &mut out);
-                if let Some(e) = event {
-                    self.collect_event(e, &mut out);
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        let mut updates: Vec<(u32, Participant, Diff, Option<Id>)> = Vec::new();
+        {
+            let order = checker.order();
+            let host = Participant::HOST;
+            if let Some((stream, _, _)) = stream_op(op) {
+                // Rules 2 and 5, then the op: the new clock of `p` joins its own, the host's,
+                // the legacy default stream's edges and, for a wait, the event's capture.
+                let found = order.find_stream(stream);
+                // A stream used for the first time is created by the op, as the next
+                // participant: its clock is what it joins.
+                let p = found.unwrap_or(Participant(order.participants() as u32));
+                let waited = match op {
+                    Op::EventWait { event, .. } => order.capture(event).map(|c| (event, c)),
+                    _ => None,
+                };
+                let mut resolved: Sources<'_> =
+                    smallvec::smallvec![(Src::Part(host), order.host_clock())];
+                if let Some(q) = found {
+                    resolved.push((Src::Part(q), order.clock(q)));
+                    resolved.extend(
+                        legacy(order, q)
+                            .iter()
+                            .map(|&b| (Src::Part(b), order.clock(b))),
+                    );
                 }
-            }
-        }
-        match op {
-            Op::Free { buffer, stream } => {
-                if let Some(gen) = checker.live_generation(buffer).filter(|g| !g.is_external()) {
-                    let by = match stream {
-                        Some(s) => order.find_stream(s),
-                        None if gen.memory == MemoryKind::Device => Some(gen.owner),
-                        None => Some(Participant::HOST),
+                resolved.extend(waited.map(|(e, c)| (Src::Event(e), c)));
+                if any {
+                    for &(s, _) in &resolved {
+                        match s {
+                            Src::Part(q) => self.collect_part(q, &mut out),
+                            Src::Event(e) => out.extend_from_slice(self.by_event.get(e)),
+                            Src::HostBefore(_) => {}
+                        }
+                    }
+                    let recorded = match op {
+                        Op::EventRecord { event, .. } => Some(event),
+                        _ => None,
                     };
+                    if let Some(e) = recorded {
+                        // A record replaces the capture: what-ifs with one of their own too.
+                        out.extend_from_slice(self.by_event.get(e));
+                    }
+                    out.sort_unstable();
+                    out.dedup();
+                    // Where the stream knows the host's clock already (it joined it since the
+                    // host's last change), a what-if that differs on the host alone gives it
+                    // nothing new: no component of the join can be below the real one.
+                    let knows_host = !out.is_empty()
+                        && found.is_some_and(|q| order.host_clock().le(order.clock(q)));
+                    let mut d = std::mem::take(&mut self.scratch_diff);
+                    for &wid in &out {
+                        let w = self.w(wid);
+                        if knows_host
+                            && recorded.is_none()
+                            && w.clock(p).is_none()
+                            && resolved[1..].iter().all(|&(s, _)| diff_of(w, s).is_none())
+                        {
+                            continue;
+                        }
+                        combine_into(w, &resolved, p, &mut d);
+                        self.stats.updates += 1;
+                        if let Some(e) = recorded {
+                            self.set_capture_from(wid, e, &d);
+                        }
+                        self.set_clock_from(wid, p, &d);
+                    }
+                    self.scratch_diff = d;
+                }
+                if matches!(op, Op::EventWait { .. }) {
+                    // The wait replaced by nothing: the stream keeps the clock it had.
+                    let empty = VectorClock::new();
+                    let base = found.map_or(&empty, |q| order.clock(q));
+                    let others: smallvec::SmallVec<[&VectorClock; 4]> = resolved
+                        .iter()
+                        .filter(|&&(s, _)| !matches!(s, Src::Part(q) if Some(q) == found))
+                        .map(|&(_, c)| c)
+                        .collect();
+                    let d = raised(base, &others, p);
+                    if !d.is_empty() {
+                        pre.removed = Some((p, d));
+                    }
+                }
+            }
+            match op {
+                Op::Free { buffer, stream } => {
+                    if let Some(gen) = checker.live_generation(buffer).filter(|g| !g.is_external())
+                    {
+                        if any {
+                            let by = match stream {
+                                Some(s) => order.find_stream(s),
+                                None if gen.memory == MemoryKind::Device => Some(gen.owner),
+                                None => Some(host),
+                            };
+                            if let Some(by) = by {
+                                self.collect_part(by, &mut out);
+                            }
+                            self.collect_part(host, &mut out);
+                            for &q in gen.record_streams() {
+                                self.collect_part(q, &mut out);
+                            }
+                            out.extend_from_slice(self.by_buffer.get(buffer));
+                            out.sort_unstable();
+                            out.dedup();
+                        }
+                        if !out.is_empty() {
+                            pre.free = Some(FreeData {
+                                entries: gen.history.all(),
+                                record_streams: gen.record_streams().to_vec(),
+                                memory: gen.memory,
+                                base: gen.addr(),
+                                size: gen.size().unwrap_or(0),
+                                owner: gen.owner,
+                            });
+                        }
+                    }
+                }
+                Op::HostRead { .. } | Op::HostWrite { .. } => {
+                    // An access advances the host's own component only: no difference changes.
+                    self.collect_part(host, &mut out);
+                }
+                Op::EventSync { .. }
+                | Op::EventQuery { complete: true, .. }
+                | Op::StreamSync { .. }
+                | Op::StreamQuery { complete: true, .. }
+                | Op::DeviceSync { .. } => {
+                    // The host joins what it waited for.
+                    let mut srcs: Vec<Src<'_>> = vec![Src::Part(host)];
+                    match op {
+                        Op::EventSync { event } | Op::EventQuery { event, .. }
+                            if order.capture(event).is_some() =>
+                        {
+                            srcs.push(Src::Event(event));
+                        }
+                        Op::StreamSync { stream } | Op::StreamQuery { stream, .. } => {
+                            if let Some(p) = order.find_stream(stream) {
+                                srcs.push(Src::Part(p));
+                                if p == Order::DEFAULT {
+                                    srcs.extend(order.blocking0().iter().map(|&b| Src::Part(b)));
+                                }
+                            }
+                        }
+                        Op::DeviceSync { device } => {
+                            srcs.extend(streams_of(order, *device).into_iter().map(Src::Part));
+                        }
+                        _ => {}
+                    }
                     if any {
-                        if let Some(by) = by {
-                            self.collect_part(by, &mut out);
+                        match op {
+                            Op::DeviceSync { device } => {
+                                self.collect_device(order, *device, &mut out)
+                            }
+                            _ => {
+                                for s in &srcs {
+                                    match *s {
+                                        Src::Part(q) => self.collect_part(q, &mut out),
+                                        Src::Event(e) => {
+                                            out.extend_from_slice(self.by_event.get(e))
+                                        }
+                                        Src::HostBefore(_) => {}
+                                    }
+                                }
+                            }
                         }
-                        self.collect_part(Participant::HOST, &mut out);
-                        for &q in gen.record_streams() {
-                            self.collect_part(q, &mut out);
+                        out.sort_unstable();
+                        out.dedup();
+                        let resolved = sources(order, &srcs);
+                        for &wid in &out {
+                            let d = combine(self.w(wid), &resolved, host);
+                            updates.push((wid, host, d, None));
                         }
-                        self.collect_buffer(buffer, &mut out);
                     }
-                    if !out.is_empty() {
-                        pre.free = Some(FreeData {
-                            entries: gen.history.all(),
-                            record_streams: gen.record_streams().to_vec(),
-                            memory: gen.memory,
-                            base: gen.addr(),
-                            size: gen.size().unwrap_or(0),
-                            owner: gen.owner,
+                    // The host sync replaced by nothing: the host keeps the clock it had.
+                    let others: Vec<&VectorClock> = srcs[1..]
+                        .iter()
+                        .filter_map(|s| match *s {
+                            Src::Part(q) => Some(order.clock(q)),
+                            Src::Event(e) => order.capture(e),
+                            Src::HostBefore(_) => None,
+                        })
+                        .collect();
+                    let d = raised(order.host_clock(), &others, host);
+                    if !d.is_empty() {
+                        pre.removed = Some((host, d));
+                    }
+                }
+                Op::Alloc {
+                    addr: Some(_),
+                    memory: MemoryKind::Device,
+                    ..
+                } if any => {
+                    // The memory may reappear on another stream: the device synchronizes.
+                    pre.host = Some(order.host_clock().clone());
+                }
+                Op::RecordStream { buffer, stream } => {
+                    let q = order.find_stream(stream);
+                    pre.rs_adds = checker
+                        .live_generation(buffer)
+                        .filter(|g| !g.is_external())
+                        .is_some_and(|g| {
+                            let owner_stream = g.memory == MemoryKind::Device && Some(g.owner) == q;
+                            !owner_stream && q.is_none_or(|q| !g.record_streams().contains(&q))
                         });
-                    }
+                    out.extend_from_slice(self.by_buffer.get(buffer));
                 }
-            }
-            Op::HostRead { .. } | Op::HostWrite { .. } => {
-                self.collect_part(Participant::HOST, &mut out)
-            }
-            Op::EventSync { event }
-            | Op::EventQuery {
-                event,
-                complete: true,
-            } => {
-                self.collect_part(Participant::HOST, &mut out);
-                self.collect_event(event, &mut out);
-            }
-            Op::StreamSync { stream }
-            | Op::StreamQuery {
-                stream,
-                complete: true,
-            } => {
-                self.collect_part(Participant::HOST, &mut out);
-                if let Some(p) = order.find_stream(stream) {
-                    self.collect_part(p, &mut out);
-                    if p == Order::DEFAULT {
-                        for &b in order.blocking0() {
-                            self.collect_part(b, &mut out);
-                        }
-                    }
+                Op::EventCreate { event } | Op::EventDestroy { event } => {
+                    out.extend_from_slice(self.by_event.get(event));
                 }
+                _ => {}
             }
-            Op::DeviceSync { device } => self.collect_device(order, *device, &mut out),
-            Op::RecordStream { buffer, stream } => {
-                let q = order.find_stream(stream);
-                pre.rs_adds = checker
-                    .live_generation(buffer)
-                    .filter(|g| !g.is_external())
-                    .is_some_and(|g| {
-                        let owner_stream = g.memory == MemoryKind::Device && Some(g.owner) == q;
-                        !owner_stream && q.is_none_or(|q| !g.record_streams().contains(&q))
-                    });
-                self.collect_buffer(buffer, &mut out);
+            let host_sync = matches!(
+                op,
+                Op::EventSync { .. }
+                    | Op::EventQuery { complete: true, .. }
+                    | Op::StreamSync { .. }
+                    | Op::StreamQuery { complete: true, .. }
+                    | Op::DeviceSync { .. }
+                    | Op::Alloc {
+                        addr: Some(_),
+                        memory: MemoryKind::Device,
+                        ..
+                    }
+            );
+            if host_sync && (sync || any) && !self.retaining {
+                // From here on the real host may get ahead of a what-if's: keep what the real
+                // host's clock covers and a what-if's may not.
+                let keep = order.host_clock().clone();
+                checker.retain(Some(keep));
+                self.retaining = true;
             }
-            Op::EventCreate { event } | Op::EventDestroy { event } => {
-                self.collect_event(event, &mut out)
-            }
-            _ => {}
         }
         out.sort_unstable();
         out.dedup();
-        if let Some((stream, _, _)) = stream_op(op) {
-            if !out.is_empty() || sync {
-                pre.op_clock = Some(
-                    order
-                        .find_stream(stream)
-                        .map(|p| order.clock(p).clone())
-                        .unwrap_or_default(),
-                );
+        self.stats.updates += updates.len() as u64;
+        for (wid, p, d, recorded) in updates {
+            if let Some(e) = recorded {
+                self.set_capture(wid, &e, d.clone());
             }
+            self.set_clock(wid, p, d);
         }
-        let host_sync = joins_host(op);
-        if host_sync && (sync || any) {
-            pre.host = Some(order.host_clock().clone());
-            if !self.retaining {
-                // From here on the real host may get ahead of a what-if's: keep what the real
-                // host's clock covers and this one does not.
-                checker.retain(Some(order.host_clock().clone()));
-                self.retaining = true;
+        if let Op::EventCreate { event } | Op::EventDestroy { event } = op {
+            for &wid in &out {
+                self.set_capture(wid, event, Diff::new());
             }
         }
         pre.affected = out;
@@ -424,54 +738,68 @@ impl Engine {
         wid
     }
 
-    /// Sets what-if `wid`'s clock of `p` to `c`, or drops it where it equals the real one.
-    fn set_clock(&mut self, order: &Order, wid: u32, p: Participant, c: VectorClock) {
-        let same = &c == order.clock(p);
+    /// Sets what-if `wid`'s difference of `p`'s clock (empty: none).
+    fn set_clock(&mut self, wid: u32, p: Participant, d: Diff) {
         let w = self.slab[wid as usize].as_mut().expect("live what-if");
         let at = w.clocks.iter().position(|(q, _)| *q == p);
-        match (at, same) {
+        match (at, d.is_empty()) {
             (Some(k), true) => {
                 w.clocks.swap_remove(k);
-                self.by_part.remove(&(p.0, wid));
+                self.index_part(p, wid, false);
                 if p.is_host() {
                     self.retain_stale = true;
                 }
             }
-            (Some(k), false) => w.clocks[k].1 = c,
+            (Some(k), false) => w.clocks[k].1 = d,
             (None, true) => {}
             (None, false) => {
-                w.clocks.push((p, c));
-                self.by_part.insert((p.0, wid));
+                w.clocks.push((p, d));
+                self.index_part(p, wid, true);
             }
         }
     }
 
-    /// Sets what-if `wid`'s capture of `e` to `c`, or drops it where it equals the real one.
-    fn set_capture(&mut self, order: &Order, wid: u32, e: &Id, c: Option<VectorClock>) {
-        let same = match (&c, order.capture(e)) {
-            (Some(c), Some(real)) => c == real,
-            (None, _) => true,
-            (Some(_), None) => true,
-        };
+    /// [`set_clock`](Self::set_clock) from a difference in scratch space.
+    fn set_clock_from(&mut self, wid: u32, p: Participant, d: &Diff) {
+        let w = self.slab[wid as usize].as_mut().expect("live what-if");
+        match w.clocks.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, mine)) if !d.is_empty() => mine.clone_from(d),
+            None if d.is_empty() => {}
+            _ => self.set_clock(wid, p, d.clone()),
+        }
+    }
+
+    /// [`set_capture`](Self::set_capture) from a difference in scratch space.
+    fn set_capture_from(&mut self, wid: u32, e: &Id, d: &Diff) {
+        let w = self.slab[wid as usize].as_mut().expect("live what-if");
+        match w.captures.iter_mut().find(|(f, _)| f == e) {
+            Some((_, mine)) if !d.is_empty() => mine.clone_from(d),
+            None if d.is_empty() => {}
+            _ => self.set_capture(wid, e, d.clone()),
+        }
+    }
+
+    /// Sets what-if `wid`'s difference of `e`'s capture (empty: none).
+    fn set_capture(&mut self, wid: u32, e: &Id, d: Diff) {
         let w = self.slab[wid as usize].as_mut().expect("live what-if");
         let at = w.captures.iter().position(|(f, _)| f == e);
-        match (at, same) {
+        match (at, d.is_empty()) {
             (Some(k), true) => {
                 w.captures.swap_remove(k);
-                self.by_event.remove(&(e.clone(), wid));
+                self.by_event.remove(e, wid);
             }
-            (Some(k), false) => w.captures[k].1 = c.expect("a capture"),
+            (Some(k), false) => w.captures[k].1 = d,
             (None, true) => {}
             (None, false) => {
-                w.captures.push((e.clone(), c.expect("a capture")));
-                self.by_event.insert((e.clone(), wid));
+                w.captures.push((e.clone(), d));
+                self.by_event.insert(e, wid);
             }
         }
     }
 
     fn clear_record_stream(&mut self, wid: u32) {
         if let Some((b, _)) = self.w_mut(wid).record_stream.take() {
-            self.by_buffer.remove(&(b, wid));
+            self.by_buffer.remove(&b, wid);
         }
     }
 
@@ -481,16 +809,16 @@ impl Engine {
             return;
         };
         for (p, _) in &w.clocks {
-            self.by_part.remove(&(p.0, wid));
+            self.index_part(*p, wid, false);
             if p.is_host() {
                 self.retain_stale = true;
             }
         }
         for (e, _) in &w.captures {
-            self.by_event.remove(&(e.clone(), wid));
+            self.by_event.remove(e, wid);
         }
         if let Some((b, _)) = &w.record_stream {
-            self.by_buffer.remove(&(b.clone(), wid));
+            self.by_buffer.remove(b, wid);
         }
         for &key in &w.tombs {
             self.tombs.remove(key);
@@ -519,8 +847,7 @@ impl Engine {
         pre: Pre,
         errors: &[(HazardKind, Option<String>)],
     ) {
-        let sync = super::is_sync(op);
-        let verdict = if sync {
+        let verdict = super::is_sync(op).then(|| {
             self.verdicts.push(Verdict {
                 op: i,
                 kind: op.name(),
@@ -528,174 +855,73 @@ impl Engine {
                 prevents: Vec::new(),
                 undecided: false,
             });
-            Some(self.verdicts.len() - 1)
-        } else {
-            None
-        };
+            self.verdicts.len() - 1
+        });
         let Pre {
             affected,
-            op_clock,
+            removed,
             host,
             free,
             rs_adds,
         } = pre;
         let mut created = None;
-        {
-            let order = checker.order();
-            if let Some((stream, event, access)) = stream_op(op) {
-                let p = order.find_stream(stream).expect("the op's stream exists");
-                let pre_clock = op_clock.as_ref();
-                for &wid in &affected {
-                    let w = self.w(wid);
-                    let mut c = match w.clock(p) {
-                        Some(c) => c.clone(),
-                        None => pre_clock.cloned().unwrap_or_default(),
-                    };
-                    c.join(val(w, order, Participant::HOST));
-                    if p == Order::DEFAULT {
-                        for &b in order.blocking0() {
-                            c.join(val(w, order, b));
-                        }
-                    } else if order.is_blocking0(p) {
-                        c.join(val(w, order, Order::DEFAULT));
-                    }
-                    if access {
-                        c.tick(p);
-                    }
-                    match op {
-                        Op::EventRecord { event, .. } => {
-                            self.set_capture(order, wid, event, Some(c.clone()));
-                        }
-                        Op::EventWait { event, .. } => {
-                            if let Some(real) = order.capture(event) {
-                                c.join(self.w(wid).capture(event).unwrap_or(real));
-                            }
-                        }
-                        _ => {}
-                    }
-                    let _ = event;
-                    self.set_clock(order, wid, p, c);
-                }
-                if let (Op::EventWait { .. }, Some(v)) = (op, verdict) {
-                    // The wait replaced by nothing: the stream keeps the clock it had.
-                    let c = op_clock.clone().unwrap_or_default();
-                    if &c != order.clock(p) {
-                        let wid = self.new_whatif(v, i);
-                        self.set_clock(order, wid, p, c);
-                        created = Some(wid);
-                    }
-                }
-            }
-            match op {
-                Op::HostRead { .. } | Op::HostWrite { .. } => {
-                    for &wid in &affected {
-                        let mut c = val(self.w(wid), order, Participant::HOST).clone();
-                        c.tick(Participant::HOST);
-                        self.set_clock(order, wid, Participant::HOST, c);
-                    }
-                }
-                Op::EventSync { event }
-                | Op::EventQuery {
-                    event,
-                    complete: true,
-                } => {
-                    let real = order.capture(event);
-                    for &wid in &affected {
-                        let w = self.w(wid);
-                        let mut c = w
-                            .clock(Participant::HOST)
-                            .or(host.as_ref())
-                            .cloned()
-                            .unwrap_or_default();
-                        if let Some(real) = real {
-                            c.join(w.capture(event).unwrap_or(real));
-                        }
-                        self.set_clock(order, wid, Participant::HOST, c);
-                    }
-                }
-                Op::StreamSync { stream }
-                | Op::StreamQuery {
-                    stream,
-                    complete: true,
-                } => {
-                    let p = order.find_stream(stream).expect("the synced stream exists");
-                    for &wid in &affected {
-                        let w = self.w(wid);
-                        let mut c = w
-                            .clock(Participant::HOST)
-                            .or(host.as_ref())
-                            .cloned()
-                            .unwrap_or_default();
-                        c.join(val(w, order, p));
-                        if p == Order::DEFAULT {
-                            for &b in order.blocking0() {
-                                c.join(val(w, order, b));
-                            }
-                        }
-                        self.set_clock(order, wid, Participant::HOST, c);
-                    }
-                }
-                Op::DeviceSync { device } => self.device_sync(order, *device, &affected, &host),
-                Op::Alloc { .. } => {
-                    if let Some(&(at, device)) = checker.implicit_syncs().last() {
-                        if at == i && self.live > 0 {
-                            let mut out = Vec::new();
-                            self.collect_device(order, device, &mut out);
-                            out.sort_unstable();
-                            out.dedup();
-                            self.device_sync(order, device, &out, &host);
-                        }
-                    }
-                }
-                Op::EventCreate { event } | Op::EventDestroy { event } => {
-                    for &wid in &affected {
-                        self.set_capture(order, wid, event, None);
-                    }
-                }
-                Op::RecordStream { buffer, stream } => {
-                    let q = order.find_stream(stream).expect("the stream exists");
-                    for &wid in &affected {
-                        if self.w(wid).record_stream.as_ref() == Some(&(buffer.clone(), q)) {
-                            self.clear_record_stream(wid);
-                        }
-                    }
-                    if let (true, Some(v)) = (rs_adds, verdict) {
-                        let wid = self.new_whatif(v, i);
-                        self.w_mut(wid).record_stream = Some((buffer.clone(), q));
-                        self.by_buffer.insert((buffer.clone(), wid));
-                        created = Some(wid);
-                    }
-                }
-                _ => {}
-            }
-            if matches!(
-                op,
-                Op::EventSync { .. }
-                    | Op::EventQuery { complete: true, .. }
-                    | Op::StreamSync { .. }
-                    | Op::StreamQuery { complete: true, .. }
-                    | Op::DeviceSync { .. }
-            ) {
-                if let Some(v) = verdict {
-                    // The host sync replaced by nothing: the host keeps the clock it had.
-                    let c = host.clone().unwrap_or_default();
-                    if &c != order.host_clock() {
-                        let wid = self.new_whatif(v, i);
-                        self.set_clock(order, wid, Participant::HOST, c);
-                        created = Some(wid);
-                    }
-                }
-            }
+        if let (Some(v), Some((p, d))) = (verdict, removed) {
+            let wid = self.new_whatif(v, i);
+            self.set_clock(wid, p, d);
+            created = Some(wid);
         }
-        if let (Op::Free { buffer, stream }, Some(free)) = (op, &free) {
-            self.free(checker, i, buffer, stream.as_ref(), free, &affected, errors);
+        match op {
+            Op::Alloc { .. } => {
+                if let (Some(&(at, device)), Some(h)) = (checker.implicit_syncs().last(), &host) {
+                    if at == i {
+                        let order = checker.order();
+                        let mut out = Vec::new();
+                        self.collect_device(order, device, &mut out);
+                        out.sort_unstable();
+                        out.dedup();
+                        let mut srcs = vec![Src::HostBefore(h)];
+                        srcs.extend(streams_of(order, device).into_iter().map(Src::Part));
+                        let resolved = sources(order, &srcs);
+                        let ds: Vec<(u32, Diff)> = out
+                            .iter()
+                            .map(|&wid| (wid, combine(self.w(wid), &resolved, Participant::HOST)))
+                            .collect();
+                        for (wid, d) in ds {
+                            self.set_clock(wid, Participant::HOST, d);
+                        }
+                    }
+                }
+            }
+            Op::RecordStream { buffer, stream } => {
+                let q = checker
+                    .order()
+                    .find_stream(stream)
+                    .expect("the stream exists");
+                for &wid in &affected {
+                    if self.w(wid).record_stream.as_ref() == Some(&(buffer.clone(), q)) {
+                        self.clear_record_stream(wid);
+                    }
+                }
+                if let (true, Some(v)) = (rs_adds, verdict) {
+                    let wid = self.new_whatif(v, i);
+                    self.w_mut(wid).record_stream = Some((buffer.clone(), q));
+                    self.by_buffer.insert(buffer, wid);
+                    created = Some(wid);
+                }
+            }
+            Op::Free { buffer, stream } => {
+                if let Some(free) = &free {
+                    self.free(checker, i, buffer, stream.as_ref(), free, &affected, errors);
+                }
+            }
+            _ => {}
         }
         if let Some(wid) = created {
             self.stats.changed += 1;
             if self.w(wid).is_empty() {
                 self.remove(wid);
             }
-        } else if sync {
+        } else if verdict.is_some() {
             self.stats.unchanged += 1;
         }
         // Accesses: each what-if whose clock of the accessing participant differs asks the
@@ -719,31 +945,15 @@ impl Engine {
                 self.remove(wid);
             }
         }
+        self.recycle(affected);
         self.housekeeping(checker, i);
     }
 
-    fn device_sync(
-        &mut self,
-        order: &Order,
-        device: u64,
-        affected: &[u32],
-        host: &Option<VectorClock>,
-    ) {
-        let streams: Vec<Participant> = (1..order.participants() as u32)
-            .map(Participant)
-            .filter(|&p| order.device(p) == device)
-            .collect();
-        for &wid in affected {
-            let w = self.w(wid);
-            let mut c = w
-                .clock(Participant::HOST)
-                .or(host.as_ref())
-                .cloned()
-                .unwrap_or_default();
-            for &s in &streams {
-                c.join(val(w, order, s));
-            }
-            self.set_clock(order, wid, Participant::HOST, c);
+    /// Takes back the list of a [`Pre`] for reuse.
+    fn recycle(&mut self, mut v: Vec<u32>) {
+        if v.capacity() > self.scratch.capacity() {
+            v.clear();
+            self.scratch = v;
         }
     }
 
@@ -759,18 +969,20 @@ impl Engine {
         errors: &[(HazardKind, Option<String>)],
     ) {
         let order = checker.order();
+        let host = Participant::HOST;
         let by = match (stream, free.memory) {
             (Some(s), _) => order.find_stream(s).expect("the freeing stream exists"),
             (None, MemoryKind::Device) => free.owner,
-            (None, _) => Participant::HOST,
+            (None, _) => host,
         };
         let reported = errors
             .iter()
             .any(|(k, b)| *k == HazardKind::UnsafeFree && b.as_deref() == Some(buffer.as_str()));
-        let mut excused = VectorClock::new();
-        for &q in &free.record_streams {
-            excused.join(order.clock(q));
-        }
+        let excused = |e: Epoch| {
+            free.record_streams
+                .iter()
+                .any(|&q| order.clock(q).covers(e))
+        };
         for &wid in affected {
             let w = self.w(wid);
             let removed = match &w.record_stream {
@@ -783,31 +995,29 @@ impl Engine {
                 .copied()
                 .filter(|&q| Some(q) != removed)
                 .collect();
-            let host = val(w, order, Participant::HOST);
-            let mine = val(w, order, by);
-            let mut excused_here = VectorClock::new();
-            for &q in &rs {
-                excused_here.join(val(w, order, q));
-            }
+            let excused_here = |e: Epoch| rs.iter().any(|&q| w.covers(order, q, e));
+            // The free's clock here: the freeing participant's, the host's, and the clocks of
+            // the record_stream streams (trace format, "Frees and reuse").
             let unsafe_here = !reported
                 && free.entries.iter().any(|a| {
                     let e = a.epoch();
                     a.participant != by
-                        && !mine.covers(e)
-                        && !host.covers(e)
-                        && !excused_here.covers(e)
+                        && !w.covers(order, by, e)
+                        && !w.covers(order, host, e)
+                        && !excused_here(e)
                 });
+            // What the real free's record_stream excused and this one does not stays: the
+            // what-if's own tombstones.
             let mut new_tombs = Vec::new();
-            if let Some(base) = free.base.filter(|_| free.size > 0) {
-                if excused_here != excused {
-                    for a in &free.entries {
-                        let e = a.epoch();
-                        if excused.covers(e) && !excused_here.covers(e) && !host.covers(e) {
-                            let lo = base + a.offset;
-                            let hi = base.saturating_add(a.end).min(base + free.size);
-                            if lo < hi {
-                                new_tombs.push((lo, hi, e, a.kind.writes()));
-                            }
+            let differs = removed.is_some() || rs.iter().any(|&q| w.clock(q).is_some());
+            if let (Some(base), true) = (free.base.filter(|_| free.size > 0), differs) {
+                for a in &free.entries {
+                    let e = a.epoch();
+                    if excused(e) && !excused_here(e) && !w.covers(order, host, e) {
+                        let lo = base + a.offset;
+                        let hi = base.saturating_add(a.end).min(base + free.size);
+                        if lo < hi {
+                            new_tombs.push((lo, hi, e, a.kind.writes()));
                         }
                     }
                 }
@@ -848,8 +1058,7 @@ impl Engine {
         p: Participant,
         errors: &[(HazardKind, Option<String>)],
     ) {
-        let mut ws = Vec::new();
-        self.collect_part(p, &mut ws);
+        let ws = self.part(p);
         if ws.is_empty() && self.tombs.count == 0 {
             return;
         }
@@ -862,9 +1071,8 @@ impl Engine {
         };
         let mut found: Vec<(u32, ErrorKey)> = Vec::new();
         let mut probes = 0;
-        for &wid in &ws {
-            let w = self.w(wid);
-            let clock = w.clock(p).expect("a differing clock");
+        for &wid in ws {
+            let clock = self.w(wid).full_clock(order, p);
             for r in &regions {
                 let race_known = known(HazardKind::DataRace, &r.buffer);
                 let reuse_known = known(HazardKind::ReuseRace, &r.buffer);
@@ -872,7 +1080,7 @@ impl Engine {
                     continue;
                 }
                 probes += 1;
-                let (race, reuse) = checker.probe_region(r.at, p, clock);
+                let (race, reuse) = checker.probe_region(r.at, p, &clock);
                 for (hit, kind, known) in [
                     (race, HazardKind::DataRace, race_known),
                     (reuse, HazardKind::ReuseRace, reuse_known),
@@ -899,8 +1107,9 @@ impl Engine {
                 }
                 self.tombs.overlapping(r.memory, lo, hi, |t| {
                     let w = self.slab[t.wid as usize].as_ref().expect("live what-if");
-                    let clock = val(w, order, p);
-                    if t.epoch.participant != p && (r.writes || t.writes) && !clock.covers(t.epoch)
+                    if t.epoch.participant != p
+                        && (r.writes || t.writes)
+                        && !w.covers(order, p, t.epoch)
                     {
                         found.push((
                             t.wid,
@@ -935,11 +1144,10 @@ impl Engine {
                 if w.tombs.is_empty() {
                     continue;
                 }
-                let host = val(w, order, Participant::HOST);
                 let mut drop = Vec::new();
                 for &key in &w.tombs {
                     if let Some(t) = self.tombs.kinds[key.0].get(&(key.1, key.2)) {
-                        if host.covers(t.epoch) {
+                        if w.covers(order, Participant::HOST, t.epoch) {
                             drop.push(key);
                         }
                     }
@@ -960,45 +1168,42 @@ impl Engine {
                 self.remove(wid);
             }
         }
-        let host_live = self.by_part.range((0, 0)..=(0, u32::MAX)).count();
-        while self.live > self.config.max_live
-            || (host_live > self.config.max_host && self.live > 0)
-        {
-            // Give up the oldest what-if (one with a host clock, if there are too many of
-            // those): a re-check decides its op.
+        // Give up the oldest what-ifs beyond the limits (those with a host clock of their own
+        // first, if there are too many of them): a re-check decides their ops.
+        loop {
+            let host_live = self.part(Participant::HOST).len();
             let victim = if host_live > self.config.max_host {
-                self.by_part
-                    .range((0, 0)..=(0, u32::MAX))
-                    .map(|&(_, w)| (self.w(w).born, w))
+                self.part(Participant::HOST)
+                    .iter()
+                    .map(|&w| (self.w(w).born, w))
                     .min()
                     .map(|(_, w)| w)
-            } else {
+            } else if self.live > self.config.max_live {
                 self.ages.iter().next().map(|&(_, w)| w)
+            } else {
+                None
             };
             let Some(wid) = victim else { break };
             let v = self.w(wid).verdict;
             self.verdicts[v].undecided = true;
             self.stats.abandoned += 1;
             self.remove(wid);
-            if host_live > self.config.max_host {
-                break;
-            }
         }
         self.stats.peak_live = self.stats.peak_live.max(self.live);
         if self.retaining {
-            let host_live = self.by_part.range((0, 0)..=(0, u32::MAX)).next().is_some();
-            if !host_live {
+            if self.part(Participant::HOST).is_empty() {
                 checker.retain(None);
                 self.retaining = false;
                 self.retain_stale = false;
             } else if self.retain_stale && i >= self.retain_at {
                 // Keep only what the what-ifs' host clocks still need.
+                let order = checker.order();
                 let mut keep: Option<VectorClock> = None;
-                for &(_, wid) in self.by_part.range((0, 0)..=(0, u32::MAX)) {
-                    let c = self.w(wid).clock(Participant::HOST).expect("a host clock");
+                for &wid in self.part(Participant::HOST) {
+                    let c = self.w(wid).full_clock(order, Participant::HOST);
                     keep = Some(match keep {
-                        None => c.clone(),
-                        Some(k) => k.meet(c),
+                        None => c,
+                        Some(k) => k.meet(&c),
                     });
                 }
                 checker.retain(keep);
@@ -1008,19 +1213,16 @@ impl Engine {
         }
     }
 
-    /// The live what-ifs' clocks and captures, for the memory counters.
+    /// The clock components the live what-ifs store (their differences).
     pub fn clock_entries(&self) -> usize {
-        let mut seen = Default::default();
-        let mut n = 0;
-        for w in self.slab.iter().flatten() {
-            for (_, c) in &w.clocks {
-                n += c.stored(&mut seen);
-            }
-            for (_, c) in &w.captures {
-                n += c.stored(&mut seen);
-            }
-        }
-        n
+        self.slab
+            .iter()
+            .flatten()
+            .map(|w| {
+                w.clocks.iter().map(|(_, d)| d.len()).sum::<usize>()
+                    + w.captures.iter().map(|(_, d)| d.len()).sum::<usize>()
+            })
+            .sum()
     }
 
     /// Live what-ifs.
