@@ -167,6 +167,11 @@ pub struct SessionConfig {
     /// lag): a backend with no device work, for measuring the harness's own cost per call.
     /// Ignored by [`Session::cuda`].
     pub sim_execute: bool,
+    /// Run the synchronization analysis (default `false`): the report says which of the run's
+    /// synchronizations (event waits, host syncs, `record_stream`) its memory safety needed and
+    /// which it paid for for nothing, by call site ([`Report::syncs`](crate::Report::syncs);
+    /// the text report lists them). It never changes whether a run is clean.
+    pub syncs: bool,
 }
 
 impl Default for SessionConfig {
@@ -177,6 +182,7 @@ impl Default for SessionConfig {
             sim_device_bytes: 141_000_000_000,
             sim_pinned_bytes: 64 << 30,
             sim_execute: true,
+            syncs: false,
         }
     }
 }

@@ -293,7 +293,7 @@ impl Shared {
         config: &SessionConfig,
     ) -> Result<Arc<Shared>, SessionError> {
         let recorder = if config.check {
-            Some(Recorder::spawn(config.keep_trace)?)
+            Some(Recorder::spawn(config.keep_trace, config.syncs)?)
         } else {
             None
         };
@@ -1031,7 +1031,7 @@ impl Shared {
         let mut st = self.lock()?;
         match &mut st.recorder {
             None => Ok(Vec::new()),
-            Some(r) => r.call(|w| w.checker.hazards().to_vec()),
+            Some(r) => r.call(|w| w.checker().hazards().to_vec()),
         }
     }
 
@@ -1052,12 +1052,12 @@ impl Shared {
         let Some(recorder) = recorder else {
             return Ok(Report::new(ops, Vec::new()));
         };
-        let worker = recorder.finish()?;
+        let mut worker = recorder.finish()?;
         if let Some(e) = worker.error {
             return Err(SessionError::Check(e));
         }
-        let implicit = worker.checker.implicit_syncs().to_vec();
-        let mut report = worker.checker.finish();
+        let implicit = worker.checker().implicit_syncs().to_vec();
+        let mut report = worker.finish_report();
         if let Some(trace) = worker.trace.as_deref() {
             if !report.hazards.is_empty() {
                 // Explain the hazards (the text report's `why:`) from the recorded trace.
