@@ -262,14 +262,33 @@ fn an_error_already_there_is_not_prevented() {
     );
 }
 
+/// The number of random programs of each generator: `STREAMSAN_SYNCS_CASES`, default 2,000
+/// (`cargo test --release --test syncs` with `STREAMSAN_SYNCS_CASES=100000` is the long run).
+fn cases() -> u64 {
+    std::env::var("STREAMSAN_SYNCS_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000)
+}
+
+/// The analysis equals the brute force on programs decoded from random bytes (the `syncs` fuzz
+/// target's check: also with interval indexes everywhere and with what-ifs given up early).
 #[test]
-fn random_programs_agree_quick() {
+fn decoded_programs_agree() {
     let mut rng = SplitMix::new(0x5_1c5);
-    for _ in 0..3000 {
+    let (mut syncs, mut needed, mut programs) = (0, 0, 0);
+    for _ in 0..cases() {
         let len = 3 + rng.below(160) as usize;
         let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         fuzz::check_syncs(&data);
+        if let Ok((_, v)) = brute_force(&fuzz::decode_program(&data)) {
+            programs += 1;
+            syncs += v.len();
+            needed += v.iter().filter(|s| s.needed).count();
+        }
     }
+    println!("{programs} decoded programs, {syncs} synchronization ops, {needed} needed");
+    assert!(needed > 0 && syncs > needed);
 }
 
 /// A generated program (`streamsan::fuzz::gen`: the synchronization each access needs, some
@@ -331,14 +350,10 @@ fn noisy_program(seed: u64) -> Vec<TraceOp> {
     ops
 }
 
-/// The analysis equals the brute force on generated programs with noise (`STREAMSAN_SYNCS_CASES`
-/// programs, default 2,000).
+/// The analysis equals the brute force on generated programs with noise ([`cases`] programs).
 #[test]
 fn generated_programs_agree() {
-    let cases: u64 = std::env::var("STREAMSAN_SYNCS_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+    let cases = cases();
     let (mut syncs, mut needed, mut checked) = (0, 0, 0);
     for seed in 0..cases {
         let ops = noisy_program(seed);
@@ -361,45 +376,6 @@ fn generated_programs_agree() {
     println!("{checked} programs, {syncs} synchronization ops, {needed} needed");
     assert!(checked * 10 >= cases * 9, "too many programs rejected");
     assert!(needed * 10 > syncs && needed * 10 < syncs * 9);
-}
-
-#[test]
-#[ignore]
-fn stats_of_random_programs() {
-    use streamsan::analysis::syncs::SyncChecker;
-    let mut rng = SplitMix::new(0x5_1c5);
-    let (mut syncs, mut needed, mut whatifs, mut programs, mut ops_n) = (0, 0, 0, 0, 0);
-    let mut kinds = std::collections::BTreeMap::new();
-    for _ in 0..20000 {
-        let len = 3 + rng.below(160) as usize;
-        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
-        let ops = fuzz::decode_program(&data);
-        let Ok((_, v)) = brute_force(&ops) else {
-            continue;
-        };
-        programs += 1;
-        ops_n += ops.len();
-        syncs += v.len();
-        for s in &v {
-            if s.needed {
-                needed += 1;
-                for p in &s.prevents {
-                    *kinds.entry((s.kind, p.kind.as_str())).or_insert(0) += 1;
-                }
-            }
-        }
-        let mut c = SyncChecker::new();
-        for op in &ops {
-            c.check(op).unwrap();
-        }
-        whatifs += c.stats().whatifs;
-    }
-    println!(
-        "{programs} programs, {ops_n} ops, {syncs} syncs, {needed} needed, {whatifs} what-ifs"
-    );
-    for (k, n) in kinds {
-        println!("{k:?}: {n}");
-    }
 }
 
 /// The analysis equals the brute force on every conformance trace and every example trace.
