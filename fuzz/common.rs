@@ -813,3 +813,75 @@ pub fn check_fix(data: &[u8]) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// syncs
+
+/// The bytes are decoded ([`decode_program`]) into a small well-formed program, and the
+/// synchronization analysis of it equals the brute force's (`needed` and `prevents` of every
+/// synchronization op): with every what-if kept to the end, with the checker's interval indexes
+/// on every path ([`INDEXED`]), and with what-ifs given up at once or after one (each op then
+/// decided by a re-check). The analysis leaves the report as the plain checker gives it.
+pub fn check_syncs(data: &[u8]) {
+    use streamsan::analysis::syncs::{analyze_with, brute_force, SyncChecker, SyncConfig};
+    let ops = decode_program(data);
+    let Ok((report, expected)) = brute_force(&ops) else {
+        // Decoded programs may be bad input for the checker; nothing to analyse then.
+        return;
+    };
+    let keep_all = SyncConfig {
+        max_live: usize::MAX,
+        max_host: usize::MAX,
+    };
+    for limits in [Limits::default(), INDEXED] {
+        let mut checker = SyncChecker::with_config(Checker::with_limits(limits), keep_all);
+        for op in &ops {
+            checker
+                .check(op)
+                .unwrap_or_else(|e| panic!("the analysis rejects an accepted program: {e}"));
+        }
+        let outcome = checker.finish();
+        assert!(outcome.undecided.is_empty(), "a what-if was given up");
+        assert!(
+            outcome.report.to_json() == report.to_json(),
+            "the analysis changed the report\n  plain    {}\n  analysis {}\nprogram:\n{}",
+            report.to_json(),
+            outcome.report.to_json(),
+            to_jsonl(&ops)
+        );
+        assert!(
+            outcome.syncs == expected,
+            "the analysis and the brute force disagree ({limits:?})\n  brute force {}\n  analysis    {}\nprogram:\n{}",
+            describe_syncs(&expected),
+            describe_syncs(&outcome.syncs),
+            to_jsonl(&ops)
+        );
+    }
+    for (max_live, max_host) in [(0, 0), (1, 0), (2, 1)] {
+        let config = SyncConfig { max_live, max_host };
+        let (_, syncs) = analyze_with(&ops, config).expect("accepted");
+        assert!(
+            syncs == expected,
+            "with what-ifs given up ({config:?}) the analysis and the brute force disagree\n  brute force {}\n  analysis    {}\nprogram:\n{}",
+            describe_syncs(&expected),
+            describe_syncs(&syncs),
+            to_jsonl(&ops)
+        );
+    }
+}
+
+/// Verdicts in one line each: op, kind, needed, what it prevents.
+pub fn describe_syncs(syncs: &[streamsan::analysis::syncs::SyncVerdict]) -> String {
+    let mut s = String::new();
+    for v in syncs {
+        let prevents: Vec<String> = v.prevents.iter().map(|k| k.to_string()).collect();
+        s.push_str(&format!(
+            "\n    op {} {} {} [{}]",
+            v.op,
+            v.kind,
+            if v.needed { "needed" } else { "redundant" },
+            prevents.join(", ")
+        ));
+    }
+    s
+}

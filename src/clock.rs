@@ -395,6 +395,48 @@ impl VectorClock {
         }
     }
 
+    /// Lowers `p`'s component to at most `time`.
+    pub fn lower(&mut self, p: Participant, time: Time) {
+        if self.get(p) > time {
+            *self.slot(p.index()) = time;
+        }
+    }
+
+    /// Calls `f(p, mine, theirs)` for every component where this clock is above `base`.
+    pub fn for_each_above(&self, base: &VectorClock, mut f: impl FnMut(Participant, Time, Time)) {
+        for (i, &t) in self.dense.iter().enumerate() {
+            let b = base.dense.get(i).copied().unwrap_or(0);
+            if t > b {
+                f(Participant(i as u32), t, b);
+            }
+        }
+        if self.shared.is_some() && !self.le(base) {
+            for (p, t) in self.nonzero() {
+                if p.index() >= DENSE && t > base.get(p) {
+                    f(p, t, base.get(p));
+                }
+            }
+        }
+    }
+
+    /// The component-wise minimum of the two clocks: what both know.
+    pub fn meet(&self, other: &VectorClock) -> VectorClock {
+        let mut out = VectorClock::new();
+        let n = self.dense.len().min(other.dense.len());
+        out.dense = (0..n).map(|i| self.dense[i].min(other.dense[i])).collect();
+        if let (Some(_), Some(_)) = (&self.shared, &other.shared) {
+            for (p, t) in self.nonzero() {
+                if p.index() >= DENSE {
+                    let m = t.min(other.get(p));
+                    if m > 0 {
+                        out.raise(p, m);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Whether every component of this clock is at most the same component of `other`.
     pub fn le(&self, other: &VectorClock) -> bool {
         self.dense
@@ -552,7 +594,7 @@ mod tests {
         /// dense vectors.
         #[test]
         fn agrees_with_dense_vectors(
-            steps in proptest::collection::vec((0u8..3, 0usize..6, 0usize..6, 0u32..400), 1..200)
+            steps in proptest::collection::vec((0u8..4, 0usize..6, 0usize..6, 0u32..400), 1..200)
         ) {
             let mut model: Vec<Vec<Time>> = vec![Vec::new(); 6];
             let mut clocks: Vec<VectorClock> = vec![VectorClock::new(); 6];
@@ -569,6 +611,12 @@ mod tests {
                         clocks[a].join(&other);
                         let o = model[b].clone();
                         dense_join(&mut model[a], &o);
+                    }
+                    3 => {
+                        clocks[a].lower(Participant(p), b as Time);
+                        if let Some(t) = model[a].get_mut(p as usize) {
+                            *t = (*t).min(b as Time);
+                        }
                     }
                     _ => {
                         clocks[a] = clocks[b].clone();
@@ -588,6 +636,22 @@ mod tests {
                     });
                     prop_assert_eq!(clocks[x].le(&clocks[y]), dense_le);
                     prop_assert_eq!(clocks[x] == clocks[y], dense_le && clocks[y].le(&clocks[x]));
+                    let meet = clocks[x].meet(&clocks[y]);
+                    let mut above = Vec::new();
+                    clocks[x].for_each_above(&clocks[y], |p, mine, theirs| above.push((p.0, mine, theirs)));
+                    let mut want = Vec::new();
+                    for q in 0..400u32 {
+                        let (mx, my) = (
+                            model[x].get(q as usize).copied().unwrap_or(0),
+                            model[y].get(q as usize).copied().unwrap_or(0),
+                        );
+                        prop_assert_eq!(meet.get(Participant(q)), mx.min(my));
+                        if mx > my {
+                            want.push((q, mx, my));
+                        }
+                    }
+                    above.sort_unstable();
+                    prop_assert_eq!(above, want);
                 }
             }
         }

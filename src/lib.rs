@@ -101,6 +101,7 @@ macro_rules! internal {
 }
 
 internal! { mod alloc; }
+pub mod analysis;
 pub mod checker;
 internal! { mod clock; }
 #[cfg(feature = "cuda")]

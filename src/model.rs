@@ -30,7 +30,10 @@
 //! 3. runs the closure with a new [`Cx`]; its handles are dropped (their memory freed, in the
 //!    trace too) when it returns;
 //! 4. checks the whole run; on a hazard it writes the trace to [`Builder::trace_dir`], prints
-//!    `replay: streamsan check <path>`, and panics with the text report.
+//!    `replay: streamsan check <path>`, and panics with the text report;
+//! 5. with [`Builder::syncs`] (`STREAMSAN_SYNCS=1`), says which of the run's synchronizations
+//!    were needed and which were redundant, by call site (on standard error for a clean run; the
+//!    failing report lists them too).
 //!
 //! The closure may return `()` or `Result<(), E>` for any `E: Debug` (an `Err` fails the run).
 //! [`Builder::check`] does the same without panicking on a hazard and returns the [`Checked`]
@@ -44,7 +47,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cudarc::driver::{CudaContext, DriverError};
 use crate::report::{render_text, Report, TextOptions};
-use crate::session::{BackendKind, Session, SessionError};
+use crate::session::{BackendKind, Session, SessionConfig, SessionError};
 
 /// `STREAMSAN_BACKEND`: `sim`, `cuda` or `auto`.
 pub const BACKEND_ENV: &str = "STREAMSAN_BACKEND";
@@ -52,6 +55,8 @@ pub const BACKEND_ENV: &str = "STREAMSAN_BACKEND";
 pub const DEVICE_ENV: &str = "STREAMSAN_DEVICE";
 /// `STREAMSAN_TRACE_DIR`: where the traces of failing runs go.
 pub const TRACE_DIR_ENV: &str = "STREAMSAN_TRACE_DIR";
+/// `STREAMSAN_SYNCS`: run the synchronization analysis (set, and neither empty nor `0`).
+pub const SYNCS_ENV: &str = "STREAMSAN_SYNCS";
 /// `STREAMSAN_REQUIRE_GPU`: a missing GPU fails instead of skipping (the device layer's
 /// variable: `streamsan::cuda::REQUIRE_GPU_ENV`).
 pub const REQUIRE_GPU_ENV: &str = "STREAMSAN_REQUIRE_GPU";
@@ -98,6 +103,11 @@ pub struct Builder {
     /// The stem of trace file names. Default: the current thread's name (under `cargo test`,
     /// the test's path), else `model`.
     pub name: Option<String>,
+    /// Run the synchronization analysis: which of the run's synchronizations (event waits,
+    /// host syncs, `record_stream`) its memory safety needed, and which it paid for for
+    /// nothing, by call site. [`Builder::run`] prints them on standard error for a clean run;
+    /// they never fail one. Default from `STREAMSAN_SYNCS` (set, and neither empty nor `0`).
+    pub syncs: bool,
     /// Why the environment could not be read, if it could not (reported when the model runs).
     env_error: Option<String>,
 }
@@ -132,12 +142,14 @@ impl Builder {
             .unwrap_or_else(|| std::env::temp_dir().join("streamsan"));
         let require_gpu =
             std::env::var_os(REQUIRE_GPU_ENV).is_some_and(|v| !v.is_empty() && v != "0");
+        let syncs = std::env::var_os(SYNCS_ENV).is_some_and(|v| !v.is_empty() && v != "0");
         Builder {
             backend,
             device,
             trace_dir,
             require_gpu,
             name: None,
+            syncs,
             env_error,
         }
     }
@@ -165,6 +177,12 @@ impl Builder {
                     eprintln!("{replay}");
                     panic!("streamsan found hazards:\n{text}{replay}");
                 }
+                if let Some(syncs) = &checked.report.syncs {
+                    eprint!(
+                        "{}",
+                        crate::analysis::syncs::render_text(syncs, checked.report.is_clean())
+                    );
+                }
             }
             Ok(Outcome::Skipped(reason)) => {
                 println!("skipped: {reason} (set {REQUIRE_GPU_ENV}=1 to fail instead)");
@@ -183,10 +201,15 @@ impl Builder {
         if let Some(e) = &self.env_error {
             return Err(ModelError::Env(e.clone()));
         }
+        let config = SessionConfig {
+            syncs: self.syncs,
+            ..SessionConfig::default()
+        };
         let session = match self.pick()? {
-            Pick::Sim => Session::simulated_with(Default::default())
-                .map_err(|e| ModelError::Session(e.into()))?,
-            Pick::Cuda => match cuda_session(self.device) {
+            Pick::Sim => {
+                Session::simulated_with(config).map_err(|e| ModelError::Session(e.into()))?
+            }
+            Pick::Cuda => match cuda_session(self.device, config) {
                 Ok(s) => s,
                 Err(SessionError::NoGpu { reason }) => return self.no_gpu(reason),
                 Err(e) => return Err(ModelError::Session(e.into())),
@@ -298,12 +321,12 @@ fn gpu_missing() -> Option<String> {
 }
 
 #[cfg(feature = "cuda")]
-fn cuda_session(device: usize) -> Result<Session, SessionError> {
-    Session::cuda(device)
+fn cuda_session(device: usize, config: SessionConfig) -> Result<Session, SessionError> {
+    Session::cuda_with(device, config)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_session(_device: usize) -> Result<Session, SessionError> {
+fn cuda_session(_device: usize, _config: SessionConfig) -> Result<Session, SessionError> {
     Err(SessionError::NoGpu {
         reason: "streamsan was built without the `cuda` feature".into(),
     })

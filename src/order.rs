@@ -226,6 +226,29 @@ impl Order {
         &self.host
     }
 
+    /// A number that changes whenever the host's clock may have changed.
+    pub(crate) fn host_version(&self) -> u64 {
+        self.host_version
+    }
+
+    /// The capture of `event`'s latest record; `None` if it was never recorded (or was reset).
+    pub fn capture(&self, event: &Id) -> Option<&VectorClock> {
+        self.events.get(event).and_then(|e| e.capture.as_ref())
+    }
+
+    /// The blocking streams of device 0, which synchronize with the legacy default stream.
+    pub fn blocking0(&self) -> &[Participant] {
+        &self.blocking0
+    }
+
+    /// Whether stream `p` is a blocking stream of device 0.
+    pub fn is_blocking0(&self, p: Participant) -> bool {
+        !p.is_host() && p != Self::DEFAULT && {
+            let s = self.info(p);
+            s.blocking && s.device == 0
+        }
+    }
+
     /// Rules 2 and 5: before an op on stream `p`, join what the host did before issuing it and
     /// the implicit edges of the legacy default stream.
     pub fn begin_stream_op(&mut self, p: Participant) {

@@ -451,6 +451,20 @@ impl Intervals {
         before - slots
     }
 
+    /// Calls `f` for every entry of every piece overlapping `[lo, hi)` (an entry spanning several
+    /// pieces once per piece), changing nothing.
+    pub fn for_each(&self, lo: u64, hi: u64, mut f: impl FnMut(&Arc<Entry>)) {
+        if lo >= hi {
+            return;
+        }
+        for (_, piece) in self.map.range(..hi).rev() {
+            if piece.end <= lo {
+                break;
+            }
+            piece.slots.as_slice().iter().for_each(&mut f);
+        }
+    }
+
     /// Every entry kept, once each, in order of first appearance.
     pub fn entries(&self) -> Vec<Arc<Entry>> {
         let mut seen = rustc_hash::FxHashSet::default();
@@ -500,6 +514,12 @@ impl History {
         }
     }
 
+    /// The entries kept beside the flat list that later entries of their participant cover (the
+    /// flat form only).
+    pub fn covered(&self) -> &[Access] {
+        self.rest.as_ref().map_or(&[], |r| &r.covered)
+    }
+
     /// The index, in the indexed form.
     pub fn index_mut(&mut self) -> Option<&mut Intervals> {
         self.rest.as_mut().and_then(|r| r.index.as_mut())
@@ -522,8 +542,10 @@ impl History {
     }
 
     /// Drops the entries the host's clock covers; returns how many were dropped. An index of at
-    /// most half `flat_max` entries goes back to the flat form.
-    pub fn prune(&mut self, host: &VectorClock, flat_max: usize) -> usize {
+    /// most half `flat_max` entries goes back to the flat form. `exact` says that `host` is the
+    /// host's clock itself: a covered entry then goes with the entries covering it. Below the
+    /// host's clock (a clock that keeps history for what-if analyses) each entry is judged alone.
+    pub fn prune(&mut self, host: &VectorClock, flat_max: usize, exact: bool) -> usize {
         let before = self.len();
         if let Some(ix) = self.index_mut() {
             ix.sweep(|e| !host.covers(e.access.epoch()));
@@ -536,7 +558,7 @@ impl History {
         }
         self.accesses.retain(|a| !host.covers(a.epoch()));
         if let Some(r) = &mut self.rest {
-            if self.accesses.is_empty() {
+            if self.accesses.is_empty() && exact {
                 // Every covered entry happens before an entry that the host's clock covers.
                 self.rest = None;
             } else {
@@ -556,6 +578,11 @@ impl History {
             }
         }
         v
+    }
+
+    /// Every entry kept, in op order (a copy).
+    pub fn all(&self) -> Vec<Access> {
+        self.clone().into_all()
     }
 
     /// Moves a flat history into an index, in op order, trimming what rule 2 subsumes.
@@ -1098,6 +1125,11 @@ impl Graveyard {
     /// The index of large freed buffers of one memory kind.
     pub fn large(&mut self, kind: MemoryKind) -> &mut Intervals {
         &mut self.kinds[kind.index()].large
+    }
+
+    /// The index of large freed buffers of one memory kind, to read.
+    pub fn large_ref(&self, kind: MemoryKind) -> &Intervals {
+        &self.kinds[kind.index()].large
     }
 
     /// Drops the tombstones the host's clock covers; returns how many were dropped.

@@ -62,7 +62,16 @@ impl SplitMix {
 
 impl Pipeline {
     /// Calls `emit` with every op of the workload, in order; stops after `self.ops` ops.
-    pub fn generate(&self, mut emit: impl FnMut(TraceOp)) {
+    pub fn generate(&self, emit: impl FnMut(TraceOp)) {
+        self.generate_waiting(1, emit)
+    }
+
+    /// [`generate`](Self::generate) with each step waiting on the events of `waits` stages (at
+    /// most `streams - 1`): the previous stage's, as always, and the events of the stages before
+    /// it, in a random order — the "insurance" waits of a pipeline that waits on every stage it
+    /// might depend on. Most of them order nothing the ring of events does not order already;
+    /// with `waits` 1 the workload is the plain one.
+    pub fn generate_waiting(&self, waits: u32, mut emit: impl FnMut(TraceOp)) {
         let streams = self.streams.max(2);
         let buffers = self.buffers.max(streams);
         let mut rng = SplitMix::new(self.seed);
@@ -114,10 +123,18 @@ impl Pipeline {
         while n.get() < limit {
             let s = (step % streams as u64) as u32;
             let prev = (s + streams - 1) % streams;
-            push(Op::EventWait {
-                stream: stream(s),
-                event: Id::from(format!("e{prev}")),
-            });
+            let mut stages: Vec<u32> = (1..=waits.clamp(1, streams - 1))
+                .map(|d| (s + streams - d) % streams)
+                .collect();
+            for k in (1..stages.len()).rev() {
+                stages.swap(k, rng.below(k as u64 + 1) as usize);
+            }
+            for w in stages {
+                push(Op::EventWait {
+                    stream: stream(s),
+                    event: Id::from(format!("e{w}")),
+                });
+            }
             let slot = (step % (2 * LIVE)) as usize;
             let tmp = Id::from(format!("t{slot}"));
             let bytes = if rng.below(32) == 0 {

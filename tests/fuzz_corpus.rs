@@ -29,11 +29,12 @@ use streamsan::workload::SplitMix;
 type Check = fn(&[u8]);
 
 /// The fuzz targets and their checks.
-const TARGETS: [(&str, Check); 4] = [
+const TARGETS: [(&str, Check); 5] = [
     ("parse_line", common::check_parse_line),
     ("trace_reader", common::check_trace_reader),
     ("checker_oracle", common::check_checker_oracle),
     ("fix", common::check_fix),
+    ("syncs", common::check_syncs),
 ];
 
 /// The embedded files of `fuzz/<kind>/` (`corpus` or `artifacts`).
@@ -299,6 +300,15 @@ fn write_seeds() {
             data,
         )
         .expect("write seed");
+    }
+    // The synchronization analysis: random bytes, most of whose programs have syncs that are
+    // needed and syncs that are not.
+    let mut rng = SplitMix::new(0x5_1c5);
+    for i in 0..24 {
+        let len = 40 + rng.below(200) as usize;
+        let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        std::fs::write(corpus.join("syncs").join(format!("random-{i:02}")), data)
+            .expect("write seed");
     }
     // Every file now in the corpus passes its target's check.
     let mut written = 0;

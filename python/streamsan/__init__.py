@@ -19,6 +19,7 @@ allocator while another stream still uses it: streamsan checks programs for both
 from __future__ import annotations
 
 from ._streamsan import Checker, Report, TraceError, __version__, check_trace
+from ._syncs import describe as describe_syncs
 
 __all__ = [
     "Checker",
@@ -27,6 +28,7 @@ __all__ = [
     "TraceError",
     "__version__",
     "check_trace",
+    "describe_syncs",
 ]
 
 

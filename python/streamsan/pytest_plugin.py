@@ -5,6 +5,10 @@
 - `@pytest.mark.streamsan` does it for one test (or a module, with `pytestmark`).
 - The `streamsan` fixture is a running check (`streamsan.torch.Run`) for the test: its hazards
   fail the test at teardown, and `streamsan.hazards` shows what was found so far.
+- `pytest --streamsan-syncs` checks every test (as `--streamsan`) with the synchronization
+  analysis too, and ends the run with a section that lists, per test, which synchronizations
+  were needed and which were paid for for nothing ("`.item()` at train.py:88 synchronized the
+  host 1,000 times; none was needed"), redundant sites first. It never fails a test.
 
 Under torchrun each rank checks its own tests; a failure's message names the rank.
 
@@ -25,6 +29,12 @@ def pytest_addoption(parser):
         help="check every test's CUDA streams, events and allocations with streamsan.torch",
     )
     group.addoption(
+        "--streamsan-syncs",
+        action="store_true",
+        default=False,
+        help="check every test with streamsan.torch and list which synchronizations it needed",
+    )
+    group.addoption(
         "--streamsan-backend",
         default="auto",
         choices=["auto", "native", "python"],
@@ -41,7 +51,34 @@ def pytest_configure(config):
 def _checked(item) -> bool:
     if "streamsan" in getattr(item, "fixturenames", ()):
         return False  # the fixture checks it
-    return bool(item.config.getoption("--streamsan") or item.get_closest_marker("streamsan"))
+    return bool(
+        item.config.getoption("--streamsan")
+        or item.config.getoption("--streamsan-syncs")
+        or item.get_closest_marker("streamsan")
+    )
+
+
+def _note_syncs(config, nodeid: str, run) -> None:
+    """Keeps what the analysis said of a test's synchronizations, for the summary."""
+    if run.syncs:
+        config.stash.setdefault(_SYNCS, []).append((nodeid, run.syncs))
+
+
+_SYNCS = pytest.StashKey()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    found = config.stash.get(_SYNCS, [])
+    if not config.getoption("--streamsan-syncs"):
+        return
+    terminalreporter.section("streamsan synchronizations")
+    if not found:
+        terminalreporter.write_line("no test synchronized")
+        return
+    for nodeid, lines in found:
+        terminalreporter.write_line(nodeid)
+        for line in lines:
+            terminalreporter.write_line("  " + line)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -50,12 +87,19 @@ def pytest_runtest_call(item):
         return (yield)
     from streamsan.torch import check
 
-    run = check(raise_on_hazard=False, backend=item.config.getoption("--streamsan-backend"))
+    syncs = item.config.getoption("--streamsan-syncs")
+    run = check(
+        raise_on_hazard=False,
+        backend=item.config.getoption("--streamsan-backend"),
+        syncs=syncs,
+        print_syncs=False,
+    )
     run.__enter__()
     try:
         result = yield
     finally:
         run.__exit__(None, None, None)
+        _note_syncs(item.config, item.nodeid, run)
     if run.report is not None and run.report.errors:
         from streamsan import HazardError
 
@@ -68,9 +112,15 @@ def streamsan(request):
     """A running streamsan.torch check for this test; its hazards fail the test."""
     from streamsan.torch import check
 
-    run = check(raise_on_hazard=False, backend=request.config.getoption("--streamsan-backend"))
+    run = check(
+        raise_on_hazard=False,
+        backend=request.config.getoption("--streamsan-backend"),
+        syncs=request.config.getoption("--streamsan-syncs"),
+        print_syncs=False,
+    )
     with run:
         yield run
+    _note_syncs(request.config, request.node.nodeid, run)
     if run.report is not None and run.report.errors:
         from streamsan import HazardError
 

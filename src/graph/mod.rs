@@ -34,7 +34,7 @@ mod know;
 pub mod picture;
 pub mod render;
 
-pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, Role};
+pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, PictureSync, Role};
 pub use render::{render_dot, render_html};
 
 /// Knobs of the graph.
@@ -895,6 +895,17 @@ impl DepGraph {
                 conflicts: h.conflicts.iter().map(|c| c.op).collect(),
             })
             .collect();
+        let syncs = report
+            .syncs
+            .iter()
+            .flatten()
+            .filter(|v| drawn.contains(&v.op))
+            .map(|v| PictureSync {
+                op: v.op,
+                needed: v.needed,
+                prevents: v.prevents.iter().map(|k| k.to_string()).collect(),
+            })
+            .collect();
         Picture {
             title: title.to_string(),
             ops: self.stats.ops,
@@ -903,6 +914,7 @@ impl DepGraph {
             nodes,
             edges,
             hazards,
+            syncs,
         }
     }
 }

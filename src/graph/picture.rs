@@ -27,6 +27,22 @@ pub struct Picture {
     pub hazards: Vec<PictureHazard>,
     /// Number of ops of the trace that are not drawn.
     pub elided: u64,
+    /// With the synchronization analysis (`check --syncs`): the verdicts on the drawn
+    /// synchronization ops, by op index. Their incoming sync edges are drawn grey when
+    /// redundant, and say what they prevent when needed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub syncs: Vec<PictureSync>,
+}
+
+/// The verdict of the synchronization analysis on one drawn synchronization op.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PictureSync {
+    /// Its op index.
+    pub op: u64,
+    /// Whether the program's memory safety needs it.
+    pub needed: bool,
+    /// What it prevents, one line each (`"data-race on b at op 7"`).
+    pub prevents: Vec<String>,
 }
 
 /// One lane of the picture: the host or a stream.

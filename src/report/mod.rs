@@ -372,6 +372,10 @@ pub struct Report {
     pub warnings: u64,
     /// The hazards, sorted by op, kind, buffer.
     pub hazards: Vec<Hazard>,
+    /// With the synchronization analysis (`check --syncs`): a verdict on every synchronization
+    /// op, in op order (trace format, "Synchronization analysis").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syncs: Option<Vec<crate::analysis::syncs::SyncVerdict>>,
 }
 
 impl Report {
@@ -387,6 +391,7 @@ impl Report {
             errors,
             warnings,
             hazards,
+            syncs: None,
         }
     }
 

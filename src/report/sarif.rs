@@ -75,7 +75,11 @@ pub fn render_sarif(report: &Report, opts: &SarifOptions) -> String {
                     name: "streamsan",
                     version: env!("CARGO_PKG_VERSION"),
                     semantic_version: env!("CARGO_PKG_VERSION"),
-                    rules: HazardKind::ALL.iter().map(|&k| rule(k)).collect(),
+                    rules: HazardKind::ALL
+                        .iter()
+                        .map(|&k| rule(k))
+                        .chain(report.syncs.as_ref().map(|_| redundant_sync_rule()))
+                        .collect(),
                 },
             },
             artifacts: trace.as_ref().map(|t| {
@@ -91,6 +95,14 @@ pub fn render_sarif(report: &Report, opts: &SarifOptions) -> String {
                 .hazards
                 .iter()
                 .map(|h| result(h, trace.as_ref()))
+                .chain(
+                    report
+                        .syncs
+                        .iter()
+                        .flatten()
+                        .filter(|v| !v.needed)
+                        .map(|v| redundant_sync(v, report.is_clean(), trace.as_ref())),
+                )
                 .collect(),
             properties: RunProperties {
                 ops: report.ops,
@@ -499,6 +511,102 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
             participant,
             fix: h.fix.clone(),
             confirmation: h.confirmation.clone(),
+        },
+    }
+}
+
+/// The id of the rule of redundant synchronization ops (`check --syncs`).
+pub const REDUNDANT_SYNC: &str = "redundant-sync";
+
+/// The rule of redundant synchronization ops, after the hazard kinds' (only with `--syncs`).
+fn redundant_sync_rule() -> Rule {
+    Rule {
+        id: REDUNDANT_SYNC,
+        name: "RedundantSync",
+        short_description: Text::new(
+            "A synchronization op that the program's memory safety does not need.",
+        ),
+        full_description: Text::new(
+            "A synchronization op (an event wait, a host sync or successful query, a              record_stream) whose removal alone adds no hazard: the trace without it has no              error the trace as written does not have. Every synchronization costs: a host sync              stalls the host and drains the pipeline, an event wait serialises streams. Two              redundant ops may not be removable together (streamsan fix --remove-redundant              removes those that are).",
+        ),
+        default_configuration: Configuration { level: "note" },
+        help: Text::new(
+            "Remove it. If it is there for timing, time with CUDA events instead              (cudaEventRecord and cudaEventElapsedTime; in PyTorch              torch.cuda.Event(enable_timing=True)).",
+        ),
+        properties: RuleProperties {
+            tags: ["performance", "synchronization", "gpu"],
+        },
+    }
+}
+
+/// A note for a redundant synchronization op, at its site.
+fn redundant_sync(
+    v: &crate::analysis::syncs::SyncVerdict,
+    clean: bool,
+    trace: Option<&ArtifactLocation>,
+) -> SarifResult {
+    let site = v.site.as_deref();
+    let located = site.and_then(physical);
+    let mut what = format!("op {}: {}", v.op, v.kind);
+    if let (Some(site), None) = (site, &located) {
+        let _ = write!(what, ", at {site}");
+    }
+    let keeps = if clean {
+        "removing it keeps the program hazard-free"
+    } else {
+        "removing it alone adds no hazard"
+    };
+    let stacks = match site {
+        Some(Site::Stack(frames)) if !frames.is_empty() => vec![Stack {
+            message: Text::new(format!("call stack of op {}", v.op)),
+            frames: frames
+                .iter()
+                .map(|f| StackFrame {
+                    location: Location {
+                        physical_location: parse_location(f).and_then(|l| l.physical()),
+                        message: Some(Text::message(f)),
+                        ..Location::default()
+                    },
+                })
+                .collect(),
+        }],
+        _ => Vec::new(),
+    };
+    SarifResult {
+        rule_id: REDUNDANT_SYNC,
+        rule_index: HazardKind::ALL.len(),
+        level: "note",
+        message: Text::message(&format!(
+            "redundant {} at op {}: {keeps}; if it is there for timing, time with CUDA events instead.",
+            v.kind, v.op
+        )),
+        locations: vec![Location {
+            id: None,
+            physical_location: located.or_else(|| {
+                trace.map(|t| PhysicalLocation {
+                    artifact_location: t.clone(),
+                    region: None,
+                })
+            }),
+            logical_locations: vec![op_location(v.op)],
+            message: Some(Text::message(&what)),
+        }],
+        related_locations: Vec::new(),
+        stacks,
+        partial_fingerprints: Fingerprints {
+            hazard: match site {
+                Some(s) => format!("{REDUNDANT_SYNC}:{}:{s}", v.kind),
+                None => format!("{REDUNDANT_SYNC}:{}:op {}", v.kind, v.op),
+            },
+        },
+        analysis_target: trace.cloned(),
+        properties: ResultProperties {
+            op: v.op,
+            buffer: None,
+            pattern: None,
+            participant: None,
+            fix: Some(format!("remove the {} at op {}", v.kind, v.op)),
+            confirmation: None,
         },
     }
 }

@@ -16,6 +16,7 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
+use streamsan::analysis::syncs::{SyncChecker, SyncConfig};
 use streamsan::graph::Picture;
 use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
 use streamsan::trace::{parse_line_bytes, ParseError, TraceReader};
@@ -32,6 +33,87 @@ pyo3::create_exception!(
     "Bad input: an op that is not valid under the trace format. The message is located \
      (`NAME:LINE:COLUMN: what was wrong; expected …`), as `streamsan check` prints it."
 );
+
+/// The checker of a `Checker`: plain, or with the synchronization analysis (`syncs=True`).
+enum Engine {
+    Plain(Box<streamsan::Checker>),
+    Syncs(Box<SyncChecker>),
+}
+
+impl Engine {
+    fn new(syncs: bool, kept: bool) -> Engine {
+        if !syncs {
+            return Engine::Plain(Box::default());
+        }
+        // Without the ops kept nothing could re-check an op: no what-if is given up.
+        let config = if kept {
+            SyncConfig::default()
+        } else {
+            SyncConfig {
+                max_live: usize::MAX,
+                max_host: usize::MAX,
+            }
+        };
+        Engine::Syncs(Box::new(SyncChecker::with_config(
+            streamsan::Checker::new(),
+            config,
+        )))
+    }
+
+    fn checker(&self) -> &streamsan::Checker {
+        match self {
+            Engine::Plain(c) => c,
+            Engine::Syncs(s) => s.checker(),
+        }
+    }
+
+    fn check(&mut self, op: &streamsan::trace::TraceOp) -> Result<(), streamsan::CheckError> {
+        match self {
+            Engine::Plain(c) => c.check(op).map(|_| ()),
+            Engine::Syncs(s) => s.check(op).map(|_| ()),
+        }
+    }
+
+    /// The report, with the verdicts on the synchronization ops when analysed; the ops the
+    /// analysis left to a re-check are re-checked from `kept`.
+    fn finish(self, kept: Option<&Path>, name: &str) -> Result<streamsan::Report, String> {
+        let s = match self {
+            Engine::Plain(c) => return Ok((*c).finish()),
+            Engine::Syncs(s) => s,
+        };
+        let mut outcome = s.finish();
+        if !outcome.undecided.is_empty() {
+            let Some(path) = kept else {
+                return Err(format!(
+                    "{name}: the ops were not kept: {} synchronization ops cannot be re-checked",
+                    outcome.undecided.len()
+                ));
+            };
+            streamsan::analysis::syncs::resolve(&mut outcome, |skipped, real| {
+                let f = File::open(path)
+                    .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
+                let mut reader =
+                    TraceReader::new(BufReader::with_capacity(1 << 16, f), name.to_string());
+                let mut failed = None;
+                let ops = std::iter::from_fn(|| match reader.next_op() {
+                    Ok(Some((op, _))) => Some(op),
+                    Ok(None) => None,
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        None
+                    }
+                });
+                let found = streamsan::analysis::syncs::recheck(ops, skipped, real)
+                    .map_err(|e| format!("{name}: op {}: {e}", e.op))?;
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok(found),
+                }
+            })?;
+        }
+        Ok(outcome.into_report())
+    }
+}
 
 /// Where the ops of a check are kept, to explain its hazards and draw it afterwards.
 enum Kept {
@@ -200,10 +282,12 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
 /// `trace`: also write every op to this file (trace format, version 1), for `streamsan check`,
 /// `fix` and `--format html`. `explain`: keep the ops (in `trace`, or else in a temporary file
 /// removed with the report) so that the report explains its hazards (`why:`) and can be drawn.
-/// `name`: how bad-input messages and the text report name the ops' source.
+/// `name`: how bad-input messages and the text report name the ops' source. `syncs`: also run
+/// the synchronization analysis (`streamsan check --syncs`): the report then says which
+/// synchronization ops were needed, what each prevents, and which were redundant.
 #[pyclass(module = "streamsan._streamsan")]
 struct Checker {
-    checker: Option<streamsan::Checker>,
+    checker: Option<Engine>,
     /// Lines pushed so far (the line number of bad-input messages).
     lines: u64,
     name: String,
@@ -215,7 +299,7 @@ struct Checker {
 }
 
 impl Checker {
-    fn checker(&mut self) -> PyResult<&mut streamsan::Checker> {
+    fn checker(&mut self) -> PyResult<&mut Engine> {
         self.checker
             .as_mut()
             .ok_or_else(|| PyValueError::new_err("this Checker has finished"))
@@ -233,7 +317,7 @@ impl Checker {
             return Ok(None);
         };
         let checker = self.checker()?;
-        let before = checker.hazards().len();
+        let before = checker.checker().hazards().len();
         if let Err(e) = checker.check(&op) {
             let at = spans.locate(e.field);
             let err = ParseError::at(
@@ -260,7 +344,7 @@ impl Checker {
 
     fn new_hazards<'py>(&self, py: Python<'py>, from: usize) -> PyResult<Bound<'py, PyList>> {
         match self.checker.as_ref() {
-            Some(c) => hazards_to_py(py, &c.hazards()[from..]),
+            Some(c) => hazards_to_py(py, &c.checker().hazards()[from..]),
             None => PyList::new(py, Vec::<Bound<'py, PyAny>>::new()),
         }
     }
@@ -269,8 +353,13 @@ impl Checker {
 #[pymethods]
 impl Checker {
     #[new]
-    #[pyo3(signature = (trace = None, explain = true, name = None))]
-    fn new(trace: Option<PathBuf>, explain: bool, name: Option<String>) -> PyResult<Self> {
+    #[pyo3(signature = (trace = None, explain = true, name = None, syncs = false))]
+    fn new(
+        trace: Option<PathBuf>,
+        explain: bool,
+        name: Option<String>,
+        syncs: bool,
+    ) -> PyResult<Self> {
         let (kept, out) = match trace {
             Some(path) => {
                 let f = File::create(&path).map_err(|e| {
@@ -308,8 +397,9 @@ impl Checker {
             } => path.display().to_string(),
             _ => "<ops>".to_string(),
         });
+        let engine = Engine::new(syncs, matches!(kept, Kept::File { .. }));
         Ok(Checker {
-            checker: Some(streamsan::Checker::new()),
+            checker: Some(engine),
             lines: 0,
             name,
             kept,
@@ -385,7 +475,7 @@ impl Checker {
                 text.get_type().name()?
             )));
         };
-        let from = self.checker()?.hazards().len();
+        let from = self.checker()?.checker().hazards().len();
         let mut rest = bytes;
         while !rest.is_empty() {
             let (line, next) = match rest.iter().position(|&c| c == b'\n') {
@@ -402,7 +492,7 @@ impl Checker {
     /// The number of ops checked so far.
     #[getter]
     fn ops(&self) -> u64 {
-        self.checker.as_ref().map_or(0, |c| c.ops())
+        self.checker.as_ref().map_or(0, |c| c.checker().ops())
     }
 
     /// Every hazard found so far, as dicts of the JSON report.
@@ -417,13 +507,18 @@ impl Checker {
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         if let Some(c) = self.checker.as_ref() {
-            let s = c.stats();
+            let s = c.checker().stats();
             d.set_item("ops", s.ops)?;
             d.set_item("participants", s.participants)?;
             d.set_item("generations", s.generations)?;
             d.set_item("graveyard", s.graveyard)?;
             d.set_item("history", s.history)?;
             d.set_item("hazards", s.hazards)?;
+            if let Engine::Syncs(a) = c {
+                let (live, tombstones, _) = a.memory();
+                d.set_item("syncs_live_whatifs", live)?;
+                d.set_item("syncs_tombstones", tombstones)?;
+            }
         }
         Ok(d)
     }
@@ -472,8 +567,12 @@ impl Checker {
             }
             Kept::Nothing => None,
         };
-        let implicit = checker.implicit_syncs().to_vec();
-        let report = checker.finish();
+        let implicit = checker.checker().implicit_syncs().to_vec();
+        let kept_path = source.as_ref().map(|f| f.path.clone());
+        let name = self.name.clone();
+        let report = py
+            .detach(|| checker.finish(kept_path.as_deref(), &name))
+            .map_err(PyValueError::new_err)?;
         let mut r = Report {
             report,
             name: self.name.clone(),
@@ -566,8 +665,46 @@ impl Report {
         hazards_to_py(py, &self.report.hazards)
     }
 
+    /// With the synchronization analysis (`syncs=True`): one dict per synchronization op, in
+    /// op order, as the JSON report's `syncs` array has them (`op`, `kind`, `site`, `needed`,
+    /// `prevents`); `None` without it.
+    #[getter]
+    fn syncs<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(syncs) = &self.report.syncs else {
+            return Ok(None);
+        };
+        let v = serde_json::to_value(syncs).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        Ok(Some(to_py(py, &v)?.cast_into::<PyList>()?))
+    }
+
+    /// With the synchronization analysis: the verdicts by site (ops without a site each
+    /// alone), redundant sites first: dicts with `site` (str or None), `kinds` (op names),
+    /// `ops` (op indices), `count`, `needed`, `redundant` and `prevents` (dicts as in
+    /// `syncs`). `None` without the analysis.
+    fn syncs_by_site<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyList>>> {
+        let Some(syncs) = &self.report.syncs else {
+            return Ok(None);
+        };
+        let mut items = Vec::new();
+        for s in streamsan::analysis::syncs::by_site(syncs) {
+            let d = PyDict::new(py);
+            d.set_item("site", s.site.clone())?;
+            d.set_item("kinds", s.kinds.clone())?;
+            d.set_item("ops", s.ops.clone())?;
+            d.set_item("count", s.count())?;
+            d.set_item("needed", s.needed)?;
+            d.set_item("redundant", s.redundant())?;
+            let v = serde_json::to_value(&s.prevents)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            d.set_item("prevents", to_py(py, &v)?)?;
+            items.push(d);
+        }
+        Ok(Some(PyList::new(py, items)?))
+    }
+
     /// The text report of `streamsan check`: each hazard with its accesses, `why:` and `help:`,
-    /// then a summary line. `color`: with ANSI colours.
+    /// the synchronization analysis by site (with `syncs=True`), then a summary line. `color`:
+    /// with ANSI colours.
     #[pyo3(signature = (color = false))]
     fn to_text(&self, color: bool) -> String {
         render_text(
@@ -652,14 +789,16 @@ impl Report {
 
 /// Checks a trace file (JSON Lines, trace format v1) and returns its `Report`, its hazards
 /// explained. Raises `TraceError` on bad input, `OSError` when the file cannot be read.
+/// `syncs`: also run the synchronization analysis (`streamsan check --syncs`).
 #[pyfunction]
-#[pyo3(signature = (path, explain = true))]
-fn check_trace(py: Python<'_>, path: PathBuf, explain: bool) -> PyResult<Report> {
+#[pyo3(signature = (path, explain = true, syncs = false))]
+fn check_trace(py: Python<'_>, path: PathBuf, explain: bool, syncs: bool) -> PyResult<Report> {
     let name = path.display().to_string();
     let result: Result<Report, (bool, String)> = py.detach(|| {
         let f = File::open(&path).map_err(|e| (true, format!("{name}: cannot open: {e}")))?;
         let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), name.clone());
-        let mut checker = streamsan::Checker::new();
+        // The file can be read again: a re-check can decide what the analysis gives up.
+        let mut checker = Engine::new(syncs, true);
         loop {
             let (op, spans) = match reader.next_op() {
                 Ok(Some(x)) => x,
@@ -672,9 +811,10 @@ fn check_trace(py: Python<'_>, path: PathBuf, explain: bool) -> PyResult<Report>
                 return Err((false, err.to_string()));
             }
         }
-        let implicit = checker.implicit_syncs().to_vec();
+        let implicit = checker.checker().implicit_syncs().to_vec();
+        let report = checker.finish(Some(&path), &name).map_err(|e| (false, e))?;
         let mut r = Report {
-            report: checker.finish(),
+            report,
             name: name.clone(),
             source: explain.then(|| KeptFile {
                 path: path.clone(),

@@ -11,8 +11,13 @@
 
     streamsan.torch.record("run.jsonl")     # only write the trace (a context manager too)
 
+    with streamsan.torch.check(syncs=True) as run:   # which synchronizations were needed
+        train_step()
+    print("\n".join(run.syncs))   # ".item() at train.py:88 synchronized the host 1,000 times; …"
+
     python -m streamsan.torch train.py ARGS…   # a whole script; exit status 1 on hazards
     pytest --streamsan                         # every test under check()
+    pytest --streamsan-syncs                   # and which of its synchronizations were needed
     torchrun --nproc-per-node=4 -m streamsan.torch train.py   # one report per rank
 
 What is recorded: every aten op's reads and writes as regions of their allocations, on the stream
@@ -51,6 +56,14 @@ class Run:
 
     Under torchrun, `rank` is this process's `Rank` (else None) and `trace` is this rank's path
     (see `streamsan.torch._rank.path_for`), set when the check starts.
+
+    `syncs`: also run the synchronization analysis: when the check ends, `syncs` holds one
+    sentence per call site that synchronized (redundant sites first: "wait_stream at
+    train.py:52 made a stream wait 200 times; none was needed"), printed on standard error
+    unless `print_syncs` is False, and the report has the verdicts (`report.syncs`,
+    `report.syncs_by_site()`). A host read whose value the program uses (`.item()`, `.cpu()`)
+    is recorded as a copy into host memory, the synchronization and the host's read: needed by
+    construction. The analysis never fails a check.
     """
 
     def __init__(
@@ -60,6 +73,8 @@ class Run:
         explain: bool = True,
         backend: str = "auto",
         check: bool = True,
+        syncs: bool = False,
+        print_syncs: bool = True,
         _fake_device: bool = False,
     ) -> None:
         if not check and trace is None:
@@ -70,6 +85,9 @@ class Run:
         self.explain = explain
         self.backend_choice = backend
         self.checking = check
+        self.analyse_syncs = syncs
+        self.print_syncs = print_syncs
+        self.syncs: list[str] = []
         # For streamsan's own tests: CPU tensors stand for device memory.
         self.fake_device = _fake_device or os.environ.get("STREAMSAN_TORCH_FAKE_DEVICE") == "1"
         self.report: Optional[Report] = None
@@ -120,7 +138,9 @@ class Run:
             name = self.trace or (
                 "<streamsan.torch>" if self.rank is None else f"<streamsan.torch rank {self.rank.rank}>"
             )
-            self._checker = Checker(trace=self.trace, explain=self.explain, name=name)
+            self._checker = Checker(
+                trace=self.trace, explain=self.explain, name=name, syncs=self.analyse_syncs
+            )
         else:
             self._file = open(self.trace, "wb")
         try:
@@ -140,6 +160,17 @@ class Run:
                 self._file.close()
             if self._checker is not None:
                 self.report = self._checker.finish()
+        if self.report is not None and self.analyse_syncs:
+            from .._syncs import describe
+
+            self.syncs = describe(self.report)
+            if self.print_syncs and self.syncs:
+                import sys
+
+                head = "streamsan.torch: synchronizations"
+                if self.header:
+                    head = f"{self.header}: synchronizations"
+                print("\n  ".join([head] + self.syncs), file=sys.stderr)
         if (
             exc_type is None
             and self.raise_on_hazard
@@ -154,9 +185,18 @@ def check(
     trace: Optional[PathLike] = None,
     explain: bool = True,
     backend: str = "auto",
+    syncs: bool = False,
+    print_syncs: bool = True,
 ) -> Run:
     """Checks the program inside the `with` block as it runs; see `Run`."""
-    return Run(raise_on_hazard=raise_on_hazard, trace=trace, explain=explain, backend=backend)
+    return Run(
+        raise_on_hazard=raise_on_hazard,
+        trace=trace,
+        explain=explain,
+        backend=backend,
+        syncs=syncs,
+        print_syncs=print_syncs,
+    )
 
 
 def record(path: PathLike, backend: str = "auto") -> Run:

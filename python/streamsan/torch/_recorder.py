@@ -44,6 +44,14 @@ def _q(s: str) -> str:
     return json.dumps(s)
 
 
+# Host syncs, as the recorder writes them.
+_HOST_SYNCS = ('{"op":"stream_sync"', '{"op":"device_sync"', '{"op":"event_sync"')
+# Where values copied to the host land: managed memory, an address space the program's own
+# (device and pinned) allocations never use.
+_HOST_VALUES = '"streamsan host values"'
+_HOST_VALUES_ALLOC = '{"op":"alloc","buffer":%s,"bytes":8,"memory":"managed","addr":4096}\n' % _HOST_VALUES
+
+
 def _site(quoted: str) -> str:
     """The end of an op's line: its site when known, and the closing brace."""
     return "}\n" if quoted == "null" else ',"site":' + quoted + "}\n"
@@ -168,6 +176,7 @@ class PythonBackend:
         self.fake_stream = 0
         self.mu = threading.RLock()
         self.batch: list[str] = []
+        self.host_values_allocated = False
         self.size = 0
         self.threshold = 4096  # lines
         self.infos: dict[Any, _OpInfo] = {}
@@ -305,6 +314,13 @@ class PythonBackend:
         name, _ = (self.pinned_bufs if pinned else self.device_bufs).pop(base)
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
+
+    def host_values(self) -> str:
+        """The host memory that values copied from the device land in (allocated once)."""
+        if not self.host_values_allocated:
+            self.host_values_allocated = True
+            self.batch.append(_HOST_VALUES_ALLOC)
+        return _HOST_VALUES
 
     def new_name(self, pinned: bool) -> str:
         """A fresh name, or one freed more than NAME_DELAY frees ago."""
@@ -504,6 +520,7 @@ class PythonBackend:
                                 sid, split = s, i + 1
                                 break
                     lines.extend(pending[:split])
+                host_value = False
                 if used and frame["any_device"]:
                     reads = ",".join(self.put(a) for a in used if not a.write)
                     writes = ",".join(self.put(a) for a in used if a.write)
@@ -513,6 +530,16 @@ class PythonBackend:
                     if writes:
                         line += ',"writes":[' + writes + "]"
                     lines.append(line + _site(site))
+                    # A value the host takes from device memory and waits for (`.item()`,
+                    # `.cpu()`, `print(t)`): a copy into host memory, the synchronization, and
+                    # the host's read of what was copied — the sync is what makes the value
+                    # there, needed by construction.
+                    host_value = not writes and any(p.startswith(_HOST_SYNCS) for p in pending[split:])
+                    if host_value:
+                        lines.append(
+                            '{"op":"launch","stream":%s,"name":%s,"writes":[%s]%s'
+                            % (sid, info.name, self.host_values(), _site(site))
+                        )
                     if info.copy and non_blocking:
                         for a in used:
                             if not a.device:
@@ -524,6 +551,8 @@ class PythonBackend:
                         op = "host_write" if a.write else "host_read"
                         lines.append('{"op":"%s","buffer":%s%s' % (op, self.put(a), _site(site)))
                 lines.extend(pending[split:])
+                if host_value:
+                    lines.append('{"op":"host_read","buffer":%s%s' % (_HOST_VALUES, _site(site)))
             self._maybe_flush()
         return out
 

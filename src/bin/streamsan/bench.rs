@@ -2,6 +2,7 @@ use super::*;
 
 pub(crate) fn bench(
     p: Pipeline,
+    (waits, syncs): (u32, bool),
     write_trace: Option<&PathBuf>,
     json: bool,
 ) -> Result<u8, CliError> {
@@ -9,7 +10,7 @@ pub(crate) fn bench(
         let out = Output::open(Some(path))?;
         let mut w = TraceWriter::new(out);
         let mut result = Ok(());
-        p.generate(|op| {
+        p.generate_waiting(waits, |op| {
             if result.is_ok() {
                 result = w.write(&op);
             }
@@ -23,7 +24,7 @@ pub(crate) fn bench(
     // The workload is generated in batches, and only the checking of each batch is timed:
     // memory stays the same for any number of ops.
     const BATCH: usize = 4096;
-    let mut checker = Checker::new();
+    let mut checker = CheckRun::new(syncs);
     let mut batch = Vec::with_capacity(BATCH);
     let mut elapsed = std::time::Duration::ZERO;
     let (mut hazards, mut peak_history, mut count) = (0usize, 0usize, 0u64);
@@ -32,7 +33,7 @@ pub(crate) fn bench(
         let start = Instant::now();
         for op in batch.iter() {
             match checker.check(op) {
-                Ok(h) => hazards += h.len(),
+                Ok(h) => hazards += h,
                 Err(e) => {
                     failed.get_or_insert(format!(
                         "the generated workload is invalid at op {count}: {e}"
@@ -41,14 +42,14 @@ pub(crate) fn bench(
                 }
             }
             if count % 1024 == 0 {
-                peak_history = peak_history.max(checker.stats().history);
+                peak_history = peak_history.max(checker.checker().stats().history);
             }
             count += 1;
         }
         elapsed += start.elapsed();
         batch.clear();
     };
-    p.generate(|op| {
+    p.generate_waiting(waits, |op| {
         batch.push(op);
         if batch.len() == BATCH {
             run(&mut batch);
@@ -58,7 +59,11 @@ pub(crate) fn bench(
     if let Some(e) = failed {
         return Err(CliError::Run(e));
     }
-    let stats = checker.stats();
+    let stats = checker.checker().stats();
+    // The analysis's verdicts are made at the end, timed too.
+    let start = Instant::now();
+    let analysis = checker.finish_syncs();
+    elapsed += start.elapsed();
     let ops = count;
     let n = ops as f64;
     let ns_per_op = elapsed.as_nanos() as f64 / n;
@@ -70,6 +75,9 @@ pub(crate) fn bench(
                 "seconds": elapsed.as_secs_f64(), "ns_per_op": ns_per_op,
                 "ops_per_second": n / elapsed.as_secs_f64(), "hazards": hazards,
                 "peak_history": peak_history, "generations": stats.generations,
+                "syncs": analysis.as_ref().map(|(n, needed, s)| serde_json::json!({
+                    "syncs": n, "needed": needed, "stats": s,
+                })),
             })
         );
     } else {
@@ -84,6 +92,12 @@ pub(crate) fn bench(
             hazards,
             peak_history
         );
+        if let Some((n, needed, s)) = analysis {
+            outln!(
+                "synchronization analysis: {n} synchronization ops, {needed} needed; {} unchanged by their removal, {} what-ifs (at most {} at once), {} given up; {} what-if updates, {} accesses checked again",
+                s.unchanged, s.whatifs, s.peak_live, s.abandoned, s.updates, s.probes
+            );
+        }
     }
     Ok(0)
 }

@@ -38,6 +38,7 @@ pub(crate) fn check(
     color: Color,
     output: Option<&PathBuf>,
     confirm: Option<(Backend, u32)>,
+    syncs: bool,
 ) -> Result<u8, CliError> {
     refuse_overwrite(file, output, "checked")?;
     let (input, name, len, count) = open_input(file)?;
@@ -46,7 +47,8 @@ pub(crate) fn check(
     // read twice (standard input, a pipe) is kept in a temporary file for that.
     let explains = matches!(format, Format::Text | Format::Dot | Format::Html);
     let mut spool = None;
-    let input: Box<dyn BufRead> = if explains && !rereadable(file) {
+    // The synchronization analysis may walk it again too, to re-check a few syncs.
+    let input: Box<dyn BufRead> = if (explains || syncs) && !rereadable(file) {
         match Spool::create() {
             Ok((s, f)) => {
                 let tee = Tee {
@@ -69,7 +71,7 @@ pub(crate) fn check(
         input
     };
     let mut reader = TraceReader::new(input, name.clone());
-    let mut checker = Checker::new();
+    let mut checker = CheckRun::new(syncs);
     // With --confirm the program is kept, to run it.
     let mut program = Vec::new();
     loop {
@@ -79,7 +81,7 @@ pub(crate) fn check(
             Err(e) => return Err(CliError::BadInput(e.to_string())),
         };
         if let Err(e) = checker.check(&op) {
-            let at = locate(&checker, &op, spans, &e);
+            let at = locate(checker.checker(), &op, spans, &e);
             return Err(CliError::BadInput(
                 ParseError::at(name, at, e.message, e.expected.as_deref()).to_string(),
             ));
@@ -93,18 +95,29 @@ pub(crate) fn check(
     }
     bar.finish_and_clear();
     drop(reader);
-    let implicit = checker.implicit_syncs().to_vec();
-    let mut report = checker.finish();
+    let implicit = checker.checker().implicit_syncs().to_vec();
+    let mut report = match &spool {
+        Some(s) if !s.failed.get() => {
+            checker.finish(Some(&Source::File(s.file.path().into())), &name)?
+        }
+        Some(_) => checker.finish(None, &name)?,
+        None => checker.finish(
+            rereadable(file)
+                .then(|| Source::File(file.clone()))
+                .as_ref(),
+            &name,
+        )?,
+    };
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
     let source = match &spool {
-        Some(s) if !s.failed.get() => Some(Source::File(s.file.path().to_path_buf())),
+        Some(s) if !s.failed.get() && explains => Some(Source::File(s.file.path().to_path_buf())),
         Some(_) => None,
         None if explains && rereadable(file) => Some(Source::File(file.clone())),
         None => None,
     };
-    if spool.as_ref().is_some_and(|s| s.failed.get()) {
+    if explains && spool.as_ref().is_some_and(|s| s.failed.get()) {
         eprintln!(
             "streamsan: cannot keep a copy of the input; the report will not explain its hazards"
         );

@@ -66,6 +66,12 @@ enum Command {
         /// Provocation attempts per hazard with --confirm.
         #[arg(long, default_value_t = 5)]
         attempts: u32,
+        /// Also say which synchronization ops (event waits, host syncs and queries,
+        /// record_stream) the program needs and what each prevents, and which are redundant:
+        /// text lists them by site, JSON adds the `syncs` array, SARIF adds a note for each
+        /// redundant one, HTML greys redundant sync edges. It never changes the exit status.
+        #[arg(long)]
+        syncs: bool,
     },
     /// Write the trace with the synchronization that removes its races inserted.
     ///
@@ -95,6 +101,12 @@ enum Command {
         /// Write the fixed trace to this file instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// Instead of inserting synchronization, remove the synchronization ops that are
+        /// redundant together: each removal is checked, and the written trace has no error
+        /// the trace as written does not have (a clean trace stays clean). Every other line is
+        /// kept as it was; standard error says how many were removed.
+        #[arg(long)]
+        remove_redundant: bool,
     },
     /// Measure the checking engine on a synthetic clean pipeline (no parsing): ns/op and ops/s.
     ///
@@ -115,6 +127,14 @@ enum Command {
         /// Seed of the workload's random choices.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Events each step of the pipeline waits on: 1 (the previous stage's) or up to
+        /// streams - 1 (the previous stages' too, in a random order: "insurance" waits, most of
+        /// them redundant).
+        #[arg(long, default_value_t = 1)]
+        waits: u32,
+        /// Time the checker with the synchronization analysis (`check --syncs`).
+        #[arg(long)]
+        syncs: bool,
         /// Write the workload as a trace to this file (`-` for stdout) instead of timing it.
         #[arg(long)]
         write_trace: Option<PathBuf>,
@@ -258,12 +278,14 @@ mod check;
 mod files;
 mod fix;
 mod fuzz;
+mod syncs;
 
 use bench::*;
 use check::*;
 use files::*;
 use fix::*;
 use fuzz::*;
+use syncs::*;
 
 fn main() -> ExitCode {
     ExitCode::from(run(std::env::args_os()))
@@ -294,14 +316,21 @@ where
             output,
             confirm,
             attempts,
+            syncs,
         } => check(
             &file,
             format,
             color,
             output.as_ref(),
             confirm.map(|b| (b, attempts)),
+            syncs,
         ),
-        Command::Fix { file, output } => fix(&file, output.as_ref()),
+        Command::Fix {
+            file,
+            output,
+            remove_redundant: true,
+        } => fix_remove_redundant(&file, output.as_ref()),
+        Command::Fix { file, output, .. } => fix(&file, output.as_ref()),
         Command::Bench {
             write_trace,
             json,
@@ -316,6 +345,8 @@ where
             seed,
             write_trace,
             json,
+            waits,
+            syncs,
             ..
         } => bench(
             Pipeline {
@@ -324,6 +355,7 @@ where
                 buffers,
                 seed,
             },
+            (waits, syncs),
             write_trace.as_ref(),
             json,
         ),

@@ -17,7 +17,7 @@ use super::{
     edge_style, node_colors, plural, Drawn, EdgeKind, Picture, Role, CONFLICT_FILL, CONTEXT_FILL,
     EDGE_KINDS, HAZARD_FILL,
 };
-use crate::graph::picture::{Edge, Node};
+use crate::graph::picture::{Edge, Node, PictureSync};
 use crate::report::Severity;
 
 /// Width of an op's box.
@@ -144,8 +144,22 @@ fn header(out: &mut String, d: &Drawn<'_>) {
             esc(s.legend)
         );
     }
+    if !pic.syncs.is_empty() {
+        let redundant = pic.syncs.iter().filter(|s| !s.needed).count() as u64;
+        let _ = writeln!(
+            out,
+            "<li><svg width=\"40\" height=\"14\" aria-hidden=\"true\"><path class=\"edge k-event redundant\" \
+             d=\"M2 7 H31\"/><path d=\"M31 3 L38 7 L31 11 z\" fill=\"{REDUNDANT_GREY}\"/></svg>redundant \
+             synchronization ({} of {} drawn; hover a sync edge for what a needed one prevents)</li>",
+            redundant,
+            pic.syncs.len()
+        );
+    }
     out.push_str("</ul>\n</header>\n");
 }
+
+/// The grey of redundant synchronization edges.
+const REDUNDANT_GREY: &str = "#bdbdbd";
 
 /// One drawn op's box: where and how tall.
 struct BoxAt {
@@ -276,6 +290,14 @@ fn picture(out: &mut String, d: &Drawn<'_>) {
             s.name, s.color
         );
     }
+    if !d.pic.syncs.is_empty() {
+        let _ = writeln!(
+            out,
+            "<marker id=\"arrow-redundant\" viewBox=\"0 0 10 10\" refX=\"10\" refY=\"5\" markerWidth=\"9\" \
+             markerHeight=\"9\" markerUnits=\"userSpaceOnUse\" orient=\"auto\"><path d=\"M0 0 L10 5 L0 10 z\" \
+             fill=\"{REDUNDANT_GREY}\"/></marker>"
+        );
+    }
     out.push_str("</defs>\n");
 
     // Lane bands.
@@ -322,12 +344,20 @@ fn picture(out: &mut String, d: &Drawn<'_>) {
         }
         let (path, at) = route(d, &l, &ends);
         let s = edge_style(e.kind);
-        let hz = hazard_classes(&d.fixes(e));
+        let mut hz = hazard_classes(&d.fixes(e));
+        match d.sync_edge(e) {
+            Some(v) if v.needed => hz.push_str(" needed"),
+            Some(_) => hz.push_str(" redundant"),
+            None => {}
+        }
         let _ = writeln!(
             out,
             "<path class=\"edge k-{}{hz}\" d=\"{path}\" marker-end=\"url(#arrow-{})\"><title>{}</title></path>",
             s.name,
-            s.name,
+            match d.sync_edge(e) {
+                Some(v) if !v.needed => "redundant",
+                _ => s.name,
+            },
             esc(&edge_title(d, e))
         );
         if let Some(label) = d.edge_label(e) {
@@ -500,6 +530,10 @@ fn edge_title(d: &Drawn<'_>, e: &Edge) -> String {
         },
     };
     let _ = write!(t, ": op {} → op {}", e.from, e.to);
+    if let Some(v) = d.sync_edge(e) {
+        t.push('\n');
+        t.push_str(&sync_verdict(v));
+    }
     if e.kind == EdgeKind::Missing {
         for h in d.fixes(e) {
             if let Some(fix) = &d.pic.hazards[h].fix {
@@ -508,6 +542,15 @@ fn edge_title(d: &Drawn<'_>, e: &Edge) -> String {
         }
     }
     t
+}
+
+/// What the synchronization analysis says of a synchronization op, for tooltips.
+fn sync_verdict(v: &PictureSync) -> String {
+    if v.needed {
+        format!("needed: without it, {}", v.prevents.join("; "))
+    } else {
+        "redundant: removing this synchronization alone adds no hazard".to_string()
+    }
 }
 
 /// One op's box, with its tooltip and hazard badges.
@@ -530,6 +573,10 @@ fn node(out: &mut String, d: &Drawn<'_>, n: &Node, b: &BoxAt) {
     for &h in &reported {
         let hz = &d.pic.hazards[h];
         let _ = write!(tip, "\nhazard {h} ({}): {}", hz.kind, hz.title);
+    }
+    if let Some(v) = d.sync_of(n.op) {
+        tip.push('\n');
+        tip.push_str(&sync_verdict(v));
     }
     for &h in involved.iter().filter(|h| !reported.contains(h)) {
         let _ = write!(
@@ -807,6 +854,8 @@ path.edge { fill: none; stroke-width: 1.3px; }
 .k-record-stream { stroke: #8a3fb5; stroke-dasharray: 7 4; stroke-width: 1.6px; fill: #8a3fb5; }
 .k-elided { stroke: #a0a0a0; stroke-dasharray: 1 3; fill: #8a8a8a; }
 .k-missing { stroke: #d62728; stroke-dasharray: 8 5; stroke-width: 2.2px; fill: #d62728; }
+path.edge.redundant, text.elabel.redundant { stroke: #bdbdbd; fill: #bdbdbd; }
+text.elabel.redundant { fill: #9a9a9a; stroke: #fff; }
 .legend path.edge { stroke-width: 2px; }
 text.elabel { stroke: #fff; stroke-width: 3px; stroke-dasharray: none; paint-order: stroke; stroke-linejoin: round; font-size: 10px; }
 text.elabel.k-missing { font-weight: 700; }

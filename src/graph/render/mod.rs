@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::picture::{Edge, EdgeKind, Node, Picture, PictureHazard, Role};
+use super::picture::{Edge, EdgeKind, Node, Picture, PictureHazard, PictureSync, Role};
 
 mod dot;
 mod html;
@@ -193,6 +193,20 @@ impl<'a> Drawn<'a> {
     }
 
     /// The text an edge is labelled with, if any.
+    /// The analysis's verdict on op `op`, where it is a drawn synchronization op.
+    fn sync_of(&self, op: u64) -> Option<&'a PictureSync> {
+        self.pic.syncs.iter().find(|s| s.op == op)
+    }
+
+    /// The verdict on the synchronization op an edge leads into: event, host-sync and
+    /// record_stream edges end at the op that synchronizes.
+    fn sync_edge(&self, edge: &Edge) -> Option<&'a PictureSync> {
+        match edge.kind {
+            EdgeKind::Event | EdgeKind::HostSync | EdgeKind::RecordStream => self.sync_of(edge.to),
+            _ => None,
+        }
+    }
+
     fn edge_label(&self, edge: &Edge) -> Option<String> {
         match edge.kind {
             EdgeKind::Missing => Some(missing_label(
@@ -354,6 +368,7 @@ pub(crate) mod tests {
                 conflicts: vec![4],
             }],
             elided: 0,
+            syncs: vec![],
         }
     }
 
@@ -679,6 +694,7 @@ pub(crate) mod tests {
                     edges,
                     hazards,
                     elided,
+                    syncs: vec![],
                 },
             )
     }

@@ -64,6 +64,11 @@ pub struct SessionConfig {
     /// its contents, and streams never lag): a backend with no device work, for measuring the
     /// harness's own cost per call. Ignored on a GPU.
     pub sim_execute: bool,
+    /// Run the synchronization analysis (default `false`): the report says which of the run's
+    /// synchronizations (event waits, host syncs, `record_stream`) its memory safety needed and
+    /// which it paid for for nothing, by call site ([`Report::syncs`](crate::Report::syncs);
+    /// the text report lists them). It never changes whether a run is clean.
+    pub syncs: bool,
 }
 
 impl Default for SessionConfig {
@@ -74,6 +79,7 @@ impl Default for SessionConfig {
             sim_device_bytes: 141_000_000_000,
             sim_pinned_bytes: 64 << 30,
             sim_execute: true,
+            syncs: false,
         }
     }
 }
@@ -240,7 +246,7 @@ impl Core {
         config: &SessionConfig,
     ) -> Result<Core, SessionError> {
         let recorder = if config.check {
-            Some(Recorder::spawn(config.keep_trace)?)
+            Some(Recorder::spawn(config.keep_trace, config.syncs)?)
         } else {
             None
         };
@@ -725,7 +731,7 @@ impl Core {
         let mut st = self.lock()?;
         match &mut st.recorder {
             None => Ok(Vec::new()),
-            Some(r) => r.call(|w| w.checker.hazards().to_vec()),
+            Some(r) => r.call(|w| w.checker().hazards().to_vec()),
         }
     }
 
@@ -746,12 +752,12 @@ impl Core {
         let Some(recorder) = recorder else {
             return Ok(Report::new(ops, Vec::new()));
         };
-        let worker = recorder.finish()?;
+        let mut worker = recorder.finish()?;
         if let Some(e) = worker.error {
             return Err(SessionError::Check(e));
         }
-        let implicit = worker.checker.implicit_syncs().to_vec();
-        let mut report = worker.checker.finish();
+        let implicit = worker.checker().implicit_syncs().to_vec();
+        let mut report = worker.finish_report();
         if let Some(trace) = worker.trace.as_deref() {
             if !report.hazards.is_empty() {
                 // Explain the hazards (the text report's `why:`) from the recorded trace.

@@ -19,6 +19,7 @@ use std::panic::Location;
 
 use super::error::SessionError;
 use super::region::Region;
+use crate::analysis::syncs::{SyncChecker, SyncConfig};
 use crate::checker::{CheckError, Checker};
 use crate::trace::{self, Id, MemoryKind, Op, Site, TraceOp, DEFAULT_STREAM};
 
@@ -200,13 +201,13 @@ fn dead() -> SessionError {
 
 impl Recorder {
     /// Starts the checker thread.
-    pub(crate) fn spawn(keep_trace: bool) -> Result<Recorder, SessionError> {
+    pub(crate) fn spawn(keep_trace: bool, syncs: bool) -> Result<Recorder, SessionError> {
         let (tx, rx) = mpsc::channel::<Msg>();
         let (recycle, recycled) = mpsc::channel::<Batch>();
         let worker = thread::Builder::new()
             .name("streamsan-checker".into())
             .spawn(move || {
-                let mut w = Worker::new(keep_trace);
+                let mut w = Worker::new(keep_trace, syncs);
                 for msg in rx {
                     match msg {
                         Msg::Batch(mut batch) => {
@@ -319,7 +320,10 @@ impl Recorder {
 
 /// The checker thread's state.
 pub(crate) struct Worker {
-    pub(crate) checker: Checker,
+    checker: Checker,
+    /// With [`SessionConfig::syncs`](super::SessionConfig::syncs): the checker with the
+    /// synchronization analysis (then `checker` is unused).
+    syncs: Option<Box<SyncChecker>>,
     pub(crate) trace: Option<Vec<TraceOp>>,
     /// The first op the checker rejected; checking stops there (later op indices would shift).
     pub(crate) error: Option<CheckError>,
@@ -337,9 +341,21 @@ fn set<T: Clone>(v: &mut Vec<T>, index: usize, value: T, fill: T) {
 }
 
 impl Worker {
-    fn new(keep_trace: bool) -> Worker {
+    fn new(keep_trace: bool, syncs: bool) -> Worker {
         Worker {
             checker: Checker::new(),
+            syncs: syncs.then(|| {
+                // Without the trace kept, no what-if may be given up: nothing could re-check.
+                let config = if keep_trace {
+                    SyncConfig::default()
+                } else {
+                    SyncConfig {
+                        max_live: usize::MAX,
+                        max_host: usize::MAX,
+                    }
+                };
+                Box::new(SyncChecker::with_config(Checker::new(), config))
+            }),
             trace: keep_trace.then(Vec::new),
             error: None,
             streams: vec![Id::from(DEFAULT_STREAM)],
@@ -347,6 +363,29 @@ impl Worker {
             buffers: Vec::new(),
             sites: HashMap::new(),
         }
+    }
+
+    /// The checker (the real one, with the analysis).
+    pub(crate) fn checker(&self) -> &Checker {
+        match &self.syncs {
+            Some(s) => s.checker(),
+            None => &self.checker,
+        }
+    }
+
+    /// Ends the run: the report, with the verdicts on the synchronizations when analysed (the
+    /// few the analysis left to a re-check decided by re-checking the kept trace).
+    pub(crate) fn finish_report(&mut self) -> crate::Report {
+        let Some(s) = self.syncs.take() else {
+            return std::mem::take(&mut self.checker).finish();
+        };
+        let mut outcome = s.finish();
+        if let Some(trace) = &self.trace {
+            let _ = crate::analysis::syncs::resolve(&mut outcome, |skipped, real| {
+                crate::analysis::syncs::recheck(trace, skipped, real)
+            });
+        }
+        outcome.into_report()
     }
 
     fn site(&mut self, loc: Loc) -> Option<Site> {
@@ -568,7 +607,11 @@ impl Worker {
             site: self.site(loc),
         };
         if self.error.is_none() {
-            if let Err(e) = self.checker.check(&op) {
+            let checked = match &mut self.syncs {
+                Some(s) => s.check(&op).map(|_| ()),
+                None => self.checker.check(&op).map(|_| ()),
+            };
+            if let Err(e) = checked {
                 tracing::error!(op = e.op, error = %e, "the checker rejected a recorded op");
                 self.error = Some(e);
             }

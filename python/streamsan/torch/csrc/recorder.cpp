@@ -144,6 +144,13 @@ struct Frame {
 // a run name distinct buffers, and the checker's table of names stays bounded.
 constexpr size_t kNameDelay = 4096;
 
+// Where values copied to the host land: managed memory, an address space the program's own
+// (device and pinned) allocations never use.
+const char* const kHostValues = "\"streamsan host values\"";
+const char* const kHostValuesAlloc =
+    "{\"op\":\"alloc\",\"buffer\":\"streamsan host values\",\"bytes\":8,\"memory\":\"managed\","
+    "\"addr\":4096}\n";
+
 struct State {
   std::mutex mu;
   std::string batch;  // JSON Lines not yet handed to Python
@@ -168,6 +175,7 @@ struct State {
   std::vector<std::string> notices;
   bool tracker_attached = false;
   bool callback_added = false;
+  bool host_values_allocated = false;  // the managed buffer values copied to the host land in
   at::CallbackHandle handle = 0;
   void* pinned_deleter = nullptr;
 };
@@ -732,6 +740,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         }
         for (size_t i = 0; i < split; i++) out += fr.pending[i];
       }
+      bool host_value = false;
       if (!used.empty() && fr.any_device) {
         // Work on a stream: kernels, and copies to and from pinned memory.
         out += "{\"op\":\"launch\",\"stream\":";
@@ -741,6 +750,31 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         put_regions(out, ",\"reads\":", used, false);
         put_regions(out, ",\"writes\":", used, true);
         put_site(out, site);
+        // A value the host takes from device memory and waits for (`.item()`, `.cpu()`,
+        // `print(t)`): a copy into host memory, the synchronization, and the host's read of
+        // what was copied — the sync is what makes the value there, needed by construction.
+        bool writes = false;
+        for (Access* a : used) writes |= a->write;
+        for (size_t i = split; i < fr.pending.size() && !writes; i++) {
+          const std::string& p = fr.pending[i];
+          host_value |= p.rfind("{\"op\":\"stream_sync\"", 0) == 0 ||
+                        p.rfind("{\"op\":\"device_sync\"", 0) == 0 ||
+                        p.rfind("{\"op\":\"event_sync\"", 0) == 0;
+        }
+        if (host_value) {
+          if (!S->host_values_allocated) {
+            S->host_values_allocated = true;
+            out += kHostValuesAlloc;
+          }
+          out += "{\"op\":\"launch\",\"stream\":";
+          out += stream_id;
+          out += ",\"name\":";
+          out += info.name;
+          out += ",\"writes\":[";
+          out += kHostValues;
+          out += "]";
+          put_site(out, site);
+        }
         if (any_host && info.copy && fr.non_blocking) {
           // PyTorch's host allocator records an event for the copy: the pinned block is not
           // handed out again before the copy is done.
@@ -762,6 +796,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         }
       }
       for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
+      if (host_value) {
+        out += "{\"op\":\"host_read\",\"buffer\":";
+        out += kHostValues;
+        put_site(out, site);
+      }
       if (parent) {
         for (Access* a : used) parent->covered.emplace_back(a->base, a->offset, a->bytes, a->write);
         for (auto& c : fr.covered) parent->covered.push_back(c);
