@@ -1015,6 +1015,12 @@ impl Run<'_> {
                     .collect();
                 self.done[i] = true;
             }
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
+                return Err(Self::unsupported(
+                    i,
+                    format!("{}: the simulator does not run CUDA graphs yet", op.name()),
+                ));
+            }
         }
         Ok(())
     }

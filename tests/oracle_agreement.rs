@@ -21,8 +21,16 @@ use streamsan::oracle::{oracle_hazards, OracleHazard};
 use streamsan::trace::{Id, MemoryKind, Op, Region, TraceOp};
 use streamsan::{Checker, HazardKind};
 
-/// A hazard reduced to the parts both sides decide.
-type Key = (u64, HazardKind, Option<String>, Vec<u64>);
+/// A hazard reduced to the parts both sides decide: op, kind, buffer, the conflicting ops, the
+/// captured op of a replay's hazard, and the conflicts that are replays as (launch, captured).
+type Key = (
+    u64,
+    HazardKind,
+    Option<String>,
+    Vec<u64>,
+    Option<u64>,
+    Vec<(u64, u64)>,
+);
 
 fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
     Ok(oracle_hazards(ops)?
@@ -33,7 +41,9 @@ fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
                  kind,
                  buffer,
                  conflicts,
-             }| (op, kind, buffer, conflicts),
+                 captured,
+                 replayed,
+             }| (op, kind, buffer, conflicts, captured, replayed),
         )
         .collect())
 }
@@ -47,7 +57,15 @@ fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
             let mut c: Vec<u64> = h.conflicts.iter().map(|c| c.op).collect();
             c.sort_unstable();
             c.dedup();
-            (h.op, h.kind, h.buffer, c)
+            let mut r: Vec<(u64, u64)> = h
+                .conflicts
+                .iter()
+                .filter_map(|c| c.captured.map(|m| (c.op, m)))
+                .collect();
+            r.sort_unstable();
+            r.dedup();
+            let captured = h.access.as_ref().and_then(|a| a.captured);
+            (h.op, h.kind, h.buffer, c, captured, r)
         })
         .collect();
     keys.sort();
@@ -169,8 +187,37 @@ fn parse_op(line: &str) -> Op {
         "device_sync" => Op::DeviceSync {
             device: v.get("device").and_then(|d| d.as_u64()).unwrap_or(0),
         },
+        "graph_begin" => Op::GraphBegin {
+            graph: s("graph"),
+            stream: s("stream"),
+            pool: opt("pool"),
+        },
+        "graph_end" => Op::GraphEnd { graph: s("graph") },
+        "graph_launch" => Op::GraphLaunch {
+            graph: s("graph"),
+            stream: s("stream"),
+        },
         other => panic!("unknown op {other}"),
     }
+}
+
+/// `N` or `N@M` (op N, the replay of captured op M).
+fn op_at(word: &str) -> (u64, Option<u64>) {
+    match word.split_once('@') {
+        Some((n, m)) => (
+            n.parse().expect("op index"),
+            Some(m.parse().expect("captured op index")),
+        ),
+        None => (word.parse().expect("op index"), None),
+    }
+}
+
+/// A trace's `# expect-error: OP FIELD` line: the op the checker rejects.
+fn expected_error(file: &Fixture) -> Option<u64> {
+    file.text().lines().find_map(|l| {
+        let e = l.trim().strip_prefix("# expect-error:")?;
+        Some(e.split_whitespace().next()?.parse().expect("op index"))
+    })
 }
 
 /// The ops of a trace file and its `# expect:` lines as keys.
@@ -186,7 +233,7 @@ fn read_trace(file: &Fixture) -> (Vec<TraceOp>, Vec<Key>) {
                 continue;
             }
             let mut words = e.split_whitespace();
-            let op: u64 = words.next().expect("op").parse().expect("op index");
+            let (op, captured) = op_at(words.next().expect("op"));
             let kind = words.next().expect("kind");
             let kind = *HazardKind::ALL
                 .iter()
@@ -194,19 +241,23 @@ fn read_trace(file: &Fixture) -> (Vec<TraceOp>, Vec<Key>) {
                 .expect("known kind");
             let mut buffer = None;
             let mut conflicts = Vec::new();
+            let mut replayed = Vec::new();
             for w in words {
                 if let Some(list) = w.strip_prefix('[') {
                     let list = list.trim_end_matches(']');
-                    conflicts = list
-                        .split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(|s| s.parse().expect("conflict op"))
-                        .collect();
+                    for c in list.split(',').filter(|s| !s.is_empty()) {
+                        let (n, m) = op_at(c);
+                        conflicts.push(n);
+                        replayed.extend(m.map(|m| (n, m)));
+                    }
                 } else {
                     buffer = Some(w.to_owned());
                 }
             }
-            expect.push((op, kind, buffer, conflicts));
+            conflicts.sort_unstable();
+            conflicts.dedup();
+            replayed.sort_unstable();
+            expect.push((op, kind, buffer, conflicts, captured, replayed));
         } else if !line.is_empty() && !line.starts_with('#') {
             ops.push(TraceOp::from(parse_op(line)));
         }
@@ -226,6 +277,17 @@ fn oracle_meets_every_conformance_expectation() {
     let mut failures = Vec::new();
     for path in &files {
         let (ops, expect) = read_trace(path);
+        if let Some(at) = expected_error(path) {
+            // Bad input: the oracle rejects it at that op too.
+            match oracle_keys(&ops) {
+                Err(e) if e.starts_with(&format!("op {at} ")) => {}
+                other => failures.push(format!(
+                    "{}: expected bad input at op {at}, oracle {other:?}",
+                    path.path
+                )),
+            }
+            continue;
+        }
         let got = oracle_keys(&ops).expect("valid conformance trace");
         if got != expect {
             failures.push(format!(
@@ -244,6 +306,9 @@ fn checker_agrees_with_oracle_on_conformance_traces() {
     let mut failures = Vec::new();
     for path in files {
         let (ops, _) = read_trace(&path);
+        if expected_error(&path).is_some() {
+            continue;
+        }
         if let Some((o, c)) = compare(&ops).expect("valid conformance trace") {
             failures.push(format!("{}:\n  oracle  {o:?}\n  checker {c:?}", path.path));
         }

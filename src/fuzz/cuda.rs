@@ -1266,6 +1266,15 @@ impl<'g> Run<'g> {
                         .map_err(driver(i, "synchronizing the device"))?;
                 }
             }
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
+                return Err(unsupported(
+                    i,
+                    format!(
+                        "{}: CUDA graphs are not supported yet",
+                        program[i].op.name()
+                    ),
+                ));
+            }
         }
         Ok(())
     }

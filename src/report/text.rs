@@ -99,13 +99,32 @@ fn conflict_line(c: &Conflict) -> String {
         who(&c.participant),
         c.op
     );
+    if let Some(m) = c.captured {
+        let _ = write!(s, " (the replay of op {m})");
+    }
     if let Some(l) = &c.label {
         let _ = write!(s, " (kernel `{l}`)");
     }
-    if let Some(site) = &c.site {
-        let _ = write!(s, ", {site}");
+    match (&c.captured_site, &c.site) {
+        (Some(site), _) | (None, Some(site)) => {
+            let _ = write!(s, ", {site}");
+        }
+        (None, None) => {}
     }
     s
+}
+
+/// `in graph g, replay at op N of the launch captured at op M`: where a replay's hazard is.
+pub(crate) fn replay_line(h: &Hazard) -> Option<String> {
+    let r = h.detail.replay.as_ref()?;
+    let mut s = format!(
+        "in graph {}, replay at op {} of the {} captured at op {}",
+        r.graph, h.op, r.captured_name, r.captured
+    );
+    if let Some(site) = &r.captured_site {
+        let _ = write!(s, ", {site}");
+    }
+    Some(s)
 }
 
 /// The one-line title of a hazard, naming both operations and their participants.
@@ -131,6 +150,19 @@ pub(crate) fn title(h: &Hazard) -> String {
             _ => format!("data race on {buffer} at op {}", h.op),
         },
         HazardKind::ReuseRace => match (me, first, &h.free) {
+            // In a graph pool, the freed buffer's replays keep using its bytes after the pool
+            // handed them to another buffer.
+            (Some(a), Some(c), Some(f)) if f.buffer == buffer => format!(
+                "reuse race: {} of {buffer} by {} at op {} touches its memory, freed at op {} and handed to {}, while the {} by {} at op {} may still run{more}",
+                verb(a.access),
+                who(&a.participant),
+                h.op,
+                f.op,
+                c.buffer,
+                verb(c.access),
+                who(&c.participant),
+                c.op
+            ),
             (Some(a), Some(c), Some(f)) => format!(
                 "reuse race: {} of {buffer} by {} at op {} touches memory of {}, freed at op {}, while the {} by {} at op {} may still run{more}",
                 verb(a.access),
@@ -171,8 +203,12 @@ pub(crate) fn title(h: &Hazard) -> String {
     }
 }
 
-/// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each.
+/// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each. (None for a
+/// graph replay's hazard: its participants are no streams of the program; the fix names them.)
 fn terms(h: &Hazard) -> Vec<String> {
+    if h.detail.replay.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
+        return vec![];
+    }
     let later = h
         .access
         .as_ref()
@@ -233,6 +269,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     };
     let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", escape(&title(h)))));
     let mut what = format!("op {}: {}", h.op, h.detail.op_name);
+    if let Some(r) = &h.detail.replay {
+        let _ = write!(what, " of {}, replaying the {}", r.graph, r.captured_name);
+    }
     if let Some(l) = &h.detail.label {
         let _ = write!(what, " `{l}`");
     }
@@ -251,6 +290,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
         }
     }
     let bar = p.blue("   |");
+    if let Some(line) = replay_line(h) {
+        let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
+    }
     let _ = writeln!(s, "{bar}");
     if let (Some(a), Some(b)) = (&h.access, &h.buffer) {
         let this = format!(

@@ -176,6 +176,22 @@ pub(crate) fn write_op(op: &TraceOp, out: &mut String) {
                 field_u64(out, "device", *device);
             }
         }
+        Op::GraphBegin {
+            graph,
+            stream,
+            pool,
+        } => {
+            field_str(out, "graph", graph.as_str());
+            field_str(out, "stream", stream.as_str());
+            if let Some(pool) = pool {
+                field_str(out, "pool", pool.as_str());
+            }
+        }
+        Op::GraphEnd { graph } => field_str(out, "graph", graph.as_str()),
+        Op::GraphLaunch { graph, stream } => {
+            field_str(out, "graph", graph.as_str());
+            field_str(out, "stream", stream.as_str());
+        }
     }
     match &op.site {
         None => {}
