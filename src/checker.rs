@@ -874,13 +874,15 @@ impl Checker {
         if reuse_large || !reuse.is_empty() {
             gen.set_reuse(reuse, reuse_large);
         }
-        if pool.is_some() {
-            gen.set_pool();
-        }
         let g = self.new_gen(gen);
         if let Some(p) = pool {
-            self.graphs
-                .add_pool_buffer(p, g, buffer, base, bytes, i, self.addr_mode == Some(true));
+            let addr_mode = self.addr_mode == Some(true);
+            let pg = self
+                .graphs
+                .add_pool_buffer(p, g, buffer, base, bytes, i, addr_mode);
+            if let Some(gen) = self.gens[g.0 as usize].as_mut() {
+                gen.set_pool(pg);
+            }
         }
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
@@ -1341,6 +1343,7 @@ impl Checker {
             history,
             order,
             limits,
+            graphs,
             ..
         } = self;
         let flat_max = limits.history_index_at;
@@ -1352,6 +1355,9 @@ impl Checker {
             let gen = gens[a.gen.0 as usize]
                 .as_mut()
                 .expect("accessed generation");
+            if let Some(pg) = gen.pool_index() {
+                graphs.pool_access(pg, p);
+            }
             let access = Access {
                 op: i,
                 time,
@@ -1478,13 +1484,14 @@ impl Checker {
         if offset >= end {
             return;
         }
-        let gen = if gen.is_pool() {
-            // The other buffers of its pool that held these bytes, earlier or later.
-            let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
-            graphs.pool_reuse(gens, history, g, lo, hi, at, &probe, host, found);
-            gens[g.0 as usize].as_mut().expect("accessed generation")
-        } else {
-            gen
+        let gen = match gen.pool_index() {
+            Some(pg) => {
+                // The other buffers of its pool that held these bytes, earlier or later.
+                let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
+                graphs.pool_reuse(gens, history, pg, lo, hi, at, &probe, host, found);
+                gens[g.0 as usize].as_mut().expect("accessed generation")
+            }
+            None => gen,
         };
         let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
         if gen.reuse().is_empty() && !gen.reuse_large() {

@@ -633,6 +633,8 @@ pub struct Generation {
 struct Extra {
     reuse: Vec<Arc<Record>>,
     record_streams: Vec<Participant>,
+    /// A pool buffer's index in the checker's table of pool buffers.
+    pool: u32,
 }
 
 const EXTERNAL: u8 = 1;
@@ -710,9 +712,20 @@ impl Generation {
         self.flags & POOL != 0
     }
 
-    /// Marks this generation a pool buffer.
-    pub fn set_pool(&mut self) {
+    /// Marks this generation a pool buffer, whose index in the checker's table of pool
+    /// buffers is `index`.
+    pub fn set_pool(&mut self, index: u32) {
         self.flags |= POOL;
+        self.extra.get_or_insert_with(Default::default).pool = index;
+    }
+
+    /// A pool buffer's index in the checker's table of pool buffers.
+    #[inline]
+    pub fn pool_index(&self) -> Option<u32> {
+        if self.flags & POOL == 0 {
+            return None;
+        }
+        self.extra.as_ref().map(|x| x.pool)
     }
 
     /// Whether a captured op of some graph names this generation: the graph's replays access
@@ -740,7 +753,7 @@ impl Generation {
             None => {
                 self.extra = Some(Box::new(Extra {
                     reuse: records,
-                    record_streams: Vec::new(),
+                    ..Extra::default()
                 }))
             }
         }

@@ -69,12 +69,15 @@ pub(super) struct Graphs {
     pool_names: HashMap<Id, PoolIndex>,
     /// The pools' arenas.
     pub(super) pools: GraphPools,
-    /// Each pool's buffers by address: (start, generation) → end.
+    /// Each pool's buffers by address: (start, index in `pool_gens`) → end.
     pool_buffers: Vec<BTreeMap<(u64, u32), u64>>,
     /// The longest buffer of each pool, to bound the search for overlaps.
     pool_longest: Vec<u64>,
-    /// What the checker keeps of each pool buffer.
-    pool_gens: HashMap<GenId, PoolGen>,
+    /// What the checker keeps of each pool buffer ([`Generation::pool_index`] indexes it).
+    pool_gens: Vec<PoolGen>,
+    /// Bumped whenever a pool buffer is added or the participants of a pool buffer's history
+    /// change: [`PoolGen::clear_for`] holds until it moves.
+    pool_version: u64,
     /// With `addr`: the device bytes each pool holds, merged per pool (start → end, pool).
     pool_bytes: BTreeMap<u64, (u64, PoolIndex)>,
     /// Every captured op of every graph; [`Access::captured`] minus one indexes it.
@@ -179,6 +182,7 @@ pub(super) struct CapturedOp {
 /// What the checker keeps of a pool buffer.
 #[derive(Clone, Debug)]
 struct PoolGen {
+    gen: GenId,
     pool: PoolIndex,
     /// Absolute bytes (empty for an empty buffer).
     lo: u64,
@@ -189,8 +193,21 @@ struct PoolGen {
     freed: Option<(u64, Option<Arc<Site>>)>,
     /// At its free, the clocks of its `record_stream` streams, joined.
     excused: Option<VectorClock>,
-    /// The other buffers of the pool that share a byte with it.
-    overlaps: Vec<GenId>,
+    /// The other buffers of the pool that share a byte with it (indices in `pool_gens`).
+    overlaps: Vec<u32>,
+    /// Whose accesses its history has held (since it was last empty: a conservative summary).
+    solo: Solo,
+    /// A participant whose accesses no overlapping buffer's history can conflict with (each
+    /// holds none, or only that participant's), as of a [`Graphs::pool_version`].
+    clear_for: Option<(Participant, u64)>,
+}
+
+/// Whose accesses a pool buffer's history has held.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Solo {
+    Empty,
+    One(Participant),
+    Mixed,
 }
 
 impl Graphs {
@@ -252,7 +269,9 @@ impl Graphs {
         Ok(())
     }
 
-    /// A pool buffer `g` of `bytes` bytes at `base`, allocated at op `i`.
+    /// A pool buffer `g` of `bytes` bytes at `base`, allocated at op `i`: its index in the
+    /// table of pool buffers ([`Generation::set_pool`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn add_pool_buffer(
         &mut self,
         pool: PoolIndex,
@@ -262,7 +281,8 @@ impl Graphs {
         bytes: u64,
         i: u64,
         addr_mode: bool,
-    ) {
+    ) -> u32 {
+        let me = self.pool_gens.len() as u32;
         let (lo, hi) = match base {
             Some(a) if bytes > 0 => (a, a + bytes),
             _ => (0, 0),
@@ -273,32 +293,46 @@ impl Graphs {
             let from = lo.saturating_sub(self.pool_longest[p]);
             for (&(s, o), &e) in self.pool_buffers[p].range((from, 0)..(hi, 0)) {
                 if s < hi && lo < e {
-                    let o = GenId(o);
                     overlaps.push(o);
-                    if let Some(other) = self.pool_gens.get_mut(&o) {
-                        other.overlaps.push(g);
-                    }
+                    self.pool_gens[o as usize].overlaps.push(me);
                 }
             }
-            self.pool_buffers[p].insert((lo, g.0), hi);
+            self.pool_buffers[p].insert((lo, me), hi);
             self.pool_longest[p] = self.pool_longest[p].max(hi - lo);
             if addr_mode {
                 self.hold_pool_bytes(lo, hi, pool);
             }
         }
-        self.pool_gens.insert(
-            g,
-            PoolGen {
-                pool,
-                lo,
-                hi,
-                alloc_op: i,
-                name: name.clone(),
-                freed: None,
-                excused: None,
-                overlaps,
-            },
-        );
+        self.pool_gens.push(PoolGen {
+            gen: g,
+            pool,
+            lo,
+            hi,
+            alloc_op: i,
+            name: name.clone(),
+            freed: None,
+            excused: None,
+            overlaps,
+            solo: Solo::Empty,
+            clear_for: None,
+        });
+        self.pool_version += 1;
+        me
+    }
+
+    /// Pool buffer `pg` records an access by `p`.
+    #[inline]
+    pub(super) fn pool_access(&mut self, pg: u32, p: Participant) {
+        let solo = &mut self.pool_gens[pg as usize].solo;
+        let next = match *solo {
+            Solo::Empty => Solo::One(p),
+            Solo::One(q) if q == p => return,
+            _ => Solo::Mixed,
+        };
+        if *solo != next {
+            *solo = next;
+            self.pool_version += 1;
+        }
     }
 
     /// With `addr`: the pool holds `[lo, hi)` from now on (merged with its neighbours).
@@ -328,19 +362,28 @@ impl Graphs {
         site: &Option<Arc<Site>>,
     ) {
         for (graph, buf) in self.refs.remove(&g).unwrap_or_default() {
-            let b = &mut self.graphs[graph as usize].bufs[buf as usize];
+            let gr = &mut self.graphs[graph as usize];
+            let b = &mut gr.bufs[buf as usize];
             b.freed = Some((i, by, site.clone()));
+            if !gr.ended {
+                // The generation's slot is free for another buffer now: in this capture, the
+                // freed name denotes the same buffer of the body.
+                let name = b.name.clone();
+                gr.buf_index.remove(&BufKey::Gen(g));
+                gr.buf_index.insert(BufKey::Freed(name), buf);
+            }
         }
     }
 
-    /// `reuse-race` in a pool: the accesses of the other buffers of `g`'s pool on the bytes
-    /// `[lo, hi)` that conflict with the access `probe` (region `at` of the current op).
+    /// `reuse-race` in a pool: the accesses of the other buffers of pool buffer `pg`'s pool on
+    /// the bytes `[lo, hi)` that conflict with the access `probe` (region `at` of the current
+    /// op).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn pool_reuse(
-        &self,
+        &mut self,
         gens: &mut [Option<Generation>],
         history: &mut usize,
-        g: GenId,
+        pg: u32,
         lo: u64,
         hi: u64,
         at: usize,
@@ -348,13 +391,20 @@ impl Graphs {
         host: &VectorClock,
         found: &mut Vec<Found>,
     ) {
-        let Some(me) = self.pool_gens.get(&g) else {
+        let me = &self.pool_gens[pg as usize];
+        if me.clear_for == Some((probe.participant, self.pool_version)) {
+            // As in the previous replay: no overlapping buffer holds another participant's
+            // access.
             return;
-        };
+        }
+        let mut clear = true;
         for &o in &me.overlaps {
-            let Some(other) = self.pool_gens.get(&o) else {
-                continue;
-            };
+            let other = &self.pool_gens[o as usize];
+            match other.solo {
+                Solo::Empty => continue,
+                Solo::One(q) if q == probe.participant => continue,
+                _ => clear = false,
+            }
             let (s, e) = (lo.max(other.lo), hi.min(other.hi));
             if s >= e {
                 continue;
@@ -376,7 +426,7 @@ impl Graphs {
                 (Some((f, _)), Some(c)) if *f < me.alloc_op => Some(c),
                 _ => None,
             };
-            let Some(gen) = gens[o.0 as usize].as_mut() else {
+            let Some(gen) = gens[other.gen.0 as usize].as_mut() else {
                 continue;
             };
             let rel = Probe {
@@ -426,6 +476,9 @@ impl Graphs {
                     });
                 }
             }
+        }
+        if clear {
+            self.pool_gens[pg as usize].clear_for = Some((probe.participant, self.pool_version));
         }
     }
 
@@ -1233,15 +1286,18 @@ impl Checker {
             }
             c
         });
-        if let Some(a) = base {
+        let pg = gen.pool_index().map(|k| k as usize);
+        if let (Some(a), Some(pg)) = (base, pg) {
             if self.addr_mode == Some(true) {
                 self.live[MemoryKind::Device.index()].remove(&a);
-            } else if let Some(pg) = self.graphs.pool_gens.get(&g).map(|pg| pg.pool) {
+            } else {
+                let pool = self.graphs.pool_gens[pg].pool;
                 // The pool handed this block out, so giving it back cannot fail.
-                let _ = self.graphs.pools.free(pg, a, by.0, !rs.is_empty());
+                let _ = self.graphs.pools.free(pool, a, by.0, !rs.is_empty());
             }
         }
-        if let Some(pg) = self.graphs.pool_gens.get_mut(&g) {
+        if let Some(pg) = pg {
+            let pg = &mut self.graphs.pool_gens[pg];
             pg.freed = Some((i, site.clone()));
             pg.excused = excused;
         }
