@@ -114,6 +114,14 @@ fn conflict_line(c: &Conflict) -> String {
     s
 }
 
+/// `op N`, or `op N (the replay of op M)` for a replay's access.
+fn op_of(op: u64, captured: Option<u64>) -> String {
+    match captured {
+        Some(m) => format!("op {op} (the replay of op {m})"),
+        None => format!("op {op}"),
+    }
+}
+
 /// `in graph g, replay at op N of the launch captured at op M`: where a replay's hazard is.
 pub(crate) fn replay_line(h: &Hazard) -> Option<String> {
     let r = h.detail.replay.as_ref()?;
@@ -132,6 +140,9 @@ pub(crate) fn title(h: &Hazard) -> String {
     let buffer = h.buffer.as_deref().unwrap_or("?");
     let me = h.access.as_ref();
     let first = h.conflicts.last();
+    // `op N`, and for a replay's access `op N (the replay of op M)`.
+    let mine = op_of(h.op, me.and_then(|a| a.captured));
+    let theirs = first.map(|c| op_of(c.op, c.captured)).unwrap_or_default();
     let more = match h.conflicts.len() {
         0 | 1 => String::new(),
         n => format!(" (and {} more)", n - 1),
@@ -139,13 +150,13 @@ pub(crate) fn title(h: &Hazard) -> String {
     match h.kind {
         HazardKind::DataRace => match (me, first) {
             (Some(a), Some(c)) => format!(
-                "data race on {buffer}: {} by {} at op {} is not ordered after the {} by {} at op {}{more}",
+                "data race on {buffer}: {} by {} at {} is not ordered after the {} by {} at {}{more}",
                 verb(a.access),
                 who(&a.participant),
-                h.op,
+                mine,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("data race on {buffer} at op {}", h.op),
         },
@@ -153,37 +164,37 @@ pub(crate) fn title(h: &Hazard) -> String {
             // In a graph pool, the freed buffer's replays keep using its bytes after the pool
             // handed them to another buffer.
             (Some(a), Some(c), Some(f)) if f.buffer == buffer => format!(
-                "reuse race: {} of {buffer} by {} at op {} touches its memory, freed at op {} and handed to {}, while the {} by {} at op {} may still run{more}",
+                "reuse race: {} of {buffer} by {} at {} touches its memory, freed at op {} and handed to {}, while the {} by {} at {} may still run{more}",
                 verb(a.access),
                 who(&a.participant),
-                h.op,
+                mine,
                 f.op,
                 c.buffer,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             (Some(a), Some(c), Some(f)) => format!(
-                "reuse race: {} of {buffer} by {} at op {} touches memory of {}, freed at op {}, while the {} by {} at op {} may still run{more}",
+                "reuse race: {} of {buffer} by {} at {} touches memory of {}, freed at op {}, while the {} by {} at {} may still run{more}",
                 verb(a.access),
                 who(&a.participant),
-                h.op,
+                mine,
                 f.buffer,
                 f.op,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("reuse race on {buffer} at op {}", h.op),
         },
         HazardKind::UnsafeFree => match (me, first) {
             (Some(a), Some(c)) => format!(
-                "unsafe free of {buffer} by {} at op {}: the {} by {} at op {} may still be running{more}",
+                "unsafe free of {buffer} by {} at {}: the {} by {} at {} may still be running{more}",
                 who(&a.participant),
-                h.op,
+                mine,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("unsafe free of {buffer} at op {}", h.op),
         },
