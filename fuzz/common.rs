@@ -439,7 +439,16 @@ impl Decoder<'_> {
 
     /// A graph step: begin or end a capture, fork a stream into one, launch a graph.
     fn graph_step(&mut self) {
-        match self.bytes.byte() % 5 {
+        let b = self.bytes.byte();
+        // Without a capture underway: begin one, or launch; with one: end it, fork a stream
+        // into it, begin another, or launch.
+        let action = match (self.g.captures.is_empty(), b % 4) {
+            (true, 0 | 1) | (false, 2) => 0,
+            (false, 0) => 1,
+            (false, 1) => 2,
+            _ => 3,
+        };
+        match action {
             0 if self.g.made < 3 => {
                 let stream = self.stream();
                 let free =
