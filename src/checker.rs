@@ -5,7 +5,8 @@
 //! Guarantee: exact under the trace format's rules — every hazard the format defines is reported,
 //! and nothing else. Each hazard kind is decided in one place: `data-race` and `reuse-race` in
 //! `Checker::check_access`, `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
-//! `resolve`, `wait-on-unrecorded-event` in the `event_wait` arm of [`Checker::check`].
+//! `resolve` (and, for a graph's replay, at its launch), `wait-on-unrecorded-event` in
+//! `warn_unrecorded`. CUDA graphs — captures, pools and replays — are the [`graphs`] module's.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,8 @@ use crate::shadow::{
     scan, Access, Entry, Freed, GenId, Generation, Graveyard, History, Probe, Visit, FLAT_MAX,
 };
 use crate::trace::{Field, Id, MemoryKind, Op, Region, Site, TraceOp};
+
+mod graphs;
 
 /// Bad input found while checking an op: the trace is not a valid program.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +79,19 @@ struct FreedName {
     free_op: u64,
     free_by: Participant,
     free_site: Option<Arc<Site>>,
+    /// A pool buffer's generation, which outlives its free ([`NO_GEN`] for other buffers).
+    pool_gen: u32,
+}
+
+/// [`FreedName::pool_gen`] of a buffer that is not a pool buffer.
+const NO_GEN: u32 = u32::MAX;
+
+/// The free behind a reuse race: its op, its site and the freed buffer.
+#[derive(Clone, Debug)]
+struct FreedAt {
+    op: u64,
+    site: Option<Arc<Site>>,
+    name: Id,
 }
 
 /// One region of the current op, resolved to a generation.
@@ -94,8 +110,8 @@ struct Found {
     kind: HazardKind,
     access: Access,
     buffer: Id,
-    /// For a reuse race: the free of the earlier buffer (op, site).
-    freed: Option<(u64, Option<Arc<Site>>)>,
+    /// For a reuse race: the free that handed the bytes out again.
+    freed: Option<FreedAt>,
 }
 
 /// A region that names a freed buffer.
@@ -105,6 +121,9 @@ struct UseAfterFree {
     kind: Option<AccessKind>,
     offset: u64,
     end: u64,
+    /// The free (op, participant, site), when the name's current binding does not tell it (a
+    /// graph replay's buffer, whose name may be allocated again since).
+    freed: Option<(u64, Participant, Option<Arc<Site>>)>,
 }
 
 /// Counters of the checker's state, for benchmarks and memory tests.
@@ -235,6 +254,8 @@ pub struct Checker {
     /// `alloc`s with `addr` whose memory came back from another stream: (op, device) of the
     /// device synchronization each implies.
     implicit_syncs: Vec<(u64, u64)>,
+    /// CUDA graphs: captures, bodies, pools, replays.
+    graphs: graphs::Graphs,
 }
 
 impl Default for Checker {
@@ -287,6 +308,7 @@ impl Checker {
             found: Vec::new(),
             uaf: Vec::new(),
             implicit_syncs: Vec::new(),
+            graphs: graphs::Graphs::default(),
         }
     }
 
@@ -414,6 +436,9 @@ impl Checker {
     }
 
     fn step(&mut self, i: u64, op: &Op, site: Option<Arc<Site>>) -> Result<(), CheckError> {
+        if self.graphs.capturing() && self.capture_step(i, op, &site)? {
+            return Ok(());
+        }
         match op {
             Op::StreamCreate {
                 stream,
@@ -465,8 +490,9 @@ impl Checker {
                             kind: None,
                             offset: 0,
                             end,
+                            freed: None,
                         });
-                        self.report_use_after_free(i, op, p, &site);
+                        self.report_use_after_free(i, op, p, &site, 0);
                     }
                     None => {
                         let g = self.new_external(buffer);
@@ -536,26 +562,7 @@ impl Checker {
             Op::EventWait { stream, event } => {
                 let p = self.order.stream(stream);
                 if self.order.wait(p, event) == Wait::Unrecorded {
-                    self.hazards.push(Hazard {
-                        kind: HazardKind::WaitOnUnrecordedEvent,
-                        severity: HazardKind::WaitOnUnrecordedEvent.severity(),
-                        op: i,
-                        buffer: None,
-                        pattern: None,
-                        access: None,
-                        conflicts: Vec::new(),
-                        free: None,
-                        fix: Some(format!(
-                            "record event {event} on the stream whose work {stream} must wait for before op {i}; this wait has no effect"
-                        )),
-                        detail: Detail {
-                            op_name: op.name(),
-                            label: None,
-                            event: Some(event.to_string()),
-                            participant: stream.to_string(),
-                            notes: vec![], why: Vec::new() },
-                        confirmation: None,
-                    });
+                    self.warn_unrecorded(i, op, stream, event);
                 }
             }
             Op::EventSync { event } => self.order.event_sync(event),
@@ -575,8 +582,42 @@ impl Checker {
                 }
             }
             Op::DeviceSync { device } => self.order.device_sync(*device),
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => self.graph_begin(i, graph, stream, pool.as_ref())?,
+            Op::GraphEnd { graph } => self.graph_end(i, graph)?,
+            Op::GraphLaunch { graph, stream } => self.graph_launch(i, op, graph, stream, site)?,
         }
         Ok(())
+    }
+
+    /// `wait-on-unrecorded-event`: the wait at op `i` has no effect.
+    fn warn_unrecorded(&mut self, i: u64, op: &Op, stream: &Id, event: &Id) {
+        self.hazards.push(Hazard {
+            kind: HazardKind::WaitOnUnrecordedEvent,
+            severity: HazardKind::WaitOnUnrecordedEvent.severity(),
+            op: i,
+            buffer: None,
+            pattern: None,
+            access: None,
+            conflicts: Vec::new(),
+            free: None,
+            fix: Some(format!(
+                "record event {event} on the stream whose work {stream} must wait for before op {i}; this wait has no effect"
+            )),
+            detail: Detail {
+                op_name: op.name(),
+                label: None,
+                event: Some(event.to_string()),
+                participant: stream.to_string(),
+                notes: vec![],
+                why: Vec::new(),
+                replay: None,
+            },
+            confirmation: None,
+        });
     }
 
     /// The kernel name of a label id.
@@ -708,6 +749,11 @@ impl Checker {
             MemoryKind::Device => stream_p.unwrap_or(Order::DEFAULT),
             _ => Participant::HOST,
         };
+        // Device memory allocated on a capturing stream comes from the capture's pool.
+        let pool = match memory {
+            MemoryKind::Device => self.graphs.capture_pool(owner),
+            _ => None,
+        };
         let mut base = None;
         if bytes > 0 {
             let with_addr = addr.is_some();
@@ -737,6 +783,18 @@ impl Checker {
                             Some("a range below 2^64"),
                         )
                     })?;
+                    if memory == MemoryKind::Device {
+                        self.graphs
+                            .check_pool_bytes(a, end, pool)
+                            .map_err(|message| {
+                                Self::err(
+                                    i,
+                                    Field::Addr,
+                                    message,
+                                    Some("an address range that no other pool holds"),
+                                )
+                            })?;
+                    }
                     if let Some((&s, &(e, g))) = self.live[memory.index()].range(..end).next_back()
                     {
                         if e > a {
@@ -758,10 +816,15 @@ impl Checker {
                     base = Some(a);
                 }
                 None => {
-                    let block = match memory {
-                        MemoryKind::Device => self.device.allocate(bytes, owner.0),
-                        MemoryKind::Pinned => self.pinned.allocate(bytes),
-                        MemoryKind::Managed => self.managed.allocate(bytes),
+                    let block = match (memory, pool) {
+                        (MemoryKind::Device, Some(p)) => {
+                            self.graphs
+                                .pools
+                                .allocate(p, bytes, owner.0, self.device.memory_mut())
+                        }
+                        (MemoryKind::Device, None) => self.device.allocate(bytes, owner.0),
+                        (MemoryKind::Pinned, _) => self.pinned.allocate(bytes),
+                        (MemoryKind::Managed, _) => self.managed.allocate(bytes),
                     }
                     .map_err(|e| {
                         Self::err(
@@ -778,10 +841,11 @@ impl Checker {
             }
         }
         // The allocation is a use: a write of the whole buffer by the owner, at the epoch of
-        // the owner's latest access (time 0, before everything, if it has none).
+        // the owner's latest access (time 0, before everything, if it has none). A pool
+        // buffer's is not (nothing runs at capture).
         let epoch = self.order.clock(owner).epoch(owner);
         let mut accesses = self.spare_vec();
-        if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 {
+        if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 && pool.is_none() {
             accesses.push(Access {
                 op: i,
                 time: epoch.time,
@@ -791,6 +855,7 @@ impl Checker {
                 end: bytes,
                 site: site.clone(),
                 label: 0,
+                captured: 0,
             });
         }
         self.history += accesses.len();
@@ -814,6 +879,15 @@ impl Checker {
             gen.set_reuse(reuse, reuse_large);
         }
         let g = self.new_gen(gen);
+        if let Some(p) = pool {
+            let addr_mode = self.addr_mode == Some(true);
+            let pg = self
+                .graphs
+                .add_pool_buffer(p, g, buffer, base, bytes, i, addr_mode);
+            if let Some(gen) = self.gens[g.0 as usize].as_mut() {
+                gen.set_pool(pg);
+            }
+        }
         // Recorded addresses are checked for overlaps; the model's never overlap.
         if let (Some(a), Some(true)) = (base, self.addr_mode) {
             self.live[memory.index()].insert(a, (a + bytes, g));
@@ -821,7 +895,8 @@ impl Checker {
         // A name used so far as external starts a new, unrelated buffer.
         self.rebind(buffer, cur, Name::Live(g));
         match cur {
-            Some(Name::External(old)) => self.drop_gen(old),
+            // An external buffer that a graph's body names stays with the graph.
+            Some(Name::External(old)) if !self.gen(old).is_captured() => self.drop_gen(old),
             // The name is allocated again: what remained of the freed one is no longer needed.
             Some(Name::Freed(f)) => self.freed_slots.push(f),
             _ => {}
@@ -918,6 +993,7 @@ impl Checker {
                         offset: 0,
                         bytes,
                         site,
+                        captured: None,
                     }),
                     conflicts: vec![],
                     free: None,
@@ -931,12 +1007,17 @@ impl Checker {
                         participant,
                         notes,
                         why: Vec::new(),
+                        replay: None,
                     },
                     confirmation: None,
                 });
                 return Ok(());
             }
         };
+        if self.gen(g).is_pool() {
+            self.free_pool_buffer(i, g, buffer, named, site);
+            return Ok(());
+        }
         let (memory, owner, size, base) = {
             let gen = self.gen(g);
             (gen.memory, gen.owner, gen.size().unwrap_or(0), gen.addr())
@@ -950,6 +1031,10 @@ impl Checker {
         // clock of every stream named by record_stream. An access happens before it when one of
         // those clocks covers it.
         let mut gen = self.take_gen(g).expect("live generation");
+        if gen.is_captured() {
+            // The graphs whose bodies name it: their launches now use freed memory.
+            self.graphs.buffer_freed(g, i, by, &site);
+        }
         let alloc_op = gen.alloc_op();
         let rs = gen.take_record_streams();
         let Generation {
@@ -974,7 +1059,7 @@ impl Checker {
         let mut conflicts: Vec<Conflict> = unordered
             .iter()
             .filter(|a| is_latest(&latest, a))
-            .map(|a| conflict_of(order, &self.label_names, a, &name))
+            .map(|a| conflict_of(order, &self.label_names, &self.graphs, a, &name))
             .collect();
         let alloc_op = alloc_op.unwrap_or(0);
         if !rs.is_empty() {
@@ -991,6 +1076,7 @@ impl Checker {
             conflicts.sort_by(conflict_order);
             conflicts.dedup();
             let participant = self.order.name(by).to_string();
+            let launch_named = self.graphs.with_launch_streams(&self.order, &conflicts);
             let fix = fix_unsafe_free(
                 &self.order,
                 buffer,
@@ -999,7 +1085,7 @@ impl Checker {
                 named.is_some(),
                 memory,
                 owner,
-                &conflicts,
+                launch_named.as_deref().unwrap_or(&conflicts),
             );
             self.hazards.push(Hazard {
                 kind: HazardKind::UnsafeFree,
@@ -1014,6 +1100,7 @@ impl Checker {
                     offset: 0,
                     bytes: Some(size),
                     site: site.clone(),
+                    captured: None,
                 }),
                 conflicts,
                 free: None,
@@ -1029,6 +1116,7 @@ impl Checker {
                         site: alloc_site,
                     }],
                     why: Vec::new(),
+                    replay: None,
                 },
                 confirmation: None,
             });
@@ -1080,7 +1168,14 @@ impl Checker {
             free_op: i,
             free_by: by,
             free_site: site,
+            pool_gen: NO_GEN,
         };
+        self.bind_freed(buffer, g, freed);
+        Ok(())
+    }
+
+    /// Binds the name of generation `g`, freed now, to what remains of it.
+    fn bind_freed(&mut self, buffer: &Id, g: GenId, freed: FreedName) {
         let slot = match self.freed_slots.pop() {
             Some(s) => {
                 self.freed[s as usize] = freed;
@@ -1093,7 +1188,6 @@ impl Checker {
         };
         // The name is live here, so it is in the table: replace it in place.
         self.rebind(buffer, Some(Name::Live(g)), Name::Freed(slot));
-        Ok(())
     }
 
     fn begin_access_op(&mut self, _i: u64) {
@@ -1140,31 +1234,7 @@ impl Checker {
                 Some("a pinned or managed buffer"),
             ));
         }
-        let end =
-            match (size, r.bytes) {
-                (Some(size), bytes) => {
-                    let end = match bytes {
-                        Some(b) => r.offset.saturating_add(b),
-                        None => r.offset.max(size),
-                    };
-                    if end > size || r.offset > size {
-                        return Err(Self::err(
-                            i,
-                            field,
-                            format!(
-                            "region [{}, {}) reaches past the end of buffer \"{}\" ({size} bytes)",
-                            r.offset,
-                            if end == u64::MAX { "end".to_string() } else { end.to_string() },
-                            r.buffer
-                        ),
-                            Some("a region inside the buffer"),
-                        ));
-                    }
-                    end
-                }
-                (None, Some(b)) => r.offset.saturating_add(b),
-                (None, None) => u64::MAX,
-            };
+        let end = Self::region_end(i, r, field, size)?;
         let g = match (g, g.is_none() && bound.is_some()) {
             (Some(g), _) => g,
             (None, false) => {
@@ -1178,6 +1248,7 @@ impl Checker {
                     kind: Some(kind),
                     offset: r.offset,
                     end,
+                    freed: None,
                 });
                 return Ok(());
             }
@@ -1191,39 +1262,42 @@ impl Checker {
         Ok(())
     }
 
+    /// One past the last byte of region `r` of a buffer of `size` bytes (`None`: external,
+    /// `u64::MAX` for "to the end"). Bad input: a region past the end of the buffer.
+    fn region_end(i: u64, r: &Region, field: Field, size: Option<u64>) -> Result<u64, CheckError> {
+        Ok(match (size, r.bytes) {
+            (Some(size), bytes) => {
+                let end = match bytes {
+                    Some(b) => r.offset.saturating_add(b),
+                    None => r.offset.max(size),
+                };
+                if end > size || r.offset > size {
+                    return Err(Self::err(
+                        i,
+                        field,
+                        format!(
+                            "region [{}, {}) reaches past the end of buffer \"{}\" ({size} bytes)",
+                            r.offset,
+                            if end == u64::MAX {
+                                "end".to_string()
+                            } else {
+                                end.to_string()
+                            },
+                            r.buffer
+                        ),
+                        Some("a region inside the buffer"),
+                    ));
+                }
+                end
+            }
+            (None, Some(b)) => r.offset.saturating_add(b),
+            (None, None) => u64::MAX,
+        })
+    }
+
     /// A region both read and written counts as written; the same region twice counts once.
     fn dedup_regions(&mut self) {
-        let v = &mut self.op_accesses;
-        if v.len() < 2 {
-            return;
-        }
-        if v.len() <= 16 {
-            let mut k = 0;
-            while k < v.len() {
-                let a = v[k];
-                let dup = v[..k].iter().any(|b| {
-                    b.gen == a.gen
-                        && b.offset == a.offset
-                        && b.end == a.end
-                        && (b.kind == a.kind || b.kind.writes())
-                });
-                if dup {
-                    v.remove(k);
-                } else {
-                    k += 1;
-                }
-            }
-            return;
-        }
-        // Many regions: the kinds seen so far per region (bit 0 read, bit 1 write).
-        let mut seen: HashMap<(GenId, u64, u64), u8> = HashMap::default();
-        v.retain(|a| {
-            let bit = if a.kind.writes() { 2 } else { 1 };
-            let kinds = seen.entry((a.gen, a.offset, a.end)).or_insert(0);
-            let dup = *kinds & bit != 0 || *kinds & 2 != 0;
-            *kinds |= bit;
-            !dup
-        });
+        dedup_accesses(&mut self.op_accesses);
     }
 
     /// Runs the accesses of the current op: checks each region, then records them.
@@ -1248,11 +1322,25 @@ impl Checker {
         }
         if !self.found.is_empty() {
             let label = self.label_of(label_id);
-            self.report_races(i, op, p, &site, &label);
+            self.report_races(i, op, p, &site, &label, 0, p);
         }
         if !self.uaf.is_empty() {
-            self.report_use_after_free(i, op, p, &site);
+            self.report_use_after_free(i, op, p, &site, 0);
         }
+        self.record_accesses(i, p, epoch.time, &site, label_id, 0);
+    }
+
+    /// Records the accesses of the current op (`op_accesses`), by `p` at `time`; `captured` is
+    /// [`Access::captured`].
+    fn record_accesses(
+        &mut self,
+        i: u64,
+        p: Participant,
+        time: crate::clock::Time,
+        site: &Option<Arc<Site>>,
+        label_id: u32,
+        captured: u32,
+    ) {
         let Checker {
             op_accesses,
             gens,
@@ -1260,6 +1348,7 @@ impl Checker {
             order,
             limits,
             forget,
+            graphs,
             ..
         } = self;
         let flat_max = limits.history_index_at;
@@ -1271,15 +1360,19 @@ impl Checker {
             let gen = gens[a.gen.0 as usize]
                 .as_mut()
                 .expect("accessed generation");
+            if let Some(pg) = gen.pool_index() {
+                graphs.pool_access(pg, p);
+            }
             let access = Access {
                 op: i,
-                time: epoch.time,
+                time,
                 participant: p,
                 kind: a.kind,
                 offset: a.offset,
                 end: a.end,
                 site: site.clone(),
                 label: label_id,
+                captured,
             };
             let h = &mut gen.history;
             match h.index_mut() {
@@ -1323,6 +1416,7 @@ impl Checker {
             graveyard,
             history,
             forget,
+            graphs,
             ..
         } = self;
         let clock = order.clock(p);
@@ -1397,6 +1491,15 @@ impl Checker {
         if offset >= end {
             return;
         }
+        let gen = match gen.pool_index() {
+            Some(pg) => {
+                // The other buffers of its pool that held these bytes, earlier or later.
+                let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
+                graphs.pool_reuse(gens, history, pg, lo, hi, at, &probe, host, found);
+                gens[g.0 as usize].as_mut().expect("accessed generation")
+            }
+            None => gen,
+        };
         let (lo, hi) = (base + offset, base + end.min(gen.size().unwrap_or(0)));
         if gen.reuse().is_empty() && !gen.reuse_large() {
             return;
@@ -1415,7 +1518,11 @@ impl Checker {
                         kind: HazardKind::ReuseRace,
                         access: a.clone(),
                         buffer: rec.freed.name.clone(),
-                        freed: Some((rec.freed.op, rec.freed.site.clone())),
+                        freed: Some(FreedAt {
+                            op: rec.freed.op,
+                            site: rec.freed.site.clone(),
+                            name: rec.freed.name.clone(),
+                        }),
                     });
                 }
             }
@@ -1438,7 +1545,11 @@ impl Checker {
                             .freed
                             .as_ref()
                             .map_or_else(Id::default, |f| f.name.clone()),
-                        freed: e.freed.as_ref().map(|f| (f.op, f.site.clone())),
+                        freed: e.freed.as_ref().map(|f| FreedAt {
+                            op: f.op,
+                            site: f.site.clone(),
+                            name: f.name.clone(),
+                        }),
                     });
                 }
                 Visit::Keep
@@ -1450,6 +1561,10 @@ impl Checker {
         }
     }
 
+    /// Reports the races found for the current op by `p`. For a graph replay, `captured` is the
+    /// captured op's [`Access::captured`] and `fix_p` the launch stream, which the fix orders
+    /// (the replay's participants follow it); otherwise `captured` is 0 and `fix_p` is `p`.
+    #[allow(clippy::too_many_arguments)]
     fn report_races(
         &mut self,
         i: u64,
@@ -1457,6 +1572,8 @@ impl Checker {
         p: Participant,
         site: &Option<Arc<Site>>,
         label: &Option<Arc<str>>,
+        captured: u32,
+        fix_p: Participant,
     ) {
         let mut found = std::mem::take(&mut self.found);
         // Group by (kind, accessed generation), in the op's region order.
@@ -1493,7 +1610,7 @@ impl Checker {
                 .collect();
             let mut conflicts: Vec<Conflict> = kept
                 .iter()
-                .map(|f| conflict_of(&self.order, &self.label_names, &f.access, &f.buffer))
+                .map(|f| self.conflict(&f.access, &f.buffer))
                 .collect();
             conflicts.sort_by(conflict_order);
             conflicts.dedup();
@@ -1501,11 +1618,11 @@ impl Checker {
             // The most recent free among the conflicts listed.
             let freed = kept
                 .iter()
-                .filter_map(|f| f.freed.as_ref().map(|(op, site)| (*op, site, &f.buffer)))
-                .max_by_key(|f| f.0);
-            let free = freed.map(|(op, _, buffer)| FreeRef {
-                op,
-                buffer: buffer.to_string(),
+                .filter_map(|f| f.freed.as_ref())
+                .max_by_key(|f| f.op);
+            let free = freed.map(|f| FreeRef {
+                op: f.op,
+                buffer: f.name.to_string(),
             });
             let gen = self.gen(g);
             let mut notes = Vec::new();
@@ -1516,14 +1633,27 @@ impl Checker {
                     site: gen.alloc_site.clone(),
                 });
             }
-            if let Some((op, site, buffer)) = freed {
+            if let Some(f) = freed {
                 notes.push(OpNote {
-                    what: format!("{buffer} freed here; its memory was handed out again"),
-                    op,
-                    site: site.clone(),
+                    what: format!("{} freed here; its memory was handed out again", f.name),
+                    op: f.op,
+                    site: f.site.clone(),
                 });
             }
-            let fix = fix_race(&self.order, kind, i, p, &conflicts, free.as_ref());
+            let replay = self.graphs.replay_of(captured);
+            let fix = if captured == 0 {
+                let named = self.graphs.with_launch_streams(&self.order, &conflicts);
+                fix_race(
+                    &self.order,
+                    kind,
+                    i,
+                    fix_p,
+                    named.as_deref().unwrap_or(&conflicts),
+                    free.as_ref(),
+                )
+            } else {
+                self.replay_fix(kind, i, fix_p, captured, &kept, &conflicts, free.as_ref())
+            };
             self.hazards.push(Hazard {
                 kind,
                 severity: kind.severity(),
@@ -1537,6 +1667,7 @@ impl Checker {
                     offset: lo,
                     bytes: bytes_of(lo, hi),
                     site: site.clone(),
+                    captured: replay.as_ref().map(|r| r.captured),
                 }),
                 conflicts,
                 free,
@@ -1548,6 +1679,7 @@ impl Checker {
                     participant: participant.clone(),
                     notes,
                     why: Vec::new(),
+                    replay,
                 },
                 confirmation: None,
             });
@@ -1557,10 +1689,25 @@ impl Checker {
         self.found = found;
     }
 
-    fn report_use_after_free(&mut self, i: u64, op: &Op, p: Participant, site: &Option<Arc<Site>>) {
+    /// The report's entry for an earlier conflicting access of `buffer`.
+    fn conflict(&self, a: &Access, buffer: &Id) -> Conflict {
+        conflict_of(&self.order, &self.label_names, &self.graphs, a, buffer)
+    }
+
+    /// Reports the uses after free of the current op by `p` (for a graph replay, `captured` is
+    /// the captured op's [`Access::captured`]; else 0).
+    fn report_use_after_free(
+        &mut self,
+        i: u64,
+        op: &Op,
+        p: Participant,
+        site: &Option<Arc<Site>>,
+        captured: u32,
+    ) {
         let mut uaf = std::mem::take(&mut self.uaf);
         uaf.sort_by(|a, b| a.name.cmp(&b.name));
         let participant = self.order.name(p).to_string();
+        let replay = self.graphs.replay_of(captured);
         let mut start = 0;
         while start < uaf.len() {
             let mut stop = start;
@@ -1584,21 +1731,36 @@ impl Checker {
                     offset: lo,
                     bytes: bytes_of(lo, hi),
                     site: site.clone(),
+                    captured: replay.as_ref().map(|r| r.captured),
                 }
             });
-            let (free_op, notes) = match self.lookup(name) {
-                Some(Name::Freed(f)) => {
+            let freed = match (&group[0].freed, self.lookup(name)) {
+                (Some((op, by, site)), _) => Some((*op, *by, site.clone())),
+                (None, Some(Name::Freed(f))) => {
                     let f = &self.freed[f as usize];
-                    (
-                        f.free_op,
-                        vec![OpNote {
-                            what: format!("{name} freed here by {}", self.order.name(f.free_by)),
-                            op: f.free_op,
-                            site: f.free_site.clone(),
-                        }],
-                    )
+                    Some((f.free_op, f.free_by, f.free_site.clone()))
                 }
-                _ => (0, vec![]),
+                _ => None,
+            };
+            let (free_op, notes) = match freed {
+                Some((op, by, site)) => (
+                    op,
+                    vec![OpNote {
+                        what: format!("{name} freed here by {}", self.order.name(by)),
+                        op,
+                        site,
+                    }],
+                ),
+                None => (0, vec![]),
+            };
+            let fix = match &replay {
+                Some(r) => format!(
+                    "{name} was freed at op {free_op} while graph {} still uses it (captured at op {}): free it only after the graph's last launch, or capture the graph again",
+                    r.graph, r.captured
+                ),
+                None => format!(
+                    "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
+                ),
             };
             self.hazards.push(Hazard {
                 kind: HazardKind::UseAfterFree,
@@ -1609,10 +1771,16 @@ impl Checker {
                 access,
                 conflicts: vec![],
                 free: None,
-                fix: Some(format!(
-                    "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
-                )),
-                detail: Detail { op_name: op.name(), label: None, event: None, participant: participant.clone(), notes, why: Vec::new() },
+                fix: Some(fix),
+                detail: Detail {
+                    op_name: op.name(),
+                    label: None,
+                    event: None,
+                    participant: participant.clone(),
+                    notes,
+                    why: Vec::new(),
+                    replay: replay.clone(),
+                },
                 confirmation: None,
             });
             start = stop;
@@ -1806,7 +1974,48 @@ impl Checker {
     }
 }
 
-fn conflict_of(order: &Order, labels: &[Arc<str>], a: &Access, buffer: &Id) -> Conflict {
+/// A region both read and written counts as written; the same region twice counts once.
+fn dedup_accesses(v: &mut Vec<OpAccess>) {
+    if v.len() < 2 {
+        return;
+    }
+    if v.len() <= 16 {
+        let mut k = 0;
+        while k < v.len() {
+            let a = v[k];
+            let dup = v[..k].iter().any(|b| {
+                b.gen == a.gen
+                    && b.offset == a.offset
+                    && b.end == a.end
+                    && (b.kind == a.kind || b.kind.writes())
+            });
+            if dup {
+                v.remove(k);
+            } else {
+                k += 1;
+            }
+        }
+        return;
+    }
+    // Many regions: the kinds seen so far per region (bit 0 read, bit 1 write).
+    let mut seen: HashMap<(GenId, u64, u64), u8> = HashMap::default();
+    v.retain(|a| {
+        let bit = if a.kind.writes() { 2 } else { 1 };
+        let kinds = seen.entry((a.gen, a.offset, a.end)).or_insert(0);
+        let dup = *kinds & bit != 0 || *kinds & 2 != 0;
+        *kinds |= bit;
+        !dup
+    });
+}
+
+fn conflict_of(
+    order: &Order,
+    labels: &[Arc<str>],
+    graphs: &graphs::Graphs,
+    a: &Access,
+    buffer: &Id,
+) -> Conflict {
+    let captured = graphs.captured_op(a.captured);
     Conflict {
         op: a.op,
         participant: order.name(a.participant).to_string(),
@@ -1815,6 +2024,8 @@ fn conflict_of(order: &Order, labels: &[Arc<str>], a: &Access, buffer: &Id) -> C
         offset: a.offset,
         bytes: bytes_of(a.offset, a.end),
         site: a.site.clone(),
+        captured: captured.map(|c| c.op),
+        captured_site: captured.and_then(|c| c.site.clone()),
         label: a
             .label
             .checked_sub(1)
@@ -1823,29 +2034,30 @@ fn conflict_of(order: &Order, labels: &[Arc<str>], a: &Access, buffer: &Id) -> C
     }
 }
 
-/// The latest op of each participant among `accesses`.
-fn latest_ops<'a>(accesses: impl Iterator<Item = &'a Access>) -> Vec<(Participant, u64)> {
-    let mut v: Vec<(Participant, u64)> = Vec::new();
+/// The latest op of each participant among `accesses` (for a replay's participant, the latest
+/// captured op of its latest launch: [`Access::order_key`]).
+fn latest_ops<'a>(accesses: impl Iterator<Item = &'a Access>) -> Vec<(Participant, (u64, u32))> {
+    let mut v: Vec<(Participant, (u64, u32))> = Vec::new();
     for a in accesses {
         let p = a.participant;
         match v.iter_mut().find(|(q, _)| *q == p) {
-            Some(e) => e.1 = e.1.max(a.op),
-            None => v.push((p, a.op)),
+            Some(e) => e.1 = e.1.max(a.order_key()),
+            None => v.push((p, a.order_key())),
         }
     }
     v
 }
 
 /// Whether `a` is an access of its participant's latest op in `latest`.
-fn is_latest(latest: &[(Participant, u64)], a: &Access) -> bool {
+fn is_latest(latest: &[(Participant, (u64, u32))], a: &Access) -> bool {
     latest
         .iter()
-        .any(|&(p, op)| p == a.participant && op == a.op)
+        .any(|&(p, key)| p == a.participant && key == a.order_key())
 }
 
 fn conflict_order(a: &Conflict, b: &Conflict) -> std::cmp::Ordering {
-    (a.op, &a.buffer, a.offset, a.bytes, a.access)
-        .cmp(&(b.op, &b.buffer, b.offset, b.bytes, b.access))
+    (a.op, a.captured, &a.buffer, a.offset, a.bytes, a.access)
+        .cmp(&(b.op, b.captured, &b.buffer, b.offset, b.bytes, b.access))
 }
 
 fn list(items: &[String]) -> String {
@@ -1859,9 +2071,14 @@ fn list(items: &[String]) -> String {
 
 /// The minimal synchronization that orders every earlier access before op `i` on `p`.
 fn fix_wait(order: &Order, i: u64, p: Participant, conflicts: &[Conflict]) -> String {
+    fix_wait_on(order.name(p), i, conflicts)
+}
+
+/// The minimal synchronization that orders every earlier access before op `i` on the
+/// participant named `later`.
+fn fix_wait_on(later: &str, i: u64, conflicts: &[Conflict]) -> String {
     let latest = latest_by_participant(conflicts);
-    let later = order.name(p);
-    if p.is_host() {
+    if later == crate::trace::HOST {
         let parts: Vec<String> = latest
             .iter()
             .map(|(q, op)| format!("{q} after op {op}"))
@@ -1895,7 +2112,20 @@ fn fix_race(
     conflicts: &[Conflict],
     free: Option<&FreeRef>,
 ) -> String {
-    if kind == HazardKind::ReuseRace {
+    fix_race_on(order.name(p), kind, i, conflicts, free, true)
+}
+
+/// [`fix_race`] for the participant named `later`; `record_stream` is suggested only with
+/// `record_stream`.
+fn fix_race_on(
+    later: &str,
+    kind: HazardKind,
+    i: u64,
+    conflicts: &[Conflict],
+    free: Option<&FreeRef>,
+    record_stream: bool,
+) -> String {
+    if kind == HazardKind::ReuseRace && record_stream {
         if let Some(f) = free {
             // record_stream is the allocator's own fix when every earlier access is by a stream
             // other than the old buffer's owner; otherwise order the access directly.
@@ -1913,12 +2143,12 @@ fn fix_race(
                     f.buffer,
                     list(&streams),
                     f.op,
-                    fix_wait(order, i, p, conflicts)
+                    fix_wait_on(later, i, conflicts)
                 );
             }
         }
     }
-    fix_wait(order, i, p, conflicts)
+    fix_wait_on(later, i, conflicts)
 }
 
 /// Of `streams`, the ones to name by `record_stream` at a free, now, so that every conflict is

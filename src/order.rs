@@ -26,6 +26,10 @@ pub struct StreamInfo {
     pub blocking: bool,
     /// Whether a `stream_create` declared it (rather than a first use).
     pub declared: bool,
+    /// Whether this is a graph's replay participant `G/c` rather than a stream of the trace:
+    /// it has no name a trace op can use, no legacy-default-stream edges, and a `device_sync`
+    /// does not name it (the launch stream it joins into covers its work).
+    pub replay: bool,
     clock: VectorClock,
     /// The version of the host's clock it joined last (rule 2): joining it again is a no-op.
     host_seen: u64,
@@ -114,10 +118,42 @@ impl Order {
             device,
             blocking,
             declared,
+            replay: false,
             clock: VectorClock::new(),
             host_seen: 0,
         });
         p
+    }
+
+    /// A graph's replay participant `G/c` (trace format, "CUDA graphs"), printed as `name`. It
+    /// is not a stream of the trace: [`Order::stream`] never finds it.
+    pub fn add_replay_participant(&mut self, name: Id, device: u64) -> Participant {
+        let p = Participant(self.streams.len() as u32 + 1);
+        self.streams.push(StreamInfo {
+            name,
+            device,
+            blocking: false,
+            declared: true,
+            replay: true,
+            clock: VectorClock::new(),
+            host_seen: 0,
+        });
+        p
+    }
+
+    /// Joins `clock` into participant `p`'s (a stream or a replay participant, not the host).
+    pub fn join_clock(&mut self, p: Participant, clock: &VectorClock) {
+        debug_assert!(!p.is_host());
+        self.streams[p.index() - 1].clock.join(clock);
+    }
+
+    /// Joins `from`'s clock into `into`'s (two streams or replay participants, not the host).
+    pub fn join_participant(&mut self, into: Participant, from: Participant) {
+        debug_assert!(!into.is_host() && !from.is_host());
+        if into != from {
+            let (a, b) = pick2(&mut self.streams, into.index() - 1, from.index() - 1);
+            a.clock.join(&b.clock);
+        }
     }
 
     fn info(&self, p: Participant) -> &StreamInfo {
@@ -328,6 +364,11 @@ impl Order {
         }
     }
 
+    /// Whether `event` holds a capture: it was recorded, and not reset or destroyed since.
+    pub fn is_recorded(&self, event: &Id) -> bool {
+        self.events.get(event).is_some_and(|e| e.capture.is_some())
+    }
+
     /// `event_create` and `event_destroy`: the event becomes never-recorded.
     pub fn reset_event(&mut self, event: &Id) {
         if let Some(e) = self.events.get_mut(event) {
@@ -365,7 +406,7 @@ impl Order {
     pub fn device_sync(&mut self, device: u64) {
         self.host_version += 1;
         let Order { host, streams, .. } = self;
-        for s in streams.iter().filter(|s| s.device == device) {
+        for s in streams.iter().filter(|s| s.device == device && !s.replay) {
             host.join(&s.clock);
         }
     }

@@ -105,6 +105,11 @@ pub struct Access {
     /// The kernel name of a launch, as an index into the checker's table of names plus one
     /// (0: none).
     pub label: u32,
+    /// For an access of a graph replay (whose `op` is the `graph_launch`): the captured op it
+    /// replays, as an index into the checker's table of captured ops plus one (0: not a
+    /// replay). Indices grow in trace order, so a participant's accesses are ordered by
+    /// `(op, captured)`.
+    pub captured: u32,
     /// Read, write or alloc.
     pub kind: AccessKind,
 }
@@ -117,6 +122,13 @@ impl Access {
             participant: self.participant,
             time: self.time,
         }
+    }
+
+    /// The access's place in its participant's order, for "each participant's latest op": the
+    /// op, then (within one replay) the captured op.
+    #[inline]
+    pub fn order_key(&self) -> (u64, u32) {
+        (self.op, self.captured)
     }
 
     /// Whether the two byte ranges share at least one byte.
@@ -594,17 +606,23 @@ impl History {
         if let Some(r) = self.rest.take() {
             all.extend(r.covered);
         }
-        all.sort_by_key(|a| a.op);
+        all.sort_by_key(|a| a.order_key());
         let mut ix = Intervals::new();
         for a in all {
-            let (lo, hi, p, op, writes) = (a.offset, a.end, a.participant, a.op, a.kind.writes());
+            let (lo, hi, p, key, writes) = (
+                a.offset,
+                a.end,
+                a.participant,
+                a.order_key(),
+                a.kind.writes(),
+            );
             let e = Arc::new(Entry {
                 access: a,
                 freed: None,
             });
             ix.insert(lo, hi, e, |x| {
                 x.access.participant == p
-                    && x.access.op < op
+                    && x.access.order_key() < key
                     && Access::dominates(writes, &x.access)
             });
         }
@@ -642,11 +660,15 @@ pub struct Generation {
 struct Extra {
     reuse: Vec<Arc<Record>>,
     record_streams: Vec<Participant>,
+    /// A pool buffer's index in the checker's table of pool buffers.
+    pool: u32,
 }
 
 const EXTERNAL: u8 = 1;
 const HAS_ADDR: u8 = 2;
 const REUSE_LARGE: u8 = 4;
+const POOL: u8 = 8;
+const CAPTURED: u8 = 16;
 
 impl Generation {
     /// An external buffer: device memory of unknown size, used without an `alloc`.
@@ -711,6 +733,39 @@ impl Generation {
         (!self.is_external()).then_some(self.alloc_op)
     }
 
+    /// Whether this is a pool buffer: allocated on a capturing stream from a graph memory pool.
+    /// Its generation outlives its free (the graph's replays keep accessing its bytes).
+    pub fn is_pool(&self) -> bool {
+        self.flags & POOL != 0
+    }
+
+    /// Marks this generation a pool buffer, whose index in the checker's table of pool
+    /// buffers is `index`.
+    pub fn set_pool(&mut self, index: u32) {
+        self.flags |= POOL;
+        self.extra.get_or_insert_with(Default::default).pool = index;
+    }
+
+    /// A pool buffer's index in the checker's table of pool buffers.
+    #[inline]
+    pub fn pool_index(&self) -> Option<u32> {
+        if self.flags & POOL == 0 {
+            return None;
+        }
+        self.extra.as_ref().map(|x| x.pool)
+    }
+
+    /// Whether a captured op of some graph names this generation: the graph's replays access
+    /// it, so it is not dropped while its name moves on.
+    pub fn is_captured(&self) -> bool {
+        self.flags & CAPTURED != 0
+    }
+
+    /// Marks this generation named by a captured op.
+    pub fn set_captured(&mut self) {
+        self.flags |= CAPTURED;
+    }
+
     /// Whether the index of large freed buffers held tombstones on its bytes at its allocation.
     pub fn reuse_large(&self) -> bool {
         self.flags & REUSE_LARGE != 0
@@ -725,7 +780,7 @@ impl Generation {
             None => {
                 self.extra = Some(Box::new(Extra {
                     reuse: records,
-                    record_streams: Vec::new(),
+                    ..Extra::default()
                 }))
             }
         }
@@ -1002,10 +1057,10 @@ impl Graveyard {
         if last - first >= self.small_pages {
             let ix = &mut space.large;
             let freed = Arc::new(freed);
-            entries.sort_by_key(|a| a.op);
+            entries.sort_by_key(|a| a.order_key());
             for a in entries {
                 let (lo, end) = (base + a.offset, base.saturating_add(a.end).min(hi));
-                let (p, op, writes) = (a.participant, a.op, a.kind.writes());
+                let (p, key, writes) = (a.participant, a.order_key(), a.kind.writes());
                 let entry = Arc::new(Entry {
                     access: a,
                     freed: Some(freed.clone()),
@@ -1013,7 +1068,9 @@ impl Graveyard {
                 ix.insert(lo, end, entry, |w| {
                     let w = &w.access;
                     host.covers(w.epoch())
-                        || (w.participant == p && w.op < op && Access::dominates(writes, w))
+                        || (w.participant == p
+                            && w.order_key() < key
+                            && Access::dominates(writes, w))
                 });
             }
             return None;
@@ -1040,7 +1097,7 @@ impl Graveyard {
                 rec.entries.iter().any(|y| {
                     let (yl, yh) = rec.range(y);
                     y.participant == w.participant
-                        && w.op < y.op
+                        && w.order_key() < y.order_key()
                         && Access::dominates(y.kind.writes(), w)
                         && yl <= wl
                         && wh <= yh
@@ -1060,7 +1117,7 @@ impl Graveyard {
                 !rec.entries.iter().any(|y| {
                     let (yl, yh) = rec.range(y);
                     y.participant == w.participant
-                        && w.op < y.op
+                        && w.order_key() < y.order_key()
                         && Access::dominates(y.kind.writes(), w)
                         && yl <= wl
                         && wh <= yh
@@ -1187,6 +1244,7 @@ mod tests {
                 end,
                 site: None,
                 label: 0,
+                captured: 0,
             },
             freed: None,
         })

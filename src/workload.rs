@@ -228,11 +228,17 @@ pub enum Shape {
     Regions,
     /// `size` buffers of 512 bytes allocated on `s` and written once by `s`, never freed. Clean.
     Live,
+    /// A CUDA graph of 200 captured ops replayed `size` times on stream `s` (an inference
+    /// loop): the capture forks stream `side` and joins it back, and every layer takes a new
+    /// temporary from the graph's pool and frees the previous one (so the pool hands the same
+    /// blocks out again and again). Each step sets the static input on `s`, launches the graph,
+    /// copies the static output to pinned memory and has the host wait for it. Clean.
+    GraphReplays,
 }
 
 impl Shape {
     /// Every shape, in the order of the hardening issue.
-    pub const ALL: [Shape; 8] = [
+    pub const ALL: [Shape; 9] = [
         Shape::Churn,
         Shape::Huge,
         Shape::Streams,
@@ -241,6 +247,7 @@ impl Shape {
         Shape::Ranges,
         Shape::Regions,
         Shape::Live,
+        Shape::GraphReplays,
     ];
 
     /// The shape's name on the command line (`churn`, `loop-race`, …).
@@ -254,6 +261,7 @@ impl Shape {
             Shape::Ranges => "ranges",
             Shape::Regions => "regions",
             Shape::Live => "live",
+            Shape::GraphReplays => "graph-replays",
         }
     }
 
@@ -273,13 +281,14 @@ impl Shape {
             Shape::Ranges => 1_000_000,
             Shape::Regions => 80_000,
             Shape::Live => 1_000_000,
+            Shape::GraphReplays => 1_000,
         }
     }
 
     /// The number of hazards the shape has at `size` (all of them errors).
     pub fn hazards(self, size: u64) -> u64 {
         match self {
-            Shape::Churn | Shape::Streams | Shape::Regions | Shape::Live => 0,
+            Shape::Churn | Shape::Streams | Shape::Regions | Shape::Live | Shape::GraphReplays => 0,
             Shape::Ring | Shape::Ranges => 1,
             Shape::Huge => 2,
             Shape::LoopRace => size.saturating_sub(1),
@@ -409,7 +418,139 @@ impl Shape {
                     push(launch(&s, vec![], vec![Region::whole(b)]));
                 }
             }
+            Shape::GraphReplays => graph_replays(size, &mut push),
         }
+    }
+}
+
+/// Captured ops of [`Shape::GraphReplays`]'s graph.
+pub const GRAPH_BODY: u64 = 200;
+
+/// [`Shape::GraphReplays`]: the capture (200 captured ops), then `replays` steps.
+fn graph_replays(replays: u64, push: &mut impl FnMut(Op)) {
+    let id = |s: &str| Id::from(s);
+    let (s, side, g) = (id("s"), id("side"), id("g"));
+    let whole = |b: &Id| Region::whole(b.clone());
+    let launch = |stream: &Id, name: &str, reads: Vec<Region>, writes: Vec<Region>| Op::Launch {
+        stream: stream.clone(),
+        name: Some(name.into()),
+        reads,
+        writes,
+    };
+    let alloc = |buffer: &Id, bytes: u64, stream: &Id, memory: MemoryKind| Op::Alloc {
+        buffer: buffer.clone(),
+        bytes,
+        stream: (memory == MemoryKind::Device).then(|| stream.clone()),
+        memory,
+        addr: None,
+    };
+    let free = |buffer: &Id| Op::Free {
+        buffer: buffer.clone(),
+        stream: None,
+    };
+    let (x, y, host) = (id("x"), id("y"), id("host_out"));
+    let weights: Vec<Id> = (0..8).map(|k| Id::from(format!("w{k}"))).collect();
+    push(Op::StreamCreate {
+        stream: s.clone(),
+        device: 0,
+        blocking: false,
+    });
+    push(alloc(&x, 65536, &s, MemoryKind::Device));
+    push(alloc(&host, 65536, &s, MemoryKind::Pinned));
+    for w in &weights {
+        push(alloc(w, 1 << 20, &s, MemoryKind::Device));
+        push(launch(&s, "load", vec![], vec![whole(w)]));
+    }
+    // The capture: 200 captured ops.
+    push(Op::GraphBegin {
+        graph: g.clone(),
+        stream: s.clone(),
+        pool: None,
+    });
+    push(alloc(&y, 65536, &s, MemoryKind::Device));
+    push(Op::EventRecord {
+        event: id("fork"),
+        stream: s.clone(),
+    });
+    push(Op::EventWait {
+        stream: side.clone(),
+        event: id("fork"),
+    });
+    // The side stream: 48 layers on temporaries of its own, from x.
+    let mut prev = x.clone();
+    for k in 0..48u64 {
+        let t = Id::from(format!("a{}", k % 4));
+        push(alloc(&t, 65536, &side, MemoryKind::Device));
+        let w = &weights[(k % 8) as usize];
+        push(launch(
+            &side,
+            "side",
+            vec![whole(&prev), whole(w)],
+            vec![whole(&t)],
+        ));
+        if prev != x {
+            push(free(&prev));
+        }
+        prev = t;
+    }
+    push(Op::EventRecord {
+        event: id("join"),
+        stream: side.clone(),
+    });
+    // The origin: 147 layers, then waits for the side stream and writes the output.
+    let side_out = prev;
+    let mut prev = x.clone();
+    for k in 0..147u64 {
+        let t = Id::from(format!("t{}", k % 4));
+        push(alloc(&t, 65536, &s, MemoryKind::Device));
+        let w = &weights[(k % 8) as usize];
+        push(launch(
+            &s,
+            "layer",
+            vec![whole(&prev), whole(w)],
+            vec![whole(&t)],
+        ));
+        if prev != x {
+            push(free(&prev));
+        }
+        prev = t;
+    }
+    push(Op::EventWait {
+        stream: s.clone(),
+        event: id("join"),
+    });
+    push(launch(
+        &s,
+        "merge",
+        vec![whole(&prev), whole(&side_out)],
+        vec![whole(&y)],
+    ));
+    push(free(&prev));
+    push(free(&side_out));
+    push(Op::GraphEnd { graph: g.clone() });
+    // The loop.
+    let done = id("done");
+    for _ in 0..replays {
+        push(launch(&s, "input", vec![], vec![whole(&x)]));
+        push(Op::GraphLaunch {
+            graph: g.clone(),
+            stream: s.clone(),
+        });
+        push(Op::Copy {
+            stream: s.clone(),
+            src: whole(&y),
+            dst: whole(&host),
+        });
+        push(Op::EventRecord {
+            event: done.clone(),
+            stream: s.clone(),
+        });
+        push(Op::EventSync {
+            event: done.clone(),
+        });
+        push(Op::HostRead {
+            buffer: whole(&host),
+        });
     }
 }
 

@@ -197,22 +197,35 @@ fn random_decoded_programs_agree() {
     println!("1500 decoded programs, {ops} ops");
 }
 
-/// The decoder reaches every hazard kind and every op (so the fuzzer can too).
+/// The decoder reaches every hazard kind and every op (so the fuzzer can too), and the hazards
+/// of graph replays; only graph programs of its loose mode are ever bad input.
 #[test]
 fn decoder_reaches_every_hazard_kind() {
     let mut rng = SplitMix::new(7);
     let mut kinds = BTreeSet::new();
     let mut names = BTreeSet::new();
-    for _ in 0..1500 {
+    let (mut replays, mut rejected) = (0, 0);
+    for _ in 0..3000 {
         let data: Vec<u8> = (0..100).map(|_| rng.next_u64() as u8).collect();
         let program = common::decode_program(&data);
         assert!(program.len() <= common::MAX_OPS);
         names.extend(program.iter().map(|op| op.op.name()));
-        let keys = common::checker_keys(&program).expect("a decoded program is well-formed");
+        let keys = match common::checker_keys(&program) {
+            Ok(keys) => keys,
+            Err(e) => {
+                let loose = data[0] >> 4 & 1 == 1 && data[0] >> 5 & 3 == 3;
+                assert!(loose, "a decoded program is bad input: {e}");
+                rejected += 1;
+                continue;
+            }
+        };
+        replays += usize::from(keys.iter().any(|k| k.4.is_some()));
         kinds.extend(keys.into_iter().map(|k| k.1));
     }
     assert_eq!(kinds.len(), streamsan::HazardKind::ALL.len(), "{kinds:?}");
     assert_eq!(names.len(), streamsan::trace::Op::NAMES.len(), "{names:?}");
+    assert!(replays >= 30, "{replays} programs with a replay's hazard");
+    assert!(rejected >= 10, "{rejected} bad graph programs");
 }
 
 /// Writes the seed corpora: the conformance traces and a few generated programs (whole files for
@@ -309,6 +322,20 @@ fn write_seeds() {
         let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
         std::fs::write(corpus.join("syncs").join(format!("random-{i:02}")), data)
             .expect("write seed");
+    }
+    // Graph programs: the decoder's graph mode (captures, pools, replays), 8 well-formed and 4
+    // loose (now and then bad input, which both sides must reject at the same op).
+    let mut rng = SplitMix::new(0x9a9f);
+    for i in 0..12 {
+        let len = 64 + rng.below(160) as usize;
+        let mut data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        // Three streams, no addr, graph mode, loose for the last four.
+        data[0] = if i < 8 { 0x14 } else { 0x74 };
+        std::fs::write(
+            corpus.join("checker_oracle").join(format!("graph-{i:02}")),
+            data,
+        )
+        .expect("write seed");
     }
     // Every file now in the corpus passes its target's check.
     let mut written = 0;

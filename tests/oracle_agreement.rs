@@ -21,8 +21,16 @@ use streamsan::oracle::{oracle_hazards, OracleHazard};
 use streamsan::trace::{Id, MemoryKind, Op, Region, TraceOp};
 use streamsan::{Checker, HazardKind};
 
-/// A hazard reduced to the parts both sides decide.
-type Key = (u64, HazardKind, Option<String>, Vec<u64>);
+/// A hazard reduced to the parts both sides decide: op, kind, buffer, the conflicting ops, the
+/// captured op of a replay's hazard, and the conflicts that are replays as (launch, captured).
+type Key = (
+    u64,
+    HazardKind,
+    Option<String>,
+    Vec<u64>,
+    Option<u64>,
+    Vec<(u64, u64)>,
+);
 
 fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
     Ok(oracle_hazards(ops)?
@@ -33,7 +41,9 @@ fn oracle_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
                  kind,
                  buffer,
                  conflicts,
-             }| (op, kind, buffer, conflicts),
+                 captured,
+                 replayed,
+             }| (op, kind, buffer, conflicts, captured, replayed),
         )
         .collect())
 }
@@ -47,7 +57,15 @@ fn checker_keys(ops: &[TraceOp]) -> Result<Vec<Key>, String> {
             let mut c: Vec<u64> = h.conflicts.iter().map(|c| c.op).collect();
             c.sort_unstable();
             c.dedup();
-            (h.op, h.kind, h.buffer, c)
+            let mut r: Vec<(u64, u64)> = h
+                .conflicts
+                .iter()
+                .filter_map(|c| c.captured.map(|m| (c.op, m)))
+                .collect();
+            r.sort_unstable();
+            r.dedup();
+            let captured = h.access.as_ref().and_then(|a| a.captured);
+            (h.op, h.kind, h.buffer, c, captured, r)
         })
         .collect();
     keys.sort();
@@ -169,8 +187,37 @@ fn parse_op(line: &str) -> Op {
         "device_sync" => Op::DeviceSync {
             device: v.get("device").and_then(|d| d.as_u64()).unwrap_or(0),
         },
+        "graph_begin" => Op::GraphBegin {
+            graph: s("graph"),
+            stream: s("stream"),
+            pool: opt("pool"),
+        },
+        "graph_end" => Op::GraphEnd { graph: s("graph") },
+        "graph_launch" => Op::GraphLaunch {
+            graph: s("graph"),
+            stream: s("stream"),
+        },
         other => panic!("unknown op {other}"),
     }
+}
+
+/// `N` or `N@M` (op N, the replay of captured op M).
+fn op_at(word: &str) -> (u64, Option<u64>) {
+    match word.split_once('@') {
+        Some((n, m)) => (
+            n.parse().expect("op index"),
+            Some(m.parse().expect("captured op index")),
+        ),
+        None => (word.parse().expect("op index"), None),
+    }
+}
+
+/// A trace's `# expect-error: OP FIELD` line: the op the checker rejects.
+fn expected_error(file: &Fixture) -> Option<u64> {
+    file.text().lines().find_map(|l| {
+        let e = l.trim().strip_prefix("# expect-error:")?;
+        Some(e.split_whitespace().next()?.parse().expect("op index"))
+    })
 }
 
 /// The ops of a trace file and its `# expect:` lines as keys.
@@ -186,7 +233,7 @@ fn read_trace(file: &Fixture) -> (Vec<TraceOp>, Vec<Key>) {
                 continue;
             }
             let mut words = e.split_whitespace();
-            let op: u64 = words.next().expect("op").parse().expect("op index");
+            let (op, captured) = op_at(words.next().expect("op"));
             let kind = words.next().expect("kind");
             let kind = *HazardKind::ALL
                 .iter()
@@ -194,19 +241,23 @@ fn read_trace(file: &Fixture) -> (Vec<TraceOp>, Vec<Key>) {
                 .expect("known kind");
             let mut buffer = None;
             let mut conflicts = Vec::new();
+            let mut replayed = Vec::new();
             for w in words {
                 if let Some(list) = w.strip_prefix('[') {
                     let list = list.trim_end_matches(']');
-                    conflicts = list
-                        .split(',')
-                        .filter(|s| !s.is_empty())
-                        .map(|s| s.parse().expect("conflict op"))
-                        .collect();
+                    for c in list.split(',').filter(|s| !s.is_empty()) {
+                        let (n, m) = op_at(c);
+                        conflicts.push(n);
+                        replayed.extend(m.map(|m| (n, m)));
+                    }
                 } else {
                     buffer = Some(w.to_owned());
                 }
             }
-            expect.push((op, kind, buffer, conflicts));
+            conflicts.sort_unstable();
+            conflicts.dedup();
+            replayed.sort_unstable();
+            expect.push((op, kind, buffer, conflicts, captured, replayed));
         } else if !line.is_empty() && !line.starts_with('#') {
             ops.push(TraceOp::from(parse_op(line)));
         }
@@ -226,6 +277,17 @@ fn oracle_meets_every_conformance_expectation() {
     let mut failures = Vec::new();
     for path in &files {
         let (ops, expect) = read_trace(path);
+        if let Some(at) = expected_error(path) {
+            // Bad input: the oracle rejects it at that op too.
+            match oracle_keys(&ops) {
+                Err(e) if e.starts_with(&format!("op {at} ")) => {}
+                other => failures.push(format!(
+                    "{}: expected bad input at op {at}, oracle {other:?}",
+                    path.path
+                )),
+            }
+            continue;
+        }
         let got = oracle_keys(&ops).expect("valid conformance trace");
         if got != expect {
             failures.push(format!(
@@ -244,6 +306,9 @@ fn checker_agrees_with_oracle_on_conformance_traces() {
     let mut failures = Vec::new();
     for path in files {
         let (ops, _) = read_trace(&path);
+        if expected_error(&path).is_some() {
+            continue;
+        }
         if let Some((o, c)) = compare(&ops).expect("valid conformance trace") {
             failures.push(format!("{}:\n  oracle  {o:?}\n  checker {c:?}", path.path));
         }
@@ -324,6 +389,8 @@ struct Shape {
     addr_mode: bool,
     /// Whether device allocations favour the stream and size of the latest free (more reuse).
     reuse_heavy: bool,
+    /// Whether the program captures and replays CUDA graphs.
+    graphs: bool,
 }
 
 fn shape() -> impl Strategy<Value = Shape> {
@@ -336,6 +403,7 @@ fn shape() -> impl Strategy<Value = Shape> {
         any::<bool>(),
         prop::bool::weighted(0.25),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -347,9 +415,11 @@ fn shape() -> impl Strategy<Value = Shape> {
                 fourth_managed,
                 addr,
                 reuse_heavy,
+                graphs,
             )| {
                 Shape {
                     reuse_heavy,
+                    graphs,
                     extra_streams,
                     s1_implicit,
                     s2_device1,
@@ -375,6 +445,8 @@ struct Live {
     memory: MemoryKind,
     owner: Option<Id>,
     slot: Option<usize>,
+    /// The class of its slot: device, pinned, managed or graph pool.
+    class: usize,
 }
 
 /// Device slots for `addr` programs (1 MiB apart; every device allocation there is 4096 bytes, so
@@ -382,6 +454,107 @@ struct Live {
 const DEVICE_SLOTS: [u64; 3] = [0x10_0000, 0x20_0000, 0x30_0000];
 /// Pinned and managed slots for `addr` programs (every allocation there is 1024 bytes).
 const HOST_SLOTS: [u64; 2] = [0x4000_0000, 0x4010_0000];
+/// Graph pool slots for `addr` programs (every capture of such a program uses pool `p`, which
+/// keeps these bytes: no plain allocation takes them).
+const POOL_SLOTS: [u64; 2] = [0x50_0000, 0x60_0000];
+
+/// What the generator knows of an event, to keep the program one CUDA accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Ev {
+    Unrecorded,
+    Recorded,
+    /// Recorded in the capture of this graph, which is underway.
+    Captured(String),
+}
+
+/// A capture underway: the graph, its origin and the streams that joined it.
+#[derive(Clone, Debug)]
+struct Cap {
+    graph: String,
+    streams: Vec<&'static str>,
+}
+
+/// The generator's graphs: captures underway, graphs that can be launched, events.
+#[derive(Clone, Debug, Default)]
+struct GraphGen {
+    enabled: bool,
+    made: u32,
+    ended: Vec<String>,
+    captures: Vec<Cap>,
+    events: HashMap<String, Ev>,
+    blocking: HashSet<&'static str>,
+}
+
+impl GraphGen {
+    fn capture_of(&self, stream: &str) -> Option<usize> {
+        self.captures
+            .iter()
+            .position(|c| c.streams.contains(&stream))
+    }
+
+    fn blocking_capturing(&self) -> bool {
+        self.captures
+            .iter()
+            .any(|c| c.streams.iter().any(|s| self.blocking.contains(s)))
+    }
+
+    fn event(&self, e: &str) -> Ev {
+        self.events.get(e).cloned().unwrap_or(Ev::Unrecorded)
+    }
+
+    /// Whether `op` is valid now (not a program CUDA rejects during a capture); if so, updates
+    /// what the generator knows (a stream joining a capture, events).
+    fn admit(&mut self, op: &Op, streams: &[&'static str]) -> bool {
+        if op.on_stream().is_some_and(|s| s.as_str() == "default") && self.blocking_capturing() {
+            return false;
+        }
+        match op {
+            Op::EventRecord { event, stream } => {
+                let ev = match self.capture_of(stream.as_str()) {
+                    Some(c) => Ev::Captured(self.captures[c].graph.clone()),
+                    None => Ev::Recorded,
+                };
+                self.events.insert(event.to_string(), ev);
+            }
+            Op::EventWait { stream, event } => {
+                let ev = self.event(event.as_str());
+                match (self.capture_of(stream.as_str()), ev) {
+                    (Some(c), Ev::Captured(g)) => return self.captures[c].graph == g,
+                    (Some(_), Ev::Recorded) => return false,
+                    (Some(_), Ev::Unrecorded) => {}
+                    (None, Ev::Captured(g)) => {
+                        if stream.as_str() == "default" {
+                            return false;
+                        }
+                        let Some(s) = streams.iter().find(|s| **s == stream.as_str()) else {
+                            return false;
+                        };
+                        if let Some(c) = self.captures.iter_mut().find(|c| c.graph == g) {
+                            c.streams.push(s);
+                        }
+                    }
+                    (None, _) => {}
+                }
+            }
+            Op::EventSync { event } | Op::EventQuery { event, .. } => {
+                return !matches!(self.event(event.as_str()), Ev::Captured(_))
+            }
+            Op::StreamSync { stream } | Op::StreamQuery { stream, .. } => {
+                return self.capture_of(stream.as_str()).is_none()
+            }
+            Op::DeviceSync { .. } => return self.captures.is_empty(),
+            Op::EventCreate { event } | Op::EventDestroy { event } => {
+                self.events.insert(event.to_string(), Ev::Unrecorded);
+            }
+            Op::Free {
+                stream: Some(s), ..
+            }
+            | Op::GraphLaunch { stream: s, .. } => return self.capture_of(s.as_str()).is_none(),
+            _ => {}
+        }
+        true
+    }
+}
 
 struct Program {
     rng: Rng,
@@ -396,9 +569,10 @@ struct Program {
     freed: HashSet<&'static str>,
     /// The size of the latest allocation of each name (regions of freed names stay inside it).
     sizes: HashMap<&'static str, u64>,
-    /// Occupied slots: device, pinned, managed.
-    slots: [Vec<bool>; 3],
+    /// Occupied slots: device, pinned, managed, graph pool.
+    slots: [Vec<bool>; 4],
     ops: Vec<Op>,
+    g: GraphGen,
 }
 
 fn slot_class(memory: MemoryKind) -> usize {
@@ -435,9 +609,15 @@ impl Program {
                 vec![false; DEVICE_SLOTS.len()],
                 vec![false; HOST_SLOTS.len()],
                 vec![false; HOST_SLOTS.len()],
+                vec![false; POOL_SLOTS.len()],
             ],
             ops: Vec::new(),
+            g: GraphGen {
+                enabled: shape.graphs,
+                ..GraphGen::default()
+            },
         };
+        p.g.blocking.insert("b");
         p.names.truncate(shape.names as usize);
         p.ops.push(Op::StreamCreate {
             stream: "b".into(),
@@ -465,8 +645,97 @@ impl Program {
                 device,
                 blocking: shape.s2_blocking,
             });
+            if shape.s2_blocking && device == 0 {
+                p.g.blocking.insert("s2");
+            }
         }
         p
+    }
+
+    /// Appends `op` if it is valid now.
+    fn emit(&mut self, op: Op) {
+        if self.g.admit(&op, &self.streams) {
+            self.ops.push(op);
+        }
+    }
+
+    /// A graph step: begin or end a capture, fork a stream into one or join it back, launch.
+    fn graph_step(&mut self) {
+        match self.rng.below(6) {
+            0 if self.g.made < 3 && self.g.captures.len() < 2 => {
+                let free: Vec<&'static str> = self
+                    .streams
+                    .iter()
+                    .copied()
+                    .filter(|s| *s != "default" && self.g.capture_of(s).is_none())
+                    .collect();
+                if free.is_empty() {
+                    return;
+                }
+                let origin = *self.rng.pick(&free);
+                let graph = format!("g{}", self.g.made);
+                self.g.made += 1;
+                let pool = (self.addr_mode || self.rng.chance(2)).then(|| Id::from("p"));
+                self.ops.push(Op::GraphBegin {
+                    graph: graph.as_str().into(),
+                    stream: origin.into(),
+                    pool,
+                });
+                self.g.captures.push(Cap {
+                    graph,
+                    streams: vec![origin],
+                });
+            }
+            1 if !self.g.captures.is_empty() => {
+                // End a capture, joining every forked stream back into the origin first.
+                let c = self.rng.below(self.g.captures.len() as u64) as usize;
+                let cap = self.g.captures[c].clone();
+                for s in &cap.streams[1..] {
+                    self.emit(Op::EventRecord {
+                        event: "ej".into(),
+                        stream: (*s).into(),
+                    });
+                    self.emit(Op::EventWait {
+                        stream: cap.streams[0].into(),
+                        event: "ej".into(),
+                    });
+                }
+                self.ops.push(Op::GraphEnd {
+                    graph: cap.graph.as_str().into(),
+                });
+                self.g.captures.remove(c);
+                for ev in self.g.events.values_mut() {
+                    if *ev == Ev::Captured(cap.graph.clone()) {
+                        *ev = Ev::Unrecorded;
+                    }
+                }
+                self.g.ended.push(cap.graph);
+            }
+            2 | 3 if !self.g.captures.is_empty() => {
+                // Fork: a capturing stream records, another stream waits and joins.
+                let c = self.rng.below(self.g.captures.len() as u64) as usize;
+                let from = *self.rng.pick(&self.g.captures[c].streams.clone());
+                let to = *self.rng.pick(&self.streams);
+                let event = self.event();
+                self.emit(Op::EventRecord {
+                    event: event.clone(),
+                    stream: from.into(),
+                });
+                self.emit(Op::EventWait {
+                    stream: to.into(),
+                    event,
+                });
+            }
+            _ if !self.g.ended.is_empty() => {
+                let graph = self.rng.pick(&self.g.ended).clone();
+                let stream = self.stream();
+                self.emit(Op::GraphLaunch {
+                    graph: graph.as_str().into(),
+                    stream,
+                });
+            }
+            _ => {}
+        }
     }
 
     fn stream(&mut self) -> Id {
@@ -539,6 +808,15 @@ impl Program {
         if self.live.contains_key(name) {
             return;
         }
+        let stream = (memory == MemoryKind::Device).then(|| match &self.freed_to {
+            Some(s) if self.reuse_heavy && !self.rng.chance(4) => s.clone(),
+            _ => self.stream(),
+        });
+        // Device memory allocated on a capturing stream comes from the capture's pool.
+        let pool = stream
+            .as_ref()
+            .is_some_and(|s| self.g.capture_of(s.as_str()).is_some());
+        let class = if pool { 3 } else { slot_class(memory) };
         let empty = self.rng.chance(16);
         let (bytes, slot) = if self.addr_mode {
             let bytes = match (empty, memory) {
@@ -549,7 +827,6 @@ impl Program {
             let slot = if bytes == 0 {
                 None
             } else {
-                let class = slot_class(memory);
                 let free: Vec<usize> = (0..self.slots[class].len())
                     .filter(|&i| !self.slots[class][i])
                     .collect();
@@ -575,13 +852,10 @@ impl Program {
             };
             (bytes, None)
         };
-        let addr = slot.map(|s| match memory {
-            MemoryKind::Device => DEVICE_SLOTS[s],
+        let addr = slot.map(|s| match (memory, pool) {
+            (MemoryKind::Device, true) => POOL_SLOTS[s],
+            (MemoryKind::Device, false) => DEVICE_SLOTS[s],
             _ => HOST_SLOTS[s],
-        });
-        let stream = (memory == MemoryKind::Device).then(|| match &self.freed_to {
-            Some(s) if self.reuse_heavy && !self.rng.chance(4) => s.clone(),
-            _ => self.stream(),
         });
         // The owner of device memory defaults to "default"; spell it out only sometimes.
         let field = match &stream {
@@ -601,6 +875,7 @@ impl Program {
                 memory,
                 owner: stream.clone(),
                 slot,
+                class,
             },
         );
         self.freed.remove(name);
@@ -609,7 +884,11 @@ impl Program {
 
     fn free(&mut self, stream_ordered: bool) {
         let (name, _) = *self.rng.pick(&self.names);
-        let stream = stream_ordered.then(|| self.stream());
+        // A stream-ordered free on a capturing stream is bad input: a caching free instead.
+        let stream = stream_ordered.then(|| self.stream()).filter(|s| {
+            self.g.capture_of(s.as_str()).is_none()
+                && !(s.as_str() == "default" && self.g.blocking_capturing())
+        });
         match self.live.get(name).cloned() {
             Some(l)
                 if !(stream_ordered && l.memory != MemoryKind::Device && !self.rng.chance(8)) =>
@@ -621,7 +900,7 @@ impl Program {
                     };
                 }
                 if let Some(s) = l.slot {
-                    self.slots[slot_class(l.memory)][s] = false;
+                    self.slots[l.class][s] = false;
                 }
                 self.live.remove(name);
                 self.freed.insert(name);
@@ -639,6 +918,9 @@ impl Program {
 
     fn step(&mut self, sel: u8, seed: u64) {
         self.rng = Rng(seed);
+        if self.g.enabled && sel >= 160 {
+            return self.graph_step();
+        }
         let mut sel = sel % 32;
         if self.reuse_heavy && (20..=26).contains(&sel) {
             // Fewer waits and syncs, more churn.
@@ -652,7 +934,7 @@ impl Program {
                 let (name, _) = *self.rng.pick(&self.names);
                 if self.live.contains_key(name) || self.rng.chance(6) {
                     let stream = self.stream();
-                    self.ops.push(Op::RecordStream {
+                    self.emit(Op::RecordStream {
                         buffer: name.into(),
                         stream,
                     });
@@ -674,7 +956,7 @@ impl Program {
                         self.region(n)
                     })
                     .collect();
-                self.ops.push(Op::Launch {
+                self.emit(Op::Launch {
                     stream,
                     name: None,
                     reads,
@@ -688,7 +970,7 @@ impl Program {
                 if s != d {
                     let src = self.region(s);
                     let dst = self.region(d);
-                    self.ops.push(Op::Copy { stream, src, dst });
+                    self.emit(Op::Copy { stream, src, dst });
                 } else if let Some(&size) = self.sizes.get(s).filter(|&&n| n >= 2) {
                     // Two disjoint halves of one buffer.
                     let half = size / 2;
@@ -698,14 +980,14 @@ impl Program {
                     } else {
                         (hi, lo)
                     };
-                    self.ops.push(Op::Copy { stream, src, dst });
+                    self.emit(Op::Copy { stream, src, dst });
                 }
             }
             15 => {
                 let stream = self.stream();
                 let d = self.access_name();
                 let dst = self.region(d);
-                self.ops.push(Op::Memset { stream, dst });
+                self.emit(Op::Memset { stream, dst });
             }
             16..=17 => {
                 let host: Vec<&'static str> = self
@@ -725,41 +1007,44 @@ impl Program {
                     return;
                 }
                 let buffer = self.region(name);
-                self.ops.push(if self.rng.chance(2) {
+                let op = if self.rng.chance(2) {
                     Op::HostRead { buffer }
                 } else {
                     Op::HostWrite { buffer }
-                });
+                };
+                self.emit(op);
             }
             18..=19 => {
                 let event = self.event();
                 let stream = self.stream();
-                self.ops.push(Op::EventRecord { event, stream });
+                self.emit(Op::EventRecord { event, stream });
             }
             20..=21 => {
                 let event = self.event();
                 let stream = self.stream();
-                self.ops.push(Op::EventWait { stream, event });
+                self.emit(Op::EventWait { stream, event });
             }
             22 => {
                 let event = self.event();
-                self.ops.push(match self.rng.below(3) {
+                let op = match self.rng.below(3) {
                     0 => Op::EventSync { event },
                     c => Op::EventQuery {
                         event,
                         complete: c == 1,
                     },
-                });
+                };
+                self.emit(op);
             }
             23..=24 => {
                 let stream = self.stream();
-                self.ops.push(match self.rng.below(3) {
+                let op = match self.rng.below(3) {
                     0 => Op::StreamSync { stream },
                     c => Op::StreamQuery {
                         stream,
                         complete: c == 1,
                     },
-                });
+                };
+                self.emit(op);
             }
             25 => {
                 let device = if self.rng.chance(8) {
@@ -767,19 +1052,20 @@ impl Program {
                 } else {
                     *self.rng.pick(&self.devices)
                 };
-                self.ops.push(Op::DeviceSync { device });
+                self.emit(Op::DeviceSync { device });
             }
             _ if self.rng.chance(4) => {
                 // A late declaration: a new blocking stream, or "b" again with its attributes.
                 if self.rng.chance(2) && !self.streams.contains(&"s3") {
                     self.streams.push("s3");
-                    self.ops.push(Op::StreamCreate {
+                    self.g.blocking.insert("s3");
+                    self.emit(Op::StreamCreate {
                         stream: "s3".into(),
                         device: 0,
                         blocking: true,
                     });
                 } else {
-                    self.ops.push(Op::StreamCreate {
+                    self.emit(Op::StreamCreate {
                         stream: "b".into(),
                         device: 0,
                         blocking: true,
@@ -788,11 +1074,12 @@ impl Program {
             }
             _ => {
                 let event = self.event();
-                self.ops.push(if self.rng.chance(2) {
+                let op = if self.rng.chance(2) {
                     Op::EventCreate { event }
                 } else {
                     Op::EventDestroy { event }
-                });
+                };
+                self.emit(op);
             }
         }
     }
@@ -893,7 +1180,9 @@ proptest! {
 /// A long search (`cargo test --release --test oracle_agreement -- --ignored --nocapture`): runs
 /// `ORACLE_CASES` programs (default 200,000), prints every distinct minimised disagreement and the
 /// first rejected programs, counts the programs with each hazard kind, and fails unless both sides
-/// accepted every program and agreed on all of them.
+/// accepted every program and agreed on all of them. `ORACLE_GRAPHS=all` gives every program
+/// CUDA graph steps (captures with forks and joins, shared pools, replays on several streams),
+/// `none` none; by default half of them. `ORACLE_SEED` offsets the cases (another search).
 #[test]
 #[ignore = "long: cargo test --release --test oracle_agreement -- --ignored"]
 fn long_search_for_disagreements() {
@@ -901,11 +1190,18 @@ fn long_search_for_disagreements() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(200_000);
+    let graphs = std::env::var("ORACLE_GRAPHS").unwrap_or_default();
+    let seed: u64 = std::env::var("ORACLE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut with_launches = 0u64;
+    let mut replay_hazards = 0u64;
     let mut seen = HashSet::new();
     let mut rejected = 0;
     let mut disagreements = 0;
     let mut by_kind = HashMap::new();
-    for case in 0..cases {
+    for case in seed..seed + cases {
         let mut r = Rng(case.wrapping_mul(0x2545_f491_4f6c_dd1d));
         let shape = Shape {
             extra_streams: r.below(3) as u8,
@@ -916,11 +1212,22 @@ fn long_search_for_disagreements() {
             fourth_managed: r.chance(2),
             addr_mode: r.chance(4),
             reuse_heavy: r.chance(2),
+            graphs: match graphs.as_str() {
+                "all" => true,
+                "none" => false,
+                _ => r.chance(2),
+            },
         };
         let n = r.below(41);
         let steps: Vec<(u8, u64)> = (0..n).map(|_| (r.next() as u8, r.next())).collect();
         let ops = program(&shape, &steps);
+        if ops.iter().any(|o| matches!(o.op, Op::GraphLaunch { .. })) {
+            with_launches += 1;
+        }
         if let Ok(hs) = oracle_keys(&ops) {
+            if hs.iter().any(|h| h.4.is_some() || !h.5.is_empty()) {
+                replay_hazards += 1;
+            }
             let kinds: HashSet<HazardKind> = hs.iter().map(|h| h.1).collect();
             for k in kinds {
                 *by_kind.entry(k).or_insert(0u64) += 1;
@@ -946,6 +1253,9 @@ fn long_search_for_disagreements() {
     let mut by_kind: Vec<_> = by_kind.into_iter().collect();
     by_kind.sort();
     println!("programs with each hazard kind: {by_kind:?}");
+    println!(
+        "programs with a graph_launch: {with_launches}; with a hazard of a replay: {replay_hazards}"
+    );
     println!(
         "{cases} cases, {disagreements} disagreements ({} distinct minimised), {rejected} rejected",
         seen.len()

@@ -7,6 +7,8 @@
 //! - Pinned and managed memory follow PyTorch's `CachingHostAllocator`
 //!   (`aten/src/ATen/core/CachingHostAllocator.h`), one address space per memory kind: see
 //!   [`HostCachingAllocator`].
+//! - The memory pools of CUDA graph captures are arenas with the device policy, one
+//!   [`DeviceCachingAllocator`] each in the device address space: see [`GraphPools`].
 //!
 //! Each policy is written once, generic over [`Memory`], the source of segments. The checker's
 //! model uses [`ModelMemory`] (addresses only, every new segment right above the earlier ones); a
@@ -27,6 +29,7 @@
 
 mod device;
 mod host;
+mod pool;
 pub mod space;
 
 pub use device::{
@@ -34,6 +37,7 @@ pub use device::{
     MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use host::{round_host_size, HostCachingAllocator};
+pub use pool::{GraphPools, PoolIndex};
 
 /// Where segments come from.
 ///

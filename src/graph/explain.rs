@@ -54,6 +54,11 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
     let Some(access) = &h.access else {
         return (why, named);
     };
+    // The graph does not follow a graph's replays (their participants `G/c` have no lane):
+    // a hazard with a replay's access on either side is left unexplained.
+    if access.captured.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
+        return (why, named);
+    }
     let later = access.participant.as_str();
     let b = h.op;
     let know = g.knowledge(later);

@@ -499,6 +499,20 @@ impl DepGraph {
                 )
             }
             Op::DeviceSync { device } => (HOST_LANE, format!("device_sync {device}"), vec![]),
+            // Graphs: the launch is an op on its stream; the explanation does not follow a
+            // replay's body (its captured ops are drawn as the ops of their streams).
+            Op::GraphBegin { graph, stream, .. } => {
+                self.lane(stream);
+                (
+                    HOST_LANE,
+                    format!("graph_begin {graph} on {stream}"),
+                    vec![],
+                )
+            }
+            Op::GraphEnd { graph } => (HOST_LANE, format!("graph_end {graph}"), vec![]),
+            Op::GraphLaunch { graph, stream } => {
+                (self.lane(stream), format!("graph_launch {graph}"), vec![])
+            }
         }
     }
 

@@ -38,13 +38,22 @@
 //! - Conflicts: every pair of accesses is compared; a hazard then keeps, of each participant's
 //!   conflicting accesses, only the latest op (the report's rule), with no notion of one access
 //!   subsuming another.
+//! - CUDA graphs (the `graphs` module): captured ops add no node of their own; each
+//!   `graph_launch` is unrolled into explicit nodes (an entry, one node per captured op, an
+//!   exit), with edges from the launch to the entry, from the previous launch's exit of the same
+//!   graph to the entry, from the entry to every captured op, along each captured stream,
+//!   from a captured record to its waits, and from every captured op to the exit, which the
+//!   launch stream's next op follows. Nodes are ordered by creation, not by op index.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use petgraph::graph::{DiGraph, NodeIndex};
 use petgraph::Direction;
 
-use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory, StreamKey};
+use crate::alloc::{
+    AddressSpaceExhausted, DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory,
+    StreamKey,
+};
 use crate::report::HazardKind;
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
@@ -62,6 +71,12 @@ pub struct OracleHazard {
     /// latest conflicting op (trace format, "Report") — sorted and deduplicated (empty for
     /// `use-after-free`, `invalid-free` and warnings).
     pub conflicts: Vec<u64>,
+    /// For a hazard of a graph replay (reported at the `graph_launch`): the captured op whose
+    /// replay has it (the report's `access.captured`).
+    pub captured: Option<u64>,
+    /// The conflicts that are accesses of a replay, as (`graph_launch` op, captured op), sorted
+    /// and deduplicated (the report's `conflicts[].captured`).
+    pub replayed: Vec<(u64, u64)>,
 }
 
 /// The hazards of `ops`, sorted by op index, kind and buffer.
@@ -82,15 +97,48 @@ pub fn oracle_hazards(ops: &[TraceOp]) -> Result<Vec<OracleHazard>, String> {
 
 /// The oracle's happens-before between ops: `paths[x]` is the bit set (bit `a % 64` of word
 /// `a / 64`) of the ops from which a path of the happens-before graph leads to op `x`.
-/// `record_stream` adds no edge here (it orders the allocator's reuse only). Errors as
-/// [`oracle_hazards`].
+/// `record_stream` adds no edge here (it orders the allocator's reuse only). A path may run
+/// through the nodes of a graph's replay; only ops are listed. Errors as [`oracle_hazards`].
 pub fn oracle_paths(ops: &[TraceOp]) -> Result<Vec<Vec<u64>>, String> {
-    let mut b = Builder::new(ops.len());
+    let n = ops.len();
+    let mut b = Builder::new(n);
     for (i, op) in ops.iter().enumerate() {
         b.op(i, &op.op)
             .map_err(|e| format!("op {i} ({}): {e}", op.op.name()))?;
     }
-    Ok(b.ancestors())
+    let words = n.div_ceil(64);
+    Ok(b
+        .ancestors()
+        .into_iter()
+        .take(n)
+        .map(|mut bits| {
+            bits.truncate(words);
+            if n % 64 != 0 {
+                if let Some(last) = bits.last_mut() {
+                    *last &= (1u64 << (n % 64)) - 1;
+                }
+            }
+            bits
+        })
+        .collect())
+}
+
+/// One device address space shared by several allocators: the plain device allocator and every
+/// graph pool map their segments from it, each new one above every earlier one.
+#[derive(Clone, Debug)]
+struct SharedSpace(std::rc::Rc<std::cell::Cell<u64>>);
+
+impl Memory for SharedSpace {
+    type Error = AddressSpaceExhausted;
+
+    fn map_segment(&mut self, bytes: u64) -> Result<u64, Self::Error> {
+        let base = self.0.get();
+        let next = base
+            .checked_add(bytes)
+            .ok_or(AddressSpaceExhausted { base, bytes })?;
+        self.0.set(next);
+        Ok(base)
+    }
 }
 
 /// What a participant's state is during the single pass.
@@ -128,6 +176,8 @@ struct Buffer {
     /// only after an event recorded there completes, so every access with a path to one of
     /// these ops happens before every access to memory that reuses the buffer's bytes.
     recorded_at_free: Vec<usize>,
+    /// The graph pool of a buffer allocated on a capturing stream.
+    pool: Option<String>,
 }
 
 /// What a name denotes now.
@@ -141,7 +191,10 @@ enum Name {
 /// One access of a buffer.
 #[derive(Clone, Debug)]
 struct Access {
+    /// The op index (a replay's accesses: the `graph_launch`).
     op: usize,
+    /// For a replay's access: the captured op it replays.
+    captured: Option<u64>,
     buffer: usize,
     participant: String,
     writes: bool,
@@ -166,9 +219,17 @@ struct FreeCheck {
 
 type HazardKey = (u64, HazardKind, Option<String>);
 
+/// A conflicting access as a hazard lists it: participant, op, captured op.
+type ConflictKey = (String, u64, Option<u64>);
+
 struct Builder {
     graph: DiGraph<usize, ()>,
+    /// Nodes by id: ids `0..n` are the ops, later ids the nodes of replays.
     nodes: Vec<NodeIndex>,
+    /// The creation order of each node (ops are created when the pass reaches them): edges go
+    /// from earlier nodes to later ones.
+    rank: Vec<usize>,
+    next_rank: usize,
     streams: BTreeMap<String, Stream>,
     host_last: Option<usize>,
     events: HashMap<String, Option<usize>>,
@@ -176,9 +237,14 @@ struct Builder {
     names: HashMap<String, Name>,
     accesses: Vec<Access>,
     frees: Vec<FreeCheck>,
-    /// Every hazard, with its conflicting accesses as (participant, op).
-    found: BTreeMap<HazardKey, BTreeSet<(String, u64)>>,
-    device: DeviceCachingAllocator<ModelMemory>,
+    /// Every hazard, with its conflicting accesses, by the captured op whose replay found it
+    /// (`None` outside replays): a launch reports the first captured op's.
+    found: BTreeMap<HazardKey, BTreeMap<Option<u64>, BTreeSet<ConflictKey>>>,
+    device: DeviceCachingAllocator<SharedSpace>,
+    /// The device address space, shared with the graph pools.
+    space: SharedSpace,
+    /// CUDA graphs.
+    g: graphs::State,
     pinned: HostCachingAllocator<ModelMemory>,
     managed: HostCachingAllocator<ModelMemory>,
     /// Whether allocations carry `addr` (decided by the first non-empty allocation).
@@ -189,6 +255,9 @@ impl Builder {
     fn new(n: usize) -> Self {
         let mut graph = DiGraph::with_capacity(n, 4 * n);
         let nodes = (0..n).map(|i| graph.add_node(i)).collect();
+        let space = SharedSpace(std::rc::Rc::new(std::cell::Cell::new(
+            crate::alloc::space::DEVICE_BASE,
+        )));
         let mut streams = BTreeMap::new();
         streams.insert(
             DEFAULT_STREAM.to_owned(),
@@ -203,6 +272,8 @@ impl Builder {
         Builder {
             graph,
             nodes,
+            rank: vec![usize::MAX; n],
+            next_rank: 0,
             streams,
             host_last: None,
             events: HashMap::new(),
@@ -211,7 +282,9 @@ impl Builder {
             accesses: Vec::new(),
             frees: Vec::new(),
             found: BTreeMap::new(),
-            device: DeviceCachingAllocator::new(ModelMemory::of(MemoryKind::Device)),
+            device: DeviceCachingAllocator::new(space.clone()),
+            space,
+            g: graphs::State::default(),
             pinned: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Pinned)),
             managed: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Managed)),
             addr_mode: None,
@@ -219,8 +292,20 @@ impl Builder {
     }
 
     fn edge(&mut self, from: usize, to: usize) {
-        debug_assert!(from < to, "edges go forward in issue order");
+        debug_assert!(
+            self.rank[from] < self.rank[to],
+            "edges go forward in creation order"
+        );
         self.graph.update_edge(self.nodes[from], self.nodes[to], ());
+    }
+
+    /// A new node of a replay, created now.
+    fn new_node(&mut self) -> usize {
+        let id = self.nodes.len();
+        self.nodes.push(self.graph.add_node(id));
+        self.rank.push(self.next_rank);
+        self.next_rank += 1;
+        id
     }
 
     fn edge_from(&mut self, from: Option<usize>, to: usize) {
@@ -230,8 +315,21 @@ impl Builder {
     }
 
     fn report(&mut self, op: usize, kind: HazardKind, buffer: Option<&str>) {
+        self.report_at(op, kind, buffer, None);
+    }
+
+    /// A hazard without conflicts at op `op`, found by captured op `captured` of a replay.
+    fn report_at(
+        &mut self,
+        op: usize,
+        kind: HazardKind,
+        buffer: Option<&str>,
+        captured: Option<u64>,
+    ) {
         self.found
             .entry((op as u64, kind, buffer.map(str::to_owned)))
+            .or_default()
+            .entry(captured)
             .or_default();
     }
 
@@ -372,6 +470,7 @@ impl Builder {
             freed_to: None,
             recorded: BTreeSet::new(),
             recorded_at_free: Vec::new(),
+            pool: None,
         });
         self.names.insert(name.to_owned(), Name::External(b));
         b
@@ -397,6 +496,7 @@ impl Builder {
         }
         self.accesses.push(Access {
             op: i,
+            captured: None,
             buffer,
             participant: participant.to_owned(),
             writes,
@@ -409,6 +509,11 @@ impl Builder {
     }
 
     fn op(&mut self, i: usize, op: &Op) -> Result<(), String> {
+        self.rank[i] = self.next_rank;
+        self.next_rank += 1;
+        if self.capture_op(i, op)? {
+            return Ok(());
+        }
         match op {
             Op::StreamCreate {
                 stream,
@@ -542,6 +647,13 @@ impl Builder {
                 self.host_op(i);
                 self.sync_device(i, *device);
             }
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => self.graph_begin(i, graph, stream, pool.as_ref())?,
+            Op::GraphEnd { graph } => self.graph_end(i, graph)?,
+            Op::GraphLaunch { graph, stream } => self.graph_launch(i, graph, stream)?,
         }
         Ok(())
     }
@@ -572,6 +684,11 @@ impl Builder {
         let owner_id = stream.cloned().unwrap_or_else(|| Id::from(DEFAULT_STREAM));
         let key = self.stream(&owner_id)?.key;
         let owner = owner_id.as_str().to_owned();
+        // Device memory allocated on a capturing stream comes from the capture's pool.
+        let pool = match memory {
+            MemoryKind::Device => self.capture_pool(&owner),
+            _ => None,
+        };
         let base = if bytes == 0 {
             None
         } else {
@@ -600,6 +717,9 @@ impl Builder {
                     if live_overlap {
                         return Err("addr overlaps a live allocation".into());
                     }
+                    if memory == MemoryKind::Device {
+                        self.check_pool_bytes(a, end, pool.as_deref())?;
+                    }
                     if memory == MemoryKind::Device && self.reappears_elsewhere(a, end, &owner) {
                         let device = self.streams[&owner].device;
                         self.sync_device(i, device);
@@ -607,12 +727,18 @@ impl Builder {
                     Some(a)
                 }
                 None => {
-                    let block = match memory {
-                        MemoryKind::Device => self.device.allocate(bytes, key),
-                        MemoryKind::Pinned => self.pinned.allocate(bytes),
-                        MemoryKind::Managed => self.managed.allocate(bytes),
-                    }
-                    .map_err(|e| e.to_string())?;
+                    let block = match (memory, &pool) {
+                        (MemoryKind::Device, Some(p)) => self.pool_allocate(p, bytes, key)?,
+                        (MemoryKind::Device, None) => {
+                            self.device.allocate(bytes, key).map_err(|e| e.to_string())?
+                        }
+                        (MemoryKind::Pinned, _) => {
+                            self.pinned.allocate(bytes).map_err(|e| e.to_string())?
+                        }
+                        (MemoryKind::Managed, _) => {
+                            self.managed.allocate(bytes).map_err(|e| e.to_string())?
+                        }
+                    };
                     block.map(|b| b.addr)
                 }
             }
@@ -630,9 +756,11 @@ impl Builder {
             freed_to: None,
             recorded: BTreeSet::new(),
             recorded_at_free: Vec::new(),
+            pool: pool.clone(),
         });
         self.names.insert(name.to_owned(), Name::Live(b));
-        if bytes > 0 {
+        // A pool buffer's allocation is not a use: nothing runs at capture.
+        if bytes > 0 && pool.is_none() {
             let (participant, at) = if device {
                 (owner.clone(), self.streams[&owner].last_work)
             } else {
@@ -640,6 +768,7 @@ impl Builder {
             };
             self.accesses.push(Access {
                 op: i,
+                captured: None,
                 buffer: b,
                 participant,
                 writes: true,
@@ -676,7 +805,9 @@ impl Builder {
             for &(u0, u1) in &uncovered {
                 let (c0, c1) = (u0.max(s), u1.min(e));
                 if c0 < c1 {
-                    if b.freed_to.as_deref() != Some(stream) {
+                    // Memory a graph pool freed stays with the pool: it does not come back
+                    // from the driver.
+                    if b.pool.is_none() && b.freed_to.as_deref() != Some(stream) {
                         return true;
                     }
                     if u0 < c0 {
@@ -709,6 +840,7 @@ impl Builder {
         };
         let memory = self.buffers[b].memory;
         let owner = self.buffers[b].owner.clone();
+        let pool = self.buffers[b].pool.clone();
         let (freer, mut points) = match (stream, memory) {
             (Some(s), _) => (s.as_str().to_owned(), vec![i]),
             (None, MemoryKind::Device) => {
@@ -725,13 +857,17 @@ impl Builder {
             .filter_map(|t| self.last_op(t))
             .collect();
         points.extend(&recorded_at_free);
+        let held = !self.buffers[b].recorded.is_empty();
         self.buffers[b].recorded_at_free = recorded_at_free;
-        self.frees.push(FreeCheck {
-            op: i,
-            buffer: b,
-            freer: freer.clone(),
-            points,
-        });
+        // A pool buffer's free is not checked: its memory stays with the pool.
+        if pool.is_none() {
+            self.frees.push(FreeCheck {
+                op: i,
+                buffer: b,
+                freer: freer.clone(),
+                points,
+            });
+        }
         let buf = &mut self.buffers[b];
         buf.free_op = Some(i);
         if memory == MemoryKind::Device {
@@ -739,6 +875,10 @@ impl Builder {
         }
         self.names.insert(name.to_owned(), Name::Freed(b));
         if self.addr_mode != Some(true) {
+            if let (Some(addr), Some(p)) = (self.buffers[b].addr, &pool) {
+                let key = self.stream(&Id::from(freer.as_str()))?.key;
+                return self.pool_free(p, addr, key, held);
+            }
             if let Some(addr) = self.buffers[b].addr {
                 match memory {
                     MemoryKind::Device => match stream {
@@ -762,21 +902,24 @@ impl Builder {
     fn ancestors(&self) -> Vec<Vec<u64>> {
         let n = self.nodes.len();
         let words = n.div_ceil(64);
-        // Edges go forward, so issue order is topological.
+        // Edges go forward in creation order, so creation order is topological.
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&x| self.rank[x]);
         let mut anc = vec![vec![0u64; words]; n];
-        for x in 0..n {
+        for &x in &order {
             let preds: Vec<usize> = self
                 .graph
                 .neighbors_directed(self.nodes[x], Direction::Incoming)
                 .map(|p| self.graph[p])
                 .collect();
             for p in preds {
-                debug_assert!(p < x);
-                let (lo, hi) = anc.split_at_mut(x);
-                for (d, s) in hi[0].iter_mut().zip(&lo[p]) {
+                debug_assert!(self.rank[p] < self.rank[x]);
+                let from = std::mem::take(&mut anc[p]);
+                for (d, s) in anc[x].iter_mut().zip(&from) {
                     *d |= s;
                 }
-                hi[0][p / 64] |= 1 << (p % 64);
+                anc[p] = from;
+                anc[x][p / 64] |= 1 << (p % 64);
             }
         }
         anc
@@ -787,35 +930,48 @@ impl Builder {
         let before = |a: usize, x: usize| a == x || anc[x][a / 64] & (1 << (a % 64)) != 0;
         let ordered = |at: Option<usize>, x: usize| at.is_none_or(|a| before(a, x));
 
-        // Data races and reuse races, at each later (non-allocation) access.
-        for x in self.accesses.iter().filter(|x| !x.alloc) {
+        // Data races and reuse races, at each later (non-allocation) access: accesses are listed
+        // in the order they happen (a replay's in body order).
+        for (k, x) in self.accesses.iter().enumerate().filter(|(_, x)| !x.alloc) {
             let xb = &self.buffers[x.buffer];
-            for a in self.accesses.iter().filter(|a| a.op < x.op) {
+            // The node of the later access: the op itself, or a replay's node.
+            let xn = x.at.unwrap_or(x.op);
+            for a in &self.accesses[..k] {
                 if a.participant == x.participant || !(a.writes || x.writes) {
                     continue;
                 }
-                if ordered(a.at, x.op) {
+                if ordered(a.at, xn) {
                     continue;
                 }
                 let ab = &self.buffers[a.buffer];
+                let conflict = (a.participant.clone(), a.op as u64, a.captured);
                 if a.buffer == x.buffer {
                     if overlaps(a.start, a.end, x.start, x.end) {
                         self.found
                             .entry((x.op as u64, HazardKind::DataRace, Some(xb.name.clone())))
                             .or_default()
-                            .insert((a.participant.clone(), a.op as u64));
+                            .entry(x.captured)
+                            .or_default()
+                            .insert(conflict);
                     }
                     continue;
                 }
                 let (Some(xa), Some(aa)) = (xb.addr, ab.addr) else {
                     continue;
                 };
-                let freed_before = ab.free_op.is_some_and(|f| f < xb.alloc_op);
-                if ab.memory != xb.memory || !freed_before {
+                if ab.memory != xb.memory {
                     continue;
                 }
-                // Ordered before the reuse by the allocator's record_stream events.
-                if ab.recorded_at_free.iter().any(|&r| ordered(a.at, r)) {
+                let same_pool = ab.pool.is_some() && ab.pool == xb.pool;
+                // Reuse: the other buffer held these bytes before (freed before this one was
+                // allocated) — or, in a graph pool, before or after.
+                let a_first = ab.free_op.is_some_and(|f| f < xb.alloc_op);
+                if !a_first && !same_pool {
+                    continue;
+                }
+                // Ordered before the reuse by the allocator's record_stream events at the
+                // free of the buffer that held the bytes first.
+                if a_first && ab.recorded_at_free.iter().any(|&r| ordered(a.at, r)) {
                     continue;
                 }
                 let abs = |base: u64, s: u64, e: Option<u64>| (base + s, e.map(|e| base + e));
@@ -825,7 +981,9 @@ impl Builder {
                     self.found
                         .entry((x.op as u64, HazardKind::ReuseRace, Some(xb.name.clone())))
                         .or_default()
-                        .insert((a.participant.clone(), a.op as u64));
+                        .entry(x.captured)
+                        .or_default()
+                        .insert(conflict);
                 }
             }
         }
@@ -841,27 +999,38 @@ impl Builder {
                 let done =
                     a.at.is_none_or(|at| f.points.iter().any(|&p| before(at, p)));
                 if !done {
-                    conflicts.insert((a.participant.clone(), a.op as u64));
+                    conflicts.insert((a.participant.clone(), a.op as u64, a.captured));
                 }
             }
             if !conflicts.is_empty() {
                 self.found
                     .entry((f.op as u64, HazardKind::UnsafeFree, Some(name)))
                     .or_default()
+                    .entry(None)
+                    .or_default()
                     .extend(conflicts);
             }
         }
 
-        // The report lists, for each participant, only its latest conflicting op.
+        // A launch reports, per kind and buffer, the first captured op that has the hazard;
+        // the report lists, for each participant, only its latest conflicting op (a replay's
+        // participant: its latest captured op of its latest launch).
         self.found
             .into_iter()
-            .map(|((op, kind, buffer), conflicts)| {
-                let mut latest: BTreeMap<String, u64> = BTreeMap::new();
-                for (p, a) in conflicts {
-                    let e = latest.entry(p).or_insert(a);
-                    *e = (*e).max(a);
+            .map(|((op, kind, buffer), by_captured)| {
+                let (captured, conflicts) = by_captured.into_iter().next().unwrap_or_default();
+                let mut latest: BTreeMap<String, (u64, Option<u64>)> = BTreeMap::new();
+                for (p, a, c) in conflicts {
+                    let e = latest.entry(p).or_insert((a, c));
+                    *e = (*e).max((a, c));
                 }
-                let mut conflicts: Vec<u64> = latest.into_values().collect();
+                let mut replayed: Vec<(u64, u64)> = latest
+                    .values()
+                    .filter_map(|&(a, c)| c.map(|c| (a, c)))
+                    .collect();
+                replayed.sort_unstable();
+                replayed.dedup();
+                let mut conflicts: Vec<u64> = latest.into_values().map(|(a, _)| a).collect();
                 conflicts.sort_unstable();
                 conflicts.dedup();
                 OracleHazard {
@@ -869,6 +1038,8 @@ impl Builder {
                     kind,
                     buffer,
                     conflicts,
+                    captured,
+                    replayed,
                 }
             })
             .collect()
@@ -880,5 +1051,6 @@ fn overlaps(a0: u64, a1: Option<u64>, b0: u64, b1: Option<u64>) -> bool {
     a1.is_none_or(|a1| b0 < a1) && b1.is_none_or(|b1| a0 < b1) && a1 != Some(a0) && b1 != Some(b0)
 }
 
+mod graphs;
 #[cfg(test)]
 mod tests;

@@ -175,6 +175,10 @@ pub struct AccessRef {
     pub bytes: Option<u64>,
     /// The op's site, as given.
     pub site: Option<Arc<Site>>,
+    /// For an access of a graph replay (`op` is then the `graph_launch`): the op index of the
+    /// captured op it replays. Absent from the JSON report otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captured: Option<u64>,
 }
 
 /// An earlier access that conflicts with the hazard's access without happens-before.
@@ -192,8 +196,15 @@ pub struct Conflict {
     pub offset: u64,
     /// Number of bytes; `None` for the whole of an external buffer.
     pub bytes: Option<u64>,
-    /// Its site, as given.
+    /// Its site, as given (for a replayed access, the `graph_launch`'s).
     pub site: Option<Arc<Site>>,
+    /// For an access of a graph replay (`op` is then the `graph_launch`): the op index of the
+    /// captured op it replays. Absent from the JSON report otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub captured: Option<u64>,
+    /// The captured op's site, for text and SARIF reports; not part of the JSON report.
+    #[serde(skip)]
+    pub captured_site: Option<Arc<Site>>,
     /// Extra context for text reports (kernel name); not part of the JSON report.
     #[serde(skip)]
     pub label: Option<Arc<str>>,
@@ -330,6 +341,22 @@ pub struct Detail {
     /// Why the hazard happened: the conflicting accesses, the last synchronization each side
     /// had, the missing edge. Filled by the dependency graph ([`crate::graph`]); empty otherwise.
     pub why: Vec<String>,
+    /// For a hazard found in a graph replay: the graph and the captured op.
+    pub replay: Option<Replay>,
+}
+
+/// Where in a graph a hazard found in a replay happened: the report is at the `graph_launch`,
+/// the access is a captured op's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// The graph.
+    pub graph: String,
+    /// The op index of the captured op whose replay has the hazard.
+    pub captured: u64,
+    /// That op's name (`"launch"`, `"copy"`, `"memset"`).
+    pub captured_name: &'static str,
+    /// That op's site.
+    pub captured_site: Option<Arc<Site>>,
 }
 
 impl Hazard {
@@ -344,7 +371,8 @@ impl Hazard {
     }
 }
 
-/// The latest conflicting op of each earlier participant, in order of participant name.
+/// The latest conflicting op of each earlier participant, in order of participant name. (For a
+/// replay's accesses, the op is the `graph_launch`.)
 pub(crate) fn latest_by_participant(conflicts: &[Conflict]) -> Vec<(&str, u64)> {
     let mut v: Vec<(&str, u64)> = Vec::new();
     for c in conflicts {

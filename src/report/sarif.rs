@@ -442,12 +442,25 @@ fn result(h: &Hazard, trace: Option<&ArtifactLocation>) -> SarifResult {
     };
 
     let mut related = Vec::new();
+    if let (Some(r), Some(line)) = (&h.detail.replay, super::text::replay_line(h)) {
+        // A replay's hazard is reported at the launch; the captured op is where the code is.
+        related.push(related_location(
+            related.len() + 1,
+            format!("op {}: {line}", r.captured),
+            r.captured,
+            r.captured_site.as_deref(),
+        ));
+    }
     for c in &h.conflicts {
+        let (op, site) = match c.captured {
+            Some(m) => (m, c.captured_site.as_deref().or(c.site.as_deref())),
+            None => (c.op, c.site.as_deref()),
+        };
         related.push(related_location(
             related.len() + 1,
             conflict_message(c),
-            c.op,
-            c.site.as_deref(),
+            op,
+            site,
         ));
     }
     for n in &h.detail.notes {
@@ -651,6 +664,9 @@ fn conflict_message(c: &Conflict) -> String {
         format!("stream {}", c.participant)
     };
     let mut s = format!("{verb} of {}{range} by {who} at op {}", c.buffer, c.op);
+    if let Some(m) = c.captured {
+        let _ = write!(s, " (the replay of op {m})");
+    }
     if let Some(l) = &c.label {
         let _ = write!(s, " (kernel `{l}`)");
     }

@@ -99,13 +99,40 @@ fn conflict_line(c: &Conflict) -> String {
         who(&c.participant),
         c.op
     );
+    if let Some(m) = c.captured {
+        let _ = write!(s, " (the replay of op {m})");
+    }
     if let Some(l) = &c.label {
         let _ = write!(s, " (kernel `{l}`)");
     }
-    if let Some(site) = &c.site {
-        let _ = write!(s, ", {site}");
+    match (&c.captured_site, &c.site) {
+        (Some(site), _) | (None, Some(site)) => {
+            let _ = write!(s, ", {site}");
+        }
+        (None, None) => {}
     }
     s
+}
+
+/// `op N`, or `op N (the replay of op M)` for a replay's access.
+fn op_of(op: u64, captured: Option<u64>) -> String {
+    match captured {
+        Some(m) => format!("op {op} (the replay of op {m})"),
+        None => format!("op {op}"),
+    }
+}
+
+/// `in graph g, replay at op N of the launch captured at op M`: where a replay's hazard is.
+pub(crate) fn replay_line(h: &Hazard) -> Option<String> {
+    let r = h.detail.replay.as_ref()?;
+    let mut s = format!(
+        "in graph {}, replay at op {} of the {} captured at op {}",
+        r.graph, h.op, r.captured_name, r.captured
+    );
+    if let Some(site) = &r.captured_site {
+        let _ = write!(s, ", {site}");
+    }
+    Some(s)
 }
 
 /// The one-line title of a hazard, naming both operations and their participants.
@@ -113,6 +140,9 @@ pub(crate) fn title(h: &Hazard) -> String {
     let buffer = h.buffer.as_deref().unwrap_or("?");
     let me = h.access.as_ref();
     let first = h.conflicts.last();
+    // `op N`, and for a replay's access `op N (the replay of op M)`.
+    let mine = op_of(h.op, me.and_then(|a| a.captured));
+    let theirs = first.map(|c| op_of(c.op, c.captured)).unwrap_or_default();
     let more = match h.conflicts.len() {
         0 | 1 => String::new(),
         n => format!(" (and {} more)", n - 1),
@@ -120,38 +150,51 @@ pub(crate) fn title(h: &Hazard) -> String {
     match h.kind {
         HazardKind::DataRace => match (me, first) {
             (Some(a), Some(c)) => format!(
-                "data race on {buffer}: {} by {} at op {} is not ordered after the {} by {} at op {}{more}",
+                "data race on {buffer}: {} by {} at {} is not ordered after the {} by {} at {}{more}",
                 verb(a.access),
                 who(&a.participant),
-                h.op,
+                mine,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("data race on {buffer} at op {}", h.op),
         },
         HazardKind::ReuseRace => match (me, first, &h.free) {
-            (Some(a), Some(c), Some(f)) => format!(
-                "reuse race: {} of {buffer} by {} at op {} touches memory of {}, freed at op {}, while the {} by {} at op {} may still run{more}",
+            // In a graph pool, the freed buffer's replays keep using its bytes after the pool
+            // handed them to another buffer.
+            (Some(a), Some(c), Some(f)) if f.buffer == buffer => format!(
+                "reuse race: {} of {buffer} by {} at {} touches its memory, freed at op {} and handed to {}, while the {} by {} at {} may still run{more}",
                 verb(a.access),
                 who(&a.participant),
-                h.op,
+                mine,
+                f.op,
+                c.buffer,
+                verb(c.access),
+                who(&c.participant),
+                theirs
+            ),
+            (Some(a), Some(c), Some(f)) => format!(
+                "reuse race: {} of {buffer} by {} at {} touches memory of {}, freed at op {}, while the {} by {} at {} may still run{more}",
+                verb(a.access),
+                who(&a.participant),
+                mine,
                 f.buffer,
                 f.op,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("reuse race on {buffer} at op {}", h.op),
         },
         HazardKind::UnsafeFree => match (me, first) {
             (Some(a), Some(c)) => format!(
-                "unsafe free of {buffer} by {} at op {}: the {} by {} at op {} may still be running{more}",
+                "unsafe free of {buffer} by {} at {}: the {} by {} at {} may still be running{more}",
                 who(&a.participant),
-                h.op,
+                mine,
                 verb(c.access),
                 who(&c.participant),
-                c.op
+                theirs
             ),
             _ => format!("unsafe free of {buffer} at op {}", h.op),
         },
@@ -171,8 +214,12 @@ pub(crate) fn title(h: &Hazard) -> String {
     }
 }
 
-/// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each.
+/// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each. (None for a
+/// graph replay's hazard: its participants are no streams of the program; the fix names them.)
 fn terms(h: &Hazard) -> Vec<String> {
+    if h.detail.replay.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
+        return vec![];
+    }
     let later = h
         .access
         .as_ref()
@@ -233,6 +280,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     };
     let _ = writeln!(s, "{head}{}", p.bold(&format!(": {}", escape(&title(h)))));
     let mut what = format!("op {}: {}", h.op, h.detail.op_name);
+    if let Some(r) = &h.detail.replay {
+        let _ = write!(what, " of {}, replaying the {}", r.graph, r.captured_name);
+    }
     if let Some(l) = &h.detail.label {
         let _ = write!(what, " `{l}`");
     }
@@ -251,6 +301,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
         }
     }
     let bar = p.blue("   |");
+    if let Some(line) = replay_line(h) {
+        let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
+    }
     let _ = writeln!(s, "{bar}");
     if let (Some(a), Some(b)) = (&h.access, &h.buffer) {
         let this = format!(

@@ -144,6 +144,15 @@ pub fn arb_op() -> impl Strategy<Value = Op> {
         (arb_stream(), any::<bool>())
             .prop_map(|(stream, complete)| Op::StreamQuery { stream, complete }),
         arb_u64().prop_map(|device| Op::DeviceSync { device }),
+        (arb_id(), arb_stream(), prop::option::of(arb_id())).prop_map(|(graph, stream, pool)| {
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            }
+        }),
+        arb_id().prop_map(|graph| Op::GraphEnd { graph }),
+        (arb_id(), arb_stream()).prop_map(|(graph, stream)| Op::GraphLaunch { graph, stream }),
     ]
 }
 

@@ -234,4 +234,8 @@ pub enum Field {
     Read(u32),
     /// The i-th entry of `writes`.
     Write(u32),
+    /// `graph` of a graph op.
+    Graph,
+    /// `pool` of a `graph_begin`.
+    Pool,
 }

@@ -133,6 +133,28 @@ pub enum Op {
         /// The device (0 by default).
         device: u64,
     },
+    /// `graph_begin`: the host starts capturing `graph` on `stream`, its origin.
+    GraphBegin {
+        /// The graph.
+        graph: Id,
+        /// The origin: the stream whose work (and that of the streams that join it) is captured.
+        stream: Id,
+        /// The memory pool of the capture's allocations (by default a private pool named after
+        /// the graph).
+        pool: Option<Id>,
+    },
+    /// `graph_end`: the capture of `graph` ends; the graph can be launched from now on.
+    GraphEnd {
+        /// The graph.
+        graph: Id,
+    },
+    /// `graph_launch`: replays the captured work of `graph` on `stream`.
+    GraphLaunch {
+        /// The graph.
+        graph: Id,
+        /// The stream it is launched on.
+        stream: Id,
+    },
 }
 
 impl Op {
@@ -142,8 +164,9 @@ impl Op {
     }
 
     /// The participant the op belongs to (rule 1 of the trace format): the stream of `launch`,
-    /// `copy`, `memset`, `event_record`, `event_wait` and a stream-ordered `free`; the host for
-    /// every other op.
+    /// `copy`, `memset`, `event_record`, `event_wait`, a stream-ordered `free` and a
+    /// `graph_launch`; the host for every other op. (A replay's accesses belong to the graph's
+    /// participants `G/c`, not to the launch stream: see the checker.)
     #[inline]
     pub fn participant(&self) -> OpParticipant<'_> {
         match self.on_stream() {
@@ -153,7 +176,8 @@ impl Op {
     }
 
     /// The stream of an op on a stream (rule 1 of the trace format: `launch`, `copy`, `memset`,
-    /// `event_record`, `event_wait` and a stream-ordered `free`); `None` for the host's ops.
+    /// `event_record`, `event_wait`, a stream-ordered `free`, and `graph_launch`, which the format
+    /// makes an op on its stream); `None` for the host's ops.
     #[inline]
     pub fn on_stream(&self) -> Option<&Id> {
         match self {
@@ -162,6 +186,7 @@ impl Op {
             | Op::Memset { stream, .. }
             | Op::EventRecord { stream, .. }
             | Op::EventWait { stream, .. }
+            | Op::GraphLaunch { stream, .. }
             | Op::Free {
                 stream: Some(stream),
                 ..
@@ -172,10 +197,12 @@ impl Op {
 
     /// The stream the op names, in whatever role: the stream it is on ([`Op::on_stream`]), the
     /// stream a `stream_create` declares, a `stream_sync` or `stream_query` waits for, a
-    /// `record_stream` names, or an `alloc` gives as the owner. `None` when it names none (an
-    /// `alloc` without `stream` is owned by `"default"`, but does not name it).
+    /// `record_stream` names, an `alloc` gives as the owner, or a `graph_begin` captures on.
+    /// `None` when it names none (an `alloc` without `stream` is owned by `"default"`, but does
+    /// not name it).
     pub fn stream(&self) -> Option<&Id> {
         match self {
+            Op::GraphBegin { stream, .. } | Op::GraphLaunch { stream, .. } => Some(stream),
             Op::StreamCreate { stream, .. }
             | Op::RecordStream { stream, .. }
             | Op::Launch { stream, .. }
@@ -192,8 +219,24 @@ impl Op {
             | Op::EventDestroy { .. }
             | Op::EventSync { .. }
             | Op::EventQuery { .. }
-            | Op::DeviceSync { .. } => None,
+            | Op::DeviceSync { .. }
+            | Op::GraphEnd { .. } => None,
         }
+    }
+
+    /// The graph a graph op names (`graph_begin`, `graph_end`, `graph_launch`).
+    pub fn graph(&self) -> Option<&Id> {
+        match self {
+            Op::GraphBegin { graph, .. }
+            | Op::GraphEnd { graph }
+            | Op::GraphLaunch { graph, .. } => Some(graph),
+            _ => None,
+        }
+    }
+
+    /// Whether the op is one of the graph ops: `graph_begin`, `graph_end`, `graph_launch`.
+    pub fn is_graph_op(&self) -> bool {
+        self.graph().is_some()
     }
 
     /// The event an event op names.
@@ -222,7 +265,9 @@ impl Op {
 
     /// Whether the op accesses memory: `launch`, `copy` and `memset` on their stream, `host_read`
     /// and `host_write` on the host. These are the ops that advance their participant's own
-    /// component of its clock (an access is the epoch it creates), even with no region.
+    /// component of its clock (an access is the epoch it creates), even with no region. (A
+    /// `graph_launch` is not one: its replay's accesses are the captured ops', on the graph's
+    /// own participants; and a captured op accesses nothing when it is issued.)
     #[inline]
     pub fn is_access(&self) -> bool {
         matches!(
@@ -268,7 +313,8 @@ impl Op {
     /// Whether the op is a synchronization op, as the synchronization analysis counts them:
     /// `event_wait`, `event_sync`, `event_query` that reported completion, `stream_sync`,
     /// `stream_query` that reported completion, `device_sync` and `record_stream`. Implicit
-    /// orderings (issue order, the legacy default stream, a reappearing `addr`) are not ops.
+    /// orderings (issue order, the legacy default stream, a reappearing `addr`) are not ops, and
+    /// neither graph ops nor the captured ops of a graph are analysed.
     pub fn is_sync(&self) -> bool {
         match self {
             Op::EventWait { .. }
@@ -287,7 +333,10 @@ impl Op {
             | Op::HostWrite { .. }
             | Op::EventCreate { .. }
             | Op::EventDestroy { .. }
-            | Op::EventRecord { .. } => false,
+            | Op::EventRecord { .. }
+            | Op::GraphBegin { .. }
+            | Op::GraphEnd { .. }
+            | Op::GraphLaunch { .. } => false,
         }
     }
 
@@ -311,6 +360,9 @@ impl Op {
         "stream_sync",
         "stream_query",
         "device_sync",
+        "graph_begin",
+        "graph_end",
+        "graph_launch",
     ];
 }
 
@@ -430,6 +482,16 @@ mod tests {
                 complete: true,
             },
             Op::DeviceSync { device: 0 },
+            Op::GraphBegin {
+                graph: id("g0"),
+                stream: id("s11"),
+                pool: Some(id("p0")),
+            },
+            Op::GraphEnd { graph: id("g1") },
+            Op::GraphLaunch {
+                graph: id("g2"),
+                stream: id("s12"),
+            },
         ]
     }
 
@@ -448,7 +510,7 @@ mod tests {
             bool,
             bool,
         );
-        let rows: [Row; 18] = [
+        let rows: [Row; 21] = [
             ("host", Some("s0"), None, None, &[], false, false),
             ("host", Some("s1"), None, Some("b0"), &[], false, false),
             ("s2", Some("s2"), None, Some("b1"), &[], false, false),
@@ -475,6 +537,9 @@ mod tests {
             ("host", Some("s9"), None, None, &[], false, true),
             ("host", Some("s10"), None, None, &[], false, true),
             ("host", None, None, None, &[], false, true),
+            ("host", Some("s11"), None, None, &[], false, false),
+            ("host", None, None, None, &[], false, false),
+            ("s12", Some("s12"), None, None, &[], false, false),
         ];
         for (op, row) in ops.iter().zip(rows) {
             let (participant, stream, event, buffer, accesses, access, sync) = row;
@@ -490,7 +555,13 @@ mod tests {
             assert_eq!(got, accesses, "{name}");
             assert_eq!(op.is_access(), access, "{name}");
             assert_eq!(op.is_sync(), sync, "{name}");
+            assert_eq!(op.is_graph_op(), name.starts_with("graph_"), "{name}");
         }
+        let graphs: Vec<Option<&str>> = ops[18..]
+            .iter()
+            .map(|op| op.graph().map(Id::as_str))
+            .collect();
+        assert_eq!(graphs, [Some("g0"), Some("g1"), Some("g2")]);
     }
 
     #[test]

@@ -36,12 +36,14 @@ pub(crate) enum Key {
     Src,
     Dst,
     Site,
+    Graph,
+    Pool,
 }
 
 impl Key {
     /// Every key, in declaration order (`Key::X as usize` is its index).
     #[cfg(test)]
-    pub(crate) const ALL: [Key; 16] = [
+    pub(crate) const ALL: [Key; 18] = [
         Key::Op,
         Key::Stream,
         Key::Event,
@@ -58,6 +60,8 @@ impl Key {
         Key::Src,
         Key::Dst,
         Key::Site,
+        Key::Graph,
+        Key::Pool,
     ];
 
     /// The key as the trace format spells it.
@@ -79,12 +83,14 @@ impl Key {
             Key::Src => "src",
             Key::Dst => "dst",
             Key::Site => "site",
+            Key::Graph => "graph",
+            Key::Pool => "pool",
         }
     }
 
     /// The key's bit in a set of keys.
-    pub(crate) const fn bit(self) -> u16 {
-        1 << self as u16
+    pub(crate) const fn bit(self) -> u32 {
+        1 << self as u32
     }
 
     /// The field that [`Spans`](super::Spans) locates for this key: `reads` and `writes` keep a
@@ -102,6 +108,8 @@ impl Key {
             Key::Blocking => Field::Blocking,
             Key::Src => Field::Src,
             Key::Dst => Field::Dst,
+            Key::Graph => Field::Graph,
+            Key::Pool => Field::Pool,
             Key::Op | Key::Complete | Key::Name | Key::Reads | Key::Writes | Key::Site => {
                 return None
             }
@@ -118,6 +126,10 @@ pub(crate) enum Type {
     Event,
     /// A buffer id.
     Buffer,
+    /// A graph id.
+    Graph,
+    /// A memory pool id.
+    Pool,
     /// A region: a buffer id, or `{"buffer": B, "offset": O, "bytes": N}`.
     Region,
     /// An array of regions.
@@ -141,6 +153,8 @@ impl Type {
             Type::Stream => "a stream id",
             Type::Event => "an event id",
             Type::Buffer => "a buffer id",
+            Type::Graph => "a graph id",
+            Type::Pool => "a pool id",
             Type::Region => REGION,
             Type::Regions => "an array of regions",
             Type::Bytes => "a byte count",
@@ -221,6 +235,9 @@ pub(crate) enum Kind {
     StreamSync,
     StreamQuery,
     DeviceSync,
+    GraphBegin,
+    GraphEnd,
+    GraphLaunch,
 }
 
 use Key as K;
@@ -228,7 +245,7 @@ use Type as T;
 
 /// The fields of each op (besides `op` and `site`), in the order the format lists them, indexed
 /// by [`Kind`].
-const FIELDS: [&[FieldSpec]; 18] = [
+const FIELDS: [&[FieldSpec]; 21] = [
     // stream_create
     &[
         req(K::Stream, T::Stream),
@@ -284,11 +301,21 @@ const FIELDS: [&[FieldSpec]; 18] = [
     &[req(K::Stream, T::Stream), req(K::Complete, T::Bool)],
     // device_sync
     &[dflt(K::Device, T::Integer)],
+    // graph_begin
+    &[
+        req(K::Graph, T::Graph),
+        req(K::Stream, T::Stream),
+        opt(K::Pool, T::Pool),
+    ],
+    // graph_end
+    &[req(K::Graph, T::Graph)],
+    // graph_launch
+    &[req(K::Graph, T::Graph), req(K::Stream, T::Stream)],
 ];
 
 /// The keys each op accepts: its fields, `op` and `site`.
-const ALLOWED: [u16; 18] = {
-    let mut allowed = [0u16; 18];
+const ALLOWED: [u32; 21] = {
+    let mut allowed = [0u32; 21];
     let mut op = 0;
     while op < FIELDS.len() {
         let mut mask = Key::Op.bit() | Key::Site.bit();
@@ -304,8 +331,8 @@ const ALLOWED: [u16; 18] = {
 };
 
 /// The keys each op requires.
-const REQUIRED: [u16; 18] = {
-    let mut required = [0u16; 18];
+const REQUIRED: [u32; 21] = {
+    let mut required = [0u32; 21];
     let mut op = 0;
     while op < FIELDS.len() {
         let mut i = 0;
@@ -337,13 +364,13 @@ impl Kind {
     }
 
     /// The keys the op accepts, `op` and `site` included, as a set of [`Key::bit`]s.
-    pub(crate) fn allowed(self) -> u16 {
+    pub(crate) fn allowed(self) -> u32 {
         ALLOWED[self as usize]
     }
 
     /// The first required field, in the format's order, whose key is not in `seen` (a set of
     /// [`Key::bit`]s).
-    pub(crate) fn first_missing(self, seen: u16) -> Option<&'static FieldSpec> {
+    pub(crate) fn first_missing(self, seen: u32) -> Option<&'static FieldSpec> {
         if REQUIRED[self as usize] & !seen == 0 {
             return None;
         }
@@ -418,6 +445,9 @@ impl Op {
             Op::StreamSync { .. } => Kind::StreamSync,
             Op::StreamQuery { .. } => Kind::StreamQuery,
             Op::DeviceSync { .. } => Kind::DeviceSync,
+            Op::GraphBegin { .. } => Kind::GraphBegin,
+            Op::GraphEnd { .. } => Kind::GraphEnd,
+            Op::GraphLaunch { .. } => Kind::GraphLaunch,
         }
     }
 
@@ -468,6 +498,16 @@ impl Op {
                 V::Bool(*complete)
             }
             (Op::DeviceSync { device }, K::Device) => V::Int(*device),
+            (
+                Op::GraphBegin { graph, .. }
+                | Op::GraphEnd { graph }
+                | Op::GraphLaunch { graph, .. },
+                K::Graph,
+            ) => V::Id(graph),
+            (Op::GraphBegin { stream, .. } | Op::GraphLaunch { stream, .. }, K::Stream) => {
+                V::Id(stream)
+            }
+            (Op::GraphBegin { pool, .. }, K::Pool) => V::Id(pool.as_ref()?),
             _ => return None,
         })
     }

@@ -554,6 +554,15 @@ impl<'p> Run<'p> {
         let index = i as u64;
         let program = self.program;
         match &program[i].op {
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
+                return Err(unsupported(
+                    i,
+                    format!(
+                        "{}: CUDA graphs are not supported yet",
+                        program[i].op.name()
+                    ),
+                ));
+            }
             Op::StreamCreate {
                 stream,
                 device,

@@ -121,6 +121,12 @@ impl Run<'_> {
         let names = &mut self.names;
         let op = &self.program[i].op;
         let issued = match op {
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
+                return Err(ExecError::unsupported(
+                    i,
+                    format!("{}: the simulator does not run CUDA graphs yet", op.name()),
+                ));
+            }
             Op::StreamCreate {
                 stream,
                 device,

@@ -434,6 +434,8 @@ impl Model {
                 }
             }
             Op::EventQuery { .. } | Op::StreamQuery { .. } => {}
+            // The generator produces no graph ops (`validate` rejects them).
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {}
         }
     }
 

@@ -271,6 +271,9 @@ impl Validator {
                     return Err(format!("device {device}"));
                 }
             }
+            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
+                return Err(format!("{}: graphs are not generated yet", op.name()));
+            }
         }
         Ok(())
     }

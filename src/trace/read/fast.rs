@@ -20,7 +20,7 @@ fn text(bytes: &[u8], ascii: bool) -> Option<&str> {
 }
 
 /// `,"key":` for each key, as [`Scanner::canonical_line`] expects it.
-pub(super) const KEY_LITERALS: [&[u8]; 16] = [
+pub(super) const KEY_LITERALS: [&[u8]; 18] = [
     b",\"op\":",
     b",\"stream\":",
     b",\"event\":",
@@ -37,6 +37,8 @@ pub(super) const KEY_LITERALS: [&[u8]; 16] = [
     b",\"src\":",
     b",\"dst\":",
     b",\"site\":",
+    b",\"graph\":",
+    b",\"pool\":",
 ];
 
 /// The canonical form: `{"op":"NAME"` and then some of the op's fields, each as `,"key":value`
@@ -149,6 +151,18 @@ impl<'a> Scanner<'a> {
             },
             Kind::DeviceSync => Op::DeviceSync {
                 device: self.field(Key::Device, spans, Self::fast_u64)?.unwrap_or(0),
+            },
+            Kind::GraphBegin => Op::GraphBegin {
+                graph: self.field(Key::Graph, spans, Self::fast_id)??,
+                stream: self.field(Key::Stream, spans, Self::fast_stream)??,
+                pool: self.field(Key::Pool, spans, Self::fast_id)?,
+            },
+            Kind::GraphEnd => Op::GraphEnd {
+                graph: self.field(Key::Graph, spans, Self::fast_id)??,
+            },
+            Kind::GraphLaunch => Op::GraphLaunch {
+                graph: self.field(Key::Graph, spans, Self::fast_id)??,
+                stream: self.field(Key::Stream, spans, Self::fast_stream)??,
             },
         };
         let site = self.field(Key::Site, spans, Self::fast_site)?;

@@ -49,6 +49,8 @@ pub(super) fn key_from_name(name: u64) -> Option<Key> {
     const SRC: u64 = short(b"src");
     const DST: u64 = short(b"dst");
     const SITE: u64 = short(b"site");
+    const GRAPH: u64 = short(b"graph");
+    const POOL: u64 = short(b"pool");
     Some(match name {
         OP => Key::Op,
         STREAM => Key::Stream,
@@ -66,6 +68,8 @@ pub(super) fn key_from_name(name: u64) -> Option<Key> {
         SRC => Key::Src,
         DST => Key::Dst,
         SITE => Key::Site,
+        GRAPH => Key::Graph,
+        POOL => Key::Pool,
         _ => return None,
     })
 }
@@ -90,6 +94,9 @@ pub(super) fn kind_from_word(word: u128) -> Option<Kind> {
     const STREAM_SYNC: u128 = pack(b"stream_sync");
     const STREAM_QUERY: u128 = pack(b"stream_query");
     const DEVICE_SYNC: u128 = pack(b"device_sync");
+    const GRAPH_BEGIN: u128 = pack(b"graph_begin");
+    const GRAPH_END: u128 = pack(b"graph_end");
+    const GRAPH_LAUNCH: u128 = pack(b"graph_launch");
     Some(match word {
         STREAM_CREATE => Kind::StreamCreate,
         ALLOC => Kind::Alloc,
@@ -109,6 +116,9 @@ pub(super) fn kind_from_word(word: u128) -> Option<Kind> {
         STREAM_SYNC => Kind::StreamSync,
         STREAM_QUERY => Kind::StreamQuery,
         DEVICE_SYNC => Kind::DeviceSync,
+        GRAPH_BEGIN => Kind::GraphBegin,
+        GRAPH_END => Kind::GraphEnd,
+        GRAPH_LAUNCH => Kind::GraphLaunch,
         _ => return None,
     })
 }
@@ -145,6 +155,8 @@ pub(super) struct Fields {
     pub(super) src: Option<Region>,
     pub(super) dst: Option<Region>,
     pub(super) site: Option<Site>,
+    pub(super) graph: Option<Id>,
+    pub(super) pool: Option<Id>,
 }
 
 /// `one of stream_create, alloc, …` with every op name.
@@ -239,6 +251,18 @@ pub(super) fn build(kind: Kind, f: &mut Fields, obj: usize) -> Scan<TraceOp> {
         },
         Kind::DeviceSync => Op::DeviceSync {
             device: f.device.unwrap_or(0),
+        },
+        Kind::GraphBegin => Op::GraphBegin {
+            graph: f.graph.take().ok_or_else(|| missing(Key::Graph))?,
+            stream: f.stream.take().ok_or_else(|| missing(Key::Stream))?,
+            pool: f.pool.take(),
+        },
+        Kind::GraphEnd => Op::GraphEnd {
+            graph: f.graph.take().ok_or_else(|| missing(Key::Graph))?,
+        },
+        Kind::GraphLaunch => Op::GraphLaunch {
+            graph: f.graph.take().ok_or_else(|| missing(Key::Graph))?,
+            stream: f.stream.take().ok_or_else(|| missing(Key::Stream))?,
         },
     };
     Ok(TraceOp {

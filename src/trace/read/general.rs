@@ -47,7 +47,7 @@ impl<'a> Scanner<'a> {
         self.ws();
 
         // The op first: from the first key, or from a search when it is not first.
-        let mut seen = 0u16;
+        let mut seen = 0u32;
         let kind = if self.rest_at(self.pos).starts_with(b"\"op\"") {
             self.pos += 4;
             self.eat(b':')?;
@@ -131,6 +131,8 @@ impl<'a> Scanner<'a> {
                 Key::Src => f.src = Some(self.region(path)?),
                 Key::Dst => f.dst = Some(self.region(path)?),
                 Key::Site => f.site = Some(self.site()?),
+                Key::Graph => f.graph = Some(self.id(path)?),
+                Key::Pool => f.pool = Some(self.id(path)?),
             }
         }
         if self.peek_ws().is_some() {

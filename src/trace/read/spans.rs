@@ -16,7 +16,7 @@ pub struct Spans {
     pub(super) writes: Vec<u64>,
 }
 
-pub(super) const SLOTS: usize = 11;
+pub(super) const SLOTS: usize = 13;
 
 /// The index of a single-valued field in [`Spans::columns`].
 #[inline(always)]
@@ -33,6 +33,8 @@ pub(super) fn slot(field: Field) -> Option<usize> {
         Field::Blocking => 8,
         Field::Src => 9,
         Field::Dst => 10,
+        Field::Graph => 11,
+        Field::Pool => 12,
         Field::Read(_) | Field::Write(_) => return None,
     })
 }

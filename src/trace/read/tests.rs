@@ -11,7 +11,8 @@ use std::io::{BufRead, BufReader};
 
 const OPS: &str = "one of stream_create, alloc, free, record_stream, launch, copy, memset, \
                    host_read, host_write, event_create, event_destroy, event_record, \
-                   event_wait, event_sync, event_query, stream_sync, stream_query, device_sync";
+                   event_wait, event_sync, event_query, stream_sync, stream_query, device_sync, \
+                   graph_begin, graph_end, graph_launch";
 const INT: &str = "expected an integer from 0 to 18446744073709551615";
 
 fn op(line: &str) -> TraceOp {
@@ -100,6 +101,9 @@ fn every_op_with_every_field() {
         r#"{"op":"stream_sync","stream":"s"}"#,
         r#"{"op":"stream_query","stream":"s","complete":true}"#,
         r#"{"op":"device_sync","device":2,"site":["f","g"]}"#,
+        r#"{"op":"graph_begin","graph":"g","stream":"s","pool":"p"}"#,
+        r#"{"op":"graph_end","graph":"g"}"#,
+        r#"{"op":"graph_launch","graph":"g","stream":"s","site":"run.py:3"}"#,
     ];
     for line in lines {
         let parsed = parse_line(line);
@@ -139,6 +143,64 @@ fn every_op_with_every_field() {
             reads: vec![],
             writes: vec![]
         }
+    );
+    assert_eq!(
+        op(r#"{"op":"graph_begin","graph":7,"stream":"s"}"#).op,
+        Op::GraphBegin {
+            graph: Id::from("7"),
+            stream: Id::from("s"),
+            pool: None
+        }
+    );
+}
+
+#[test]
+fn graph_ops_and_their_errors() {
+    let line = r#"{"op":"graph_begin","graph":"g","stream":"s","pool":"p"}"#;
+    let s = spans(line);
+    assert_eq!(s.locate(Field::Graph), (1, 29));
+    assert_eq!(s.locate(Field::Stream), (1, 42));
+    assert_eq!(s.locate(Field::Pool), (1, 53));
+    let spaced = r#"{ "pool" : 3, "stream":"s", "op":"graph_begin", "graph":"g" }"#;
+    assert_eq!(
+        op(spaced),
+        op(r#"{"op":"graph_begin","graph":"g","stream":"s","pool":"3"}"#)
+    );
+    assert_eq!(spans(spaced).locate(Field::Pool), (1, 12));
+    assert_eq!(
+        err(r#"{"op":"graph_begin","stream":"s"}"#),
+        "1: missing field \"graph\" for op \"graph_begin\"; expected a graph id"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_launch","graph":"g"}"#),
+        "1: missing field \"stream\" for op \"graph_launch\"; expected a stream id"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_end","graph":"g","stream":"s"}"#),
+        "31: unknown field \"stream\" for op \"graph_end\"; expected one of graph, site"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_launch","graph":"g","stream":"s","pool":"p"}"#),
+        "47: unknown field \"pool\" for op \"graph_launch\"; expected one of graph, stream, site"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_begin","graph":"g","stream":"host"}"#),
+        "42: field \"stream\" is \"host\", the reserved name of the CPU thread; expected a \
+         stream id other than \"host\""
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_end","graph":true}"#),
+        "27: field \"graph\" is a boolean; expected a string or an integer from 0 to \
+         18446744073709551615"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_begin","graph":"g","stream":"s","pool":-1}"#),
+        "53: field \"pool\" is negative (-1); expected a string or an integer from 0 to \
+         18446744073709551615"
+    );
+    assert_eq!(
+        err(r#"{"op":"graph_end","graph":"a","graph":"b"}"#),
+        "31: duplicate field \"graph\"; expected each field at most once"
     );
 }
 
