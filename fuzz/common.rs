@@ -418,7 +418,7 @@ impl Decoder<'_> {
     fn push(&mut self, op: Op) {
         if self.g.on {
             let valid = self.g.admit(&op, &self.recorded);
-            if !valid && !(self.g.loose && self.bytes.byte() % 4 == 0) {
+            if !(valid || self.g.loose && self.bytes.byte() % 4 == 0) {
                 return;
             }
             match &op {

@@ -55,6 +55,11 @@ struct Pool {
     held: Vec<(u64, StreamKey)>,
 }
 
+
+/// A captured region: the buffer's index, the region's offset, its end (`None`: no end known, an
+/// external buffer of unknown size) and whether it is written.
+type CapturedRegion = (usize, u64, Option<u64>, bool);
+
 impl Builder {
     fn capturing(&self, stream: &str) -> Option<String> {
         self.g.capturing.get(stream).cloned()
@@ -249,7 +254,7 @@ impl Builder {
         &mut self,
         r: &Region,
         writes: bool,
-    ) -> Result<Option<(usize, u64, Option<u64>, bool)>, String> {
+    ) -> Result<Option<CapturedRegion>, String> {
         let name = r.buffer.as_str();
         let buffer = match self.names.get(name).copied() {
             Some(super::Name::Live(b))
