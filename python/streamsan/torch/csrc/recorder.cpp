@@ -893,6 +893,7 @@ void reset() {
   S->pinned_bufs.clear();
   S->stream_names.clear();
   S->next_buf = 0;
+  S->host_values_allocated = false;
   S->spare_names[0].clear();
   S->spare_names[1].clear();
   S->fake_pinned.clear();
