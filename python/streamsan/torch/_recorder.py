@@ -493,6 +493,12 @@ class PythonBackend:
                         continue
                     self.new_alloc(o.base, o.storage_bytes, not o.device, sid, site)
             if info.factory:
+                if self.rec.graphs.capturing:
+                    # During a capture the allocation is a pool buffer of the capture: written
+                    # now, before the capture ends, not at the buffer's first use.
+                    for o in outs:
+                        if o.device and o.base in self.pending_allocs:
+                            self.resolve(o)
                 lines.extend(pending)
                 self._maybe_flush()
                 return out
@@ -721,10 +727,56 @@ class _Patches:
         self.saved.append((owner, attr, orig))
         setattr(owner, attr, make(orig))
 
+    def patch_inherited(self, owner, attr: str, make: Callable[[Any], Any]) -> bool:
+        """Like `patch`, for a method `owner` may inherit (set on `owner`, removed at restore
+        when it was not its own); False when there is no such method."""
+        own = attr in owner.__dict__
+        orig = getattr(owner, attr, None)
+        if orig is None or not callable(orig):
+            return False
+        self.saved.append((owner, attr, owner.__dict__[attr] if own else _INHERITED))
+        setattr(owner, attr, make(orig))
+        return True
+
     def restore(self) -> None:
         for owner, attr, orig in reversed(self.saved):
-            setattr(owner, attr, orig)
+            if orig is _INHERITED:
+                try:
+                    delattr(owner, attr)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, attr, orig)
         self.saved.clear()
+
+
+_INHERITED = object()  # a patched method that was inherited: restored by deleting the patch
+
+
+def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
+    """Records CUDA graphs: wraps torch.cuda.CUDAGraph's capture_begin, capture_end(_pre),
+    replay and reset (see _graphs). Where they are missing, a warning says graphs are not
+    recorded."""
+    from . import _graphs
+
+    G = getattr(torch.cuda, "CUDAGraph", None)
+    missing = [m for m in _graphs.REQUIRED if G is None or not callable(getattr(G, m, None))]
+    if missing:
+        rec.graph_hooks_missing = missing
+        return
+
+    def ops_of():
+        return rec.graphs if rec.on and _active is rec else None
+
+    def current_stream():
+        dev = rec.device()
+        b = rec.backend
+        if getattr(b, "fake_device", False) and hasattr(b, "current_stream"):
+            return b.current_stream(dev), dev
+        return torch._C._cuda_getCurrentRawStream(dev), dev
+
+    for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn).items():
+        p.patch_inherited(G, attr, make)
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
@@ -791,18 +843,7 @@ def _install_patches(rec: "Recorder") -> _Patches:
         p.patch(Stream, "query", make_squery)
         p.patch(Stream, "__new__", make_new)
 
-        def make_graph(orig):
-            def wrapped(*args, **kwargs):
-                if on():
-                    rec.warn("graphs", "CUDA graph capture and replay are not recorded: the work of a "
-                             "captured graph is invisible to this check")
-                return orig(*args, **kwargs)
-
-            return wrapped
-
-        G = torch.cuda.CUDAGraph
-        p.patch(G, "capture_begin", make_graph)
-        p.patch(G, "replay", make_graph)
+        _install_graph_patches(rec, p, torch)
 
     def make_tolist(orig):
         def tolist(self):
@@ -849,6 +890,13 @@ class Recorder:
             self.backend = PythonBackend(self, fake_device)
         self.patches: Optional[_Patches] = None
         self._compiled_before = self._compiled_frames()
+        from ._graphs import GraphOps
+
+        self.graphs = GraphOps(self._graph_op, self.backend.stream_id, self.warn)
+        self.graph_hooks_missing: list[str] = []
+
+    def _graph_op(self, partial: str) -> None:
+        self.backend.host_op(partial)
 
     def device(self) -> int:
         try:
@@ -883,6 +931,13 @@ class Recorder:
             _active = self
         _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
         self.patches = _install_patches(self)
+        if self.graph_hooks_missing:
+            self.warn(
+                "graph-hooks",
+                "this torch has no torch.cuda.CUDAGraph." + "/".join(self.graph_hooks_missing)
+                + ": CUDA graph captures and replays are not recorded (the work of a replay is "
+                "invisible to this check)",
+            )
         try:
             torch = self.torch
             if torch.cuda.is_available():
