@@ -78,6 +78,7 @@ class Program:
         self.lines: list[str] = []
         self.warnings: list[tuple[str, str]] = []
         self.stream = 0  # raw handle of the current stream
+        self.capturing: set[int] = set()  # streams capturing (as CUDA knows them)
         self.names = {0: '"default"'}
         self.next_addr = 1 << 32
         self.bufs: dict[str, int] = {}
@@ -85,7 +86,8 @@ class Program:
         self.on = True
         self.patches = _Patches()
         for attr, make in _graphs.make_wrappers(
-            lambda: self.ops if self.on else None, lambda: (self.stream, 0), self.warn
+            lambda: self.ops if self.on else None, lambda: (self.stream, 0), self.warn,
+            lambda: self.stream in self.capturing,
         ).items():
             self.patches.patch_inherited(CUDAGraph, attr, make)
 
@@ -151,11 +153,13 @@ class Program:
                 self.prev = prog.stream
                 prog.stream = capture_stream
                 self.g.capture_begin(*(() if pool is None else (pool,)), capture_error_mode="global")
+                prog.capturing.add(capture_stream)
 
             def __exit__(self, *exc):
                 try:
                     self.g.capture_end()
                 finally:
+                    prog.capturing.discard(capture_stream)
                     prog.stream = self.prev
 
         return _Ctx
@@ -499,3 +503,18 @@ def test_recording_failure_is_a_warning_not_an_error(prog):
     assert g.calls == ["capture_begin", "capture_end", "replay"]
     assert {k for k, _ in prog.warnings} <= {"graph-error", "graph-capture-outside", "graph-replay-outside"}
     assert "graph-error" in {k for k, _ in prog.warnings}
+
+
+def test_replay_inside_a_capture_is_not_a_launch(prog):
+    """A replay on a capturing stream becomes a node of the graph being captured (a launch on a
+    capturing stream is bad input in the trace format): not written, and a warning says so."""
+    prog.stream = S1
+    inner, outer = CUDAGraph(), CUDAGraph()
+    with prog.graph(CAP)(inner):
+        prog.launch()
+    with prog.graph(0xCB)(outer):
+        inner.replay()
+    assert inner.calls == ["capture_begin", "capture_end", "replay"]
+    assert prog.ops_of("graph_launch") == []
+    assert [k for k, _ in prog.warnings] == ["graph-replay-in-capture"]
+    assert prog.check().errors == 0

@@ -160,9 +160,17 @@ class GraphOps:
                 "captured ops of a capture that never ended",
             )
 
-    def replay(self, graph: Any, stream: int, device: int) -> None:
-        """`graph` was launched on `stream` (the current stream of the `replay()` call)."""
+    def replay(self, graph: Any, stream: int, device: int, in_capture: bool = False) -> None:
+        """`graph` was launched on `stream` (the current stream of the `replay()` call);
+        `in_capture`: that stream was capturing (the launch became a node of another graph)."""
         g = self._get(graph)
+        if in_capture:
+            self.warn(
+                "graph-replay-in-capture",
+                "a CUDA graph was replayed inside a capture (it became a node of the graph being "
+                "captured): that replay is not recorded",
+            )
+            return
         if g is None or g.state != "ended":
             self.warn(
                 "graph-replay-outside",
@@ -194,11 +202,13 @@ def make_wrappers(
     ops_of: Callable[[], Optional[GraphOps]],
     current_stream: Callable[[], tuple[int, int]],
     warn: Callable[[str, str], None],
+    capturing: Callable[[], bool] = lambda: False,
 ) -> dict[str, Callable[[Callable], Callable]]:
     """Wrappers of CUDAGraph's methods, by name: each calls the original and records what it
     did. `ops_of()` is the GraphOps of the check that is on (None: record nothing);
-    `current_stream()` is (raw handle, device) of the calling thread's current stream. A
-    failure of the recording is a warning, never an error of the program."""
+    `current_stream()` is (raw handle, device) of the calling thread's current stream;
+    `capturing()` whether that stream is capturing (`torch.cuda.is_current_stream_capturing`).
+    A failure of the recording is a warning, never an error of the program."""
 
     def guard(what: str, fn: Callable[[], None]) -> None:
         try:
@@ -249,14 +259,16 @@ def make_wrappers(
         def replay(self, *args, **kwargs):
             ops = ops_of()
             stream = None
+            in_capture = False
             if ops is not None:
                 try:
                     stream = current_stream()
+                    in_capture = bool(capturing())
                 except Exception as e:
                     warn("graph-error", f"could not record a CUDA graph replay: {type(e).__name__}: {e}")
             out = orig(self, *args, **kwargs)
             if ops is not None and stream is not None:
-                guard("replay", lambda: ops.replay(self, stream[0], stream[1]))
+                guard("replay", lambda: ops.replay(self, stream[0], stream[1], in_capture))
             return out
 
         return replay

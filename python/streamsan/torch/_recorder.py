@@ -775,7 +775,13 @@ def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
             return b.current_stream(dev), dev
         return torch._C._cuda_getCurrentRawStream(dev), dev
 
-    for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn).items():
+    def capturing():
+        if getattr(rec.backend, "fake_device", False):
+            return False
+        f = getattr(torch.cuda, "is_current_stream_capturing", None)
+        return bool(f()) if f is not None else False
+
+    for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn, capturing).items():
         p.patch_inherited(G, attr, make)
 
 
