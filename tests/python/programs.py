@@ -246,11 +246,32 @@ def race_lines(fn) -> set[int]:
 # `replay()` (its text names the captured op): that line is the one marked `# RACE`.
 
 
+_warm = False
+
+
+def _warmup() -> None:
+    """Runs the kernels the captures use once, outside any capture (as PyTorch advises before
+    capturing: lazy initialization must not happen inside a capture). Once per process."""
+    global _warm
+    if _warm:
+        return
+    a = torch.full((N,), 1.0, device="cuda")
+    b = torch.empty(N, device="cuda")
+    torch.mul(a * 10, 2, out=b)
+    c = torch.full_like(b + 1, 9.0)
+    c.copy_(a)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    del a, b, c
+    _warm = True
+
+
 def graphs_share_a_pool_replayed_concurrently(fixed: bool, widen: bool) -> bool:
     """Two graphs captured into one pool (`graph_pool_handle()`): g1's temporary, freed in its
     capture, is the block g2's temporary gets. Replayed at the same time on two streams, g2
     overwrites g1's temporary while g1 still reads it (PyTorch allows sharing a pool only
     between graphs that never run concurrently)."""
+    _warmup()
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     x1 = torch.full((N,), 1.0, device="cuda")
@@ -281,6 +302,7 @@ def graphs_share_a_pool_replayed_concurrently(fixed: bool, widen: bool) -> bool:
 def static_input_copied_during_replay(fixed: bool, widen: bool) -> bool:
     """The next input is copied into the graph's static input on a side stream (a loader
     stream) while the previous replay may still read it."""
+    _warmup()
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     x = torch.full((N,), 1.0, device="cuda")  # the static input
@@ -307,6 +329,7 @@ def static_input_copied_during_replay(fixed: bool, widen: bool) -> bool:
 def static_output_read_before_replay_done(fixed: bool, widen: bool) -> bool:
     """A consumer on another stream reads the graph's static output without waiting for the
     replay that writes it."""
+    _warmup()
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     x = torch.full((N,), 3.0, device="cuda")
@@ -330,6 +353,7 @@ def fork_read_before_join_in_capture(fixed: bool, widen: bool) -> bool:
     """Inside the capture a forked stream computes y; the capture stream reads y before it
     joins the forked stream (the join comes later, before the capture ends, as CUDA requires):
     every replay races inside the graph."""
+    _warmup()
     side = torch.cuda.Stream()
     x = torch.full((N,), 3.0, device="cuda")
     y = torch.empty(N, device="cuda")
@@ -356,6 +380,7 @@ def temp_freed_in_capture_without_record_stream(fixed: bool, widen: bool) -> boo
     """A temporary of the capture stream, read by a forked stream, is freed inside the capture
     without record_stream: the pool hands its block to the next allocation of the same capture,
     which the replay writes while the forked stream may still read the temporary."""
+    _warmup()
     side = torch.cuda.Stream()
     x = torch.full((N,), 3.0, device="cuda")
     g = torch.cuda.CUDAGraph()
@@ -382,6 +407,7 @@ def one_graph_back_to_back_on_two_streams(fixed: bool, widen: bool) -> bool:
     CUDA runs the launches of one graph one after the other, so this is correct (both variants
     are the same program; no hazard must be reported). The graph reads and writes `acc` in two
     kernels: overlapping replays would lose an increment."""
+    _warmup()
     main = torch.cuda.current_stream()
     side = torch.cuda.Stream()
     acc = torch.zeros(N, device="cuda")

@@ -16,6 +16,24 @@ BACKENDS = [b for b in os.environ.get("STREAMSAN_TEST_BACKEND", "native,python")
 N = 1 << 16
 
 
+@pytest.fixture(autouse=True)
+def _warm(request):
+    """The kernels the captures use, run once outside a capture (programs._warmup)."""
+    if request.node.get_closest_marker("gpu") is not None:
+        import sys
+
+        try:
+            import torch
+        except Exception:
+            return
+        if not torch.cuda.is_available():
+            return
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import programs
+
+        programs._warmup()
+
+
 def _ops(path) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
