@@ -518,3 +518,127 @@ def test_replay_inside_a_capture_is_not_a_launch(prog):
     assert prog.ops_of("graph_launch") == []
     assert [k for k, _ in prog.warnings] == ["graph-replay-in-capture"]
     assert prog.check().errors == 0
+
+
+def test_torch_cuda_graph_is_wrapped_while_a_check_runs():
+    """With torch installed (any device): the recorder wraps the methods this torch's
+    torch.cuda.CUDAGraph has, and puts the originals back."""
+    from conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    from streamsan.torch import _recorder
+
+    G = getattr(torch.cuda, "CUDAGraph", None)
+    if G is None or not callable(getattr(G, "replay", None)):
+        pytest.skip("this torch has no CUDA graphs")
+
+    class Rec:
+        on = True
+        graphs = None
+        backend = None
+        graph_hooks_missing: list = []
+
+        def warn(self, key, message):
+            raise AssertionError(message)
+
+        def device(self):
+            return 0
+
+    before = {m: G.__dict__.get(m) for m in ("capture_begin", "capture_end", "capture_end_pre", "replay", "reset")}
+    p = _recorder._Patches()
+    rec = Rec()
+    _recorder._install_graph_patches(rec, p, torch)
+    assert rec.graph_hooks_missing == []
+    for m in ("capture_begin", "capture_end", "replay", "reset"):
+        assert G.__dict__.get(m) is not None and G.__dict__.get(m) is not before[m], m
+        assert G.__dict__[m].__name__ == m
+    p.restore()
+    assert {m: G.__dict__.get(m) for m in before} == before
+    assert _graphs.pool_key(torch.cuda.graph_pool_handle()) is not None
+
+
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_real_ops_in_a_capture_through_the_recorder(backend):
+    """The recorder's backends (CPU tensors standing for device memory, as in
+    test_recorder_cpu.py) with the graph wrappers on the fake CUDAGraph: a capture whose stream
+    reads what a forked stream writes before joining it. The replay is reported, at the
+    `replay()` line of this file; with the join first, nothing is."""
+    from conftest import torch_or_skip
+
+    torch_or_skip()
+    import torch
+
+    import streamsan.torch
+    from test_recorder_cpu import Fake
+
+    if backend == "native":
+        from streamsan.torch import _native
+
+        try:
+            _native.load()
+        except RuntimeError as e:
+            pytest.skip(str(e))
+
+    def run_once(fixed: bool):
+        run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+        cur = [0]
+        with run:
+            f = Fake(run)
+            rec = run._recorder
+            patches = _Patches()
+            for attr, make in _graphs.make_wrappers(lambda: rec.graphs, lambda: (cur[0], 0), rec.warn).items():
+                patches.patch_inherited(CUDAGraph, attr, make)
+
+            def stream(raw, name=None):
+                cur[0] = raw
+                f.stream(raw, name)
+
+            try:
+                stream(0)
+                x = torch.ones(1024)
+                y = torch.zeros(1024)
+                g = CUDAGraph()
+                stream(0xCA, "capture")
+                g.capture_begin()
+                f.record(1, 0xCA)
+                f.wait(0x22, 1)
+                stream(0x22, "side")
+                torch.mul(x, 2, out=y)
+                stream(0xCA)
+                if fixed:
+                    f.record(2, 0x22)
+                    f.wait(0xCA, 2)
+                out = y + 1
+                if not fixed:
+                    f.record(2, 0x22)
+                    f.wait(0xCA, 2)
+                g.capture_end()
+                stream(0)
+                g.replay()  # REPLAY
+                del out
+            finally:
+                patches.restore()
+        return run
+
+    buggy = run_once(False)
+    hazards = buggy.report.hazards
+    assert [(h["kind"], h["buffer"]) for h in hazards] == [("data-race", hazards[0]["buffer"])], buggy.report.to_text()
+    h = hazards[0]
+    with open(__file__) as src:
+        replay_line = next(i for i, line in enumerate(src, 1) if line.rstrip().endswith("# REPLAY"))
+    assert h["access"]["site"].endswith(f"test_graphs_recorder.py:{replay_line}"), h
+    assert "captured" in h["access"] and h["access"]["participant"].endswith("/capture")
+    assert run_once(True).report.errors == 0
+
+
+def test_graphs_are_named_after_their_capture_site():
+    lines: list[str] = []
+    sites = iter(["train.py:42", "train.py:42", None, "eval.py:7"])
+    ops = _graphs.GraphOps(lambda p: lines.append(p + "}"), lambda raw, dev: '"s"', lambda k, m: None,
+                           lambda: next(sites))
+    gs = [CUDAGraph() for _ in range(4)]
+    for g in gs:
+        ops.capture_begin(g, None, 1, 0)
+    begins = [json.loads(line) for line in lines]
+    assert [b["graph"] for b in begins] == ["graph train.py:42", "graph train.py:42#2", "graph 3", "graph eval.py:7"]
+    assert [b["pool"] for b in begins] == ["pool of " + b["graph"] for b in begins]

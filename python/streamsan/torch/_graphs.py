@@ -68,7 +68,9 @@ class GraphOps:
 
     `emit(partial)` writes an op given as a JSON object without its closing brace (the backend
     adds the site); `stream_id(raw, device)` is the backend's quoted stream id; `warn(key,
-    message)` warns once per key.
+    message)` warns once per key; `site()` is the user's `file:line` of the capture (None when
+    unknown). A graph is named after the site of its capture (`graph train.py:42`, then
+    `graph train.py:42#2` for the next capture there), else `graph N` (the Nth capture).
     """
 
     def __init__(
@@ -76,10 +78,13 @@ class GraphOps:
         emit: Callable[[str], None],
         stream_id: Callable[[int, int], str],
         warn: Callable[[str, str], None],
+        site: Callable[[], Optional[str]] = lambda: None,
     ) -> None:
         self.emit = emit
         self.stream_id = stream_id
         self.warn = warn
+        self.site = site
+        self.names: dict[str, int] = {}
         self.count = 0
         self.graphs: "weakref.WeakKeyDictionary[Any, _Graph]" = weakref.WeakKeyDictionary()
         self.by_id: dict[int, tuple[Any, _Graph]] = {}  # objects without weak references
@@ -123,7 +128,11 @@ class GraphOps:
         if old is not None and old.state == "capturing":
             self.capturing.discard(old.name)
         self.count += 1
-        name = json.dumps(f"graph {self.count}")
+        base = self.site()
+        base = f"graph {base}" if base else f"graph {self.count}"
+        n = self.names.get(base, 0) + 1
+        self.names[base] = n
+        name = json.dumps(base if n == 1 else f"{base}#{n}")
         sid = self.stream_id(stream, device)
         g = _Graph(name, self._pool_name(pool_key(pool), name), sid)
         self._set(graph, g)

@@ -898,7 +898,7 @@ class Recorder:
         self._compiled_before = self._compiled_frames()
         from ._graphs import GraphOps
 
-        self.graphs = GraphOps(self._graph_op, self.backend.stream_id, self.warn)
+        self.graphs = GraphOps(self._graph_op, self.backend.stream_id, self.warn, lambda: self.sites.site(1))
         self.graph_hooks_missing: list[str] = []
 
     def _graph_op(self, partial: str) -> None:
