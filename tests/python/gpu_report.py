@@ -93,6 +93,18 @@ def run_streamsan(backend: str, which: str = "suite") -> dict:
     return {f"streamsan-{ran}": rows}
 
 
+def _csan_error(e: BaseException):
+    """CSAN's error among `e` and the exceptions it was raised during (CSAN raising inside a
+    capture makes the capture's end fail too: that failure is what propagates), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if type(e).__name__ == "CUDASanitizerErrors":
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def run_csan(which: str = "suite") -> dict:
     import torch
     import torch.cuda._sanitizer as csan
@@ -108,8 +120,9 @@ def run_csan(which: str = "suite") -> dict:
                 torch.cuda.synchronize()
                 row[variant] = {"reported": False}
             except Exception as e:  # CUDASanitizerErrors (or a failure of the program under it)
-                row[variant] = {"reported": type(e).__name__ == "CUDASanitizerErrors",
-                                "error": type(e).__name__, "message": str(e)[:300]}
+                reported = _csan_error(e)
+                row[variant] = {"reported": reported is not None, "error": type(e).__name__,
+                                "message": str(reported if reported is not None else e)[:300]}
                 _sync()
         rows[name] = row
     return {"csan": rows}

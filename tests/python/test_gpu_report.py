@@ -192,3 +192,19 @@ def gpu_report_merge(*parts):
     for p in parts:
         gpu_report.merge(data, json.loads(json.dumps(p)))
     return data
+
+
+def test_csan_error_found_behind_a_failed_capture_end():
+    import gpu_report
+
+    class CUDASanitizerErrors(Exception):
+        pass
+
+    try:
+        try:
+            raise CUDASanitizerErrors("race")
+        finally:
+            raise RuntimeError("operation would make the legacy stream depend on a capturing blocking stream")
+    except RuntimeError as e:
+        assert str(gpu_report._csan_error(e)) == "race"
+    assert gpu_report._csan_error(RuntimeError("x")) is None
