@@ -642,3 +642,37 @@ def test_graphs_are_named_after_their_capture_site():
     begins = [json.loads(line) for line in lines]
     assert [b["graph"] for b in begins] == ["graph train.py:42", "graph train.py:42#2", "graph 3", "graph eval.py:7"]
     assert [b["pool"] for b in begins] == ["pool of " + b["graph"] for b in begins]
+
+
+def test_native_pool_allocations_outside_a_capture_are_warned():
+    """The C++ recorder's tracker sees which allocations come from a graph pool or a MemPool:
+    outside a recorded capture (torch.cuda.use_mem_pool, cudagraph trees) they are written as
+    plain allocations, and the check warns; inside one they are the capture's pool buffers."""
+    from conftest import torch_or_skip
+
+    torch_or_skip()
+    import warnings
+
+    import streamsan.torch
+    from streamsan.torch import _native
+
+    try:
+        _native.load()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True)
+        with run:
+            b, ops = run._recorder.backend, run._recorder.graphs
+            g = CUDAGraph()
+            ops.capture_begin(g, None, 0xCA, 0)
+            b.fake_trace(True, 1 << 40, 4096, 0xCA, pool=True)  # a pool buffer of the capture
+            g.capture_end()
+            ops.capture_end(g, g.pool())
+            assert run.stats()["recorder_pool_allocations_outside_capture"] == 0
+            b.fake_trace(True, 2 << 40, 4096, 0, pool=True)  # use_mem_pool-style
+            b.fake_trace(True, 3 << 40, 4096, 0)  # plain
+            assert run.stats()["recorder_pool_allocations_outside_capture"] == 1
+    assert run.report.errors == 0, run.report.to_text()
+    assert [str(w.message) for w in caught if "outside a capture" in str(w.message)], [str(w.message) for w in caught]

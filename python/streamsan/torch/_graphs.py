@@ -79,8 +79,10 @@ class GraphOps:
         stream_id: Callable[[int, int], str],
         warn: Callable[[str, str], None],
         site: Callable[[], Optional[str]] = lambda: None,
+        on_captures: Callable[[int], None] = lambda n: None,
     ) -> None:
         self.emit = emit
+        self.on_captures = on_captures  # told the number of captures in progress when it changes
         self.stream_id = stream_id
         self.warn = warn
         self.site = site
@@ -137,6 +139,7 @@ class GraphOps:
         g = _Graph(name, self._pool_name(pool_key(pool), name), sid)
         self._set(graph, g)
         self.capturing.add(name)
+        self.on_captures(len(self.capturing))
         self.emit('{"op":"graph_begin","graph":%s,"stream":%s,"pool":%s' % (name, sid, g.pool))
 
     def capture_end(self, graph: Any, handle: Any = None) -> None:
@@ -152,6 +155,7 @@ class GraphOps:
         if g.state == "capturing":  # (capture_end calls capture_end_pre where it exists)
             g.state = "ended"
             self.capturing.discard(g.name)
+            self.on_captures(len(self.capturing))
             self.emit('{"op":"graph_end","graph":%s' % g.name)
         key = pool_key(handle)
         if key is not None and key not in self.pools:
@@ -162,6 +166,7 @@ class GraphOps:
         g = self._get(graph)
         if g is not None and g.state == "capturing":
             self.capturing.discard(g.name)
+            self.on_captures(len(self.capturing))
             self._set(graph, None)
             self.warn(
                 "graph-capture-failed",
@@ -194,6 +199,7 @@ class GraphOps:
         g = self._get(graph)
         if g is not None:
             self.capturing.discard(g.name)
+            self.on_captures(len(self.capturing))
             self._set(graph, None)
 
 

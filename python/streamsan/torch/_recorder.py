@@ -390,8 +390,9 @@ class PythonBackend:
             if ptr in self.device_bufs:
                 self.free_buf(ptr, False, self.sites.quoted(3))
 
-    def fake_trace(self, alloc: bool, addr: int, size: int, stream: int) -> None:
-        """Tests: an allocation or a free of the caching allocator (its exact size and stream)."""
+    def fake_trace(self, alloc: bool, addr: int, size: int, stream: int, pool: bool = False) -> None:
+        """Tests: an allocation or a free of the caching allocator (its exact size and stream;
+        `pool` is what the C++ recorder's tracker knows, not this backend)."""
         if not self.fake_device:
             return
         with self.mu:
@@ -898,7 +899,14 @@ class Recorder:
         self._compiled_before = self._compiled_frames()
         from ._graphs import GraphOps
 
-        self.graphs = GraphOps(self._graph_op, self.backend.stream_id, self.warn, lambda: self.sites.site(1))
+        captures = getattr(getattr(self.backend, "ext", None), "set_captures", None)
+        self.graphs = GraphOps(
+            self._graph_op,
+            self.backend.stream_id,
+            self.warn,
+            lambda: self.sites.site(1),
+            captures if captures is not None else (lambda n: None),
+        )
         self.graph_hooks_missing: list[str] = []
 
     def _graph_op(self, partial: str) -> None:
@@ -971,6 +979,13 @@ class Recorder:
                 "external",
                 "some accesses touched device memory allocated before the check began: they are "
                 "checked for races, not for allocator reuse",
+            )
+        if c.get("pool_allocations_outside_capture"):
+            self.warn(
+                "pool-outside-capture",
+                f"{c['pool_allocations_outside_capture']} allocations went to a CUDA graph pool or a "
+                "torch.cuda.MemPool outside a capture (torch.cuda.use_mem_pool, cudagraph trees): "
+                "they are checked as plain allocations, not as pool buffers",
             )
         if self._compiled_frames() > self._compiled_before:
             self.warn(
