@@ -277,15 +277,23 @@ impl SyncChecker {
     pub fn check(&mut self, op: &TraceOp) -> Result<&[Hazard], CheckError> {
         let i = self.checker.ops();
         let first = self.checker.hazards().len();
-        let pre = self.engine.before(&mut self.checker, &op.op);
+        let captured = self.checker.captures(&op.op);
+        let pre = self.engine.before(&mut self.checker, &op.op, captured);
         self.checker.check(op)?;
         let errors: Vec<(HazardKind, Option<String>)> = self.checker.hazards()[first..]
             .iter()
             .filter(|h| h.severity == Severity::Error)
             .map(|h| (h.kind, h.buffer.clone()))
             .collect();
-        self.engine
-            .after(&mut self.checker, i, &op.op, op.site.as_ref(), pre, &errors);
+        self.engine.after(
+            &mut self.checker,
+            i,
+            &op.op,
+            op.site.as_ref(),
+            pre,
+            &errors,
+            captured,
+        );
         Ok(&self.checker.hazards()[first..])
     }
 
@@ -374,14 +382,17 @@ where
 /// own. One full check per synchronization op: the oracle of [`SyncChecker`], not its method.
 pub fn brute_force(ops: &[TraceOp]) -> Result<(Report, Vec<SyncVerdict>), CheckError> {
     let mut checker = Checker::new();
+    // The synchronization ops: those not captured into a graph's body.
+    let mut judged = Vec::new();
     for op in ops {
+        judged.push(is_sync(&op.op) && !checker.captures(&op.op));
         checker.check(op)?;
     }
     let report = checker.finish();
     let real = error_keys(&report);
     let mut syncs = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        if !is_sync(&op.op) {
+        if !judged[i] {
             continue;
         }
         let mut variant = Checker::new();
