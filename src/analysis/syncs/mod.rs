@@ -48,8 +48,29 @@
 //! own, which every stream op must consult), the oldest is given up, and its op is decided by a
 //! re-check of the trace without it ([`recheck`]; [`analyze`] does it).
 //!
-//! Graph capture and replay are not part of trace format v1 as this crate implements it; the
-//! analysis has nothing to say about them yet.
+//! # CUDA graphs
+//!
+//! Captured ops are part of a graph, not synchronizations of the trace: a captured
+//! `event_wait` (including the one that makes a stream join a capture) orders the replay's
+//! lanes, not the trace's streams, and is not judged ([`Checker::captures`] says which ops are
+//! captured; [`brute_force`] leaves them out too). `graph_begin`, `graph_end` and
+//! `graph_launch` are not synchronization ops. The synchronizations around graphs are judged
+//! like any other, the replays' hazards counting as errors at their `graph_launch`:
+//!
+//! - A captured op changes no clock in any what-if (a captured `event_record` leaves its event
+//!   never recorded in every what-if, as in the real state).
+//! - At a `graph_launch`, a what-if whose entry clock of the replay is the real one (its host's,
+//!   the launch stream's and the legacy default stream's edges into it give the real join) and
+//!   that has no tombstones replays exactly as the real state does: it is left as it is. Every
+//!   other what-if is given up. So no live what-if ever has a replay participant's clock of its
+//!   own.
+//! - A pool buffer's accesses are checked against the other buffers of its pool, which the
+//!   what-ifs' probes do not ask; its free fixes what its `record_stream` streams excuse; and a
+//!   `record_stream` of a pool buffer decides where the pool places later allocations of its
+//!   capture. A what-if that differs there is given up.
+//!
+//! A what-if given up is decided by a re-check of the trace without its op, as beyond the
+//! limits, so the verdicts stay exact.
 
 mod whatif;
 

@@ -572,17 +572,15 @@ impl Engine {
                     // A pool buffer's free is not checked; what its `record_stream` streams
                     // excuse from then on is fixed by their clocks now. A what-if where that
                     // differs is left to a re-check.
-                    if any {
-                        let gen = checker.live_generation(buffer).expect("a live pool buffer");
-                        let mut gone = self.by_buffer.get(buffer).to_vec();
-                        for &q in gen.record_streams() {
-                            self.collect_part(q, &mut gone);
-                        }
-                        gone.sort_unstable();
-                        gone.dedup();
-                        for wid in gone {
-                            self.give_up(wid);
-                        }
+                    let gen = checker.live_generation(buffer).expect("a live pool buffer");
+                    let mut gone = self.by_buffer.get(buffer).to_vec();
+                    for &q in gen.record_streams() {
+                        self.collect_part(q, &mut gone);
+                    }
+                    gone.sort_unstable();
+                    gone.dedup();
+                    for wid in gone {
+                        self.give_up(wid);
                     }
                 }
                 Op::Free { buffer, stream } => {
