@@ -265,6 +265,37 @@ fn an_error_already_there_is_not_prevented() {
     );
 }
 
+/// CUDA graphs: the waits inside the capture (the one that makes `s2` join it included) are part
+/// of the graph and not judged; the wait that orders the replay after the write of its input is
+/// needed (the replay's race is reported at the launch), a host sync of a stream that only
+/// captured work is redundant, and the host sync after the replay is what makes the free safe.
+#[test]
+fn graph_replays() {
+    expect(
+        r#"{"op":"alloc","buffer":"in","bytes":4096,"stream":"s0"}
+{"op":"launch","stream":"s0","writes":["in"]}
+{"op":"event_record","event":"e","stream":"s0"}
+{"op":"graph_begin","graph":"g","stream":"s1"}
+{"op":"launch","stream":"s1","reads":["in"]}
+{"op":"event_record","event":"f","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"f"}
+{"op":"launch","stream":"s2","reads":["in"]}
+{"op":"event_record","event":"h","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"h"}
+{"op":"graph_end","graph":"g"}
+{"op":"event_wait","stream":"s1","event":"e"}
+{"op":"stream_sync","stream":"s2"}
+{"op":"graph_launch","graph":"g","stream":"s1"}
+{"op":"stream_sync","stream":"s1"}
+{"op":"free","buffer":"in"}"#,
+        &[
+            (11, &["data-race 13 in"]),
+            (12, &[]),
+            (14, &["unsafe-free 15 in"]),
+        ],
+    );
+}
+
 /// The number of random programs of each generator: `STREAMSAN_SYNCS_CASES`, default 2,000
 /// (`cargo test --release --test syncs` with `STREAMSAN_SYNCS_CASES=100000` is the long run).
 fn cases() -> u64 {
