@@ -296,6 +296,61 @@ fn graph_replays() {
     );
 }
 
+/// A training loop around a CUDA graph (a capture with a side stream that joins and is joined
+/// back, a pool temporary): each step writes the static input from pinned memory, replays the
+/// graph, copies the static output back, synchronizes for the host's read (`.item()`), then
+/// adds an "insurance" `device_sync` and `stream_sync`. The `.item()` syncs are needed, the
+/// insurance ones redundant, the captured waits not judged — and the analysis decides every one
+/// with its what-ifs: the replays' entry clocks are the real ones, nothing is given up.
+#[test]
+fn a_graph_replay_loop() {
+    use streamsan::analysis::syncs::SyncChecker;
+    let mut text = String::from(
+        r#"{"op":"stream_create","stream":"s"}
+{"op":"alloc","buffer":"in_pin","bytes":4096,"memory":"pinned"}
+{"op":"alloc","buffer":"out_pin","bytes":4096,"memory":"pinned"}
+{"op":"alloc","buffer":"static_in","bytes":4096,"stream":"s"}
+{"op":"alloc","buffer":"static_out","bytes":4096,"stream":"s"}
+{"op":"alloc","buffer":"w","bytes":4096,"stream":"s"}
+{"op":"graph_begin","graph":"g","stream":"s"}
+{"op":"alloc","buffer":"tmp","bytes":4096,"stream":"s"}
+{"op":"launch","stream":"s","reads":["static_in","w"],"writes":["tmp"]}
+{"op":"event_record","event":"f","stream":"s"}
+{"op":"event_wait","stream":"side","event":"f"}
+{"op":"launch","stream":"side","reads":["tmp"],"writes":["static_out"]}
+{"op":"event_record","event":"j","stream":"side"}
+{"op":"event_wait","stream":"s","event":"j"}
+{"op":"free","buffer":"tmp"}
+{"op":"graph_end","graph":"g"}
+"#,
+    );
+    let steps = 40;
+    for _ in 0..steps {
+        text.push_str(
+            r#"{"op":"host_write","buffer":"in_pin"}
+{"op":"copy","stream":"s","src":"in_pin","dst":"static_in"}
+{"op":"graph_launch","graph":"g","stream":"s"}
+{"op":"copy","stream":"s","src":"static_out","dst":"out_pin"}
+{"op":"stream_sync","stream":"s"}
+{"op":"host_read","buffer":"out_pin"}
+{"op":"device_sync"}
+{"op":"stream_sync","stream":"s"}
+"#,
+        );
+    }
+    let v = verdicts(&text);
+    assert_eq!(v.len(), 3 * steps, "the captured waits are not judged");
+    for (k, step) in v.chunks(3).enumerate() {
+        assert!(step[0].needed, "step {k}: the .item() sync {:?}", step[0]);
+        assert!(!step[1].needed && !step[2].needed, "step {k}: {step:?}");
+    }
+    let mut c = SyncChecker::new();
+    for op in &read(&text) {
+        c.check(op).expect("accepted");
+    }
+    assert_eq!(c.stats().abandoned, 0, "{:?}", c.stats());
+}
+
 /// The number of random programs of each generator: `STREAMSAN_SYNCS_CASES`, default 2,000
 /// (`cargo test --release --test syncs` with `STREAMSAN_SYNCS_CASES=100000` is the long run).
 fn cases() -> u64 {
