@@ -11,6 +11,7 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
         out_dir,
         attempts,
         initialize,
+        graphs,
         keep_unconfirmed,
         fix,
         json,
@@ -31,6 +32,7 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
             // A GPU leaves the previous owner's bytes in new memory; programs there never read
             // memory they have not written.
             initialize: initialize || backend == Backend::Cuda,
+            graphs,
             ..GenConfig::default()
         },
         random_schedules: schedules,
