@@ -110,6 +110,15 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
             s.confirmed,
             pct(s.confirmed, s.hazards)
         );
+        let g = &res.in_graphs;
+        if g.hazards > 0 {
+            outln!(
+                "  in graphs    {:6} reported, {:6} confirmed ({:.1}%)",
+                g.hazards,
+                g.confirmed,
+                pct(g.confirmed, g.hazards)
+            );
+        }
         outln!("  unexplained: {}", s.unexplained);
         for c in s.counterexamples.iter().take(10) {
             let c = escape(c);
