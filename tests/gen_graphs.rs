@@ -55,9 +55,7 @@ fn features(p: &Program, f: &mut Features) {
                 f.launches += 1;
                 streams.insert(stream.to_string());
             }
-            Op::EventWait { stream, .. } if capturing && stream.as_str() != origin => {
-                f.forked += 1
-            }
+            Op::EventWait { stream, .. } if capturing && stream.as_str() != origin => f.forked += 1,
             Op::Free { .. } if capturing => f.freed_in_capture += 1,
             _ => {}
         }
@@ -83,9 +81,12 @@ fn graph_programs_are_valid_and_have_every_feature() {
         assert!(p == generate(&cfg, &mut SplitMix::new(seed)));
         let report = check(&p);
         assert!(
-            !report.hazards.iter().any(|h| h.kind == HazardKind::InvalidFree
-                || h.kind == HazardKind::WaitOnUnrecordedEvent
-                || h.kind == HazardKind::UseAfterFree),
+            !report
+                .hazards
+                .iter()
+                .any(|h| h.kind == HazardKind::InvalidFree
+                    || h.kind == HazardKind::WaitOnUnrecordedEvent
+                    || h.kind == HazardKind::UseAfterFree),
             "seed {seed}: {}\n{p}",
             report.to_json()
         );
@@ -104,11 +105,7 @@ fn graph_programs_without_missing_syncs_are_clean() {
     for seed in 0..500 {
         let p = generate(&graphs(0.0), &mut SplitMix::new(seed));
         let report = check(&p);
-        assert!(
-            report.is_clean(),
-            "seed {seed}: {}\n{p}",
-            report.to_json()
-        );
+        assert!(report.is_clean(), "seed {seed}: {}\n{p}", report.to_json());
     }
 }
 

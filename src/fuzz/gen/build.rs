@@ -866,7 +866,9 @@ impl<D: Decisions> Builder<D> {
     /// temporary perhaps freed inside the capture, with or without `record_stream` for the
     /// forked stream, and a second temporary allocated after it.
     fn capture(&mut self, g: usize) {
-        let s_streams: Vec<usize> = (0..self.cfg.streams as usize).map(|i| FIRST_S + i).collect();
+        let s_streams: Vec<usize> = (0..self.cfg.streams as usize)
+            .map(|i| FIRST_S + i)
+            .collect();
         let origin = self.pick(&s_streams);
         let others: Vec<usize> = s_streams.iter().copied().filter(|&p| p != origin).collect();
         let side = (!others.is_empty() && self.chance(0.6)).then(|| self.pick(&others));

@@ -24,23 +24,31 @@ pub fn predicted_hazards(program: &Program) -> Vec<(usize, HazardKind)> {
             // of the body that are freed and not pool buffers.
             let g = name_number(graph);
             let (mut race, mut reuse) = (false, false);
-            let freed = model.graphs.get(g).and_then(Option::as_ref).is_some_and(|graph| {
-                graph.body.iter().any(|b| match b {
-                    BodyOp::Access(_, touches) => touches.iter().any(|t| {
-                        let buf = &model.bufs[t.buf];
-                        !buf.live && buf.pool.is_none()
-                    }),
-                    _ => false,
-                })
-            });
+            let freed = model
+                .graphs
+                .get(g)
+                .and_then(Option::as_ref)
+                .is_some_and(|graph| {
+                    graph.body.iter().any(|b| match b {
+                        BodyOp::Access(_, touches) => touches.iter().any(|t| {
+                            let buf = &model.bufs[t.buf];
+                            !buf.live && buf.pool.is_none()
+                        }),
+                        _ => false,
+                    })
+                });
             model.launch(g, stream_index(stream), |m, p, touches| {
-                m.conflicts(p, touches, |_, _, r, _| {
-                    if r {
-                        reuse = true
-                    } else {
-                        race = true
-                    }
-                })
+                m.conflicts(
+                    p,
+                    touches,
+                    |_, _, r, _| {
+                        if r {
+                            reuse = true
+                        } else {
+                            race = true
+                        }
+                    },
+                )
             });
             for (hit, kind) in [
                 (race, HazardKind::DataRace),
