@@ -204,7 +204,11 @@ fn a_graph_campaign_confirms_graph_hazards() {
     let res = run_campaign(&cfg, &mut SimExecutor::default(), |_, _| {}).unwrap();
     let g = &res.in_graphs;
     println!("{:?}; graph hazards {g:?}", res.summary);
-    assert_eq!(res.summary.unexplained, 0, "{:?}", res.summary.counterexamples);
+    assert_eq!(
+        res.summary.unexplained, 0,
+        "{:?}",
+        res.summary.counterexamples
+    );
     assert!(g.hazards >= 50, "{g:?}");
     assert!(g.confirmed * 100 >= g.hazards * 85, "{g:?}");
 }
