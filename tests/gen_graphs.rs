@@ -210,5 +210,29 @@ fn a_graph_campaign_confirms_graph_hazards() {
         res.summary.counterexamples
     );
     assert!(g.hazards >= 50, "{g:?}");
-    assert!(g.confirmed * 100 >= g.hazards * 85, "{g:?}");
+    assert!(g.confirmed * 100 >= g.hazards * 90, "{g:?}");
+}
+
+/// The fix campaign over graph programs: every fixed program keeps its original ops in order and
+/// runs like its reference (random schedules and the original hazards' provocations). `fix` does
+/// not insert synchronization around launches or inside captures yet, so graph hazards may stay.
+#[test]
+fn the_fix_campaign_runs_graph_programs() {
+    use streamsan::fuzz::campaign::CampaignConfig;
+    use streamsan::fuzz::fixes::run_fix_campaign;
+    let cfg = CampaignConfig {
+        cases: 300,
+        seed: 5,
+        gen: graphs(0.2),
+        out_dir: std::env::temp_dir().join("streamsan-gen-graphs-fix"),
+        ..CampaignConfig::default()
+    };
+    let res = run_fix_campaign(&cfg, &mut SimExecutor::default(), |_, _| {}).unwrap();
+    println!(
+        "hazards {}, fixed {}, fixed programs run {}, not fixed {}, diverged {}",
+        res.hazards, res.fixed, res.run, res.not_fixed, res.diverged
+    );
+    assert!(res.fixed > 0 && res.run > 100, "{}", res.run);
+    assert_eq!(res.reordered, 0);
+    assert_eq!(res.diverged, 0, "{:?}", res.counterexamples);
 }
