@@ -1,24 +1,32 @@
 //! `streamsan fix`: insert the synchronization that removes a trace's races.
 //!
-//! The fixer walks the trace once more after a first check found its hazards, and keeps a
-//! [`Checker`] over the program it writes (the original ops plus what it inserted). Before each
-//! op that had a `data-race`, `reuse-race` or `unsafe-free` in the original trace, it asks which
-//! of that hazard's conflicting accesses the op's clock in the written program does not cover
-//! yet (insertions only add order, so these are all that can be left), and inserts, just before
-//! the op:
+//! The fix of each hazard is decided once, by the checker that finds it: a [`FixPlan`]
+//! (`Detail::plan`), whose sentence is the report's `fix`. The fixer walks the trace once more
+//! and applies those plans, keeping a [`Checker`] over the program it writes (the original ops
+//! plus what it inserted). Each plan gives steps, each before one op of the original trace:
 //!
-//! - a caching free of device memory still used by other streams: `record_stream(buffer, S)` for
-//!   each such stream S (PyTorch's own fix: the allocator waits for S before reusing the memory);
-//! - a later op on a stream Q: `event_record(E, S)` then `event_wait(Q, E)` for each earlier
-//!   stream S with an unordered access (PyTorch's `Q.wait_stream(S)`);
-//! - a later op of the host: `event_record(E, S)` then `event_sync(E)`.
+//! - a wait: `event_record(E, S)` then `event_wait(Q, E)` for each earlier stream S with an
+//!   unordered access, before the op of Q (PyTorch's `Q.wait_stream(S)`); for the host,
+//!   `event_record(E, S)` then `event_sync(E)`;
+//! - a caching free of device memory still used by other streams: `record_stream(buffer, S)`
+//!   for each such stream S (PyTorch's own fix: the allocator waits for S before reusing the
+//!   memory);
+//! - for a race in a graph's replay, the plan's part around the launch is a wait as above on
+//!   the launch stream (a static input's copy waits for the replay; a consumer of a static output
+//!   waits for it; the replay waits for the copy), and its part inside the capture is a captured
+//!   event record and wait between the capture's streams, before the captured op, or
+//!   `record_stream` just before the free of a temporary whose block the capture hands out again.
 //!
-//! Each inserted event has a fresh name, recorded just before it is waited on, so it captures
-//! the earlier access (it was issued before) and never changes what an existing event means.
-//! An op's insertions are at most two per hazard at that op: when the events would take more
-//! (a hazard with conflicts on several streams), the host waits instead — one `stream_sync` per
-//! stream, or one `device_sync` per device when even that is too many. Only the last can exceed
-//! two: a hazard whose unordered accesses are on streams of three or more devices.
+//! Before an op, the fixer asks which of a step's earlier accesses the op's clock in the
+//! written program does not cover yet (insertions only add order, so these are all that can be
+//! left), and inserts only for those. (Inside a capture no clock runs: those steps are inserted
+//! whole, once per stream.) Each inserted event has a fresh name, recorded just before it is
+//! waited on, so it captures the earlier access (it was issued before) and never changes what an
+//! existing event means. An op's insertions outside a capture are at most two per hazard there:
+//! when the events would take more (a hazard with conflicts on several streams), the host waits
+//! instead — one `stream_sync` per stream, or one `device_sync` per device when even that is too
+//! many. Only the last can exceed two: a hazard whose unordered accesses are on streams of three
+//! or more devices.
 //!
 //! Insertions only add happens-before edges, which can only remove hazards; the checker over the
 //! written program proves the result: [`Fixer::finish`] returns its report.
@@ -29,7 +37,7 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::checker::{fewest_record_streams, CheckError, Checker};
 use crate::clock::VectorClock;
-use crate::report::{Conflict, Hazard, HazardKind, Report};
+use crate::report::{After, FixPlan, Hazard, HazardKind, Report, Wait};
 use crate::trace::{Id, Op, Site, TraceOp, HOST};
 
 /// Whether synchronization can remove hazards of this kind (`fix` inserts it).
@@ -40,13 +48,88 @@ pub fn is_fixable(kind: HazardKind) -> bool {
     )
 }
 
-/// The participant of the hazards at one op: the op's (for a free, the freeing participant's).
-/// Every hazard at one op has the same.
-fn later_participant(hazards: &[Hazard]) -> String {
-    hazards
-        .iter()
-        .find_map(|h| h.access.as_ref().map(|a| a.participant.clone()))
-        .unwrap_or_else(|| HOST.to_string())
+/// One thing a hazard's plan inserts before one op of the original trace.
+#[derive(Clone, Debug)]
+enum Step {
+    /// Order `wait.after` before the op, on `wait.waiter`. Outside a capture, only what the
+    /// op's clock in the written program does not cover yet.
+    Wait { wait: Wait, capture: bool },
+    /// `record_stream(buffer, …)` just before the free: outside a capture, the fewest of
+    /// `candidates` that order what is still unordered (else the wait `or`); inside a capture,
+    /// every stream of `streams`.
+    RecordStream {
+        buffer: String,
+        candidates: Vec<After>,
+        streams: Vec<String>,
+        or: Wait,
+        capture: bool,
+    },
+}
+
+/// A step of the plan of one fixable hazard of the original trace.
+#[derive(Clone, Debug)]
+struct Target {
+    kind: HazardKind,
+    buffer: String,
+    /// The hazard's op (the step may go before another op: inside a capture, or at a free).
+    op: u64,
+    step: Step,
+}
+
+/// The steps of `plan` (of a hazard at op `at`), each with the op it goes before.
+fn steps(plan: &FixPlan, at: u64, capture: bool, out: &mut Vec<(u64, Step)>) {
+    match plan {
+        FixPlan::Wait(w) => out.push((
+            w.before,
+            Step::Wait {
+                wait: w.clone(),
+                capture,
+            },
+        )),
+        // record_stream goes just before the free: at the hazard's own op (an unsafe free), or
+        // inside a capture (the free of a temporary whose block the same capture reuses).
+        FixPlan::RecordStream {
+            buffer,
+            streams,
+            candidates,
+            free,
+            or,
+            ..
+        } if *free == at || capture => out.push((
+            *free,
+            Step::RecordStream {
+                buffer: buffer.clone(),
+                candidates: candidates.clone(),
+                streams: streams.clone(),
+                or: or.clone(),
+                capture,
+            },
+        )),
+        // A reuse whose free is behind: order the access itself.
+        FixPlan::RecordStream { or, .. } => out.push((
+            or.before,
+            Step::Wait {
+                wait: or.clone(),
+                capture,
+            },
+        )),
+        FixPlan::Replay {
+            launch,
+            capture: inside,
+            ..
+        } => {
+            if let Some(p) = launch {
+                steps(p, at, false, out);
+            }
+            if let Some(p) = inside {
+                steps(p, at, true, out);
+            }
+        }
+        FixPlan::MoveFree { .. }
+        | FixPlan::FreeAfterReplays { .. }
+        | FixPlan::RemoveFree { .. }
+        | FixPlan::RecordEvent { .. } => {}
+    }
 }
 
 /// What was inserted before one op of the original trace.
@@ -79,8 +162,8 @@ pub struct FixSummary {
 /// first check found. See the [module docs](self).
 pub struct Fixer {
     checker: Checker,
-    /// Original op index → the fixable hazards the first check found there.
-    targets: BTreeMap<u64, Vec<Hazard>>,
+    /// Original op index → the steps of the first check's plans that go before it.
+    targets: BTreeMap<u64, Vec<Target>>,
     /// The latest `alloc` of each buffer name (original op index).
     allocs: HashMap<Id, u64>,
     /// The inserted `record_stream`s of each free: (buffer, the join of the named streams'
@@ -99,13 +182,26 @@ pub struct Fixer {
 
 impl Fixer {
     /// A fixer for a trace whose first check gave `original`; `events` are every event name the
-    /// trace uses (inserted events get other names).
+    /// trace uses (inserted events get other names). It applies each fixable hazard's plan
+    /// ([`crate::report::Detail::plan`]).
     pub fn new(original: &Report, events: impl IntoIterator<Item = Id>) -> Self {
-        let mut targets = BTreeMap::new();
+        let mut targets: BTreeMap<u64, Vec<Target>> = BTreeMap::new();
         let mut fixable = 0;
         for h in original.hazards.iter().filter(|h| is_fixable(h.kind)) {
-            targets.entry(h.op).or_insert_with(Vec::new).push(h.clone());
             fixable += 1;
+            let Some(plan) = &h.detail.plan else {
+                continue;
+            };
+            let mut v = Vec::new();
+            steps(plan, h.op, false, &mut v);
+            for (before, step) in v {
+                targets.entry(before).or_default().push(Target {
+                    kind: h.kind,
+                    buffer: h.buffer.clone().unwrap_or_default(),
+                    op: h.op,
+                    step,
+                });
+            }
         }
         Fixer {
             checker: Checker::new(),
@@ -130,14 +226,17 @@ impl Fixer {
         if let Op::Alloc { buffer, .. } = &op.op {
             self.allocs.insert(buffer.clone(), index);
         }
-        let Some(original) = self.targets.remove(&index) else {
+        let Some(targets) = self.targets.remove(&index) else {
             self.feed(op)?;
             return Ok(None);
         };
-        // What is left of this op's hazards after the insertions so far: the conflicts that the
-        // clock of the op, issued now, does not cover. Insertions only add order, so no other
-        // conflict can have appeared.
-        let left = self.left(index, op, original);
+        // What is left of these steps after the insertions so far: outside a capture, the
+        // earlier work that the clock of the op, issued now, does not cover. Insertions only
+        // add order, so nothing else can have appeared.
+        let left: Vec<Target> = targets
+            .into_iter()
+            .filter_map(|t| self.left(index, op, t))
+            .collect();
         if left.is_empty() {
             self.feed(op)?;
             return Ok(None);
@@ -154,23 +253,15 @@ impl Fixer {
         Ok(self.insertions.last())
     }
 
-    /// The hazards of `original` (at op `index`) that still have conflicts the op's clock does
-    /// not cover, with only those conflicts.
-    ///
-    /// The clock is the one the checker would give the op: for an op on a stream, the stream's
-    /// clock joined with the host's (and the legacy default stream's); for a caching free, the
-    /// owning stream's joined with the host's; for the host, the host's. A reuse race is also
-    /// covered when the clock, at the free, of a stream an inserted `record_stream` names for its
-    /// buffer covers the earlier access (the allocator waits for that stream before reusing the
-    /// bytes). (A free's `record_stream` streams of the trace itself are not counted: the fix may
-    /// then insert more than needed, never less; the checker over the written trace decides.)
-    fn left(&self, index: u64, op: &TraceOp, original: Vec<Hazard>) -> Vec<Hazard> {
+    /// The clock the checker would give op `op` of `waiter` now: for an op on a stream, the
+    /// stream's clock joined with the host's (and the legacy default stream's); for a caching
+    /// free, the owning stream's joined with the host's; for the host, the host's.
+    fn clock_of(&self, waiter: &str, op: &TraceOp) -> VectorClock {
         let order = self.checker.order();
-        let later = later_participant(&original);
-        let stream = (later != HOST)
-            .then(|| order.find_stream(&Id::from(later.as_str())))
+        let stream = (waiter != HOST)
+            .then(|| order.find_stream(&Id::from(waiter)))
             .flatten();
-        let clock = match stream {
+        match stream {
             Some(q) if op.op.on_stream().is_some() => order.issue_clock(q),
             Some(q) => {
                 let mut c = order.clock(q).clone();
@@ -178,29 +269,55 @@ impl Fixer {
                 c
             }
             None => order.host_clock().clone(),
-        };
-        original
-            .into_iter()
-            .filter_map(|mut h| {
-                let reuse = h.kind == HazardKind::ReuseRace;
-                h.conflicts.retain(|c| {
-                    let covered = c.epoch.is_some_and(|e| clock.covers(e))
+        }
+    }
+
+    /// The step `t` (before op `index`) with only the earlier work still unordered, or `None`
+    /// when nothing is left. A reuse race's access is also ordered when the clock, at the free,
+    /// of a stream an inserted `record_stream` names for its buffer covers it (the allocator
+    /// waits for that stream before reusing the bytes). (A free's `record_stream` streams of
+    /// the trace itself are not counted: the fix may then insert more than needed, never less;
+    /// the checker over the written trace decides.) Inside a capture no clock runs: the step
+    /// is kept whole.
+    fn left(&self, index: u64, op: &TraceOp, mut t: Target) -> Option<Target> {
+        let reuse = t.kind == HazardKind::ReuseRace;
+        let needed = |clock: &VectorClock, after: &After| {
+            after.accesses.is_empty()
+                || after.accesses.iter().any(|a| {
+                    let covered = clock.covers(a.epoch)
                         || (reuse
                             && self
                                 .record_streams
                                 .iter()
                                 .any(|(b, recorded, alloc, free)| {
-                                    b.as_str() == c.buffer
-                                        && c.epoch.is_some_and(|e| recorded.covers(e))
-                                        && *alloc <= c.op
-                                        && c.op < *free
+                                    b.as_str() == a.buffer
+                                        && recorded.covers(a.epoch)
+                                        && *alloc <= a.op
+                                        && a.op < *free
                                         && *free < index
                                 }));
                     !covered
-                });
-                (!h.conflicts.is_empty()).then_some(h)
-            })
-            .collect()
+                })
+        };
+        match &mut t.step {
+            Step::Wait {
+                capture: true,
+                wait,
+            } => (!wait.after.is_empty()).then_some(()),
+            Step::RecordStream { capture: true, .. } => Some(()),
+            Step::Wait { wait, .. } => {
+                let clock = self.clock_of(&wait.waiter, op);
+                wait.after.retain(|a| needed(&clock, a));
+                (!wait.after.is_empty()).then_some(())
+            }
+            Step::RecordStream { candidates, or, .. } => {
+                let clock = self.clock_of(&or.waiter, op);
+                or.after.retain(|a| needed(&clock, a));
+                candidates.retain(|a| needed(&clock, a));
+                (!or.after.is_empty()).then_some(())
+            }
+        }?;
+        Some(t)
     }
 
     fn feed(&mut self, op: &TraceOp) -> Result<(), CheckError> {
@@ -223,22 +340,26 @@ impl Fixer {
         }
     }
 
-    /// The ops that order every conflict of `left` (the hazards still at op `index`) before it.
-    fn plan(&mut self, index: u64, op: &TraceOp, left: &[Hazard]) -> Insertion {
-        let later = later_participant(left);
-        let earlier: BTreeSet<String> = left
+    /// Whether `name` is a stream of the written program so far (a fix records events only on
+    /// streams: an access it cannot name by its stream is left to the checker's verdict).
+    fn is_stream(&self, name: &str) -> bool {
+        name != HOST && self.checker.order().find_stream(&Id::from(name)).is_some()
+    }
+
+    /// The ops that carry out the steps `left` (what is left of the plans whose steps go before
+    /// op `index`).
+    fn plan(&mut self, index: u64, op: &TraceOp, left: &[Target]) -> Insertion {
+        let hazards: Vec<(HazardKind, String)> =
+            left.iter().map(|t| (t.kind, t.buffer.clone())).collect();
+        let what = left
             .iter()
-            .flat_map(|h| h.conflicts.iter().map(|c| c.participant.clone()))
-            .filter(|p| *p != later && p != HOST)
-            .collect();
-        let hazards: Vec<(HazardKind, String)> = left
-            .iter()
-            .map(|h| (h.kind, h.buffer.clone().unwrap_or_default()))
-            .collect();
-        let budget = 2 * left.len();
-        let what = hazards
-            .iter()
-            .map(|(k, b)| format!("{k} on {b}"))
+            .map(|t| {
+                if t.op == index {
+                    format!("{} on {}", t.kind, t.buffer)
+                } else {
+                    format!("{} on {} (reported at op {})", t.kind, t.buffer, t.op)
+                }
+            })
             .collect::<Vec<_>>()
             .join(", ");
         let site = Some(Site::Label(format!(
@@ -248,22 +369,162 @@ impl Fixer {
             op,
             site: site.clone(),
         };
-        let caching_device_free = matches!(&op.op, Op::Free { stream: None, .. }) && later != HOST;
-        let buffer_of_free = match &op.op {
-            Op::Free { buffer, .. } => Some(buffer.clone()),
+        let mut ops = Vec::new();
+        let mut hows = Vec::new();
+
+        // Inside a capture: the captured ops' streams order each other through captured
+        // events, and a temporary freed there names its streams by record_stream.
+        let mut inside_waits: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        let mut inside_records: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for t in left {
+            match &t.step {
+                Step::Wait {
+                    wait,
+                    capture: true,
+                } => inside_waits
+                    .entry(wait.waiter.as_str())
+                    .or_default()
+                    .extend(
+                        wait.after
+                            .iter()
+                            .map(|a| a.stream.as_str())
+                            .filter(|s| *s != wait.waiter),
+                    ),
+                Step::RecordStream {
+                    buffer,
+                    streams,
+                    capture: true,
+                    ..
+                } => inside_records
+                    .entry(buffer.as_str())
+                    .or_default()
+                    .extend(streams.iter().map(String::as_str)),
+                _ => {}
+            }
+        }
+        for (buffer, streams) in &inside_records {
+            let streams: Vec<&str> = streams
+                .iter()
+                .copied()
+                .filter(|s| self.is_stream(s))
+                .collect();
+            for s in &streams {
+                ops.push(with_site(Op::RecordStream {
+                    buffer: Id::from(*buffer),
+                    stream: Id::from(*s),
+                }));
+            }
+            if !streams.is_empty() {
+                hows.push(format!(
+                    "record_stream({buffer}, {}) in the capture",
+                    streams.join(", ")
+                ));
+            }
+        }
+        for (waiter, streams) in &inside_waits {
+            let streams: Vec<&str> = streams
+                .iter()
+                .copied()
+                .filter(|s| self.is_stream(s))
+                .collect();
+            for s in &streams {
+                let event = self.fresh_event();
+                ops.push(with_site(Op::EventRecord {
+                    event: event.clone(),
+                    stream: Id::from(*s),
+                }));
+                ops.push(with_site(Op::EventWait {
+                    stream: Id::from(*waiter),
+                    event,
+                }));
+            }
+            if !streams.is_empty() {
+                hows.push(format!(
+                    "in the capture, {waiter} waits for an event recorded on {}",
+                    streams.join(", ")
+                ));
+            }
+        }
+
+        // Outside a capture: the waiter and the earlier streams still unordered.
+        let outside: Vec<&Target> = left
+            .iter()
+            .filter(|t| {
+                !matches!(
+                    t.step,
+                    Step::Wait { capture: true, .. } | Step::RecordStream { capture: true, .. }
+                )
+            })
+            .collect();
+        if !outside.is_empty() {
+            let (ops_out, how) = self.plan_outside(index, op, &outside, &with_site);
+            ops.extend(ops_out);
+            hows.push(how);
+        }
+        Insertion {
+            before: index,
+            // Control characters (a newline in an id) escaped, to fit on one comment line.
+            comment: crate::text::escape(&format!(
+                "streamsan fix for op {index} of the original trace ({what}): {}",
+                hows.join("; ")
+            ))
+            .into_owned(),
+            hazards,
+            ops,
+        }
+    }
+
+    /// The ops that order the earlier work of the steps `left` (outside a capture) before op
+    /// `index`: record_stream at a caching free, else events, else host syncs within the
+    /// budget of two ops per hazard.
+    fn plan_outside(
+        &mut self,
+        index: u64,
+        op: &TraceOp,
+        left: &[&Target],
+        with_site: &dyn Fn(Op) -> TraceOp,
+    ) -> (Vec<TraceOp>, String) {
+        let waiter = match &left[0].step {
+            Step::Wait { wait, .. } => wait.waiter.clone(),
+            Step::RecordStream { or, .. } => or.waiter.clone(),
+        };
+        let waits = |t: &&Target| -> Vec<After> {
+            match &t.step {
+                Step::Wait { wait, .. } => wait.after.clone(),
+                Step::RecordStream { or, .. } => or.after.clone(),
+            }
+        };
+        let earlier: BTreeSet<String> = left
+            .iter()
+            .flat_map(waits)
+            .map(|a| a.stream)
+            .filter(|p| *p != waiter && self.is_stream(p))
+            .collect();
+        let budget = 2 * left.len();
+        let caching_device_free = matches!(&op.op, Op::Free { stream: None, .. }) && waiter != HOST;
+        let candidates: Vec<After> = left
+            .iter()
+            .flat_map(|t| match &t.step {
+                Step::RecordStream { candidates, .. } => candidates.clone(),
+                Step::Wait { .. } => Vec::new(),
+            })
+            .filter(|a| self.is_stream(&a.stream))
+            .collect();
+        let record_stream = match (&op.op, &left[0].step) {
+            (Op::Free { buffer, .. }, Step::RecordStream { .. })
+                if caching_device_free && !candidates.is_empty() && earlier.len() <= budget =>
+            {
+                Some(buffer.clone())
+            }
             _ => None,
         };
         let list = earlier.iter().cloned().collect::<Vec<_>>().join(", ");
-        let record_stream =
-            buffer_of_free.filter(|_| caching_device_free && earlier.len() <= budget);
-        let (ops, how) = if let Some(buffer) = record_stream {
+        if let Some(buffer) = record_stream {
             let alloc = self.allocs.get(&buffer).copied().unwrap_or(0);
             // A caching free of device memory: every conflict is another stream's. A stream
             // whose accesses the other named streams' clocks already cover needs no
             // record_stream of its own.
-            let earlier: Vec<String> = earlier.iter().cloned().collect();
-            let conflicts: Vec<Conflict> = left.iter().flat_map(|h| h.conflicts.clone()).collect();
-            let named = fewest_record_streams(self.checker.order(), &earlier, &conflicts);
+            let named = fewest_record_streams(self.checker.order(), &candidates);
             let list = named.join(", ");
             let order = self.checker.order();
             let mut recorded = VectorClock::new();
@@ -292,19 +553,19 @@ impl Fixer {
                     event: event.clone(),
                     stream: Id::from(s.as_str()),
                 }));
-                ops.push(with_site(if later == HOST {
+                ops.push(with_site(if waiter == HOST {
                     Op::EventSync { event }
                 } else {
                     Op::EventWait {
-                        stream: Id::from(later.as_str()),
+                        stream: Id::from(waiter.as_str()),
                         event,
                     }
                 }));
             }
-            let how = if later == HOST {
+            let how = if waiter == HOST {
                 format!("the host waits for an event recorded on {list}")
             } else {
-                format!("{later} waits for an event recorded on {list}")
+                format!("{waiter} waits for an event recorded on {list}")
             };
             (ops, how)
         } else if earlier.len() <= budget {
@@ -335,16 +596,6 @@ impl Fixer {
                 format!("the host waits for devices {}", list.join(", "))
             };
             (ops, how)
-        };
-        Insertion {
-            before: index,
-            // Control characters (a newline in an id) escaped, to fit on one comment line.
-            comment: crate::text::escape(&format!(
-                "streamsan fix for op {index} of the original trace ({what}): {how}"
-            ))
-            .into_owned(),
-            hazards,
-            ops,
         }
     }
 

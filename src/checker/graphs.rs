@@ -487,7 +487,7 @@ impl Graphs {
 
     /// `conflicts` with each replay's participant named by its launch stream where the launch
     /// is remembered (the stream a fix records an event on, or names in `record_stream`: the
-    /// replay joins into it); `None` when no conflict is a replay's.
+    /// replay joins into it), each keeping its epoch; `None` when no conflict is a replay's.
     pub(super) fn with_launch_streams(
         &self,
         order: &Order,
@@ -500,9 +500,10 @@ impl Graphs {
         for c in v.iter_mut().filter(|c| c.captured.is_some()) {
             let at = self.launches.binary_search_by_key(&c.op, |&(op, _)| op);
             if let Ok(k) = at {
+                // The epoch stays the replay's: what waits for the launch stream's work after
+                // the launch follows it (the replay joins into its launch stream at its end).
                 let stream = self.launches[k].1;
                 c.participant = order.name(stream).to_string();
-                c.epoch = Some(order.clock(stream).epoch(stream));
             }
         }
         Some(v)

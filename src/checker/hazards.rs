@@ -83,9 +83,9 @@ impl Checker {
                 });
             }
             let replay = self.graphs.replay_of(captured);
-            let fix = if captured == 0 {
+            let plan = if captured == 0 {
                 let named = self.graphs.with_launch_streams(&self.order, &conflicts);
-                fix_race(
+                race_plan(
                     &self.order,
                     kind,
                     i,
@@ -94,7 +94,7 @@ impl Checker {
                     free.as_ref(),
                 )
             } else {
-                self.replay_fix(kind, i, fix_p, captured, &kept, &conflicts, free.as_ref())
+                self.replay_plan(kind, i, fix_p, captured, &kept, &conflicts, free.as_ref())
             };
             self.hazards.push(Hazard {
                 kind,
@@ -113,7 +113,7 @@ impl Checker {
                 }),
                 conflicts,
                 free,
-                fix: Some(fix),
+                fix: Some(plan.sentence()),
                 detail: Detail {
                     op_name: op.name(),
                     label: label.clone(),
@@ -122,6 +122,7 @@ impl Checker {
                     notes,
                     why: Vec::new(),
                     replay,
+                    plan: Some(plan),
                 },
                 confirmation: None,
             });
@@ -195,14 +196,18 @@ impl Checker {
                 ),
                 None => (0, vec![]),
             };
-            let fix = match &replay {
-                Some(r) => format!(
-                    "{name} was freed at op {free_op} while graph {} still uses it (captured at op {}): free it only after the graph's last launch, or capture the graph again",
-                    r.graph, r.captured
-                ),
-                None => format!(
-                    "{name} was freed at op {free_op}: move that free after op {i}, or allocate {name} again before using it"
-                ),
+            let plan = match &replay {
+                Some(r) => FixPlan::FreeAfterReplays {
+                    buffer: name.to_string(),
+                    free: free_op,
+                    graph: r.graph.clone(),
+                    captured: r.captured,
+                },
+                None => FixPlan::MoveFree {
+                    buffer: name.to_string(),
+                    free: free_op,
+                    before: i,
+                },
             };
             self.hazards.push(Hazard {
                 kind: HazardKind::UseAfterFree,
@@ -213,7 +218,7 @@ impl Checker {
                 access,
                 conflicts: vec![],
                 free: None,
-                fix: Some(fix),
+                fix: Some(plan.sentence()),
                 detail: Detail {
                     op_name: op.name(),
                     label: None,
@@ -222,6 +227,7 @@ impl Checker {
                     notes,
                     why: Vec::new(),
                     replay: replay.clone(),
+                    plan: Some(plan),
                 },
                 confirmation: None,
             });

@@ -259,6 +259,11 @@ impl Checker {
                     Some(Name::Live(_)) => unreachable!(),
                 };
                 let participant = self.order.name(by).to_string();
+                let plan = FixPlan::RemoveFree {
+                    buffer: buffer.to_string(),
+                    at: i,
+                    why,
+                };
                 self.hazards.push(Hazard {
                     kind: HazardKind::InvalidFree,
                     severity: HazardKind::InvalidFree.severity(),
@@ -276,9 +281,7 @@ impl Checker {
                     }),
                     conflicts: vec![],
                     free: None,
-                    fix: Some(format!(
-                        "remove the free of {buffer} at op {i}: the buffer {why}"
-                    )),
+                    fix: Some(plan.sentence()),
                     detail: Detail {
                         op_name: "free",
                         label: None,
@@ -287,6 +290,7 @@ impl Checker {
                         notes,
                         why: Vec::new(),
                         replay: None,
+                        plan: Some(plan),
                     },
                     confirmation: None,
                 });
@@ -356,7 +360,7 @@ impl Checker {
             conflicts.dedup();
             let participant = self.order.name(by).to_string();
             let launch_named = self.graphs.with_launch_streams(&self.order, &conflicts);
-            let fix = fix_unsafe_free(
+            let plan = unsafe_free_plan(
                 &self.order,
                 buffer,
                 i,
@@ -383,7 +387,7 @@ impl Checker {
                 }),
                 conflicts,
                 free: None,
-                fix: Some(fix),
+                fix: Some(plan.sentence()),
                 detail: Detail {
                     op_name: "free",
                     label: None,
@@ -396,6 +400,7 @@ impl Checker {
                     }],
                     why: Vec::new(),
                     replay: None,
+                    plan: Some(plan),
                 },
                 confirmation: None,
             });

@@ -17,8 +17,8 @@ use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
 use crate::clock::{Participant, VectorClock};
 use crate::order::{Order, StreamError, Wait};
 use crate::report::{
-    latest_by_participant, AccessKind, AccessRef, Conflict, Detail, FreeRef, Hazard, HazardKind,
-    OpNote, Pattern, Report,
+    latest_by_participant, AccessKind, AccessRef, Conflict, Detail, FixPlan, FreeRef, Hazard,
+    HazardKind, OpNote, Pattern, Report,
 };
 use crate::shadow::{
     scan, Access, Entry, Freed, GenId, Generation, Graveyard, History, Probe, Visit, FLAT_MAX,
@@ -608,6 +608,11 @@ impl Checker {
 
     /// `wait-on-unrecorded-event`: the wait at op `i` has no effect.
     fn warn_unrecorded(&mut self, i: u64, op: &Op, stream: &Id, event: &Id) {
+        let plan = FixPlan::RecordEvent {
+            event: event.to_string(),
+            waiter: stream.to_string(),
+            before: i,
+        };
         self.hazards.push(Hazard {
             kind: HazardKind::WaitOnUnrecordedEvent,
             severity: HazardKind::WaitOnUnrecordedEvent.severity(),
@@ -617,9 +622,7 @@ impl Checker {
             access: None,
             conflicts: Vec::new(),
             free: None,
-            fix: Some(format!(
-                "record event {event} on the stream whose work {stream} must wait for before op {i}; this wait has no effect"
-            )),
+            fix: Some(plan.sentence()),
             detail: Detail {
                 op_name: op.name(),
                 label: None,
@@ -628,6 +631,7 @@ impl Checker {
                 notes: vec![],
                 why: Vec::new(),
                 replay: None,
+                plan: Some(plan),
             },
             confirmation: None,
         });

@@ -160,7 +160,7 @@ impl Checker {
     /// captured ops, on the capture's streams), the others around the launch (on the launch
     /// streams, which the replays join into).
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::checker) fn replay_fix(
+    pub(in crate::checker) fn replay_plan(
         &self,
         kind: HazardKind,
         i: u64,
@@ -169,9 +169,9 @@ impl Checker {
         kept: &[&Found],
         conflicts: &[Conflict],
         free: Option<&FreeRef>,
-    ) -> String {
+    ) -> FixPlan {
         let Some(me) = self.graphs.captured_op(captured) else {
-            return fix_race(&self.order, kind, i, s, conflicts, free);
+            return race_plan(&self.order, kind, i, s, conflicts, free);
         };
         let inside: Vec<Conflict> = kept
             .iter()
@@ -191,39 +191,41 @@ impl Checker {
             .filter(|c| !(c.op == i && c.captured.is_some()))
             .cloned()
             .collect();
-        let mut parts = Vec::new();
-        if !outside.is_empty() {
+        let launch = (!outside.is_empty()).then(|| {
             let named = self
                 .graphs
                 .with_launch_streams(&self.order, &outside)
                 .unwrap_or(outside);
             // record_stream at a free outside a capture cannot order a later replay.
             let record_stream = named.iter().all(|c| c.captured.is_none());
-            parts.push(fix_race_on(
+            Box::new(race_plan_on(
                 self.order.name(s),
                 kind,
                 i,
                 &named,
                 free,
                 record_stream,
-            ));
-        }
-        if !inside.is_empty() {
+            ))
+        });
+        let capture = (!inside.is_empty()).then(|| {
             // A free between the conflicting captured ops is inside the capture: there,
             // record_stream keeps the pool from handing its block out again.
             let record_stream =
                 free.is_some_and(|f| inside.iter().all(|c| c.op < f.op) && f.op < me.op);
-            let text = fix_race_on(
+            Box::new(race_plan_on(
                 me.stream.as_str(),
                 kind,
                 me.op,
                 &inside,
                 free,
                 record_stream,
-            );
-            parts.push(format!("in the capture of graph {}, {text}", me.graph));
+            ))
+        });
+        FixPlan::Replay {
+            graph: me.graph.to_string(),
+            launch,
+            capture,
         }
-        parts.join("; and ")
     }
 
     /// A caching (or stream-ordered) free of pool buffer `g` at op `i`: its block goes back to
