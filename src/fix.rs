@@ -25,8 +25,11 @@
 //! existing event means. An op's insertions outside a capture are at most two per hazard there:
 //! when the events would take more (a hazard with conflicts on several streams), the host waits
 //! instead — one `stream_sync` per stream, or one `device_sync` per device when even that is too
-//! many. Only the last can exceed two: a hazard whose unordered accesses are on streams of three
-//! or more devices.
+//! many. Only the last can exceed two (a hazard whose unordered accesses are on streams of three
+//! or more devices), and events during a capture, where the host may not synchronize. During a
+//! capture, no event is recorded on a capturing stream for a waiter outside the capture, nor
+//! waited on by a capturing stream: that work is left as it is (the check of the written trace
+//! reports it).
 //!
 //! Insertions only add happens-before edges, which can only remove hazards; the checker over the
 //! written program proves the result: [`Fixer::finish`] returns its report.
@@ -118,10 +121,10 @@ fn steps(plan: &FixPlan, at: u64, capture: bool, out: &mut Vec<(u64, Step)>) {
             capture: inside,
             ..
         } => {
-            if let Some(p) = launch {
+            for p in launch {
                 steps(p, at, false, out);
             }
-            if let Some(p) = inside {
+            for p in inside {
                 steps(p, at, true, out);
             }
         }
@@ -176,6 +179,8 @@ pub struct Fixer {
     /// The written program's hazards, collected as they are found.
     found: Vec<Hazard>,
     insertions: Vec<Insertion>,
+    /// The hazards (original op, kind, buffer) that a capture underway kept from being fixed.
+    blocked: Vec<(u64, HazardKind, String)>,
     inserted: u64,
     max_per_hazard: f64,
 }
@@ -213,6 +218,7 @@ impl Fixer {
             next_event: 0,
             found: Vec::new(),
             insertions: Vec::new(),
+            blocked: Vec::new(),
             inserted: 0,
             max_per_hazard: 0.0,
         }
@@ -242,6 +248,10 @@ impl Fixer {
             return Ok(None);
         }
         let insertion = self.plan(index, op, &left);
+        if insertion.ops.is_empty() {
+            self.feed(op)?;
+            return Ok(None);
+        }
         for extra in &insertion.ops {
             self.feed(extra)?;
         }
@@ -494,11 +504,27 @@ impl Fixer {
                 Step::RecordStream { or, .. } => or.after.clone(),
             }
         };
+        // During a capture, an event recorded on a capturing stream would be captured (and
+        // its waiter would join the capture), and a capturing stream cannot wait on an event
+        // recorded outside it: such work is left unordered here (the written trace's check
+        // reports it).
+        let capturing = |s: &str| self.checker.capture_blocks(&Id::from(s));
         let earlier: BTreeSet<String> = left
             .iter()
             .flat_map(waits)
             .map(|a| a.stream)
-            .filter(|p| *p != waiter && self.is_stream(p))
+            .filter(|p| *p != waiter && self.is_stream(p) && !capturing(p))
+            .collect();
+        let underway = self.checker.capture_underway();
+        let blocked: Vec<(u64, HazardKind, String)> = left
+            .iter()
+            .filter(|t| {
+                capturing(&waiter)
+                    || waits(t)
+                        .iter()
+                        .any(|a| a.stream != waiter && capturing(&a.stream))
+            })
+            .map(|t| (t.op, t.kind, t.buffer.clone()))
             .collect();
         let budget = 2 * left.len();
         let caching_device_free = matches!(&op.op, Op::Free { stream: None, .. }) && waiter != HOST;
@@ -519,6 +545,9 @@ impl Fixer {
             _ => None,
         };
         let list = earlier.iter().cloned().collect::<Vec<_>>().join(", ");
+        if record_stream.is_none() {
+            self.blocked.extend(blocked);
+        }
         if let Some(buffer) = record_stream {
             let alloc = self.allocs.get(&buffer).copied().unwrap_or(0);
             // A caching free of device memory: every conflict is another stream's. A stream
@@ -545,7 +574,9 @@ impl Fixer {
                 })
                 .collect::<Vec<_>>();
             (ops, format!("record_stream({buffer}, {list})"))
-        } else if 2 * earlier.len() <= budget {
+        } else if capturing(&waiter) {
+            (Vec::new(), format!("nothing: {waiter} is capturing"))
+        } else if 2 * earlier.len() <= budget || underway {
             let mut ops = Vec::new();
             for s in &earlier {
                 let event = self.fresh_event();
@@ -622,6 +653,13 @@ impl Fixer {
         &self.insertions
     }
 
+    /// The hazards, as (original op index, kind, buffer), that a capture underway kept from
+    /// being fixed: the earlier work is on a stream that was capturing by the time of the
+    /// hazard's op (an event recorded there would be captured), or the op's stream was.
+    pub fn blocked(&self) -> &[(u64, HazardKind, String)] {
+        &self.blocked
+    }
+
     /// Ends the walk: the counts, and the report of the written program (whose op indices are
     /// the written trace's; see [`Fixer::original_index`]).
     pub fn finish(&mut self) -> (FixSummary, Report) {
@@ -650,6 +688,8 @@ pub struct Fixed {
     pub insertions: Vec<Insertion>,
     /// The counts.
     pub summary: FixSummary,
+    /// The hazards a capture kept from being fixed ([`Fixer::blocked`]).
+    pub blocked: Vec<(u64, HazardKind, String)>,
     /// The original program's report.
     pub before: Report,
     /// The written program's report.
@@ -685,6 +725,7 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         ops,
         inserted_at,
         insertions,
+        blocked: fixer.blocked().to_vec(),
         summary,
         before,
         after,

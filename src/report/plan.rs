@@ -31,14 +31,16 @@ pub enum FixPlan {
     },
     /// A race found in a replay of `graph`: what orders the conflicts of the program around
     /// the launch (`launch`), and what orders the conflicts between the replay's own captured
-    /// ops inside the capture (`capture`). At least one is present.
+    /// ops inside the capture (`capture`, one plan per captured op that needs one). The report
+    /// lists the conflicts of the first captured op with the hazard; the plan covers every
+    /// captured op of the replay with that hazard (kind and buffer).
     Replay {
         /// The graph.
         graph: String,
         /// Around the launch, on the program's streams.
-        launch: Option<Box<FixPlan>>,
+        launch: Vec<FixPlan>,
         /// Inside the capture, between captured ops on the capture's streams.
-        capture: Option<Box<FixPlan>>,
+        capture: Vec<FixPlan>,
     },
     /// A use after free: move the free of `buffer` at op `free` after op `before`, or allocate
     /// the buffer again before the use. (No synchronization fixes it.)
@@ -126,6 +128,31 @@ impl FixPlan {
         super::text::fix_sentence(self)
     }
 
+    /// Adds the plan of another captured op of the same replay with the same hazard (a
+    /// [`FixPlan::Replay`] of the same graph): waits before the same op by the same waiter
+    /// become one; other parts are added unless already there.
+    pub fn merge(&mut self, other: FixPlan) {
+        let FixPlan::Replay {
+            launch: mine,
+            capture: my_capture,
+            ..
+        } = self
+        else {
+            return;
+        };
+        let FixPlan::Replay {
+            launch, capture, ..
+        } = other
+        else {
+            return;
+        };
+        for (into, parts) in [(mine, launch), (my_capture, capture)] {
+            for part in parts {
+                add_part(into, part);
+            }
+        }
+    }
+
     /// Whether the plan names `record_stream` (anywhere).
     pub fn names_record_stream(&self) -> bool {
         match self {
@@ -134,9 +161,41 @@ impl FixPlan {
                 launch, capture, ..
             } => launch
                 .iter()
-                .chain(capture.iter())
-                .any(|p| p.names_record_stream()),
+                .chain(capture)
+                .any(FixPlan::names_record_stream),
             _ => false,
         }
+    }
+}
+
+/// Adds `part` to `parts`: into a wait before the same op by the same waiter (its streams
+/// joined, each with its latest op and all its accesses), else as a part of its own unless an
+/// equal one is there.
+fn add_part(parts: &mut Vec<FixPlan>, part: FixPlan) {
+    if let FixPlan::Wait(w) = &part {
+        let same = parts.iter_mut().find_map(|p| match p {
+            FixPlan::Wait(v) if v.waiter == w.waiter && v.before == w.before => Some(v),
+            _ => None,
+        });
+        if let Some(v) = same {
+            for a in &w.after {
+                match v.after.iter_mut().find(|b| b.stream == a.stream) {
+                    Some(b) => {
+                        b.op = b.op.max(a.op);
+                        for e in &a.accesses {
+                            if !b.accesses.contains(e) {
+                                b.accesses.push(e.clone());
+                            }
+                        }
+                    }
+                    None => v.after.push(a.clone()),
+                }
+            }
+            v.after.sort_by(|a, b| a.stream.cmp(&b.stream));
+            return;
+        }
+    }
+    if !parts.contains(&part) {
+        parts.push(part);
     }
 }

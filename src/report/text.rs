@@ -287,12 +287,13 @@ pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
             launch,
             capture,
         } => {
-            let mut parts = Vec::new();
-            if let Some(p) = launch {
-                parts.push(fix_sentence(p));
-            }
-            if let Some(p) = capture {
-                parts.push(format!("in the capture of graph {graph}, {}", fix_sentence(p)));
+            let mut parts: Vec<String> = launch.iter().map(fix_sentence).collect();
+            for (k, p) in capture.iter().enumerate() {
+                if k == 0 {
+                    parts.push(format!("in the capture of graph {graph}, {}", fix_sentence(p)));
+                } else {
+                    parts.push(fix_sentence(p));
+                }
             }
             parts.join("; and ")
         }

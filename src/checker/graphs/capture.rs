@@ -166,6 +166,24 @@ impl Checker {
         Some(self.graphs.graphs[g as usize].name.clone())
     }
 
+    /// Whether a capture underway keeps the stream named `name` from taking part in a fix now:
+    /// it is capturing (an event recorded on it would be captured, and it cannot wait on one
+    /// recorded outside the capture), or it is the legacy default stream while a blocking stream
+    /// captures (no op may be issued on it).
+    pub(crate) fn capture_blocks(&self, name: &Id) -> bool {
+        self.graphs.capturing()
+            && ((self.graphs.blocking > 0 && name.as_str() == DEFAULT_STREAM)
+                || self
+                    .order
+                    .find_stream(name)
+                    .is_some_and(|p| self.graphs.capturing.contains_key(&p)))
+    }
+
+    /// Whether a capture is underway: no host synchronization is allowed then.
+    pub(crate) fn capture_underway(&self) -> bool {
+        self.graphs.capturing()
+    }
+
     /// Whether `p` is a blocking stream of device 0 (rule 5 of the trace format).
     pub(super) fn blocking0(&self, p: Participant) -> bool {
         let info = self.order.stream_info(p);

@@ -133,6 +133,25 @@ impl Checker {
                                     .any(|d| d.kind == h.kind && d.buffer == h.buffer)
                             })
                             .collect();
+                        // A later captured op's plan joins the kept hazard's: following the
+                        // fix removes the hazard from every captured op that has it.
+                        let merged: Vec<_> = new
+                            .iter()
+                            .zip(&keep)
+                            .filter(|(_, &k)| !k)
+                            .map(|(h, _)| (h.kind, h.buffer.clone(), h.detail.plan.clone()))
+                            .collect();
+                        for (kind, buffer, plan) in merged {
+                            let into = self.hazards[first..before]
+                                .iter_mut()
+                                .find(|d| d.kind == kind && d.buffer == buffer);
+                            if let (Some(d), Some(plan)) = (into, plan) {
+                                if let Some(mine) = d.detail.plan.as_mut() {
+                                    mine.merge(plan);
+                                    d.fix = Some(mine.sentence());
+                                }
+                            }
+                        }
                         let mut k = 0;
                         self.hazards.retain(|_| {
                             k += 1;
@@ -198,33 +217,26 @@ impl Checker {
                 .unwrap_or(outside);
             // record_stream at a free outside a capture cannot order a later replay.
             let record_stream = named.iter().all(|c| c.captured.is_none());
-            Box::new(race_plan_on(
-                self.order.name(s),
-                kind,
-                i,
-                &named,
-                free,
-                record_stream,
-            ))
+            race_plan_on(self.order.name(s), kind, i, &named, free, record_stream)
         });
         let capture = (!inside.is_empty()).then(|| {
             // A free between the conflicting captured ops is inside the capture: there,
             // record_stream keeps the pool from handing its block out again.
             let record_stream =
                 free.is_some_and(|f| inside.iter().all(|c| c.op < f.op) && f.op < me.op);
-            Box::new(race_plan_on(
+            race_plan_on(
                 me.stream.as_str(),
                 kind,
                 me.op,
                 &inside,
                 free,
                 record_stream,
-            ))
+            )
         });
         FixPlan::Replay {
             graph: me.graph.to_string(),
-            launch,
-            capture,
+            launch: launch.into_iter().collect(),
+            capture: capture.into_iter().collect(),
         }
     }
 
