@@ -307,3 +307,87 @@ fn regression_seeds_are_embedded() {
         "tests/graph.proptest-regressions holds no seed"
     );
 }
+
+/// The explanation lines of each hazard of a trace, after the walk.
+fn explained(text: &str) -> (Vec<TraceOp>, DepGraph, Vec<Vec<String>>) {
+    let ops = program(text);
+    let checked = check(&ops);
+    let g = whole(&ops, &checked);
+    let why = g.explanations().to_vec();
+    (ops, g, why)
+}
+
+#[test]
+fn a_replay_is_explained_from_its_launch_stream() {
+    let (_, _, why) = explained(include_str!("conformance/graph-static-input.jsonl"));
+    // The copy on s2 at op 7 against the replay launched on s1 at op 6.
+    assert_eq!(
+        why[0],
+        [
+            "the replay of g launched on s1 at op 6 read x, captured at op 4: it joins s1 at its end; s1 recorded no event after it",
+            "stream s2 has no synchronization with s1 before op 7",
+            "missing edge: s1 op 6 → s2 op 7",
+        ]
+    );
+    // The next replay (op 8) against the copy.
+    assert_eq!(
+        why[1][0],
+        "the replay of g launched on s1 at op 8 reads x, captured at op 4: it starts from what s1 knows at op 8"
+    );
+    assert_eq!(why[1].last().unwrap(), "missing edge: s2 op 7 → s1 op 8");
+}
+
+#[test]
+fn a_race_inside_a_replay_is_explained_by_the_capture() {
+    let (_, _, why) = explained(include_str!("conformance/graph-fork-join.jsonl"));
+    assert_eq!(why.len(), 2);
+    assert!(
+        why[0].iter().any(|l| l.starts_with(
+            "in the same replay, captured op 5 on s2 read x and captured op 7 on s1 wrote it; nothing in the capture of g orders them"
+        )),
+        "{:?}",
+        why[0]
+    );
+    assert_eq!(
+        why[0].last().unwrap(),
+        "missing edge: captured op 5 (s2) → captured op 7 (s1)"
+    );
+}
+
+#[test]
+fn graphs_sharing_a_pool_are_explained_through_both_launches() {
+    let (_, _, why) = explained(include_str!("conformance/graph-shared-pool.jsonl"));
+    assert_eq!(
+        why[0],
+        [
+            "the replay of g2 launched on s2 at op 12 writes t2, captured at op 8: it starts from what s2 knows at op 12",
+            "the replay of g1 launched on s1 at op 11 read t1, captured at op 3: it joins s1 at its end; s1 recorded no event after it",
+            "stream s2 has no synchronization with s1 before op 12",
+            "missing edge: s1 op 11 → s2 op 12",
+        ]
+    );
+}
+
+#[test]
+fn captured_ops_order_nothing_at_capture() {
+    // The captured record and wait between s1 and s2 do not run at capture: the graph has no
+    // edge from them, and s2's later launch outside the capture is not ordered after s1's work.
+    let (_, g, _) = explained(
+        r#"{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}
+{"op":"launch","stream":"s1","name":"w","writes":["x"]}
+{"op":"graph_begin","graph":"g","stream":"s1"}
+{"op":"event_record","event":"e","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"e"}
+{"op":"launch","stream":"s2","name":"k"}
+{"op":"event_record","event":"j","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"j"}
+{"op":"graph_end","graph":"g"}
+{"op":"launch","stream":"s2","name":"r","reads":["x"]}"#,
+    );
+    assert_eq!(
+        g.reaches(1, 9),
+        Some(false),
+        "a captured wait orders nothing"
+    );
+    assert_eq!(g.reaches(3, 4), Some(false));
+}

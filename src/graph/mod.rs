@@ -193,6 +193,12 @@ pub struct DepGraph {
     recorded: HashMap<Id, Recorded>,
     /// The frees that reuse races name, with the `record_stream`s the freed buffer had.
     reuse_frees: HashMap<u64, Vec<RecordedStream>>,
+    /// The lanes capturing a graph now, with the graph.
+    capturing: HashMap<usize, Id>,
+    /// The events whose latest record was captured, with its graph.
+    captured_events: HashMap<Id, Id>,
+    /// The `graph_launch`es the hazards name: op → (launch lane, graph).
+    launches: HashMap<u64, (usize, Id)>,
 }
 
 /// A live buffer's owning stream (device memory) and its `record_stream`s.
@@ -250,6 +256,9 @@ impl DepGraph {
             implicit: Default::default(),
             recorded: HashMap::default(),
             reuse_frees,
+            capturing: HashMap::default(),
+            captured_events: HashMap::default(),
+            launches: HashMap::default(),
         }
     }
 
@@ -297,9 +306,60 @@ impl DepGraph {
         }
     }
 
+    /// Whether op `op` (on `lane`) is captured: it does not run, and its stream keeps no order
+    /// from it (trace format, "CUDA graphs"). Tracks which lanes capture which graph.
+    fn capture(&mut self, lane: usize, op: &Op) -> bool {
+        match op {
+            Op::GraphBegin { graph, stream, .. } => {
+                let l = self.lane(stream);
+                self.capturing.insert(l, graph.clone());
+                false
+            }
+            Op::GraphEnd { graph } => {
+                self.capturing.retain(|_, g| g != graph);
+                // Its captured events count as never recorded.
+                self.captured_events.retain(|_, g| g != graph);
+                false
+            }
+            Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. } | Op::EventRecord { .. } => {
+                let Some(graph) = self.capturing.get(&lane).cloned() else {
+                    if let Op::EventRecord { event, .. } = op {
+                        self.captured_events.remove(event);
+                    }
+                    return false;
+                };
+                if let Op::EventRecord { event, .. } = op {
+                    self.events.remove(event);
+                    self.captured_events.insert(event.clone(), graph);
+                }
+                true
+            }
+            Op::EventWait { event, .. } => {
+                if self.capturing.contains_key(&lane) {
+                    return true;
+                }
+                // A wait on a captured event joins the capture.
+                match self.captured_events.get(event).cloned() {
+                    Some(graph) => {
+                        self.capturing.insert(lane, graph);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// Takes op `index` of the trace.
     pub fn add(&mut self, index: u64, op: &TraceOp) {
         let (lane, label, accesses) = self.describe(op);
+        let captured = self.capture(lane, &op.op);
+        let label = if captured {
+            format!("captured {label}")
+        } else {
+            label
+        };
         let label: Arc<str> = Arc::from(label);
         let node = self.g.add_node(OpNode {
             op: index,
@@ -311,7 +371,14 @@ impl DepGraph {
         });
         self.nodes.insert(index, node);
         self.track_record_streams(index, &op.op);
-        if lane == HOST_LANE {
+        if let Op::GraphLaunch { graph, .. } = &op.op {
+            if self.pins.contains(&index) {
+                self.launches.insert(index, (lane, graph.clone()));
+            }
+        }
+        if captured {
+            // Drawn on its stream's lane, with no edge: it runs only in the graph's replays.
+        } else if lane == HOST_LANE {
             self.host_op(index, &op.op, &label);
         } else {
             self.stream_op(index, lane, &op.op, &label);
@@ -500,8 +567,8 @@ impl DepGraph {
                 )
             }
             Op::DeviceSync { device } => (HOST_LANE, format!("device_sync {device}"), vec![]),
-            // Graphs: the launch is an op on its stream; the explanation does not follow a
-            // replay's body (its captured ops are drawn as the ops of their streams).
+            // Graphs: the launch is an op on its stream, which the replay follows and joins at
+            // its end; captured ops are drawn on their streams' lanes, with no edge.
             Op::GraphBegin { graph, stream, .. } => {
                 self.lane(stream);
                 (
