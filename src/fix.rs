@@ -367,7 +367,7 @@ impl Fixer {
                 if t.op == index {
                     format!("{} on {}", t.kind, t.buffer)
                 } else {
-                    format!("{} on {} (reported at op {})", t.kind, t.buffer, t.op)
+                    format!("{} on {} reported at op {}", t.kind, t.buffer, t.op)
                 }
             })
             .collect::<Vec<_>>()

@@ -329,7 +329,21 @@ pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
 /// graph replay's hazard: its participants are no streams of the program; the fix names them.)
 fn terms(h: &Hazard) -> Vec<String> {
     if h.detail.replay.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
-        return vec![];
+        // A replay's: the plan's wait around the launch names the program's streams.
+        let wait = match &h.detail.plan {
+            Some(FixPlan::Wait(w)) => Some(w),
+            Some(FixPlan::Replay { launch, .. }) => launch.iter().find_map(|p| match p {
+                FixPlan::Wait(w) => Some(w),
+                _ => None,
+            }),
+            _ => None,
+        };
+        return match wait.and_then(|w| Some((w.waiter.as_str(), w.after.first()?))) {
+            Some((later, first)) if first.stream != crate::trace::HOST => {
+                wait_terms(first.stream.as_str(), later)
+            }
+            _ => vec![],
+        };
     }
     let later = h
         .access
@@ -366,6 +380,13 @@ fn terms(h: &Hazard) -> Vec<String> {
             "in PyTorch: {t}.record_stream({earlier}) before {t} is freed"
         ));
     }
+    v.extend(wait_terms(earlier, later));
+    v
+}
+
+/// `later` waits for `earlier`'s work, in CUDA and PyTorch terms.
+fn wait_terms(earlier: &str, later: &str) -> Vec<String> {
+    let mut v = Vec::new();
     if later == crate::trace::HOST {
         v.push(format!(
             "in CUDA:    cudaEventRecord(ev, {earlier}); cudaEventSynchronize(ev)  (or cudaStreamSynchronize({earlier}))"
