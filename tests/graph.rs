@@ -391,3 +391,69 @@ fn captured_ops_order_nothing_at_capture() {
     );
     assert_eq!(g.reaches(3, 4), Some(false));
 }
+
+#[test]
+fn a_replay_is_drawn_as_a_box_of_its_body_lanes() {
+    let ops = program(include_str!("conformance/graph-fork-join.jsonl"));
+    let (mut report, implicit) = check(&ops);
+    let pic = streamsan::graph::explain_program(&ops, &mut report, &implicit, "fork-join");
+    assert_eq!(pic.replays.len(), 1);
+    let r = &pic.replays[0];
+    assert_eq!((r.launch, r.graph.as_str()), (10, "g"));
+    assert_eq!(r.lanes, ["g/s1", "g/s2"]);
+    let ops_of = |lane: usize| -> Vec<u64> {
+        r.ops
+            .iter()
+            .filter(|o| o.lane == lane)
+            .map(|o| o.captured)
+            .collect()
+    };
+    // s1 is the origin (its captured record at op 3 comes first); s2 joined at op 4.
+    assert_eq!(ops_of(0), [3, 7, 8]);
+    assert_eq!(ops_of(1), [4, 5, 6]);
+    let merge = r.ops.iter().find(|o| o.captured == 7).unwrap();
+    assert_eq!(merge.hazards, [0, 1], "the replay of op 7 has both hazards");
+    let side = r.ops.iter().find(|o| o.captured == 5).unwrap();
+    assert_eq!(side.conflicts, [0, 1]);
+
+    let dot = streamsan::graph::render_dot(&pic);
+    for line in [
+        "subgraph cluster_replay_10 {",
+        "label=\"replay of g (graph_launch at op 10)\"",
+        "label=\"g/s2\"",
+        "op10 -> r10_3 ",
+        "op10 -> r10_4 ",
+        "r10_5 -> r10_6 ",
+    ] {
+        assert!(dot.contains(line), "{line} not in\n{dot}");
+    }
+    let html = streamsan::graph::render_html(&pic);
+    assert!(html.contains("<figure class=\"replay\" id=\"replay-10\">"));
+    assert!(html.contains("replay of g at <a href=\"#op-10\">op 10</a>: it starts from s1"));
+    assert!(html.contains("class=\"replay-box\""));
+    assert!(html.contains(">g/s2</text>") && html.contains(">g/s1</text>"));
+}
+
+#[test]
+fn a_captured_op_is_drawn_with_no_edge_and_its_replay_in_the_box() {
+    let ops = program(include_str!("conformance/graph-capture-does-not-run.jsonl"));
+    let (mut report, implicit) = check(&ops);
+    let pic = streamsan::graph::explain_program(&ops, &mut report, &implicit, "t");
+    let captured = pic.nodes.iter().find(|n| n.op == 2).expect("op 2 drawn");
+    assert!(
+        captured.label.starts_with("captured "),
+        "{}",
+        captured.label
+    );
+    assert!(
+        pic.edges
+            .iter()
+            .all(|e| e.kind == streamsan::graph::EdgeKind::Elided || (e.from != 2 && e.to != 2)),
+        "{:?}",
+        pic.edges
+    );
+    assert_eq!(pic.replays.len(), 1);
+    assert_eq!(pic.replays[0].launch, 5);
+    assert_eq!(pic.replays[0].ops[0].captured, 2);
+    assert_eq!(pic.replays[0].ops[0].hazards, [0]);
+}

@@ -167,6 +167,7 @@ impl DepGraph {
                 prevents: v.prevents.iter().map(|k| k.to_string()).collect(),
             })
             .collect();
+        let replays = self.replays(report, drawn_hazards, &drawn);
         Picture {
             title: title.to_string(),
             ops: self.stats.ops,
@@ -176,6 +177,65 @@ impl DepGraph {
             edges,
             hazards,
             syncs,
+            replays,
         }
+    }
+
+    /// The replays to draw: each drawn `graph_launch` that a hazard names, with its body.
+    fn replays(
+        &self,
+        report: &Report,
+        drawn_hazards: usize,
+        drawn: &BTreeSet<u64>,
+    ) -> Vec<PictureReplay> {
+        let mut launches: Vec<(&u64, &(usize, Id))> = self
+            .launches
+            .iter()
+            .filter(|(op, _)| drawn.contains(op))
+            .collect();
+        launches.sort_by_key(|(op, _)| **op);
+        let mut replays = Vec::new();
+        for (&launch, (_, graph)) in launches {
+            let Some(body) = self.bodies.get(graph) else {
+                continue;
+            };
+            let mut lanes: Vec<String> = Vec::new();
+            let mut ops = Vec::new();
+            for b in body {
+                let name = format!("{graph}/{}", b.stream);
+                let lane = match lanes.iter().position(|l| *l == name) {
+                    Some(k) => k,
+                    None => {
+                        lanes.push(name);
+                        lanes.len() - 1
+                    }
+                };
+                let mine = |k: &usize| {
+                    let h = &report.hazards[*k];
+                    h.op == launch && h.access.as_ref().and_then(|a| a.captured) == Some(b.captured)
+                };
+                let theirs = |k: &usize| {
+                    report.hazards[*k]
+                        .conflicts
+                        .iter()
+                        .any(|c| c.op == launch && c.captured == Some(b.captured))
+                };
+                ops.push(ReplayOp {
+                    lane,
+                    captured: b.captured,
+                    label: b.label.to_string(),
+                    accesses: b.accesses.clone(),
+                    hazards: (0..drawn_hazards).filter(mine).collect(),
+                    conflicts: (0..drawn_hazards).filter(theirs).collect(),
+                });
+            }
+            replays.push(PictureReplay {
+                launch,
+                graph: graph.to_string(),
+                lanes,
+                ops,
+            });
+        }
+        replays
     }
 }

@@ -35,7 +35,9 @@ mod know;
 pub mod picture;
 pub mod render;
 
-pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, PictureSync, Role};
+pub use picture::{
+    Edge, EdgeKind, Lane, Node, Picture, PictureHazard, PictureReplay, PictureSync, ReplayOp, Role,
+};
 pub use render::{render_dot, render_html};
 
 /// Knobs of the graph.
@@ -199,6 +201,18 @@ pub struct DepGraph {
     captured_events: HashMap<Id, Id>,
     /// The `graph_launch`es the hazards name: op → (launch lane, graph).
     launches: HashMap<u64, (usize, Id)>,
+    /// The captured ops of each graph whose launches the hazards name (or may: every graph
+    /// whose capture is underway), in body order.
+    bodies: HashMap<Id, Vec<BodyNode>>,
+}
+
+/// A captured op, as a replay's box draws it.
+#[derive(Clone, Debug)]
+struct BodyNode {
+    captured: u64,
+    stream: String,
+    label: Arc<str>,
+    accesses: Vec<String>,
 }
 
 /// A live buffer's owning stream (device memory) and its `record_stream`s.
@@ -259,6 +273,7 @@ impl DepGraph {
             capturing: HashMap::default(),
             captured_events: HashMap::default(),
             launches: HashMap::default(),
+            bodies: HashMap::default(),
         }
     }
 
@@ -378,6 +393,17 @@ impl DepGraph {
         }
         if captured {
             // Drawn on its stream's lane, with no edge: it runs only in the graph's replays.
+            if let Some(graph) = self.capturing.get(&lane) {
+                self.bodies
+                    .entry(graph.clone())
+                    .or_default()
+                    .push(BodyNode {
+                        captured: index,
+                        stream: self.lanes[lane].name.clone(),
+                        label: Arc::from(label.strip_prefix("captured ").unwrap_or(&label)),
+                        accesses: self.g[node].accesses.clone(),
+                    });
+            }
         } else if lane == HOST_LANE {
             self.host_op(index, &op.op, &label);
         } else {

@@ -21,6 +21,7 @@ use crate::graph::picture::{Edge, Node, PictureSync};
 use crate::report::Severity;
 
 mod layout;
+mod replay;
 mod template;
 
 use layout::*;
@@ -77,6 +78,7 @@ pub fn render_html(pic: &Picture) -> String {
         out.push_str("<p class=\"empty\">No ops to draw.</p>\n");
     } else {
         picture(&mut out, &d);
+        replay::replays(&mut out, &d);
     }
     out.push_str("</section>\n");
     hazard_list(&mut out, &d);

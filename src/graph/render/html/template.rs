@@ -26,6 +26,8 @@ svg text { font: 11px ui-monospace, SFMono-Regular, Menlo, Consolas, "DejaVu San
 .band1 { fill: #f0f1f4; }
 .gap line { stroke: #c9c9c9; stroke-dasharray: 2 4; }
 .gap text { fill: #8a5a00; font-size: 10px; }
+figure.replay { margin: 8px 0 0 0; }
+figure.replay figcaption { font-size: 12px; color: #6a4fb3; margin: 0 0 4px 8px; }
 .node rect { stroke-width: 1.2px; }
 .node.hazard > rect, .node.conflict > rect { stroke-width: 2px; }
 .node .opn { font-weight: 700; fill: #555; }
