@@ -28,8 +28,10 @@
 //! many. Only the last can exceed two (a hazard whose unordered accesses are on streams of three
 //! or more devices), and events during a capture, where the host may not synchronize. During a
 //! capture, no event is recorded on a capturing stream for a waiter outside the capture, nor
-//! waited on by a capturing stream: that work is left as it is (the check of the written trace
-//! reports it).
+//! waited on by a capturing stream. A stream's work from before it joined a capture is waited
+//! for through an event recorded on it just before it started capturing (inserted there when a
+//! later step needs it); what is still out of reach (the waiting stream itself is capturing) is
+//! left as it is, reported by [`Fixer::blocked`] and by the check of the written trace.
 //!
 //! Insertions only add happens-before edges, which can only remove hazards; the checker over the
 //! written program proves the result: [`Fixer::finish`] returns its report.
@@ -181,6 +183,9 @@ pub struct Fixer {
     insertions: Vec<Insertion>,
     /// The hazards (original op, kind, buffer) that a capture underway kept from being fixed.
     blocked: Vec<(u64, HazardKind, String)>,
+    /// Per stream, the latest event recorded on it just before it started capturing (inserted,
+    /// and the original op index it preceded): a later op can still wait for its earlier work.
+    pre: HashMap<String, (Id, u64)>,
     inserted: u64,
     max_per_hazard: f64,
 }
@@ -219,6 +224,7 @@ impl Fixer {
             found: Vec::new(),
             insertions: Vec::new(),
             blocked: Vec::new(),
+            pre: HashMap::default(),
             inserted: 0,
             max_per_hazard: 0.0,
         }
@@ -232,10 +238,11 @@ impl Fixer {
         if let Op::Alloc { buffer, .. } = &op.op {
             self.allocs.insert(buffer.clone(), index);
         }
-        let Some(targets) = self.targets.remove(&index) else {
-            self.feed(op)?;
-            return Ok(None);
-        };
+        let pre = self.pre_record(index, op);
+        for extra in &pre {
+            self.feed(extra)?;
+        }
+        let targets = self.targets.remove(&index).unwrap_or_default();
         // What is left of these steps after the insertions so far: outside a capture, the
         // earlier work that the clock of the op, issued now, does not cover. Insertions only
         // add order, so nothing else can have appeared.
@@ -243,24 +250,89 @@ impl Fixer {
             .into_iter()
             .filter_map(|t| self.left(index, op, t))
             .collect();
-        if left.is_empty() {
-            self.feed(op)?;
-            return Ok(None);
-        }
-        let insertion = self.plan(index, op, &left);
-        if insertion.ops.is_empty() {
-            self.feed(op)?;
-            return Ok(None);
-        }
-        for extra in &insertion.ops {
-            self.feed(extra)?;
+        let planned = (!left.is_empty())
+            .then(|| self.plan(index, op, &left))
+            .filter(|ins| !ins.ops.is_empty());
+        if let Some(ins) = &planned {
+            for extra in &ins.ops {
+                self.feed(extra)?;
+            }
+            let per = ins.ops.len() as f64 / left.len() as f64;
+            self.max_per_hazard = self.max_per_hazard.max(per);
         }
         self.feed(op)?;
+        let insertion = match (pre.is_empty(), planned) {
+            (true, None) => return Ok(None),
+            (true, Some(ins)) => ins,
+            (false, planned) => {
+                let stream = match &pre[0].op {
+                    Op::EventRecord { stream, .. } => stream.to_string(),
+                    _ => String::new(),
+                };
+                let note = format!(
+                    "streamsan fix before op {index} of the original trace: an event on {stream} before it joins a capture, for a later op to wait on"
+                );
+                let mut ins = planned.unwrap_or(Insertion {
+                    before: index,
+                    hazards: Vec::new(),
+                    ops: Vec::new(),
+                    comment: String::new(),
+                });
+                ins.comment = match ins.comment.is_empty() {
+                    true => crate::text::escape(&note).into_owned(),
+                    false => format!("{}; {}", crate::text::escape(&note), ins.comment),
+                };
+                let mut ops = pre;
+                ops.append(&mut ins.ops);
+                ins.ops = ops;
+                ins
+            }
+        };
         self.inserted += insertion.ops.len() as u64;
-        let per = insertion.ops.len() as f64 / left.len() as f64;
-        self.max_per_hazard = self.max_per_hazard.max(per);
         self.insertions.push(insertion);
         Ok(self.insertions.last())
+    }
+
+    /// Before op `index`, where a stream starts capturing (its `graph_begin`, or its wait on a
+    /// captured event): an event recorded on it now, if a later step must order its earlier
+    /// work — once it captures, an event recorded there would be captured.
+    fn pre_record(&mut self, index: u64, op: &TraceOp) -> Vec<TraceOp> {
+        let starts = match &op.op {
+            Op::GraphBegin { stream, .. } => stream,
+            Op::EventWait { stream, event } if self.checker.event_captured(event) => stream,
+            _ => return Vec::new(),
+        };
+        if self.checker.capture_blocks(starts) || !self.is_stream(starts.as_str()) {
+            return Vec::new();
+        }
+        let s = starts.as_str();
+        let names = |after: &[After]| after.iter().any(|a| a.stream == s && a.op < index);
+        let needed = self.targets.range(index + 1..).any(|(_, ts)| {
+            ts.iter().any(|t| match &t.step {
+                Step::Wait {
+                    wait,
+                    capture: false,
+                } => names(&wait.after),
+                Step::RecordStream {
+                    or, capture: false, ..
+                } => names(&or.after),
+                _ => false,
+            })
+        });
+        if !needed {
+            return Vec::new();
+        }
+        let event = self.fresh_event();
+        self.pre.insert(s.to_string(), (event.clone(), index));
+        vec![TraceOp {
+            op: Op::EventRecord {
+                event,
+                stream: starts.clone(),
+            },
+            site: Some(Site::Label(format!(
+                "streamsan fix: an event on {s} before it joins a capture at op {index} of the original trace"
+            ))),
+        }]
     }
 
     /// The clock the checker would give op `op` of `waiter` now: for an op on a stream, the
@@ -309,25 +381,25 @@ impl Fixer {
                     !covered
                 })
         };
-        match &mut t.step {
+        let keep = match &mut t.step {
             Step::Wait {
                 capture: true,
                 wait,
-            } => (!wait.after.is_empty()).then_some(()),
-            Step::RecordStream { capture: true, .. } => Some(()),
+            } => !wait.after.is_empty(),
+            Step::RecordStream { capture: true, .. } => true,
             Step::Wait { wait, .. } => {
                 let clock = self.clock_of(&wait.waiter, op);
                 wait.after.retain(|a| needed(&clock, a));
-                (!wait.after.is_empty()).then_some(())
+                !wait.after.is_empty()
             }
             Step::RecordStream { candidates, or, .. } => {
                 let clock = self.clock_of(&or.waiter, op);
                 or.after.retain(|a| needed(&clock, a));
                 candidates.retain(|a| needed(&clock, a));
-                (!or.after.is_empty()).then_some(())
+                !or.after.is_empty()
             }
-        }?;
-        Some(t)
+        };
+        keep.then_some(t)
     }
 
     fn feed(&mut self, op: &TraceOp) -> Result<(), CheckError> {
@@ -516,16 +588,33 @@ impl Fixer {
             .filter(|p| *p != waiter && self.is_stream(p) && !capturing(p))
             .collect();
         let underway = self.checker.capture_underway();
-        let blocked: Vec<(u64, HazardKind, String)> = left
-            .iter()
-            .filter(|t| {
-                capturing(&waiter)
-                    || waits(t)
-                        .iter()
-                        .any(|a| a.stream != waiter && capturing(&a.stream))
-            })
-            .map(|t| (t.op, t.kind, t.buffer.clone()))
-            .collect();
+        // A capturing stream's work from before its capture: the event recorded on it just
+        // before it started capturing, when that follows the work.
+        let pre_event = |a: &After| {
+            self.pre
+                .get(&a.stream)
+                .filter(|(_, at)| a.op < *at)
+                .map(|(e, _)| e.clone())
+        };
+        let mut pre_events: BTreeSet<Id> = BTreeSet::new();
+        let mut blocked: Vec<(u64, HazardKind, String)> = Vec::new();
+        for t in left {
+            let mut stuck = capturing(&waiter);
+            for a in waits(t)
+                .iter()
+                .filter(|a| a.stream != waiter && capturing(&a.stream))
+            {
+                match pre_event(a) {
+                    Some(e) => {
+                        pre_events.insert(e);
+                    }
+                    None => stuck = true,
+                }
+            }
+            if stuck {
+                blocked.push((t.op, t.kind, t.buffer.clone()));
+            }
+        }
         let budget = 2 * left.len();
         let caching_device_free = matches!(&op.op, Op::Free { stream: None, .. }) && waiter != HOST;
         let candidates: Vec<After> = left
@@ -584,6 +673,16 @@ impl Fixer {
                     event: event.clone(),
                     stream: Id::from(s.as_str()),
                 }));
+                ops.push(with_site(if waiter == HOST {
+                    Op::EventSync { event }
+                } else {
+                    Op::EventWait {
+                        stream: Id::from(waiter.as_str()),
+                        event,
+                    }
+                }));
+            }
+            for event in pre_events {
                 ops.push(with_site(if waiter == HOST {
                     Op::EventSync { event }
                 } else {

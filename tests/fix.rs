@@ -564,3 +564,30 @@ proptest! {
         prop_assert_eq!(unfixable(&f, true), unfixable(&f, false));
     }
 }
+
+#[test]
+fn work_from_before_a_capture_is_waited_for_through_an_event_recorded_before_it() {
+    // b's launch (op 2) races with the host's write (op 4), by which time b is capturing: an
+    // event recorded on b then would be captured, and the host may not synchronize with a
+    // capturing stream. The fix records an event on b just before its capture begins.
+    let f = graph(
+        r#"{"op":"stream_create","stream":"b","blocking":true}
+{"op":"alloc","buffer":"p","bytes":1000,"memory":"pinned"}
+{"op":"launch","stream":"b","reads":["p"],"writes":["p"]}
+{"op":"graph_begin","graph":"g0","stream":"b"}
+{"op":"host_write","buffer":"p"}
+{"op":"graph_end","graph":"g0"}"#,
+    );
+    assert_eq!(f.before.errors, 1);
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on b", "host syncs streamsan-fix-1"]
+    );
+    assert_eq!(
+        f.inserted_at,
+        [3, 5],
+        "before graph_begin, and before the write"
+    );
+    assert!(f.blocked.is_empty());
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}

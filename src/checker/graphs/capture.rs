@@ -179,6 +179,12 @@ impl Checker {
                     .is_some_and(|p| self.graphs.capturing.contains_key(&p)))
     }
 
+    /// Whether the latest record of event `event` was captured in a capture underway (a stream
+    /// that waits on it joins that capture).
+    pub(crate) fn event_captured(&self, event: &Id) -> bool {
+        self.graphs.capturing() && self.graphs.events.contains_key(event)
+    }
+
     /// Whether a capture is underway: no host synchronization is allowed then.
     pub(crate) fn capture_underway(&self) -> bool {
         self.graphs.capturing()
