@@ -261,6 +261,7 @@ pub(super) fn conflict_of(
             .checked_sub(1)
             .and_then(|k| labels.get(k as usize).cloned()),
         epoch: Some(a.epoch()),
+        replay: graphs.replay_of(a.captured),
     }
 }
 

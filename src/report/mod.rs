@@ -215,6 +215,10 @@ pub struct Conflict {
     /// covers it); not part of the JSON report.
     #[serde(skip)]
     pub epoch: Option<crate::clock::Epoch>,
+    /// For a replay's access: the graph and the captured op (text reports name them; not part of
+    /// the JSON report).
+    #[serde(skip)]
+    pub replay: Option<Replay>,
 }
 
 /// The free behind a reuse race.

@@ -135,6 +135,26 @@ pub(crate) fn replay_line(h: &Hazard) -> Option<String> {
     Some(s)
 }
 
+/// `in graph g, replay at op N of the launch captured at op M (the earlier access)`: for each
+/// conflict that is another launch's replay (a replay's own conflicts are in its
+/// [`replay_line`]).
+fn conflict_replay_lines(h: &Hazard) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for c in &h.conflicts {
+        let Some(r) = c.replay.as_ref().filter(|_| c.op != h.op) else {
+            continue;
+        };
+        let line = format!(
+            "in graph {}, replay at op {} of the {} captured at op {} (the earlier access)",
+            r.graph, c.op, r.captured_name, r.captured
+        );
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
 /// The one-line title of a hazard, naming both operations and their participants.
 pub(crate) fn title(h: &Hazard) -> String {
     let buffer = h.buffer.as_deref().unwrap_or("?");
@@ -435,6 +455,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     }
     let bar = p.blue("   |");
     if let Some(line) = replay_line(h) {
+        let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
+    }
+    for line in conflict_replay_lines(h) {
         let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
     }
     let _ = writeln!(s, "{bar}");
