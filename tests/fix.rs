@@ -2,10 +2,15 @@
 //! unsafe-free, keeps the original ops in order, inserts at most two ops per hazard fixed, and
 //! makes every schedule on the simulator give the sequential reference.
 //!
+//! Graph programs: every conformance and example trace with a fixable hazard (the graph ones
+//! named), and random programs with captures, forks and joins, shared pools and replays on
+//! several streams (the oracle agreement test's generator, `tests/programs`).
+//!
 //! Fixtures: the proptest regression seeds of `tests/fix.proptest-regressions`, embedded
 //! (`include_str!`, `common::EmbeddedRegressions`), so they are replayed wherever the test runs.
 
 mod common;
+mod programs;
 
 use proptest::prelude::*;
 use streamsan::exec::sim::{self, RandomScheduler, SimConfig};
@@ -14,6 +19,7 @@ use streamsan::fuzz::gen::{arb_program, GenConfig};
 use streamsan::report::HazardKind;
 use streamsan::trace::{parse_line, Op, TraceOp};
 use streamsan::workload::SplitMix;
+use streamsan::Checker;
 
 fn program(text: &str) -> Vec<TraceOp> {
     text.lines()
@@ -311,4 +317,277 @@ fn regression_seeds_are_embedded() {
         !seeds.is_empty(),
         "tests/fix.proptest-regressions holds no seed"
     );
+}
+
+/// The trace's ops, or `None` when the checker rejects it (bad input).
+fn accepted(text: &str) -> Option<Vec<TraceOp>> {
+    let mut ops = Vec::new();
+    for line in text.lines() {
+        match parse_line(line) {
+            Ok(Some((op, _))) => ops.push(op),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+    }
+    let mut checker = Checker::new();
+    ops.iter()
+        .all(|op| checker.check(op).is_ok())
+        .then_some(ops)
+}
+
+/// What no synchronization fixes (use-after-free, invalid-free, warnings): (op, kind, buffer)
+/// in the written trace (`after`), or in the original with its ops moved to the written trace's
+/// indices.
+fn unfixable(f: &Fixed, after: bool) -> Vec<(u64, HazardKind, Option<String>)> {
+    // Original op index -> written op index.
+    let map: Vec<u64> = (0..f.ops.len())
+        .filter(|i| !f.inserted_at.contains(i))
+        .map(|i| i as u64)
+        .collect();
+    let r = if after { &f.after } else { &f.before };
+    let mut v: Vec<_> = r
+        .hazards
+        .iter()
+        .filter(|h| !is_fixable(h.kind))
+        .map(|h| {
+            let op = if after { h.op } else { map[h.op as usize] };
+            (op, h.kind, h.buffer.clone())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn every_conformance_and_example_trace_is_fixed() {
+    let traces = common::fixtures_with_extension(common::CONFORMANCE, "jsonl")
+        .into_iter()
+        .chain(common::fixtures_with_extension(
+            common::EXAMPLE_TRACES,
+            "jsonl",
+        ));
+    let mut fixed_graphs = Vec::new();
+    let mut fixed = 0;
+    for t in traces {
+        let Some(p) = accepted(t.text()) else {
+            continue;
+        };
+        let f = fix_program(&p).unwrap();
+        assert!(keeps_original(&p, &f), "{}", t.path);
+        assert_eq!(
+            fixable_left(&f),
+            [],
+            "{}: the fixed trace still has races\n{}",
+            t.path,
+            f.after.to_json()
+        );
+        assert_eq!(
+            unfixable(&f, true),
+            unfixable(&f, false),
+            "{}: what no synchronization fixes changed",
+            t.path
+        );
+        if f.summary.fixable > 0 {
+            assert_eq!(f.summary.fixed, f.summary.fixable, "{}", t.path);
+            fixed += 1;
+            if p.iter().any(|op| matches!(op.op, Op::GraphLaunch { .. })) {
+                fixed_graphs.push(t.name().to_string());
+            }
+        }
+    }
+    fixed_graphs.sort();
+    fixed_graphs.dedup();
+    assert!(fixed > 20, "only {fixed} traces with races");
+    // Each graph trace with a race, fixed (the conformance and example copies share names).
+    for name in [
+        "graph-blocking-capture.jsonl",
+        "graph-capture-does-not-run.jsonl",
+        "graph-captured-event-after-end.jsonl",
+        "graph-entry.jsonl",
+        "graph-fork-join.jsonl",
+        "graph-free-after-replay.jsonl",
+        "graph-legacy-default.jsonl",
+        "graph-pool-record-stream.jsonl",
+        "graph-shared-pool.jsonl",
+        "graph-static-input.jsonl",
+        "graph-static-output.jsonl",
+        "graph-temp-freed-in-capture.jsonl",
+        "graph-two-graphs-two-streams.jsonl",
+    ] {
+        assert!(
+            fixed_graphs.iter().any(|g| g == name),
+            "{name} has no race fixed: {fixed_graphs:?}"
+        );
+    }
+}
+
+fn graph(text: &str) -> Fixed {
+    fix_program(&program(text)).unwrap()
+}
+
+#[test]
+fn a_static_input_copy_waits_for_the_replay_and_the_next_replay_for_the_copy() {
+    let f = graph(include_str!("conformance/graph-static-input.jsonl"));
+    assert_eq!(
+        inserted(&f),
+        [
+            "record streamsan-fix-1 on s1",
+            "s2 waits streamsan-fix-1",
+            "record streamsan-fix-2 on s2",
+            "s1 waits streamsan-fix-2"
+        ]
+    );
+    // Before the copy (original op 7) and before the second launch (original op 8).
+    assert_eq!(f.inserted_at, [7, 8, 10, 11]);
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn a_static_output_consumer_waits_for_the_replay() {
+    let f = graph(include_str!("conformance/graph-static-output.jsonl"));
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on s1", "s2 waits streamsan-fix-1"]
+    );
+    assert_eq!(f.inserted_at, [6, 7]);
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn a_race_inside_the_body_is_fixed_inside_the_capture() {
+    // The replay races between its own participants: the fix is a captured event, before the
+    // captured op (original op 7), not at the launch.
+    let f = graph(include_str!("conformance/graph-fork-join.jsonl"));
+    assert_eq!(f.before.errors, 2);
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on s2", "s1 waits streamsan-fix-1"]
+    );
+    assert_eq!(f.inserted_at, [7, 8]);
+    assert_eq!(f.insertions[0].before, 7);
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn a_temporary_freed_in_a_capture_gets_record_stream_there() {
+    let f = graph(include_str!(
+        "conformance/graph-temp-freed-in-capture.jsonl"
+    ));
+    assert_eq!(inserted(&f), ["record_stream(t1, s2)"]);
+    assert_eq!(
+        f.inserted_at,
+        [8],
+        "just before the free, inside the capture"
+    );
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn graphs_sharing_a_pool_replayed_on_two_streams_are_ordered() {
+    let f = graph(include_str!("conformance/graph-shared-pool.jsonl"));
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on s1", "s2 waits streamsan-fix-1"]
+    );
+    assert_eq!(f.inserted_at, [12, 13], "before the second launch");
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
+}
+
+#[test]
+fn the_fix_sentence_and_the_fix_are_one_plan() {
+    // The report's sentence names what the fixer inserts: the same streams, ops and buffer.
+    for (text, words) in [
+        (
+            include_str!("conformance/graph-fork-join.jsonl"),
+            "in the capture of graph g, record an event on s2 after op 5 and make s1 wait on it before op 7",
+        ),
+        (
+            include_str!("conformance/graph-static-output.jsonl"),
+            "record an event on s1 after op 5 and make s2 wait on it before op 6",
+        ),
+        (
+            include_str!("conformance/graph-temp-freed-in-capture.jsonl"),
+            "in the capture of graph g, call record_stream(t1, s2) before its free at op 8",
+        ),
+    ] {
+        let f = graph(text);
+        let h = &f.before.hazards[0];
+        let plan = h.detail.plan.as_ref().expect("a race has a plan");
+        assert_eq!(h.fix.as_deref(), Some(plan.sentence().as_str()));
+        assert!(
+            plan.sentence().starts_with(words),
+            "{} does not start with {words}",
+            plan.sentence()
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 1000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    /// Random programs with graphs: the fix keeps the original ops, removes every race and
+    /// leaves what no synchronization fixes as it was.
+    #[test]
+    fn fixed_graph_programs_are_clean(
+        shape in programs::shape(),
+        steps in prop::collection::vec((any::<u8>(), any::<u64>()), 0..40),
+    ) {
+        let mut shape = shape;
+        shape.graphs = true;
+        let p = programs::program(&shape, &steps);
+        let f = fix_program(&p).unwrap();
+        prop_assert!(keeps_original(&p, &f));
+        // A race is left only where a capture underway kept it from being fixed.
+        let map: Vec<usize> = (0..f.ops.len()).filter(|i| !f.inserted_at.contains(i)).collect();
+        let left: Vec<(u64, HazardKind)> = fixable_left(&f)
+            .into_iter()
+            .map(|(op, kind)| (map.iter().position(|&w| w as u64 == op).unwrap_or(usize::MAX) as u64, kind))
+            .filter(|&(op, kind)| !f.blocked.iter().any(|b| b.0 == op && b.1 == kind))
+            .collect();
+        prop_assert_eq!(
+            left,
+            vec![],
+            "the fixed program still has races\n{}\n{}",
+            f.after.to_json(),
+            {
+                let mut text = String::new();
+                for op in &p {
+                    streamsan::trace::write_op(op, &mut text);
+                }
+                text
+            }
+        );
+        prop_assert_eq!(unfixable(&f, true), unfixable(&f, false));
+    }
+}
+
+#[test]
+fn work_from_before_a_capture_is_waited_for_through_an_event_recorded_before_it() {
+    // b's launch (op 2) races with the host's write (op 4), by which time b is capturing: an
+    // event recorded on b then would be captured, and the host may not synchronize with a
+    // capturing stream. The fix records an event on b just before its capture begins.
+    let f = graph(
+        r#"{"op":"stream_create","stream":"b","blocking":true}
+{"op":"alloc","buffer":"p","bytes":1000,"memory":"pinned"}
+{"op":"launch","stream":"b","reads":["p"],"writes":["p"]}
+{"op":"graph_begin","graph":"g0","stream":"b"}
+{"op":"host_write","buffer":"p"}
+{"op":"graph_end","graph":"g0"}"#,
+    );
+    assert_eq!(f.before.errors, 1);
+    assert_eq!(
+        inserted(&f),
+        ["record streamsan-fix-1 on b", "host syncs streamsan-fix-1"]
+    );
+    assert_eq!(
+        f.inserted_at,
+        [3, 5],
+        "before graph_begin, and before the write"
+    );
+    assert!(f.blocked.is_empty());
+    assert!(f.after.hazards.is_empty(), "{}", f.after.to_json());
 }

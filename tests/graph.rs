@@ -307,3 +307,153 @@ fn regression_seeds_are_embedded() {
         "tests/graph.proptest-regressions holds no seed"
     );
 }
+
+/// The explanation lines of each hazard of a trace, after the walk.
+fn explained(text: &str) -> (Vec<TraceOp>, DepGraph, Vec<Vec<String>>) {
+    let ops = program(text);
+    let checked = check(&ops);
+    let g = whole(&ops, &checked);
+    let why = g.explanations().to_vec();
+    (ops, g, why)
+}
+
+#[test]
+fn a_replay_is_explained_from_its_launch_stream() {
+    let (_, _, why) = explained(include_str!("conformance/graph-static-input.jsonl"));
+    // The copy on s2 at op 7 against the replay launched on s1 at op 6.
+    assert_eq!(
+        why[0],
+        [
+            "the replay of g launched on s1 at op 6 read x, captured at op 4: it joins s1 at its end; s1 recorded no event after it",
+            "stream s2 has no synchronization with s1 before op 7",
+            "missing edge: s1 op 6 → s2 op 7",
+        ]
+    );
+    // The next replay (op 8) against the copy.
+    assert_eq!(
+        why[1][0],
+        "the replay of g launched on s1 at op 8 reads x, captured at op 4: it starts from what s1 knows at op 8"
+    );
+    assert_eq!(why[1].last().unwrap(), "missing edge: s2 op 7 → s1 op 8");
+}
+
+#[test]
+fn a_race_inside_a_replay_is_explained_by_the_capture() {
+    let (_, _, why) = explained(include_str!("conformance/graph-fork-join.jsonl"));
+    assert_eq!(why.len(), 2);
+    assert!(
+        why[0].iter().any(|l| l.starts_with(
+            "in the same replay, captured op 5 on s2 read x and captured op 7 on s1 wrote it; nothing in the capture of g orders them"
+        )),
+        "{:?}",
+        why[0]
+    );
+    assert_eq!(
+        why[0].last().unwrap(),
+        "missing edge: captured op 5 (s2) → captured op 7 (s1)"
+    );
+}
+
+#[test]
+fn graphs_sharing_a_pool_are_explained_through_both_launches() {
+    let (_, _, why) = explained(include_str!("conformance/graph-shared-pool.jsonl"));
+    assert_eq!(
+        why[0],
+        [
+            "the replay of g2 launched on s2 at op 12 writes t2, captured at op 8: it starts from what s2 knows at op 12",
+            "the replay of g1 launched on s1 at op 11 read t1, captured at op 3: it joins s1 at its end; s1 recorded no event after it",
+            "stream s2 has no synchronization with s1 before op 12",
+            "missing edge: s1 op 11 → s2 op 12",
+        ]
+    );
+}
+
+#[test]
+fn captured_ops_order_nothing_at_capture() {
+    // The captured record and wait between s1 and s2 do not run at capture: the graph has no
+    // edge from them, and s2's later launch outside the capture is not ordered after s1's work.
+    let (_, g, _) = explained(
+        r#"{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}
+{"op":"launch","stream":"s1","name":"w","writes":["x"]}
+{"op":"graph_begin","graph":"g","stream":"s1"}
+{"op":"event_record","event":"e","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"e"}
+{"op":"launch","stream":"s2","name":"k"}
+{"op":"event_record","event":"j","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"j"}
+{"op":"graph_end","graph":"g"}
+{"op":"launch","stream":"s2","name":"r","reads":["x"]}"#,
+    );
+    assert_eq!(
+        g.reaches(1, 9),
+        Some(false),
+        "a captured wait orders nothing"
+    );
+    assert_eq!(g.reaches(3, 4), Some(false));
+}
+
+#[test]
+fn a_replay_is_drawn_as_a_box_of_its_body_lanes() {
+    let ops = program(include_str!("conformance/graph-fork-join.jsonl"));
+    let (mut report, implicit) = check(&ops);
+    let pic = streamsan::graph::explain_program(&ops, &mut report, &implicit, "fork-join");
+    assert_eq!(pic.replays.len(), 1);
+    let r = &pic.replays[0];
+    assert_eq!((r.launch, r.graph.as_str()), (10, "g"));
+    assert_eq!(r.lanes, ["g/s1", "g/s2"]);
+    let ops_of = |lane: usize| -> Vec<u64> {
+        r.ops
+            .iter()
+            .filter(|o| o.lane == lane)
+            .map(|o| o.captured)
+            .collect()
+    };
+    // s1 is the origin (its captured record at op 3 comes first); s2 joined at op 4.
+    assert_eq!(ops_of(0), [3, 7, 8]);
+    assert_eq!(ops_of(1), [4, 5, 6]);
+    let merge = r.ops.iter().find(|o| o.captured == 7).unwrap();
+    assert_eq!(merge.hazards, [0, 1], "the replay of op 7 has both hazards");
+    let side = r.ops.iter().find(|o| o.captured == 5).unwrap();
+    assert_eq!(side.conflicts, [0, 1]);
+
+    let dot = streamsan::graph::render_dot(&pic);
+    for line in [
+        "subgraph cluster_replay_10 {",
+        "label=\"replay of g (graph_launch at op 10)\"",
+        "label=\"g/s2\"",
+        "op10 -> r10_3 ",
+        "op10 -> r10_4 ",
+        "r10_5 -> r10_6 ",
+    ] {
+        assert!(dot.contains(line), "{line} not in\n{dot}");
+    }
+    let html = streamsan::graph::render_html(&pic);
+    assert!(html.contains("<figure class=\"replay\" id=\"replay-10\">"));
+    assert!(html.contains("replay of g at <a href=\"#op-10\">op 10</a>: it starts from s1"));
+    assert!(html.contains("class=\"replay-box\""));
+    assert!(html.contains(">g/s2</text>") && html.contains(">g/s1</text>"));
+}
+
+#[test]
+fn a_captured_op_is_drawn_with_no_edge_and_its_replay_in_the_box() {
+    let ops = program(include_str!("conformance/graph-capture-does-not-run.jsonl"));
+    let (mut report, implicit) = check(&ops);
+    let pic = streamsan::graph::explain_program(&ops, &mut report, &implicit, "t");
+    let captured = pic.nodes.iter().find(|n| n.op == 2).expect("op 2 drawn");
+    assert!(
+        captured.label.starts_with("captured "),
+        "{}",
+        captured.label
+    );
+    assert!(
+        pic.edges
+            .iter()
+            .all(|e| e.kind == streamsan::graph::EdgeKind::Elided || (e.from != 2 && e.to != 2)),
+        "{:?}",
+        pic.edges
+    );
+    assert_eq!(pic.replays.len(), 1);
+    assert_eq!(pic.replays[0].launch, 5);
+    assert_eq!(pic.replays[0].ops[0].captured, 2);
+    assert_eq!(pic.replays[0].ops[0].hazards, [0]);
+}

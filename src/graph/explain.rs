@@ -6,6 +6,14 @@ use crate::report::latest_by_participant;
 use crate::report::{AccessKind, Hazard, HazardKind};
 use crate::trace::{Op, TraceOp, HOST};
 
+/// A verb in the present for the later access.
+fn does(kind: AccessKind) -> &'static str {
+    match kind {
+        AccessKind::Write => "writes",
+        _ => "reads",
+    }
+}
+
 fn who(participant: &str) -> String {
     if participant == HOST {
         "the host".to_string()
@@ -54,23 +62,58 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
     let Some(access) = &h.access else {
         return (why, named);
     };
-    // The graph does not follow a graph's replays (their participants `G/c` have no lane):
-    // a hazard with a replay's access on either side is left unexplained.
-    if access.captured.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
-        return (why, named);
-    }
-    let later = access.participant.as_str();
     let b = h.op;
+    let buffer = h.buffer.as_deref().unwrap_or("?");
+    // A replay's access is its launch's, on the launch stream: the replay starts from what that
+    // stream knows at the launch, and joins it at its end. Conflicts between the captured ops of
+    // the same replay are the capture's.
+    let later_name;
+    let later = match (access.captured, g.launches.get(&b)) {
+        (None, _) => access.participant.as_str(),
+        (Some(m), Some((l, graph))) => {
+            later_name = g.lanes[*l].name.clone();
+            why.push(format!(
+                "the replay of {graph} launched on {later_name} at op {b} {} {buffer}, captured at op {m}: it starts from what {later_name} knows at op {b}",
+                does(access.access)
+            ));
+            later_name.as_str()
+        }
+        (Some(_), None) => return (why, named),
+    };
+    let mut inside = Vec::new();
+    let mut conflicts = Vec::new();
+    let mut replayed: Vec<(String, u64, u64, String)> = Vec::new();
+    for c in &h.conflicts {
+        match (c.captured, g.launches.get(&c.op)) {
+            (Some(_), _) if c.op == b => inside.push(c),
+            (Some(m), Some((l, graph))) => {
+                let mut c = c.clone();
+                c.participant = g.lanes[*l].name.clone();
+                replayed.push((c.participant.clone(), c.op, m, graph.to_string()));
+                c.captured = None;
+                conflicts.push(c);
+            }
+            (Some(_), None) => return (Vec::new(), Vec::new()),
+            (None, _) => conflicts.push(c.clone()),
+        }
+    }
     let know = g.knowledge(later);
-    let latest = latest_by_participant(&h.conflicts);
+    let latest = latest_by_participant(&conflicts);
     for &(p, a) in &latest {
-        let Some(c) = h.conflicts.iter().find(|c| c.participant == p && c.op == a) else {
+        let Some(c) = conflicts.iter().find(|c| c.participant == p && c.op == a) else {
             continue;
         };
         let lane = g.lane_index(p);
         let prov = lane.map(|l| know.get(l)).unwrap_or_default();
+        let replay = replayed.iter().find(|r| r.0 == p && r.1 == a);
         // The earlier side: what it did, and whether it recorded an event after it.
-        let mut line = if c.access == AccessKind::Alloc {
+        let mut line = if let Some((_, _, m, graph)) = replay {
+            format!(
+                "the replay of {graph} launched on {p} at op {a} {} {}, captured at op {m}: it joins {p} at its end",
+                did(c.access),
+                c.buffer
+            )
+        } else if c.access == AccessKind::Alloc {
             format!(
                 "{} {} at op {a}, which counts as a use on {p}",
                 c.buffer,
@@ -151,7 +194,40 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             ));
         }
     }
-    let edges: Vec<String> = latest
+    // A replay's participant `G/c` by its capture stream `c`.
+    let capture_stream = |participant: &str| {
+        let graph = h.detail.replay.as_ref().map_or("", |r| r.graph.as_str());
+        participant
+            .strip_prefix(graph)
+            .and_then(|s| s.strip_prefix('/'))
+            .unwrap_or(participant)
+            .to_string()
+    };
+    let mine = access
+        .captured
+        .map(|m| (m, capture_stream(&access.participant)));
+    let mut inside_edges = Vec::new();
+    if let (Some((m2, s2)), Some(graph)) = (&mine, h.detail.replay.as_ref().map(|r| &r.graph)) {
+        for c in &inside {
+            let (Some(m1), s1) = (c.captured, capture_stream(&c.participant)) else {
+                continue;
+            };
+            let it = if c.buffer == buffer {
+                "it".to_string()
+            } else {
+                format!("{buffer}, on the same memory")
+            };
+            why.push(format!(
+                "in the same replay, captured op {m1} on {s1} {} {} and captured op {m2} on {s2} {} {it}; nothing in the capture of {graph} orders them: no captured event_wait on {s2} before op {m2} follows an event recorded on {s1} after op {m1}",
+                did(c.access),
+                c.buffer,
+                did(access.access)
+            ));
+            named.push(m1);
+            inside_edges.push(format!("captured op {m1} ({s1}) → captured op {m2} ({s2})"));
+        }
+    }
+    let mut edges: Vec<String> = latest
         .iter()
         .map(|&(p, a)| {
             let alloc = h
@@ -165,6 +241,7 @@ pub(super) fn explain(g: &DepGraph, h: &Hazard, op: &TraceOp) -> (Vec<String>, V
             }
         })
         .collect();
+    edges.extend(inside_edges);
     why.push(format!(
         "missing edge{}: {}",
         if edges.len() == 1 { "" } else { "s" },

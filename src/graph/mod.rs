@@ -29,12 +29,15 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use crate::report::{latest_by_participant, AccessKind, Hazard, Report};
 use crate::trace::{Id, Op, Region, TraceOp, DEFAULT_STREAM, HOST};
 
+mod draw;
 mod explain;
 mod know;
 pub mod picture;
 pub mod render;
 
-pub use picture::{Edge, EdgeKind, Lane, Node, Picture, PictureHazard, PictureSync, Role};
+pub use picture::{
+    Edge, EdgeKind, Lane, Node, Picture, PictureHazard, PictureReplay, PictureSync, ReplayOp, Role,
+};
 pub use render::{render_dot, render_html};
 
 /// Knobs of the graph.
@@ -192,6 +195,24 @@ pub struct DepGraph {
     recorded: HashMap<Id, Recorded>,
     /// The frees that reuse races name, with the `record_stream`s the freed buffer had.
     reuse_frees: HashMap<u64, Vec<RecordedStream>>,
+    /// The lanes capturing a graph now, with the graph.
+    capturing: HashMap<usize, Id>,
+    /// The events whose latest record was captured, with its graph.
+    captured_events: HashMap<Id, Id>,
+    /// The `graph_launch`es the hazards name: op → (launch lane, graph).
+    launches: HashMap<u64, (usize, Id)>,
+    /// The captured ops of each graph whose launches the hazards name (or may: every graph
+    /// whose capture is underway), in body order.
+    bodies: HashMap<Id, Vec<BodyNode>>,
+}
+
+/// A captured op, as a replay's box draws it.
+#[derive(Clone, Debug)]
+struct BodyNode {
+    captured: u64,
+    stream: String,
+    label: Arc<str>,
+    accesses: Vec<String>,
 }
 
 /// A live buffer's owning stream (device memory) and its `record_stream`s.
@@ -249,6 +270,10 @@ impl DepGraph {
             implicit: Default::default(),
             recorded: HashMap::default(),
             reuse_frees,
+            capturing: HashMap::default(),
+            captured_events: HashMap::default(),
+            launches: HashMap::default(),
+            bodies: HashMap::default(),
         }
     }
 
@@ -296,9 +321,60 @@ impl DepGraph {
         }
     }
 
+    /// Whether op `op` (on `lane`) is captured: it does not run, and its stream keeps no order
+    /// from it (trace format, "CUDA graphs"). Tracks which lanes capture which graph.
+    fn capture(&mut self, lane: usize, op: &Op) -> bool {
+        match op {
+            Op::GraphBegin { graph, stream, .. } => {
+                let l = self.lane(stream);
+                self.capturing.insert(l, graph.clone());
+                false
+            }
+            Op::GraphEnd { graph } => {
+                self.capturing.retain(|_, g| g != graph);
+                // Its captured events count as never recorded.
+                self.captured_events.retain(|_, g| g != graph);
+                false
+            }
+            Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. } | Op::EventRecord { .. } => {
+                let Some(graph) = self.capturing.get(&lane).cloned() else {
+                    if let Op::EventRecord { event, .. } = op {
+                        self.captured_events.remove(event);
+                    }
+                    return false;
+                };
+                if let Op::EventRecord { event, .. } = op {
+                    self.events.remove(event);
+                    self.captured_events.insert(event.clone(), graph);
+                }
+                true
+            }
+            Op::EventWait { event, .. } => {
+                if self.capturing.contains_key(&lane) {
+                    return true;
+                }
+                // A wait on a captured event joins the capture.
+                match self.captured_events.get(event).cloned() {
+                    Some(graph) => {
+                        self.capturing.insert(lane, graph);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// Takes op `index` of the trace.
     pub fn add(&mut self, index: u64, op: &TraceOp) {
         let (lane, label, accesses) = self.describe(op);
+        let captured = self.capture(lane, &op.op);
+        let label = if captured {
+            format!("captured {label}")
+        } else {
+            label
+        };
         let label: Arc<str> = Arc::from(label);
         let node = self.g.add_node(OpNode {
             op: index,
@@ -310,7 +386,25 @@ impl DepGraph {
         });
         self.nodes.insert(index, node);
         self.track_record_streams(index, &op.op);
-        if lane == HOST_LANE {
+        if let Op::GraphLaunch { graph, .. } = &op.op {
+            if self.pins.contains(&index) {
+                self.launches.insert(index, (lane, graph.clone()));
+            }
+        }
+        if captured {
+            // Drawn on its stream's lane, with no edge: it runs only in the graph's replays.
+            if let Some(graph) = self.capturing.get(&lane) {
+                self.bodies
+                    .entry(graph.clone())
+                    .or_default()
+                    .push(BodyNode {
+                        captured: index,
+                        stream: self.lanes[lane].name.clone(),
+                        label: Arc::from(label.strip_prefix("captured ").unwrap_or(&label)),
+                        accesses: self.g[node].accesses.clone(),
+                    });
+            }
+        } else if lane == HOST_LANE {
             self.host_op(index, &op.op, &label);
         } else {
             self.stream_op(index, lane, &op.op, &label);
@@ -499,8 +593,8 @@ impl DepGraph {
                 )
             }
             Op::DeviceSync { device } => (HOST_LANE, format!("device_sync {device}"), vec![]),
-            // Graphs: the launch is an op on its stream; the explanation does not follow a
-            // replay's body (its captured ops are drawn as the ops of their streams).
+            // Graphs: the launch is an op on its stream, which the replay follows and joins at
+            // its end; captured ops are drawn on their streams' lanes, with no edge.
             Op::GraphBegin { graph, stream, .. } => {
                 self.lane(stream);
                 (
@@ -754,182 +848,6 @@ impl DepGraph {
             h.detail.why = why.clone();
         }
         self.picture(report, title)
-    }
-
-    fn picture(&self, report: &Report, title: &str) -> Picture {
-        let drawn_hazards = report.hazards.len().min(self.cfg.max_drawn_hazards);
-        let whole = !self.pruned && self.stats.ops <= self.cfg.draw_whole;
-        let mut drawn: BTreeSet<u64> = BTreeSet::new();
-        if whole {
-            drawn.extend(self.nodes.keys().copied());
-        } else {
-            for (k, h) in report.hazards.iter().take(drawn_hazards).enumerate() {
-                drawn.insert(h.op);
-                drawn.extend(h.conflicts.iter().map(|c| c.op));
-                drawn.extend(h.free.as_ref().map(|f| f.op));
-                drawn.extend(self.named[k].iter().copied());
-            }
-            drawn.retain(|op| self.nodes.contains_key(op));
-        }
-        let mut lanes_used: BTreeSet<usize> = drawn
-            .iter()
-            .filter_map(|op| self.node(*op).map(|n| n.lane))
-            .collect();
-        lanes_used.insert(HOST_LANE);
-        let lane_pos: HashMap<usize, usize> = lanes_used
-            .iter()
-            .enumerate()
-            .map(|(pos, &l)| (l, pos))
-            .collect();
-        let lanes = lanes_used
-            .iter()
-            .map(|&l| {
-                let s = &self.lanes[l];
-                let description = if l == HOST_LANE {
-                    "the host".to_string()
-                } else if l == DEFAULT_LANE {
-                    "legacy default stream, device 0".to_string()
-                } else {
-                    format!(
-                        "stream, device {}, {}",
-                        s.device,
-                        if s.blocking {
-                            "blocking"
-                        } else {
-                            "non-blocking"
-                        }
-                    )
-                };
-                Lane {
-                    name: s.name.clone(),
-                    description,
-                }
-            })
-            .collect();
-        let mut nodes: Vec<Node> = Vec::new();
-        for &op in &drawn {
-            let Some(n) = self.node(op) else { continue };
-            let hazards: Vec<usize> = (0..drawn_hazards)
-                .filter(|&k| report.hazards[k].op == op)
-                .collect();
-            let conflicts: Vec<usize> = (0..drawn_hazards)
-                .filter(|&k| report.hazards[k].conflicts.iter().any(|c| c.op == op))
-                .collect();
-            let role = if !hazards.is_empty() {
-                Role::Hazard
-            } else if !conflicts.is_empty() {
-                Role::Conflict
-            } else {
-                Role::Context
-            };
-            nodes.push(Node {
-                op,
-                lane: lane_pos.get(&n.lane).copied().unwrap_or(0),
-                op_name: n.op_name,
-                label: n.label.to_string(),
-                accesses: n.accesses.clone(),
-                site: n.site.clone(),
-                role,
-                hazards,
-                conflicts,
-            });
-        }
-        // Edges of the graph between drawn ops; where a lane's consecutive drawn ops have none,
-        // an elided edge stands for the ops between them.
-        let mut edges: Vec<Edge> = Vec::new();
-        let mut linked: HashSet<(u64, u64)> = HashSet::default();
-        for &op in &drawn {
-            let Some(&n) = self.nodes.get(&op) else {
-                continue;
-            };
-            for e in self.g.edges_directed(n, Direction::Incoming) {
-                let from = self.g[e.source()].op;
-                if !drawn.contains(&from) {
-                    continue;
-                }
-                let (kind, label) = e.weight();
-                linked.insert((from, op));
-                edges.push(Edge {
-                    from,
-                    to: op,
-                    kind: *kind,
-                    label: label.as_ref().map(|l| l.to_string()),
-                    hazards: vec![],
-                });
-            }
-        }
-        let mut last_on_lane: HashMap<usize, u64> = HashMap::default();
-        for &op in &drawn {
-            let Some(n) = self.node(op) else { continue };
-            if let Some(prev) = last_on_lane.insert(n.lane, op) {
-                if !linked.contains(&(prev, op)) {
-                    edges.push(Edge {
-                        from: prev,
-                        to: op,
-                        kind: EdgeKind::Elided,
-                        label: None,
-                        hazards: vec![],
-                    });
-                }
-            }
-        }
-        // The missing edges: from each participant's latest conflicting op to the hazard's op.
-        let mut missing: Vec<Edge> = Vec::new();
-        for (k, h) in report.hazards.iter().take(drawn_hazards).enumerate() {
-            for (_, from) in latest_by_participant(&h.conflicts) {
-                if !drawn.contains(&from) || !drawn.contains(&h.op) {
-                    continue;
-                }
-                match missing.iter_mut().find(|e| e.from == from && e.to == h.op) {
-                    Some(e) => e.hazards.push(k),
-                    None => missing.push(Edge {
-                        from,
-                        to: h.op,
-                        kind: EdgeKind::Missing,
-                        label: None,
-                        hazards: vec![k],
-                    }),
-                }
-            }
-        }
-        edges.extend(missing);
-        edges.sort_by_key(|e| (e.to, e.from, e.kind));
-        let hazards = report
-            .hazards
-            .iter()
-            .enumerate()
-            .map(|(k, h)| PictureHazard {
-                kind: h.kind,
-                severity: h.severity,
-                op: h.op,
-                buffer: h.buffer.clone(),
-                title: crate::report::title(h),
-                why: self.why.get(k).cloned().unwrap_or_default(),
-                fix: h.fix.clone(),
-                conflicts: h.conflicts.iter().map(|c| c.op).collect(),
-            })
-            .collect();
-        let syncs = report
-            .syncs
-            .iter()
-            .flatten()
-            .filter(|v| drawn.contains(&v.op))
-            .map(|v| PictureSync {
-                op: v.op,
-                needed: v.needed,
-                prevents: v.prevents.iter().map(|k| k.to_string()).collect(),
-            })
-            .collect();
-        Picture {
-            title: title.to_string(),
-            ops: self.stats.ops,
-            lanes,
-            elided: self.stats.ops.saturating_sub(nodes.len() as u64),
-            nodes,
-            edges,
-            hazards,
-            syncs,
-        }
     }
 }
 

@@ -32,6 +32,9 @@ pub struct Picture {
     /// redundant, and say what they prevent when needed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub syncs: Vec<PictureSync>,
+    /// The replays of CUDA graphs that the hazards name, each drawn as a box on its launch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replays: Vec<PictureReplay>,
 }
 
 /// The verdict of the synchronization analysis on one drawn synchronization op.
@@ -149,4 +152,36 @@ pub struct PictureHazard {
     pub fix: Option<String>,
     /// Op indices of the conflicting accesses.
     pub conflicts: Vec<u64>,
+}
+
+/// A replay of a CUDA graph, drawn as a box on its `graph_launch`: the lanes of its body (the
+/// participants `G/c`, one per captured stream) with the captured ops the replay runs, entered
+/// from the launch and joining the launch stream at its end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PictureReplay {
+    /// The `graph_launch` op.
+    pub launch: u64,
+    /// The graph.
+    pub graph: String,
+    /// The body's lanes, `G/c`, in the order their streams joined the capture.
+    pub lanes: Vec<String>,
+    /// The captured ops, in body order.
+    pub ops: Vec<ReplayOp>,
+}
+
+/// One captured op of a replay.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReplayOp {
+    /// Its lane, an index into [`PictureReplay::lanes`].
+    pub lane: usize,
+    /// The captured op's index in the trace.
+    pub captured: u64,
+    /// Its label (`launch k`, `record e`).
+    pub label: String,
+    /// Its accesses, one line each.
+    pub accesses: Vec<String>,
+    /// The hazards whose access is this op's replay.
+    pub hazards: Vec<usize>,
+    /// The hazards with a conflict that is this op's replay.
+    pub conflicts: Vec<usize>,
 }

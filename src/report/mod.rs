@@ -8,8 +8,11 @@ use serde::Serialize;
 
 use crate::trace::Site;
 
+mod plan;
 mod sarif;
 mod text;
+
+pub use plan::{After, Earlier, FixPlan, Wait};
 
 pub use sarif::{render_sarif, SarifOptions};
 pub(crate) use text::title;
@@ -212,6 +215,10 @@ pub struct Conflict {
     /// covers it); not part of the JSON report.
     #[serde(skip)]
     pub epoch: Option<crate::clock::Epoch>,
+    /// For a replay's access: the graph and the captured op (text reports name them; not part of
+    /// the JSON report).
+    #[serde(skip)]
+    pub replay: Option<Replay>,
 }
 
 /// The free behind a reuse race.
@@ -343,6 +350,8 @@ pub struct Detail {
     pub why: Vec<String>,
     /// For a hazard found in a graph replay: the graph and the captured op.
     pub replay: Option<Replay>,
+    /// The fix, as the checker decided it: `fix` is its sentence, `streamsan fix` applies it.
+    pub plan: Option<FixPlan>,
 }
 
 /// Where in a graph a hazard found in a replay happened: the report is at the `graph_launch`,

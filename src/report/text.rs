@@ -10,7 +10,7 @@
 
 use std::fmt::Write as _;
 
-use super::{AccessKind, Conflict, Hazard, HazardKind, Report, Severity};
+use super::{AccessKind, Conflict, FixPlan, Hazard, HazardKind, Report, Severity, Wait};
 use crate::text::escape;
 
 /// How to render text.
@@ -135,6 +135,26 @@ pub(crate) fn replay_line(h: &Hazard) -> Option<String> {
     Some(s)
 }
 
+/// `in graph g, replay at op N of the launch captured at op M (the earlier access)`: for each
+/// conflict that is another launch's replay (a replay's own conflicts are in its
+/// [`replay_line`]).
+fn conflict_replay_lines(h: &Hazard) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    for c in &h.conflicts {
+        let Some(r) = c.replay.as_ref().filter(|_| c.op != h.op) else {
+            continue;
+        };
+        let line = format!(
+            "in graph {}, replay at op {} of the {} captured at op {} (the earlier access)",
+            r.graph, c.op, r.captured_name, r.captured
+        );
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
 /// The one-line title of a hazard, naming both operations and their participants.
 pub(crate) fn title(h: &Hazard) -> String {
     let buffer = h.buffer.as_deref().unwrap_or("?");
@@ -214,11 +234,136 @@ pub(crate) fn title(h: &Hazard) -> String {
     }
 }
 
+/// `a`, `a and b`, `a, b, and c`.
+fn list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [a] => a.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
+    }
+}
+
+/// A wait in words: record an event on each earlier stream and make the waiter wait on it.
+fn wait_sentence(w: &Wait) -> String {
+    let i = w.before;
+    if w.waiter == crate::trace::HOST {
+        let parts: Vec<String> = w
+            .after
+            .iter()
+            .map(|a| format!("{} after op {}", a.stream, a.op))
+            .collect();
+        return format!(
+            "make the host wait for {} before op {i}: record an event there and event_sync it, or stream_sync the stream",
+            list(&parts)
+        );
+    }
+    let parts: Vec<String> = w
+        .after
+        .iter()
+        .map(|a| format!("on {} after op {}", a.stream, a.op))
+        .collect();
+    let (event, them) = if w.after.len() == 1 {
+        ("an event", "it")
+    } else {
+        ("events", "them")
+    };
+    format!(
+        "record {event} {} and make {} wait on {them} before op {i}",
+        list(&parts),
+        w.waiter
+    )
+}
+
+/// A fix plan in one sentence: the report's `fix` (and the text report's `help:`).
+pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
+    match plan {
+        FixPlan::Wait(w) => wait_sentence(w),
+        FixPlan::RecordStream {
+            buffer,
+            streams,
+            free,
+            reused: true,
+            or,
+            ..
+        } => format!(
+            "call record_stream({buffer}, {}) before its free at op {free} so its memory is not reused while that work runs, or {}",
+            list(streams),
+            wait_sentence(or)
+        ),
+        FixPlan::RecordStream {
+            buffer,
+            streams,
+            free,
+            or,
+            ..
+        } => format!(
+            "call record_stream({buffer}, {}) before the free at op {free}, or {}",
+            list(streams),
+            wait_sentence(or)
+        ),
+        FixPlan::Replay {
+            graph,
+            launch,
+            capture,
+        } => {
+            let mut parts: Vec<String> = launch.iter().map(fix_sentence).collect();
+            for (k, p) in capture.iter().enumerate() {
+                if k == 0 {
+                    parts.push(format!("in the capture of graph {graph}, {}", fix_sentence(p)));
+                } else {
+                    parts.push(fix_sentence(p));
+                }
+            }
+            parts.join("; and ")
+        }
+        FixPlan::MoveFree {
+            buffer,
+            free,
+            before,
+        } => format!(
+            "{buffer} was freed at op {free}: move that free after op {before}, or allocate {buffer} again before using it"
+        ),
+        FixPlan::FreeAfterReplays {
+            buffer,
+            free,
+            graph,
+            captured,
+        } => format!(
+            "{buffer} was freed at op {free} while graph {graph} still uses it (captured at op {captured}): free it only after the graph's last launch, or capture the graph again"
+        ),
+        FixPlan::RemoveFree { buffer, at, why } => {
+            format!("remove the free of {buffer} at op {at}: the buffer {why}")
+        }
+        FixPlan::RecordEvent {
+            event,
+            waiter,
+            before,
+        } => format!(
+            "record event {event} on the stream whose work {waiter} must wait for before op {before}; this wait has no effect"
+        ),
+    }
+}
+
 /// Terms of the fix in CUDA and PyTorch, for the hazard's kind: one line each. (None for a
 /// graph replay's hazard: its participants are no streams of the program; the fix names them.)
 fn terms(h: &Hazard) -> Vec<String> {
     if h.detail.replay.is_some() || h.conflicts.iter().any(|c| c.captured.is_some()) {
-        return vec![];
+        // A replay's: the plan's wait around the launch names the program's streams.
+        let wait = match &h.detail.plan {
+            Some(FixPlan::Wait(w)) => Some(w),
+            Some(FixPlan::Replay { launch, .. }) => launch.iter().find_map(|p| match p {
+                FixPlan::Wait(w) => Some(w),
+                _ => None,
+            }),
+            _ => None,
+        };
+        return match wait.and_then(|w| Some((w.waiter.as_str(), w.after.first()?))) {
+            Some((later, first)) if first.stream != crate::trace::HOST => {
+                wait_terms(first.stream.as_str(), later)
+            }
+            _ => vec![],
+        };
     }
     let later = h
         .access
@@ -240,9 +385,10 @@ fn terms(h: &Hazard) -> Vec<String> {
         return vec![];
     }
     let mut v = Vec::new();
-    if h.fix
-        .as_deref()
-        .is_some_and(|f| f.contains("record_stream"))
+    if h.detail
+        .plan
+        .as_ref()
+        .is_some_and(FixPlan::names_record_stream)
     {
         let t = h
             .free
@@ -254,6 +400,13 @@ fn terms(h: &Hazard) -> Vec<String> {
             "in PyTorch: {t}.record_stream({earlier}) before {t} is freed"
         ));
     }
+    v.extend(wait_terms(earlier, later));
+    v
+}
+
+/// `later` waits for `earlier`'s work, in CUDA and PyTorch terms.
+fn wait_terms(earlier: &str, later: &str) -> Vec<String> {
+    let mut v = Vec::new();
     if later == crate::trace::HOST {
         v.push(format!(
             "in CUDA:    cudaEventRecord(ev, {earlier}); cudaEventSynchronize(ev)  (or cudaStreamSynchronize({earlier}))"
@@ -302,6 +455,9 @@ pub fn render_hazard(h: &Hazard, opts: &TextOptions) -> String {
     }
     let bar = p.blue("   |");
     if let Some(line) = replay_line(h) {
+        let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
+    }
+    for line in conflict_replay_lines(h) {
         let _ = writeln!(s, "   {} {}", p.blue("="), escape(&line));
     }
     let _ = writeln!(s, "{bar}");

@@ -1,7 +1,9 @@
-//! Random well-formed programs, with or without CUDA graphs (captures with forks and joins,
-//! shared pools, replays on several streams): the generator of `tests/oracle_agreement.rs`,
-//! shared with `tests/syncs.rs`. A program is a [`Shape`] and a list of steps; each step is
-//! seeded on its own so that shrinking stays local.
+//! Random well-formed programs for the property tests (the oracle agreement test's generator):
+//! allocations, frees and accesses on several streams and memory kinds, event and host
+//! synchronization, and CUDA graph captures with forks and joins, shared pools and replays on
+//! several streams.
+
+#![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
 
@@ -101,14 +103,14 @@ pub fn shape() -> impl Strategy<Value = Shape> {
 
 /// What a buffer name is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum NameKind {
+pub enum NameKind {
     Memory(MemoryKind),
     External,
 }
 
 /// A live allocation in the generator.
 #[derive(Clone, Debug)]
-struct Live {
+pub struct Live {
     memory: MemoryKind,
     owner: Option<Id>,
     slot: Option<usize>,
@@ -118,16 +120,16 @@ struct Live {
 
 /// Device slots for `addr` programs (1 MiB apart; every device allocation there is 4096 bytes, so
 /// the generations of a slot cover the same bytes).
-const DEVICE_SLOTS: [u64; 3] = [0x10_0000, 0x20_0000, 0x30_0000];
+pub const DEVICE_SLOTS: [u64; 3] = [0x10_0000, 0x20_0000, 0x30_0000];
 /// Pinned and managed slots for `addr` programs (every allocation there is 1024 bytes).
-const HOST_SLOTS: [u64; 2] = [0x4000_0000, 0x4010_0000];
+pub const HOST_SLOTS: [u64; 2] = [0x4000_0000, 0x4010_0000];
 /// Graph pool slots for `addr` programs (every capture of such a program uses pool `p`, which
 /// keeps these bytes: no plain allocation takes them).
-const POOL_SLOTS: [u64; 2] = [0x50_0000, 0x60_0000];
+pub const POOL_SLOTS: [u64; 2] = [0x50_0000, 0x60_0000];
 
 /// What the generator knows of an event, to keep the program one CUDA accepts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Ev {
+pub enum Ev {
     Unrecorded,
     Recorded,
     /// Recorded in the capture of this graph, which is underway.
@@ -136,14 +138,14 @@ enum Ev {
 
 /// A capture underway: the graph, its origin and the streams that joined it.
 #[derive(Clone, Debug)]
-struct Cap {
+pub struct Cap {
     graph: String,
     streams: Vec<&'static str>,
 }
 
 /// The generator's graphs: captures underway, graphs that can be launched, events.
 #[derive(Clone, Debug, Default)]
-struct GraphGen {
+pub struct GraphGen {
     enabled: bool,
     made: u32,
     ended: Vec<String>,
@@ -223,7 +225,7 @@ impl GraphGen {
     }
 }
 
-struct Program {
+pub struct Program {
     rng: Rng,
     addr_mode: bool,
     reuse_heavy: bool,

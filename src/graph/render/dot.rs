@@ -91,6 +91,7 @@ pub fn render_dot(pic: &Picture) -> String {
     }
 
     scaffold(&mut out, &d);
+    replays(&mut out, &d);
 
     for e in &d.edges {
         let s = edge_style(e.kind);
@@ -120,6 +121,87 @@ pub fn render_dot(pic: &Picture) -> String {
 }
 
 /// An invisible point.
+/// The colour of a replay's box and of its entry and exit edges.
+const REPLAY: &str = "#6a4fb3";
+
+/// Each replay as a box (`subgraph cluster`) holding its body's lanes `G/c`, each with its
+/// captured ops in body order; an edge from the launch into each lane's first op, and from each
+/// lane's last op back to the launch stream's next drawn op (the replay joins its launch stream
+/// at its end).
+fn replays(out: &mut String, d: &Drawn<'_>) {
+    for r in &d.pic.replays {
+        let n = r.launch;
+        let _ = writeln!(out, "  subgraph cluster_replay_{n} {{");
+        let _ = writeln!(
+            out,
+            "    label={}; labeljust=l; style=\"rounded,dashed\"; color=\"{REPLAY}\"; fontcolor=\"{REPLAY}\"; fontsize=11;",
+            quote(&format!("replay of {} (graph_launch at op {n})", r.graph))
+        );
+        for (j, lane) in r.lanes.iter().enumerate() {
+            let _ = writeln!(out, "    subgraph cluster_replay_{n}_{j} {{");
+            let _ = writeln!(
+                out,
+                "      label={}; labeljust=l; style=\"rounded\"; color=\"#d6cdea\"; fontsize=10;",
+                quote(lane)
+            );
+            for op in r.ops.iter().filter(|o| o.lane == j) {
+                let mut label = format!("op {}\n{}", op.captured, op.label);
+                for a in &op.accesses {
+                    label.push('\n');
+                    label.push_str(a);
+                }
+                let (fill, border) = if !op.hazards.is_empty() {
+                    super::HAZARD_FILL
+                } else if !op.conflicts.is_empty() {
+                    super::CONFLICT_FILL
+                } else {
+                    super::CONTEXT_FILL
+                };
+                let tooltip = format!(
+                    "the replay at op {n} of op {} (captured on {lane})",
+                    op.captured
+                );
+                let _ = writeln!(
+                    out,
+                    "      r{n}_{} [label={}, tooltip={}, fillcolor=\"{fill}\", color=\"{border}\"];",
+                    op.captured,
+                    quote(&label),
+                    quote(&tooltip)
+                );
+            }
+            out.push_str("    }\n");
+        }
+        out.push_str("  }\n");
+        // Body order within each lane; entry from the launch; exit into the launch stream.
+        let launch_lane = d.nodes.iter().find(|x| x.op == n).map(|x| x.lane);
+        let next = launch_lane.and_then(|l| d.nodes.iter().find(|x| x.lane == l && x.op > n));
+        for j in 0..r.lanes.len() {
+            let lane: Vec<u64> = r
+                .ops
+                .iter()
+                .filter(|o| o.lane == j)
+                .map(|o| o.captured)
+                .collect();
+            for w in lane.windows(2) {
+                let _ = writeln!(out, "  r{n}_{} -> r{n}_{} [color=\"{GREY}\"];", w[0], w[1]);
+            }
+            if let (Some(first), Some(last)) = (lane.first(), lane.last()) {
+                let _ = writeln!(
+                    out,
+                    "  op{n} -> r{n}_{first} [color=\"{REPLAY}\", style=dashed, label=\"replay\", fontcolor=\"{REPLAY}\"];"
+                );
+                if let Some(next) = next {
+                    let _ = writeln!(
+                        out,
+                        "  r{n}_{last} -> op{} [color=\"{REPLAY}\", style=dashed, label=\"joins\", fontcolor=\"{REPLAY}\"];",
+                        next.op
+                    );
+                }
+            }
+        }
+    }
+}
+
 const INVISIBLE: &str = "style=invis, shape=point, width=0, height=0, label=\"\"";
 
 /// How many times each rung of the lane ladders is repeated: Graphviz merges parallel edges and

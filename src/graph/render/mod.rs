@@ -369,6 +369,7 @@ pub(crate) mod tests {
             }],
             elided: 0,
             syncs: vec![],
+            replays: vec![],
         }
     }
 
@@ -695,6 +696,7 @@ pub(crate) mod tests {
                     hazards,
                     elided,
                     syncs: vec![],
+                    replays: vec![],
                 },
             )
     }
