@@ -15,7 +15,6 @@ mod fixtures;
 #[path = "../fuzz/common.rs"]
 #[allow(dead_code)]
 mod fuzz;
-#[allow(dead_code)]
 mod programs;
 
 use streamsan::analysis::syncs::{analyze, brute_force, SyncVerdict};
