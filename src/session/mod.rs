@@ -131,12 +131,14 @@ use crate::trace::TraceOp;
 
 mod buffer;
 pub(crate) mod core;
+mod graph;
 mod handle;
 mod launch;
 
 pub use self::core::{BackendKind, SessionConfig, SessionError};
 pub use crate::exec::sim::SimOutOfMemory;
 pub use buffer::{AsRegion, DeviceBuffer, Element, PinnedBuffer, Region};
+pub use graph::{Graph, GraphPool};
 pub use handle::{Event, Stream, StreamKind};
 pub use launch::{Launch, LaunchError, RawLaunch};
 

@@ -30,7 +30,8 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext};
 
 use super::backend::{
-    Backend, EventKey, Fence, Fill, Issued, Kernel, Op, Span, Spans, StreamKey, StreamKind,
+    Backend, EventKey, Fence, Fill, GraphKey, Issued, Kernel, Op, Span, Spans, StreamKey,
+    StreamKind,
 };
 use super::error::ExecError;
 use crate::alloc::{AllocatorStats, DeviceCachingAllocator, HostCachingAllocator};
@@ -77,6 +78,12 @@ pub struct CudaDevice {
     /// size (managed memory is pinned memory here).
     placed: [Option<(u64, u64)>; 3],
     copies: Copies,
+    /// Captured graphs, by key (`None`: destroyed).
+    graphs: Vec<Option<device_layer::Graph>>,
+    /// Segments of graph memory pools: fresh `cuMemAlloc` memory that `device` never hands out.
+    pool_segments: GpuSegments,
+    /// The streams capturing now (origins of a capture).
+    capturing: Vec<StreamKey>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -121,6 +128,9 @@ impl CudaDevice {
         kernel_copies: bool,
     ) -> Self {
         CudaDevice {
+            pool_segments: GpuSegments::new(gpu.clone()),
+            graphs: Vec::new(),
+            capturing: Vec::new(),
             streams: vec![Some(gpu.legacy_stream())],
             device: DeviceCachingAllocator::new(device),
             pinned: HostCachingAllocator::new(pinned),
@@ -428,14 +438,23 @@ impl CudaDevice {
     /// Waits for the device and releases everything a program run made: streams, events,
     /// segments. Returns the first error.
     pub(crate) fn release(&mut self) -> Result<(), ExecError> {
+        // A capture left open by a failed run is ended and its graph dropped.
+        for s in std::mem::take(&mut self.capturing) {
+            if let Some(Some(stream)) = self.streams.get(s as usize) {
+                let _ = stream.end_capture();
+            }
+        }
         let synced = self.gpu.synchronize();
+        self.graphs.clear();
         self.events.clear();
         self.fences.clear();
         self.pending.clear();
         self.retired.clear();
         self.streams.truncate(1);
         let unmapped = self.device.memory_mut().release();
+        let pools = self.pool_segments.release();
         self.pinned.memory_mut().release();
+        let unmapped = unmapped.and(pools);
         synced.and(unmapped).map_err(ExecError::from)
     }
 }
@@ -706,6 +725,52 @@ impl Backend for CudaDevice {
 
     fn context(&self) -> Option<Arc<CudaContext>> {
         Some(self.gpu.context().clone())
+    }
+
+    fn captures(&self) -> bool {
+        true
+    }
+
+    fn graph_begin(&mut self, stream: StreamKey) -> Result<(), ExecError> {
+        // The kernels are compiled and loaded before the capture: module loading is no work to
+        // capture.
+        self.gpu.kernels()?;
+        self.stream(stream)?.begin_capture()?;
+        self.capturing.push(stream);
+        Ok(())
+    }
+
+    fn graph_end(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        self.capturing.retain(|&s| s != stream);
+        let g = self.stream(stream)?.end_capture()?;
+        let k = graph as usize;
+        if self.graphs.len() <= k {
+            self.graphs.resize_with(k + 1, || None);
+        }
+        // An empty capture has no graph: its launches run nothing.
+        self.graphs[k] = g;
+        Ok(())
+    }
+
+    fn graph_launch(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        let s = self.stream(stream)?;
+        match self.graphs.get(graph as usize) {
+            Some(Some(g)) => Ok(g.launch(s)?),
+            Some(None) => Ok(()),
+            None => Err(ExecError::InvalidArgument(format!(
+                "no graph of key {graph}"
+            ))),
+        }
+    }
+
+    fn graph_destroy(&mut self, graph: GraphKey) {
+        if let Some(g) = self.graphs.get_mut(graph as usize) {
+            *g = None;
+        }
+    }
+
+    fn map_pool_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        Ok(self.pool_segments.map_now(bytes)?)
     }
 }
 

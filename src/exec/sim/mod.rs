@@ -33,6 +33,7 @@
 mod arena;
 mod backend;
 mod device;
+mod pool;
 mod program;
 
 pub use super::outcome::{Executor, Outcome};
