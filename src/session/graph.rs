@@ -104,6 +104,16 @@ impl Stream {
         self.begin_capture_at(Some(pool.key), Location::caller())
     }
 
+    /// [`Stream::begin_capture`] or [`Stream::begin_capture_in`] recorded at `site` (the
+    /// facade's).
+    pub(crate) fn begin_capture_at_caller(
+        &self,
+        pool: Option<&GraphPool>,
+        site: &'static Location<'static>,
+    ) -> Result<(), SessionError> {
+        self.begin_capture_at(pool.map(|p| p.key), site)
+    }
+
     fn begin_capture_at(
         &self,
         pool: Option<PoolRef>,
@@ -118,8 +128,16 @@ impl Stream {
     /// GPU) if a stream that joined the capture has work this stream does not wait for.
     #[track_caller]
     pub fn end_capture(&self) -> Result<Graph, SessionError> {
+        self.end_capture_at_caller(Location::caller())
+    }
+
+    /// [`Stream::end_capture`] recorded at `site` (the facade's).
+    pub(crate) fn end_capture_at_caller(
+        &self,
+        site: &'static Location<'static>,
+    ) -> Result<Graph, SessionError> {
         let core = &self.inner.core;
-        let (key, id, pool_key, pool_id) = core.graph_end(self.key(), Some(Location::caller()))?;
+        let (key, id, pool_key, pool_id) = core.graph_end(self.key(), Some(site))?;
         Ok(Graph {
             core: core.clone(),
             key,
