@@ -372,6 +372,21 @@ pub trait Backend: Send {
     /// Counters of the device caching allocator.
     fn device_memory_stats(&self) -> crate::alloc::AllocatorStats;
 
+    /// The address the device's next segment gets in the model's device address space, where a
+    /// graph memory pool maps its segments ([`crate::exec`]'s program runs: memory allocated
+    /// during a capture); `None` where the backend cannot place pool memory.
+    fn next_device_segment(&self) -> Option<u64> {
+        None
+    }
+
+    /// Maps a segment of `bytes` of device memory at [`Backend::next_device_segment`] for a graph
+    /// memory pool and returns its base.
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        Err(ExecError::InvalidArgument(format!(
+            "this backend cannot map {bytes} bytes of graph pool memory"
+        )))
+    }
+
     /// Whether the backend runs device work. A simulator that measures a harness's own cost runs
     /// none ([`SessionConfig::sim_execute`](crate::session::SessionConfig::sim_execute)): its
     /// launches, event records and event waits do nothing, and a caller may leave them unissued.

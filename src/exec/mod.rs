@@ -29,6 +29,7 @@
 //! | `sched.rs` | [`Scheduler`] and the schedulers |
 //! | `outcome.rs` | [`Outcome`], [`Executor`] |
 //! | `program.rs` | what the program runners of both backends share: ids to keys, buffers and their generations, `record_stream` fences, placed memory |
+//! | `graphs.rs` | the program runners' CUDA graphs: capture state, captured bodies (regions resolved at capture), replay participants `G/c`, graph memory pools, the numbering of replayed ops |
 //! | `sim/` | the simulated device (`device.rs`, its memory in `arena.rs`, its ops in `backend.rs`) and program runs on it (`program.rs`) |
 //! | `cuda/` | the GPU backend (`mod.rs`, its segments in `segments.rs`) and program runs on it (`program.rs`) |
 //!
@@ -41,6 +42,7 @@
 mod any;
 mod backend;
 mod error;
+pub(crate) mod graphs;
 mod outcome;
 pub(crate) mod program;
 mod sched;
@@ -55,5 +57,6 @@ pub use backend::{
     StreamKey, StreamKind,
 };
 pub use error::ExecError;
+pub use graphs::{replay_numbering, ReplayNumbering};
 pub use outcome::{Executor, Outcome};
 pub use sched::{Actor, Adversarial, Hold, RandomScheduler, Ready, Replay, Scheduler, Sequential};

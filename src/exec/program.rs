@@ -12,11 +12,17 @@
 //!   addresses of [`crate::fuzz::runnable`]). Device memory that comes back on another stream than
 //!   the one its free gave it to went back to the driver: the device is synchronized at its
 //!   `alloc`, as the trace format says.
+//! - **CUDA graphs** ([`super::graphs`]): which streams are capturing, the captured bodies with
+//!   their regions resolved, the replay participants, and the graph memory pools: device memory
+//!   allocated on a capturing stream comes from the capture's pool, and a free of a pool buffer
+//!   returns its block to the pool instead of the device.
 
 use std::collections::{BTreeMap, HashMap};
 
 use super::backend::{Backend, EventKey, Fence, Issued, Op, Span, StreamKey, StreamKind};
 use super::error::ExecError;
+use super::graphs::{BodyKind, Captured, Graphs};
+use crate::alloc::{ModelMemory, PoolIndex};
 use crate::trace::{Id, MemoryKind, Region, DEFAULT_STREAM};
 
 /// A live buffer of a program run.
@@ -33,6 +39,8 @@ pub(crate) struct Buffer {
     pub(crate) gen: u32,
     /// `record_stream` fences of the freed buffers whose bytes it reuses.
     pub(crate) fences: Vec<Fence>,
+    /// The graph pool it came from (allocated on a capturing stream): a pool buffer.
+    pub(crate) pool: Option<PoolIndex>,
 }
 
 impl Buffer {
@@ -74,6 +82,8 @@ pub(crate) struct Resolver {
     /// gave it to).
     freed_to: BTreeMap<u64, (u64, StreamKey)>,
     record_streams: HashMap<Id, Vec<StreamKey>>,
+    /// CUDA graphs: captures, bodies, replay participants, pools.
+    pub(crate) graphs: Graphs,
 }
 
 impl Resolver {
@@ -89,6 +99,7 @@ impl Resolver {
             freed: Vec::new(),
             freed_to: BTreeMap::new(),
             record_streams: HashMap::new(),
+            graphs: Graphs::default(),
         }
     }
 
@@ -272,7 +283,32 @@ impl Resolver {
             None => 0,
         };
         let placed = addr.filter(|_| bytes > 0);
-        if let Some(a) = placed {
+        // Device memory allocated on a capturing stream comes from the capture's pool.
+        let pool = match (memory, stream) {
+            (MemoryKind::Device, Some(_)) => self.graphs.capture_pool(owner),
+            _ => None,
+        };
+        if let (Some(p), None) = (pool, placed) {
+            let addr = self.pool_alloc(op, buffer, p, bytes, owner, backend)?;
+            let gen = self.gens.len() as u32;
+            self.gens.push((op, buffer.clone()));
+            self.buffers.insert(
+                buffer.clone(),
+                Buffer {
+                    memory,
+                    addr,
+                    size: bytes,
+                    owner,
+                    placed: false,
+                    gen,
+                    fences: Vec::new(),
+                    pool: Some(p),
+                },
+            );
+            self.record_streams.remove(buffer);
+            return Ok((gen, addr));
+        }
+        if let Some(a) = placed.filter(|_| pool.is_none()) {
             if memory == MemoryKind::Device && self.reappears(a, a.saturating_add(bytes), owner) {
                 // The memory went back to the driver and came back: the device was synchronized.
                 let device = self.devices[owner as usize];
@@ -326,10 +362,45 @@ impl Resolver {
                 placed: placed.is_some(),
                 gen,
                 fences,
+                pool,
             },
         );
         self.record_streams.remove(buffer);
         Ok((gen, addr))
+    }
+
+    /// `bytes` for `owner` from graph pool `pool`: the block the pool's arena gives, any new
+    /// segment mapped on the backend at the device address space's next segment.
+    fn pool_alloc(
+        &mut self,
+        op: usize,
+        buffer: &Id,
+        pool: PoolIndex,
+        bytes: u64,
+        owner: StreamKey,
+        backend: &mut dyn Backend,
+    ) -> Result<u64, ExecError> {
+        let base = backend.next_device_segment().ok_or_else(|| {
+            self.unsupported(op, "this backend does not place graph pool memory")
+        })?;
+        let mut space = ModelMemory::new(base);
+        let block = self
+            .graphs
+            .pools
+            .allocate(pool, bytes, owner, &mut space)
+            .map_err(|e| self.unsupported(op, format!("allocating {buffer} from its pool: {e}")))?;
+        if space.mapped_bytes() > 0 {
+            let at = backend
+                .map_device_segment(space.mapped_bytes())
+                .map_err(self.failed(op, &format!("mapping pool memory for {buffer}")))?;
+            if at != base {
+                return Err(self.unsupported(
+                    op,
+                    format!("pool memory for {buffer} was mapped at {at:#x}, not {base:#x}"),
+                ));
+            }
+        }
+        Ok(block.map_or(0, |b| b.addr))
     }
 
     /// A `free` as op `op` (nothing for a buffer that is not live).
@@ -344,6 +415,17 @@ impl Resolver {
             return Ok(Issued::Done);
         };
         let recorded = self.record_streams.remove(buffer).unwrap_or_default();
+        if let Some(p) = b.pool {
+            // Back to the pool, held back during a capture of it if record_stream named streams:
+            // nothing is freed on the device, and the graph's replays keep the bytes.
+            if b.size > 0 && !b.placed {
+                self.graphs
+                    .pools
+                    .free(p, b.addr, b.owner, !recorded.is_empty())
+                    .map_err(|e| self.unsupported(op, format!("freeing {buffer}: {e}")))?;
+            }
+            return Ok(Issued::Done);
+        }
         let mut fences: Vec<Fence> = Vec::new();
         for s in recorded {
             let f = backend
@@ -404,6 +486,129 @@ impl Resolver {
             .or_default()
             .push(s);
         Ok(())
+    }
+
+    /// A `graph_begin` as op `op`.
+    pub(crate) fn graph_begin(
+        &mut self,
+        op: usize,
+        graph: &Id,
+        stream: &Id,
+        pool: Option<&Id>,
+        backend: &mut dyn Backend,
+    ) -> Result<(), ExecError> {
+        let s = self.stream(op, stream, backend)?;
+        if s == 0 {
+            return Err(self.unsupported(op, "a capture on the legacy default stream"));
+        }
+        self.graphs
+            .begin(graph, s, pool)
+            .map(|_| ())
+            .map_err(|m| self.unsupported(op, m))
+    }
+
+    /// A `graph_end` as op `op`.
+    pub(crate) fn graph_end(&mut self, op: usize, graph: &Id) -> Result<(), ExecError> {
+        self.graphs
+            .end(graph)
+            .map(|_| ())
+            .map_err(|m| self.unsupported(op, m))
+    }
+
+    /// Where a stream op of `op` on stream `s` goes: `Some` when `s` is capturing (the op is
+    /// captured, not run).
+    #[inline]
+    pub(crate) fn captured(&self, s: StreamKey) -> Option<Captured> {
+        if self.graphs.any_capturing() {
+            self.graphs.capturing(s)
+        } else {
+            None
+        }
+    }
+
+    /// Captures access op `op` (a launch, copy or memset of the program) into `c`'s body, its
+    /// regions resolved now.
+    pub(crate) fn capture_access(
+        &mut self,
+        op: usize,
+        c: Captured,
+        what: &crate::trace::Op,
+    ) -> Result<(), ExecError> {
+        use crate::trace::Op as T;
+        let kind = match what {
+            T::Launch { reads, writes, .. } => {
+                let r: Vec<Span> = reads
+                    .iter()
+                    .map(|x| self.span(op, x))
+                    .collect::<Result<_, _>>()?;
+                let w: Vec<Span> = writes
+                    .iter()
+                    .map(|x| self.span(op, x))
+                    .collect::<Result<_, _>>()?;
+                let all: Vec<&Region> = reads.iter().chain(writes).collect();
+                BodyKind::Launch {
+                    reads: r,
+                    writes: w,
+                    fences: self.fences(&all),
+                }
+            }
+            T::Copy { src, dst, .. } => {
+                let (a, b) = (self.span(op, src)?, self.span(op, dst)?);
+                if a.bytes != b.bytes {
+                    return Err(self.unsupported(op, "copy regions of different lengths"));
+                }
+                BodyKind::Copy {
+                    src: a,
+                    dst: b,
+                    fences: self.fences(&[src, dst]),
+                }
+            }
+            T::Memset { dst, .. } => BodyKind::Memset {
+                dst: self.span(op, dst)?,
+                fences: self.fences(&[dst]),
+            },
+            _ => return Err(self.unsupported(op, "only launches, copies and memsets are captured")),
+        };
+        self.graphs.capture(c, op, kind);
+        Ok(())
+    }
+
+    /// The graph a `graph_launch` as op `op` replays, with its replay participants (one backend
+    /// stream per lane, created at its first launch); counts the launch.
+    pub(crate) fn graph_launch(
+        &mut self,
+        op: usize,
+        graph: &Id,
+        backend: &mut dyn Backend,
+    ) -> Result<usize, ExecError> {
+        let g = match self.graphs.by_name(graph) {
+            Some(g) if self.graphs.graphs[g].ended => g,
+            _ => {
+                return Err(self.unsupported(op, format!("graph {graph} has not been captured")))
+            }
+        };
+        if self.graphs.graphs[g].participants.is_empty() {
+            let n = self.graphs.graphs[g].lanes.len();
+            let mut keys = Vec::with_capacity(n);
+            for _ in 0..n {
+                let key = self.devices.len() as StreamKey;
+                backend
+                    .issue(
+                        op as u64,
+                        Op::StreamCreate {
+                            stream: key,
+                            kind: StreamKind::NonBlocking,
+                            device: 0,
+                        },
+                    )
+                    .map_err(self.failed(op, "creating a replay participant"))?;
+                self.devices.push(0);
+                keys.push(key);
+            }
+            self.graphs.graphs[g].participants = keys;
+        }
+        self.graphs.graphs[g].launches += 1;
+        Ok(g)
     }
 
     /// Whether placed device memory `[start, end)`, allocated on stream `owner`, was last freed

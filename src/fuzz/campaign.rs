@@ -137,12 +137,56 @@ fn alloc_epoch_op(program: &[TraceOp], alloc: usize, stream: &str) -> Option<usi
     })
 }
 
+/// The op number a schedule knows an access by: the op itself, or for the replay of captured op
+/// `captured` by the `graph_launch` at `op`, that replayed op's number
+/// ([`crate::exec::ReplayNumbering`]).
+fn schedule_op(
+    numbering: &Option<crate::exec::ReplayNumbering>,
+    op: usize,
+    captured: Option<usize>,
+) -> usize {
+    match (numbering, captured) {
+        (Some(n), Some(m)) => n.id(op, m).unwrap_or(op),
+        _ => op,
+    }
+}
+
+/// The replay numbering of `program`, if it has graph ops.
+fn numbering_of(program: &[TraceOp]) -> Option<crate::exec::ReplayNumbering> {
+    program
+        .iter()
+        .any(|t| t.op.is_graph_op())
+        .then(|| crate::exec::replay_numbering(program))
+}
+
+/// The holds of a provocation as `exec` takes them: a backend that does not schedule replayed
+/// ops one by one (a GPU launches a graph as a whole) holds the launch instead.
+pub fn holds_for(
+    exec: &dyn Executor,
+    program: &[TraceOp],
+    holds: &[(usize, usize)],
+) -> Vec<(usize, usize)> {
+    if exec.name() == "sim" {
+        return holds.to_vec();
+    }
+    match numbering_of(program) {
+        Some(n) => holds
+            .iter()
+            .map(|&(a, b)| (n.trace_op(a), n.trace_op(b)))
+            .filter(|(a, b)| a != b)
+            .collect(),
+        None => holds.to_vec(),
+    }
+}
+
 /// How to make a hazard manifest.
 #[derive(Clone, Debug)]
 pub struct Provocation {
     /// The program to run: the original, or one extended to reuse freed memory.
     pub program: Vec<TraceOp>,
-    /// `(held, until)` pairs of op indices that steer the schedule.
+    /// `(held, until)` pairs of op numbers that steer the schedule: op indices, and for an access
+    /// of a graph replay, its replayed op's number on the simulator ([`holds_for`] makes them
+    /// launches for a backend that runs a replay as a whole).
     pub holds: Vec<(usize, usize)>,
     /// The buffers whose data show the corruption: the hazard's, and any the provocation added.
     pub watch: BTreeSet<Id>,
@@ -215,12 +259,20 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
             }
             // Op indices after an insertion point shift by 3 per insertion before them.
             let shift = |i: usize| i + 3 * inserted.iter().filter(|&&a| a <= i).count();
-            let at2 = shift(at);
+            let numbering = numbering_of(&p);
+            let point = |op: u64, captured: Option<u64>| {
+                schedule_op(
+                    &numbering,
+                    shift(op as usize),
+                    captured.map(|m| shift(m as usize)),
+                )
+            };
+            let at2 = point(h.op, h.access.as_ref().and_then(|a| a.captured));
             for &a in &inserted {
                 holds.push((shift(a) - 3 + 1, at2));
             }
             for c in h.conflicts.iter().filter(|c| c.access != AccessKind::Alloc) {
-                holds.push((shift(c.op as usize), at2));
+                holds.push((point(c.op, c.captured), at2));
             }
             if holds.is_empty() {
                 return Err(NOTHING_TO_HOLD.into());
@@ -233,7 +285,12 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
         }
         HazardKind::UnsafeFree => {
             // Allocate the same size right after the free, on the stream the block goes back to,
-            // and overwrite it; hold the unordered accesses until that write is done.
+            // and overwrite it; hold the unordered accesses until that write is done. (They come
+            // before the free: inserting after it moves none of them.)
+            let numbering = numbering_of(program);
+            let held = |c: &crate::report::Conflict| -> Option<usize> {
+                held(c).map(|op| schedule_op(&numbering, op, c.captured.map(|m| m as usize)))
+            };
             let unknown = || "the freed buffer's allocation is not in the trace".to_string();
             let name = h.buffer.as_ref().ok_or_else(unknown)?;
             let (bytes, memory, addr) = program[..at]
@@ -457,6 +514,7 @@ pub fn run_campaign(
             } else {
                 exec.reference(&p).map_err(sim_err)?
             };
+            let holds = holds_for(exec, &p, &holds);
             let mut confirmed = false;
             for a in 0..cfg.attempts {
                 let o = exec
@@ -664,7 +722,8 @@ pub fn confirm(
     let reference = exec.reference(&p.program)?;
     let mut observed = 0;
     for a in 0..attempts {
-        let o = exec.provoke(&p.program, &p.holds, seed.wrapping_add(u64::from(a)))?;
+        let holds = holds_for(exec, &p.program, &p.holds);
+        let o = exec.provoke(&p.program, &holds, seed.wrapping_add(u64::from(a)))?;
         if o.diverging(&reference).iter().any(|b| p.watch.contains(b)) {
             observed += 1;
         }

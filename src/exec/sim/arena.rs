@@ -98,6 +98,11 @@ impl Arena {
         }
     }
 
+    /// The address the next segment gets.
+    pub(crate) fn next_base(&self) -> u64 {
+        self.model.next_base()
+    }
+
     /// The contents of never-written memory: a pattern of the address.
     pub(crate) fn fresh(addr: u64) -> u32 {
         fmix((addr >> 2) as u32 ^ 0xa5a5_0000)

@@ -45,6 +45,18 @@ impl Backend for Device {
 
     fn release_stream(&mut self, _: StreamKey) {}
 
+    fn next_device_segment(&self) -> Option<u64> {
+        Some(self.device.memory().next_base())
+    }
+
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        use crate::alloc::Memory;
+        self.device
+            .memory_mut()
+            .map_segment(bytes)
+            .map_err(|e| ExecError::InvalidArgument(e.to_string()))
+    }
+
     #[inline]
     fn runs_work(&self) -> bool {
         self.execute

@@ -5,9 +5,12 @@
 //! every buffer live at the end, and the last value each word of every buffer generation received.
 //! Two runs of one program agree exactly when no op observed different data.
 
-use super::device::{Device, Timing};
+use smallvec::SmallVec;
+
+use super::device::{Device, Mark, SpanList, Timing, Work};
 use crate::exec::backend::{Backend, Fill, Issued, Kernel, Op as ExecOp, Span};
 use crate::exec::error::ExecError;
+use crate::exec::graphs::{replay_numbering, BodyKind};
 use crate::exec::outcome::{Executor, Outcome};
 use crate::exec::program::Resolver;
 use crate::exec::sched::{
@@ -41,6 +44,8 @@ struct Run<'p> {
     names: Resolver,
     /// The host's next op.
     next: usize,
+    /// The number of the next replayed op (see [`crate::exec::ReplayNumbering`]).
+    next_replayed: usize,
 }
 
 /// Runs `program` under `scheduler`.
@@ -54,6 +59,7 @@ pub fn run(
         device: Device::program(cfg.chunk_words),
         names: Resolver::new(None),
         next: 0,
+        next_replayed: program.len(),
     };
     debug_assert_eq!(r.device.timing, Timing::Scheduled);
     let mut steps = 0;
@@ -102,15 +108,42 @@ pub fn run(
     r.outcome(steps)
 }
 
-/// Runs `program` in issue order: the sequential reference.
+/// Runs `program` in issue order: the sequential reference. A replay runs where its launch is
+/// in the order, its body in body order.
 pub fn reference(program: &[TraceOp]) -> Result<Outcome, ExecError> {
+    let cfg = SimConfig {
+        chunk_words: u32::MAX,
+    };
+    if !program.iter().any(|t| t.op.is_graph_op()) {
+        return run(program, &mut Sequential, cfg);
+    }
+    let numbering = replay_numbering(program);
     run(
         program,
-        &mut Sequential,
-        SimConfig {
-            chunk_words: u32::MAX,
+        &mut InOrder {
+            launch_of: |op: usize| numbering.trace_op(op),
         },
+        cfg,
     )
+}
+
+/// [`Sequential`] for a program with replays: a replayed op is ordered as its launch, then by
+/// its number (body order).
+struct InOrder<F> {
+    launch_of: F,
+}
+
+impl<F: Fn(usize) -> usize> Scheduler for InOrder<F> {
+    fn pick(&mut self, ready: &[Ready]) -> usize {
+        let key = |r: &Ready| ((self.launch_of)(r.op), r.op, r.actor == Actor::Host);
+        let mut best = 0;
+        for (k, r) in ready.iter().enumerate() {
+            if key(r) < key(&ready[best]) {
+                best = k;
+            }
+        }
+        best
+    }
 }
 
 impl Run<'_> {
@@ -121,11 +154,21 @@ impl Run<'_> {
         let names = &mut self.names;
         let op = &self.program[i].op;
         let issued = match op {
-            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
-                return Err(ExecError::unsupported(
-                    i,
-                    format!("{}: the simulator does not run CUDA graphs yet", op.name()),
-                ));
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => {
+                names.graph_begin(i, graph, stream, pool.as_ref(), dev)?;
+                Issued::Done
+            }
+            Op::GraphEnd { graph } => {
+                names.graph_end(i, graph)?;
+                Issued::Done
+            }
+            Op::GraphLaunch { graph, stream } => {
+                let (graph, stream) = (graph.clone(), stream.clone());
+                return self.launch_graph(i, &graph, &stream);
             }
             Op::StreamCreate {
                 stream,
@@ -184,6 +227,10 @@ impl Run<'_> {
                 ..
             } => {
                 let s = names.stream(i, stream, dev)?;
+                if let Some(c) = names.captured(s) {
+                    names.capture_access(i, c, op)?;
+                    return Ok(Issued::Done);
+                }
                 let r: Vec<Span> = reads
                     .iter()
                     .map(|x| names.span(i, x))
@@ -211,6 +258,10 @@ impl Run<'_> {
             }
             Op::Copy { stream, src, dst } => {
                 let s = names.stream(i, stream, dev)?;
+                if let Some(c) = names.captured(s) {
+                    names.capture_access(i, c, op)?;
+                    return Ok(Issued::Done);
+                }
                 let (a, b) = (names.span(i, src)?, names.span(i, dst)?);
                 if a.bytes != b.bytes {
                     return Err(names.unsupported(i, "copy regions of different lengths"));
@@ -229,6 +280,10 @@ impl Run<'_> {
             }
             Op::Memset { stream, dst } => {
                 let s = names.stream(i, stream, dev)?;
+                if let Some(c) = names.captured(s) {
+                    names.capture_access(i, c, op)?;
+                    return Ok(Issued::Done);
+                }
                 let d = names.span(i, dst)?;
                 let fences = names.fences(&[dst]);
                 dev.issue(
@@ -281,11 +336,17 @@ impl Run<'_> {
             Op::EventRecord { event, stream } => {
                 let stream = names.stream(i, stream, dev)?;
                 let event = names.event(event);
+                if names.graphs.any_capturing() && names.graphs.record(i, event, stream) {
+                    return Ok(Issued::Done);
+                }
                 dev.issue(index, ExecOp::EventRecord { event, stream })?
             }
             Op::EventWait { stream, event } => {
                 let stream = names.stream(i, stream, dev)?;
                 let event = names.event(event);
+                if names.graphs.any_capturing() && names.graphs.wait(i, stream, event) {
+                    return Ok(Issued::Done);
+                }
                 dev.issue(index, ExecOp::EventWait { stream, event })?
             }
             // A query that returned `true` orders like a sync; one that returned `false` orders
@@ -320,6 +381,94 @@ impl Run<'_> {
             }
         };
         Ok(issued)
+    }
+
+    /// A `graph_launch` of `graph` on `stream` as op `i`: the body replayed on the graph's
+    /// participants, one stream per lane. Each lane's first op of the launch follows everything
+    /// issued on the launch stream so far and the whole previous launch; captured records and
+    /// waits order the lanes; the launch stream's later work follows every lane.
+    fn launch_graph(
+        &mut self,
+        i: usize,
+        graph: &crate::trace::Id,
+        stream: &crate::trace::Id,
+    ) -> Result<Issued, ExecError> {
+        let dev = &mut self.device;
+        let names = &mut self.names;
+        let s = names.stream(i, stream, dev)?;
+        if names.captured(s).is_some() {
+            return Err(names.unsupported(i, "a graph launched on a capturing stream"));
+        }
+        let g = names.graph_launch(i, graph, dev)?;
+        let graph = &names.graphs.graphs[g];
+        let lanes = &graph.participants;
+        // Entry: the launch is an op on its stream (with its legacy default stream edges).
+        dev.submit(s, i, Work::Marker, SmallVec::new(), false);
+        let mut entry: SmallVec<[Mark; 2]> = SmallVec::new();
+        entry.push(dev.last(s));
+        entry.extend(lanes.iter().map(|&p| dev.last(p)));
+        let mut started = vec![false; lanes.len()];
+        let mut slots: Vec<Option<Mark>> = vec![None; graph.slots];
+        for b in &graph.body {
+            let lane = lanes[b.lane];
+            let mut deps: SmallVec<[Mark; 2]> = SmallVec::new();
+            if !std::mem::replace(&mut started[b.lane], true) {
+                deps.extend(entry.iter().copied());
+            }
+            let work = match &b.kind {
+                BodyKind::Launch {
+                    reads,
+                    writes,
+                    fences,
+                } => {
+                    deps.extend(Device::marks(fences));
+                    let words = reads
+                        .iter()
+                        .chain(writes)
+                        .map(|x| u32::try_from(x.words()).unwrap_or(u32::MAX))
+                        .max()
+                        .unwrap_or(0);
+                    Work::Launch {
+                        id: b.op as u32,
+                        reads: reads.iter().copied().collect::<SpanList>(),
+                        writes: writes.iter().copied().collect::<SpanList>(),
+                        words,
+                    }
+                }
+                BodyKind::Copy { src, dst, fences } => {
+                    deps.extend(Device::marks(fences));
+                    Work::Copy {
+                        src: *src,
+                        dst: *dst,
+                    }
+                }
+                BodyKind::Memset { dst, fences } => {
+                    deps.extend(Device::marks(fences));
+                    Work::Memset {
+                        dst: *dst,
+                        value: memset_word(b.op as u32),
+                    }
+                }
+                BodyKind::Record(_) => Work::Marker,
+                BodyKind::Wait(slot) => {
+                    if let Some(m) = slot.and_then(|k| slots.get(k).copied().flatten()) {
+                        deps.push(m);
+                    }
+                    Work::Marker
+                }
+            };
+            let id = self.next_replayed;
+            self.next_replayed += 1;
+            dev.submit(lane, id, work, deps, false);
+            if let BodyKind::Record(k) = b.kind {
+                if let Some(x) = slots.get_mut(k) {
+                    *x = Some(dev.last(lane));
+                }
+            }
+        }
+        // Exit: later work on the launch stream waits for the whole replay.
+        let exit: SmallVec<[Mark; 2]> = lanes.iter().map(|&p| dev.last(p)).collect();
+        Ok(dev.submit(s, i, Work::Marker, exit, false))
     }
 
     /// What the run observed, once nothing can move.
