@@ -135,11 +135,19 @@ impl Backend for AnyBackend {
         }
     }
 
-    fn map_pool_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+    fn next_device_segment(&self) -> Option<u64> {
+        match self {
+            AnyBackend::Sim(d) => d.next_device_segment(),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.next_device_segment(),
+        }
+    }
+
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
         match self {
             AnyBackend::Sim(d) => d.map_device_segment(bytes),
             #[cfg(feature = "cuda")]
-            AnyBackend::Cuda(d) => d.map_pool_segment(bytes),
+            AnyBackend::Cuda(d) => d.map_device_segment(bytes),
         }
     }
 }

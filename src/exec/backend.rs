@@ -453,13 +453,4 @@ pub trait Backend: Send {
     fn graph_destroy(&mut self, graph: GraphKey) {
         let _ = graph;
     }
-
-    /// Maps a fresh segment of `bytes` bytes of device memory for a graph memory pool: memory no
-    /// allocator of the backend hands out, kept until the backend is dropped. Returns its base.
-    fn map_pool_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
-        let _ = bytes;
-        Err(ExecError::InvalidArgument(
-            "this backend has no graph memory pools".into(),
-        ))
-    }
 }

@@ -380,9 +380,9 @@ impl Resolver {
         owner: StreamKey,
         backend: &mut dyn Backend,
     ) -> Result<u64, ExecError> {
-        let base = backend.next_device_segment().ok_or_else(|| {
-            self.unsupported(op, "this backend does not place graph pool memory")
-        })?;
+        let base = backend
+            .next_device_segment()
+            .ok_or_else(|| self.unsupported(op, "this backend does not place graph pool memory"))?;
         let mut space = ModelMemory::new(base);
         let block = self
             .graphs
@@ -583,9 +583,7 @@ impl Resolver {
     ) -> Result<usize, ExecError> {
         let g = match self.graphs.by_name(graph) {
             Some(g) if self.graphs.graphs[g].ended => g,
-            _ => {
-                return Err(self.unsupported(op, format!("graph {graph} has not been captured")))
-            }
+            _ => return Err(self.unsupported(op, format!("graph {graph} has not been captured"))),
         };
         if self.graphs.graphs[g].participants.is_empty() {
             let n = self.graphs.graphs[g].lanes.len();

@@ -84,6 +84,10 @@ pub struct CudaDevice {
     pool_segments: GpuSegments,
     /// The streams capturing now (origins of a capture).
     capturing: Vec<StreamKey>,
+    /// A program run's memory for graph pools: (base, extent, bytes handed out so far). Pool
+    /// segments are placed contiguously from `base`, as the model's device address space places
+    /// segments; `None` for a session (each pool segment is then mapped when asked for).
+    pub(crate) pool_space: Option<(u64, u64, u64)>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -131,6 +135,7 @@ impl CudaDevice {
             pool_segments: GpuSegments::new(gpu.clone()),
             graphs: Vec::new(),
             capturing: Vec::new(),
+            pool_space: None,
             streams: vec![Some(gpu.legacy_stream())],
             device: DeviceCachingAllocator::new(device),
             pinned: HostCachingAllocator::new(pinned),
@@ -769,8 +774,29 @@ impl Backend for CudaDevice {
         }
     }
 
-    fn map_pool_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
-        Ok(self.pool_segments.map_now(bytes)?)
+    fn next_device_segment(&self) -> Option<u64> {
+        self.pool_space.map(|(base, _, used)| base + used)
+    }
+
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        match &mut self.pool_space {
+            // A program run's: the next bytes of the memory reserved for its pools, zeroed.
+            Some((base, extent, used)) => {
+                let at = *base + *used;
+                let end = used
+                    .checked_add(bytes)
+                    .filter(|&e| e <= *extent)
+                    .ok_or_else(|| {
+                        ExecError::InvalidArgument(format!(
+                            "graph pools need more than the {extent} bytes reserved for them"
+                        ))
+                    })?;
+                *used = end;
+                Ok(at)
+            }
+            // A session's: fresh `cuMemAlloc` memory, kept until the backend is dropped.
+            None => Ok(self.pool_segments.map_now(bytes)?),
+        }
     }
 }
 

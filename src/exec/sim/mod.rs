@@ -33,7 +33,6 @@
 mod arena;
 mod backend;
 mod device;
-mod pool;
 mod program;
 
 pub use super::outcome::{Executor, Outcome};

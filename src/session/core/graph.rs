@@ -25,7 +25,7 @@
 //!
 //! Device memory allocated on a capturing stream comes from the capture's pool: a
 //! [`DeviceCachingAllocator`] of its own per pool, whose segments are fresh device memory the
-//! backend's own allocator never hands out ([`Backend::map_pool_segment`]). Graphs that name the
+//! backend's own allocator never hands out ([`Backend::map_device_segment`]). Graphs that name the
 //! same pool share its memory; a freed pool buffer's block goes back to its pool only, and a
 //! block freed with `record_stream` streams while a capture of its pool is underway is held back
 //! until the capture ends (as PyTorch defers such frees). Pool memory stays mapped until the
@@ -337,7 +337,7 @@ impl State {
                     source: NeedSegment(n),
                     ..
                 }) => {
-                    let base = self.backend.map_pool_segment(n)?;
+                    let base = self.backend.map_device_segment(n)?;
                     arena.alloc.memory_mut().ready = Some((n, base));
                 }
                 Err(e) => {
