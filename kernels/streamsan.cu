@@ -119,9 +119,9 @@ extern "C" __global__ void spin(unsigned long long ns) {
 
 // Only waits: keeps its stream busy for *ns nanoseconds, read when it starts (a delay a captured
 // graph takes from memory, so that each replay may wait differently).
-extern "C" __global__ void spin_at(const unsigned long long* ns) {
+extern "C" __global__ void spin_at(const unsigned int* ns) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        ss_wait_ns(*((volatile const unsigned long long*)ns));
+        ss_wait_ns((unsigned long long)*((volatile const unsigned int*)ns));
     }
 }
 

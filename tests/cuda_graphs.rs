@@ -515,3 +515,63 @@ fn a_buffer_freed_before_a_replay_is_use_after_free() -> Result {
     assert_eq!(report.hazards[0].op, launch);
     Ok(())
 }
+
+/// A graph's pool buffer read by another stream after a replay, then freed: without
+/// `record_stream` the next capture of the pool takes its block and that graph's replay
+/// overwrites it while the reader may still read; with it, the block waits for the reader
+/// (PyTorch's deferred free) and the next capture gets another one.
+fn pool_buffer_freed_after_a_replay(s: Session, fixed: bool) -> Result {
+    let main = s.stream_named("main")?;
+    let reader = s.stream_named("reader")?;
+    let mut result = s.alloc_named::<u32>(&reader, "result", N)?;
+    let pool = s.graph_pool()?;
+    main.begin_capture_in(&pool)?;
+    let mut out = s.alloc_named::<u32>(&main, "out", N)?;
+    let out_addr = out.device_ptr();
+    let w = s.launch(&main, "w").write(&mut out).hash()?;
+    let g1 = main.end_capture()?;
+    g1.launch(&main)?;
+    let done = s.event()?;
+    done.record(&main)?;
+    reader.wait(&done)?;
+    let read = s
+        .launch(&reader, "read")
+        .read(&out)
+        .write(&mut result)
+        .spin(SPIN_NS)
+        .hash()?;
+    if fixed {
+        s.record_stream(&out, &reader)?;
+    }
+    out.free()?;
+    main.begin_capture_in(&pool)?;
+    let mut t = s.alloc_named::<u32>(&main, "t", N)?;
+    assert_eq!(
+        t.device_ptr() == out_addr,
+        !fixed,
+        "the block waits for the reader only with record_stream"
+    );
+    s.launch(&main, "w2").write(&mut t).hash()?;
+    let g2 = main.end_capture()?;
+    g2.launch(&main)?;
+    s.synchronize()?;
+    let got = s.memcpy_dtov::<u32>(&reader, &result)?;
+    let corrupted = count_mismatches(&got, &expected(read, &[&expected(w, &[], N)], N));
+    let report = s.finish()?;
+    verdict(
+        &report,
+        fixed,
+        corrupted,
+        true,
+        "a pool buffer freed after a replay",
+    );
+    if !fixed {
+        assert!(
+            kinds(&report).contains(&HazardKind::ReuseRace),
+            "{}",
+            report.to_json()
+        );
+    }
+    Ok(())
+}
+on_both!(pool_buffer_freed_after_a_replay);

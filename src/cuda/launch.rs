@@ -358,23 +358,23 @@ impl Kernels {
     }
 
     /// Enqueues `spin_at`: a one-thread kernel that keeps `stream` busy for the number of
-    /// nanoseconds in the `u64` at device address `ns`, read when it starts (a captured delay that
-    /// each replay of a graph may set anew).
+    /// nanoseconds in the `u32` at device address `ns`, read when it starts (a captured delay
+    /// that each replay of a graph may set anew, e.g. with [`Kernels::fill`]).
     ///
     /// # Safety
     ///
-    /// `ns` must be 8-byte aligned device-accessible memory that stays allocated until the
+    /// `ns` must be 4-byte aligned device-accessible memory that stays allocated until the
     /// launch (or every replay of a graph that captured it) is done.
     pub unsafe fn spin_at(&self, stream: &Stream, ns: u64) -> Result<(), GpuError> {
-        if ns % 8 != 0 {
+        if ns % 4 != 0 {
             return Err(GpuError::InvalidArgument(format!(
-                "spin_at's delay {ns:#x} is not 8-byte aligned"
+                "spin_at's delay {ns:#x} is not 4-byte aligned"
             )));
         }
         let mut p = ns;
         let mut params = [arg(&mut p)];
-        // SAFETY: the value matches `spin_at(const unsigned long long*)`; the caller guarantees
-        // the word.
+        // SAFETY: the value matches `spin_at(const unsigned int*)`; the caller guarantees the
+        // word.
         unsafe { self.launch(stream, &self.spin_at, 1, &mut params) }
     }
 

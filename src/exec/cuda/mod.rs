@@ -440,6 +440,17 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Whether `stream` is capturing (the origin of a capture or a stream that joined one), as
+    /// the driver says (`cuStreamIsCapturing`).
+    fn is_capturing(&self, stream: StreamKey) -> Result<bool, ExecError> {
+        let s = self.stream(stream)?;
+        s.bind()?;
+        // SAFETY: `raw` is a live stream of this backend (or the legacy handle).
+        let status = unsafe { cudarc::driver::result::stream::is_capturing(s.raw()) }
+            .map_err(GpuError::from)?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Waits for the device and releases everything a program run made: streams, events,
     /// segments. Returns the first error.
     pub(crate) fn release(&mut self) -> Result<(), ExecError> {
@@ -697,6 +708,11 @@ impl Backend for CudaDevice {
     }
 
     fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
+        if !self.capturing.is_empty() && self.is_capturing(stream)? {
+            // Captured work runs nothing now: there is nothing to wait for (and an event recorded
+            // in a capture cannot be waited on outside it).
+            return Ok(None);
+        }
         let e = self.gpu.new_event()?;
         e.record(self.stream(stream)?)?;
         self.fences.push(e);
@@ -706,8 +722,11 @@ impl Backend for CudaDevice {
         }))
     }
 
-    fn fence_done(&self, _: Fence) -> bool {
-        false
+    fn fence_done(&self, fence: Fence) -> bool {
+        // An error counts as not done: the fence is kept.
+        self.fences
+            .get(fence.mark as usize)
+            .is_some_and(|e| e.query().unwrap_or(false))
     }
 
     fn release_stream(&mut self, stream: StreamKey) {

@@ -410,10 +410,10 @@ struct Run<'p> {
     slot_count: usize,
     next_slot: usize,
     observed: Vec<((usize, usize), Id, Observed)>,
-    /// The device array of captured delays (`u64` nanoseconds each, one per captured stream
-    /// op), its host mirror, and the next free one.
+    /// The device array of captured delays (`u32` nanoseconds each, one per captured stream
+    /// op), how many there are, and the next free one.
     delays: u64,
-    delay_host: Vec<u64>,
+    delay_count: usize,
     next_delay: usize,
     /// What the run keeps of each graph (by the resolver's index).
     graphs: Vec<GraphRun>,
@@ -467,7 +467,7 @@ impl<'p> Run<'p> {
             0
         };
         let delays = segments
-            .map_now(8 * delay_count.max(1) as u64)
+            .map_now(4 * delay_count.max(1) as u64)
             .map_err(setup)?;
         let slots = segments
             .map_now(8 * slot_count.max(1) as u64)
@@ -520,7 +520,7 @@ impl<'p> Run<'p> {
             next_slot: 0,
             observed: Vec::new(),
             delays,
-            delay_host: vec![0; delay_count],
+            delay_count,
             next_delay: 0,
             graphs: Vec::new(),
             next_replayed: program.len(),
@@ -723,7 +723,7 @@ impl<'p> Run<'p> {
             }
         }
         let d = self.next_delay;
-        if d >= self.delay_host.len() {
+        if d >= self.delay_count {
             return Err(unsupported(i, "ran out of captured delays"));
         }
         self.next_delay += 1;
@@ -736,7 +736,7 @@ impl<'p> Run<'p> {
         let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
         // SAFETY: the word lies in the run's delay array, mapped until the run is released
         // (which waits for the device first), so every replay of the graph may read it.
-        unsafe { kernels.spin_at(stream, self.delays + 8 * d as u64) }
+        unsafe { kernels.spin_at(stream, self.delays + 4 * d as u64) }
             .map_err(driver(i, "capturing a delay"))
     }
 
@@ -779,19 +779,19 @@ impl<'p> Run<'p> {
             self.next_replayed += 1;
         }
         let mut sync = hold == Hold::SyncAfter;
-        // This launch's delays, written in stream order before it.
-        let mut range: Option<(usize, usize)> = None;
+        // This launch's delays: (delay, nanoseconds), as the scheduler holds each replayed op.
+        let mut delays: Vec<(usize, u32)> = Vec::new();
         for &(captured, d) in &self.graphs[g].delays {
             let id = ids.get(&captured).copied().unwrap_or(captured);
-            self.delay_host[d] = match scheduler.hold(id, true) {
-                Hold::Spin(ns) => ns,
+            let ns = match scheduler.hold(id, true) {
+                Hold::Spin(ns) => u32::try_from(ns).unwrap_or(u32::MAX),
                 Hold::SyncAfter => {
                     sync = true;
                     0
                 }
                 Hold::None => 0,
             };
-            range = Some(range.map_or((d, d), |(a, b)| (a.min(d), b.max(d))));
+            delays.push((d, ns));
         }
         if let Some((t, e)) = self.graphs[g].last {
             if t != s {
@@ -809,39 +809,27 @@ impl<'p> Run<'p> {
         self.dev
             .wait_fences(s, &fences)
             .map_err(self.names.failed(i, "waiting for a record_stream fence"))?;
-        if let Some((a, b)) = range {
-            let data: Vec<u8> = self.delay_host[a..=b]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
-            let dst = Span {
-                memory: MemoryKind::Device,
-                addr: self.delays + 8 * a as u64,
-                bytes: data.len() as u64,
-                gen: 0,
-                external: false,
-            };
-            self.dev
-                .issue(
-                    i as u64,
-                    ExecOp::Store {
-                        stream: s,
-                        dst,
-                        data: &data,
-                    },
-                )
-                .map_err(self.names.failed(i, "setting a replay's delays"))?;
-        }
-        if let Hold::Spin(ns) = hold {
+        {
             let kernels = self
                 .dev
                 .gpu
                 .kernels()
                 .map_err(driver(i, "delaying the launch"))?;
             let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
-            kernels
-                .spin(stream, ns)
-                .map_err(driver(i, "delaying the launch"))?;
+            // Written by kernels on the launch stream, right before the launch (a copy from the
+            // host might make the host wait for the stream).
+            for (d, ns) in delays {
+                let word = DeviceRegion::new(self.delays + 4 * d as u64, 1);
+                // SAFETY: the word lies in the run's delay array, mapped until the run is
+                // released, which waits for the device first.
+                unsafe { kernels.fill(stream, word, ns) }
+                    .map_err(driver(i, "setting a replay's delays"))?;
+            }
+            if let Hold::Spin(ns) = hold {
+                kernels
+                    .spin(stream, ns)
+                    .map_err(driver(i, "delaying the launch"))?;
+            }
         }
         self.dev
             .graph_launch(g as GraphKey, s)

@@ -49,7 +49,7 @@ use super::error::SessionError;
 use super::record::{GraphBeginRec, Loc, Rec};
 use super::{Core, State, StreamRef};
 use crate::alloc::{DeviceCachingAllocator, Memory};
-use crate::exec::{Backend, Fill, Kernel, Op, Span};
+use crate::exec::{Backend, Fence, Fill, Kernel, Op, Span};
 use crate::trace::Id;
 
 /// A graph of a session, by key.
@@ -139,6 +139,9 @@ struct PoolArena {
     capturing: u32,
     /// Blocks freed with `record_stream` streams during a capture: (address, stream).
     held: Vec<(u64, u32)>,
+    /// Blocks freed with `record_stream` streams outside a capture, back in the pool once the
+    /// work of those streams up to the free is done: (address, stream, fences).
+    pending: Vec<(u64, u32, Vec<Fence>)>,
 }
 
 /// What the core keeps of graphs: see the [module docs](self).
@@ -330,6 +333,18 @@ impl State {
         stream: u32,
     ) -> Result<Option<u64>, SessionError> {
         let arena = &mut self.graphs.pools[pool as usize];
+        // Blocks whose record_stream work is done are free again.
+        let backend = &self.backend;
+        let mut k = 0;
+        while k < arena.pending.len() {
+            if arena.pending[k].2.iter().all(|&f| backend.fence_done(f)) {
+                let (addr, s, _) = arena.pending.swap_remove(k);
+                // A pending block is a live block of this pool: returning it cannot fail.
+                let _ = arena.alloc.free(addr, s);
+            } else {
+                k += 1;
+            }
+        }
         loop {
             match arena.alloc.allocate(bytes, stream) {
                 Ok(block) => return Ok(block.map(|b| b.addr)),
@@ -352,18 +367,39 @@ impl State {
         }
     }
 
-    /// Returns the block at `addr` to pool `pool` as a free block of `stream`; with `hold` (it
-    /// had `record_stream` streams) and a capture of the pool underway, once that ends.
+    /// Returns the block at `addr` to pool `pool` as a free block of `stream`. With
+    /// `record_streams`: during a capture of the pool, once no capture of it is underway (the
+    /// block is not handed out again within the capture); otherwise once those streams' work up
+    /// to now is done (as PyTorch defers such frees with events).
     pub(super) fn pool_free(
         &mut self,
         pool: u32,
         addr: u64,
         stream: u32,
-        hold: bool,
+        record_streams: &[u32],
     ) -> Result<(), SessionError> {
+        let arena = &self.graphs.pools[pool as usize];
+        if !record_streams.is_empty() && arena.capturing > 0 {
+            self.graphs.pools[pool as usize].held.push((addr, stream));
+            return Ok(());
+        }
+        let mut fences = Vec::new();
+        for &s in record_streams {
+            // Captured work runs nothing now: a capturing stream has nothing to wait for.
+            if self.graphs.capture_of(s).is_none() {
+                if let Some(f) = self.backend.fence(s)? {
+                    fences.push(f);
+                }
+            }
+        }
         let arena = &mut self.graphs.pools[pool as usize];
-        if hold && arena.capturing > 0 {
-            arena.held.push((addr, stream));
+        if arena.alloc.block(addr).is_none_or(|b| !b.allocated) {
+            return Err(SessionError::InvalidArgument(
+                "freeing a pool buffer that is not live".into(),
+            ));
+        }
+        if !fences.is_empty() {
+            arena.pending.push((addr, stream, fences));
             return Ok(());
         }
         arena
@@ -383,6 +419,7 @@ impl State {
             alloc: DeviceCachingAllocator::new(PoolSegments::default()),
             capturing: 0,
             held: Vec::new(),
+            pending: Vec::new(),
         });
         self.graphs.pools.len() as u32 - 1
     }

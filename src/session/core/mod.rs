@@ -228,10 +228,9 @@ impl State {
         let owner = live.owner.unwrap_or(0);
         if let Some(pool) = live.pool {
             // Back to its pool, whose memory stays the graphs'.
-            let hold = !live.fences.is_empty();
             let addr = region.span().addr;
             if region.bytes > 0 {
-                self.pool_free(pool, addr, to.unwrap_or(owner), hold)?;
+                self.pool_free(pool, addr, to.unwrap_or(owner), &live.fences)?;
             }
         } else {
             // Captured work runs nothing now: a capturing stream has nothing to wait for.
