@@ -26,6 +26,7 @@
 //! | calling a function | [`CudaStream::launch_builder`], [`PushKernelArg::arg`], [`LaunchArgs::launch`] | `launch`: `&x` reads `x`, `&mut y` writes `y` |
 //! | `memcpy` | [`CudaStream::memcpy_htod`], [`CudaStream::memcpy_dtoh`], [`CudaStream::memcpy_dtod`] | see each call |
 //! | page-locked memory | [`PinnedHostSlice`] ([`CudaContext::alloc_pinned`]) | `alloc` of `pinned` memory, `copy`, `host_read`, `host_write` |
+//! | recording a macro, playing it back | [`CudaStream::begin_capture`], [`CudaStream::end_capture`] → [`CudaGraph`], [`CudaGraph::launch`], [`CudaGraph::launch_on`] | `graph_begin`, the captured ops, `graph_end`, `graph_launch` |
 //!
 //! Element types are any [`DeviceRepr`]: the integers, `f32`, `f64`, `half::bf16`, `half::f16`,
 //! arrays, and your own `#[repr(C)]` structs. Views record their exact byte ranges, so two
