@@ -141,6 +141,7 @@ fn sweep_config(i: u64) -> GenConfig {
         use_after_free: false,
         max_words: 4,
         initialize: i % 5 == 0,
+        graphs: i % 4 == 1,
     }
 }
 
@@ -181,6 +182,7 @@ fn tiny() -> impl Strategy<Value = GenConfig> {
             use_after_free: false,
             max_words: 4,
             initialize: false,
+            graphs: ops % 3 == 0,
         },
     )
 }

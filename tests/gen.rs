@@ -45,6 +45,7 @@ fn configs() -> Vec<(&'static str, GenConfig)> {
                 use_after_free: false,
                 max_words: 4,
                 initialize: true,
+                graphs: false,
             },
         ),
         (

@@ -290,6 +290,7 @@ impl Resolver {
         };
         if let (Some(p), None) = (pool, placed) {
             let addr = self.pool_alloc(op, buffer, p, bytes, owner, backend)?;
+            let fences = self.reuse_fences(memory, addr, bytes, backend);
             let gen = self.gens.len() as u32;
             self.gens.push((op, buffer.clone()));
             self.buffers.insert(
@@ -301,7 +302,7 @@ impl Resolver {
                     owner,
                     placed: false,
                     gen,
-                    fences: Vec::new(),
+                    fences,
                     pool: Some(p),
                 },
             );
@@ -334,22 +335,7 @@ impl Resolver {
             Issued::Allocated(a) => a.unwrap_or(0),
             _ => 0,
         };
-        // The block reuses memory of earlier buffers freed with record_stream: fence.
-        let end = addr.saturating_add(bytes);
-        let mut fences: Vec<Fence> = Vec::new();
-        self.freed.retain(|f| {
-            let overlaps = f.memory == memory && f.addr < end && addr < f.addr + f.size;
-            if overlaps {
-                for &x in &f.fences {
-                    if !backend.fence_done(x) && !fences.contains(&x) {
-                        fences.push(x);
-                    }
-                }
-            }
-            // A freed range the new buffer covers whole hands its fences on to it.
-            let covered = overlaps && addr <= f.addr && f.addr + f.size <= end;
-            !covered && f.fences.iter().any(|&x| !backend.fence_done(x))
-        });
+        let fences = self.reuse_fences(memory, addr, bytes, backend);
         let gen = self.gens.len() as u32;
         self.gens.push((op, buffer.clone()));
         self.buffers.insert(
@@ -367,6 +353,33 @@ impl Resolver {
         );
         self.record_streams.remove(buffer);
         Ok((gen, addr))
+    }
+
+    /// The fences a new block at `addr` must wait for: it reuses memory of earlier buffers freed
+    /// with `record_stream`.
+    fn reuse_fences(
+        &mut self,
+        memory: MemoryKind,
+        addr: u64,
+        bytes: u64,
+        backend: &dyn Backend,
+    ) -> Vec<Fence> {
+        let end = addr.saturating_add(bytes);
+        let mut fences: Vec<Fence> = Vec::new();
+        self.freed.retain(|f| {
+            let overlaps = f.memory == memory && f.addr < end && addr < f.addr + f.size;
+            if overlaps {
+                for &x in &f.fences {
+                    if !backend.fence_done(x) && !fences.contains(&x) {
+                        fences.push(x);
+                    }
+                }
+            }
+            // A freed range the new buffer covers whole hands its fences on to it.
+            let covered = overlaps && addr <= f.addr && f.addr + f.size <= end;
+            !covered && f.fences.iter().any(|&x| !backend.fence_done(x))
+        });
+        fences
     }
 
     /// `bytes` for `owner` from graph pool `pool`: the block the pool's arena gives, any new
@@ -415,17 +428,7 @@ impl Resolver {
             return Ok(Issued::Done);
         };
         let recorded = self.record_streams.remove(buffer).unwrap_or_default();
-        if let Some(p) = b.pool {
-            // Back to the pool, held back during a capture of it if record_stream named streams:
-            // nothing is freed on the device, and the graph's replays keep the bytes.
-            if b.size > 0 && !b.placed {
-                self.graphs
-                    .pools
-                    .free(p, b.addr, b.owner, !recorded.is_empty())
-                    .map_err(|e| self.unsupported(op, format!("freeing {buffer}: {e}")))?;
-            }
-            return Ok(Issued::Done);
-        }
+        let hold = !recorded.is_empty();
         let mut fences: Vec<Fence> = Vec::new();
         for s in recorded {
             let f = backend
@@ -439,6 +442,28 @@ impl Resolver {
             if !backend.fence_done(f) && !fences.contains(&f) {
                 fences.push(f);
             }
+        }
+        if let Some(p) = b.pool {
+            // Back to the pool, held back during a capture of it if record_stream named streams:
+            // nothing is freed on the device, and the graph's replays keep the bytes. What the
+            // record_stream streams did by now is ordered before every reuse of the block.
+            if b.size > 0 {
+                if !b.placed {
+                    self.graphs
+                        .pools
+                        .free(p, b.addr, b.owner, hold)
+                        .map_err(|e| self.unsupported(op, format!("freeing {buffer}: {e}")))?;
+                }
+                if !fences.is_empty() {
+                    self.freed.push(Freed {
+                        memory: b.memory,
+                        addr: b.addr,
+                        size: b.size,
+                        fences,
+                    });
+                }
+            }
+            return Ok(Issued::Done);
         }
         let to = match stream {
             Some(s) => Some(self.stream(op, s, backend)?),

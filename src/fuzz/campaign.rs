@@ -92,6 +92,8 @@ pub struct CampaignResult {
     pub summary: Summary,
     /// data-race, unsafe-free, reuse-race counts.
     pub by_kind: [KindCounts; 3],
+    /// Of those, the hazards of graph replays: an access or a conflict of a replayed op.
+    pub in_graphs: KindCounts,
     /// Simulated or device runs made.
     pub runs: u64,
     /// Trace files of programs with unconfirmed hazards (see `keep_unconfirmed`).
@@ -105,6 +107,12 @@ fn provokable(kind: HazardKind) -> Option<usize> {
         HazardKind::ReuseRace => Some(2),
         _ => None,
     }
+}
+
+/// Whether a hazard involves a graph replay: its access or a conflict is a replayed op.
+pub fn in_graph(h: &Hazard) -> bool {
+    h.access.as_ref().is_some_and(|a| a.captured.is_some())
+        || h.conflicts.iter().any(|c| c.captured.is_some())
 }
 
 /// The buffers a hazard speaks of: its own, its conflicts', its free's.
@@ -501,6 +509,8 @@ pub fn run_campaign(
             };
             res.summary.hazards += 1;
             res.by_kind[slot].hazards += 1;
+            let graph = in_graph(h);
+            res.in_graphs.hazards += u64::from(graph);
             let Some(Provocation {
                 program: p,
                 holds,
@@ -524,6 +534,7 @@ pub fn run_campaign(
                 if o.diverging(&p_ref).iter().any(|b| buffers.contains(b)) {
                     res.summary.confirmed += 1;
                     res.by_kind[slot].confirmed += 1;
+                    res.in_graphs.confirmed += u64::from(graph);
                     confirmed = true;
                     break;
                 }

@@ -63,10 +63,16 @@ impl Runnable {
         }
         if let Some(a) = &mut h.access {
             a.op += self.shift;
+            if let Some(m) = &mut a.captured {
+                *m += self.shift;
+            }
         }
         for c in &mut h.conflicts {
             c.buffer = self.name_at(&c.buffer, c.op);
             c.op += self.shift;
+            if let Some(m) = &mut c.captured {
+                *m += self.shift;
+            }
         }
         if let Some(f) = &mut h.free {
             f.op += self.shift;
@@ -147,6 +153,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
         if let Some(e) = op.op.event() {
             events.insert(e.clone());
         }
+        model.graph_op(i, &op.op);
         let mut here: Resolved = Vec::new();
         for r in regions(&op.op) {
             let b = match names.get(&r.buffer).copied() {
@@ -207,6 +214,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
                 });
                 let b = buffers.len() - 1;
                 names.insert(buffer.clone(), Name::Live(b));
+                model.recorded.remove(buffer);
                 alloc_of.insert(i, b);
                 first_alloc.entry(buffer.clone()).or_insert(i as u64);
                 if let Some(a) = placed {
@@ -216,9 +224,10 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
             Op::Free { buffer, stream } => match names.get(buffer).copied() {
                 Some(Name::Live(b)) => {
                     names.insert(buffer.clone(), Name::Freed);
+                    let hold = model.recorded.remove(buffer);
                     if !addr_mode {
                         if let Some(a) = buffers[b].addr {
-                            model.free(i, a, buffers[b].memory, stream.as_ref())?;
+                            model.free(i, a, buffers[b].memory, stream.as_ref(), hold)?;
                         }
                     }
                 }
@@ -489,6 +498,14 @@ struct Model {
     keys: HashMap<Id, StreamKey>,
     /// Live blocks: start → (memory kind, owning stream).
     owners: HashMap<u64, (MemoryKind, Id)>,
+    /// Captures underway and graph pools: allocations on a capturing stream come from the
+    /// capture's pool, as in the checker's model.
+    graphs: crate::exec::graphs::Graphs,
+    events: HashMap<Id, u32>,
+    /// Live pool blocks: start → pool.
+    pooled: HashMap<u64, crate::alloc::PoolIndex>,
+    /// Live buffers named by `record_stream`.
+    recorded: HashSet<Id>,
 }
 
 impl Model {
@@ -499,6 +516,44 @@ impl Model {
             managed: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Managed)),
             keys: HashMap::new(),
             owners: HashMap::new(),
+            graphs: Default::default(),
+            events: HashMap::new(),
+            pooled: HashMap::new(),
+            recorded: HashSet::new(),
+        }
+    }
+
+    fn event(&mut self, event: &Id) -> u32 {
+        let n = self.events.len() as u32;
+        *self.events.entry(event.clone()).or_insert(n)
+    }
+
+    /// Follows the captures: which streams capture, into which graph (for the pools).
+    fn graph_op(&mut self, i: usize, op: &Op) {
+        match op {
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => {
+                let s = self.key(stream);
+                let _ = self.graphs.begin(graph, s, pool.as_ref());
+            }
+            Op::GraphEnd { graph } => {
+                let _ = self.graphs.end(graph);
+            }
+            Op::EventRecord { event, stream } if self.graphs.any_capturing() => {
+                let (s, e) = (self.key(stream), self.event(event));
+                self.graphs.record(i, e, s);
+            }
+            Op::EventWait { stream, event } if self.graphs.any_capturing() => {
+                let (s, e) = (self.key(stream), self.event(event));
+                self.graphs.wait(i, s, e);
+            }
+            Op::RecordStream { buffer, .. } => {
+                self.recorded.insert(buffer.clone());
+            }
+            _ => {}
         }
     }
 
@@ -515,6 +570,23 @@ impl Model {
         memory: MemoryKind,
     ) -> Result<Option<u64>, String> {
         let key = self.key(owner);
+        if let Some(p) = self
+            .graphs
+            .capture_pool(key)
+            .filter(|_| memory == MemoryKind::Device)
+        {
+            let block = self
+                .graphs
+                .pools
+                .allocate(p, bytes, key, self.device.memory_mut())
+                .map_err(|e| {
+                    format!("op {i}: the allocator model cannot serve {bytes} bytes: {e}")
+                })?;
+            if let Some(b) = &block {
+                self.pooled.insert(b.addr, p);
+            }
+            return Ok(block.map(|b| b.addr));
+        }
         let block = match memory {
             MemoryKind::Device => self.device.allocate(bytes, key),
             MemoryKind::Pinned => self.pinned.allocate(bytes),
@@ -530,8 +602,17 @@ impl Model {
         addr: u64,
         memory: MemoryKind,
         stream: Option<&Id>,
+        hold: bool,
     ) -> Result<(), String> {
         let owner = self.owners.remove(&addr).map(|(_, s)| s);
+        if let Some(p) = self.pooled.remove(&addr) {
+            let key = self.key(&owner.unwrap_or_else(|| Id::from(DEFAULT_STREAM)));
+            return self
+                .graphs
+                .pools
+                .free(p, addr, key, hold)
+                .map_err(|e| format!("op {i}: {e}"));
+        }
         let to = stream
             .cloned()
             .or(owner)

@@ -11,6 +11,7 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
         out_dir,
         attempts,
         initialize,
+        graphs,
         keep_unconfirmed,
         fix,
         json,
@@ -31,6 +32,7 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
             // A GPU leaves the previous owner's bytes in new memory; programs there never read
             // memory they have not written.
             initialize: initialize || backend == Backend::Cuda,
+            graphs,
             ..GenConfig::default()
         },
         random_schedules: schedules,
@@ -108,6 +110,15 @@ pub(crate) fn fuzz(args: FuzzArgs) -> Result<u8, CliError> {
             s.confirmed,
             pct(s.confirmed, s.hazards)
         );
+        let g = &res.in_graphs;
+        if g.hazards > 0 {
+            outln!(
+                "  in graphs    {:6} reported, {:6} confirmed ({:.1}%)",
+                g.hazards,
+                g.confirmed,
+                pct(g.confirmed, g.hazards)
+            );
+        }
         outln!("  unexplained: {}", s.unexplained);
         for c in s.counterexamples.iter().take(10) {
             let c = escape(c);

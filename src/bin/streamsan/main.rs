@@ -200,6 +200,10 @@ struct FuzzArgs {
     /// of its own that the trace format does not define).
     #[arg(long)]
     initialize: bool,
+    /// Generate programs with CUDA graphs: captures (forked and joined, with temporaries from
+    /// private or shared pools) and their launches on several streams.
+    #[arg(long)]
+    graphs: bool,
     /// Also write up to N programs with a hazard no provocation confirmed, for inspection.
     #[arg(long, default_value_t = 0, value_name = "N")]
     keep_unconfirmed: usize,

@@ -98,6 +98,12 @@ pub struct GenConfig {
     /// a GPU cannot. A program then may end a few ops short of `ops` rather than between an
     /// allocation and its initializing write.
     pub initialize: bool,
+    /// Whether CUDA graphs appear: captures (`g0`, `g1`) on a stream, perhaps forked to a second
+    /// one and joined back, over live buffers (static inputs and outputs) and temporaries from
+    /// the graph's pool (private, or `p0` shared by both graphs), temporaries freed inside the
+    /// capture with or without `record_stream`; launches on any stream, synchronized with the
+    /// work around them unless a coin leaves it out.
+    pub graphs: bool,
 }
 
 impl Default for GenConfig {
@@ -115,6 +121,7 @@ impl Default for GenConfig {
             use_after_free: false,
             max_words: 256,
             initialize: false,
+            graphs: false,
         }
     }
 }

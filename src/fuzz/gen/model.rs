@@ -2,17 +2,23 @@
 //! trace format's happens-before rules and memory over them — written from the format, not
 //! borrowed from the checker, so that the two check each other.
 
-use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, ModelMemory};
+use crate::alloc::{DeviceCachingAllocator, GraphPools, HostCachingAllocator, ModelMemory};
 use crate::trace::{Id, MemoryKind, Op, OpParticipant, DEFAULT_STREAM};
 
 /// Participant indices of the model: the host, the legacy default stream, the blocking stream
-/// `b`, then `s0`…`s3`.
+/// `b`, then `s0`…`s3`, then the replay participants `g0/c`, `g1/c` of the graphs' lanes.
 pub(super) const HOST_P: usize = 0;
 pub(super) const DEFAULT_P: usize = 1;
 pub(super) const BLOCKING_P: usize = 2;
 pub(super) const FIRST_S: usize = 3;
 pub(super) const MAX_STREAMS: u32 = 4;
-pub(super) const PARTICIPANTS: usize = FIRST_S + MAX_STREAMS as usize;
+/// The first replay participant: graph `g`'s lane `c` is `FIRST_G + LANES * g + c`.
+pub(super) const FIRST_G: usize = FIRST_S + MAX_STREAMS as usize;
+/// Graphs `g0`, `g1` a program captures at most.
+pub(super) const GRAPHS: usize = 2;
+/// Lanes of a capture at most: the origin and one stream that joins it.
+pub(super) const LANES: usize = 2;
+pub(super) const PARTICIPANTS: usize = FIRST_G + GRAPHS * LANES;
 /// Number of event names `e0`…
 pub(super) const EVENTS: usize = 6;
 
@@ -47,6 +53,15 @@ pub(super) fn buffer_name(slot: usize) -> Id {
 
 pub(super) fn event_name(e: usize) -> Id {
     Id::from(format!("e{e}"))
+}
+
+pub(super) fn graph_name(g: usize) -> Id {
+    Id::from(format!("g{g}"))
+}
+
+/// The replay participant of lane `c` of graph `g`.
+pub(super) fn lane_participant(g: usize, c: usize) -> usize {
+    FIRST_G + LANES * g + c
 }
 
 /// The participant index of an op (rule 1 of the trace format).
@@ -95,10 +110,40 @@ pub(super) struct Buffer {
     /// Whether a synchronization its free needed was left out: the bug then carries on into the
     /// reuse of its bytes instead of being repaired there.
     pub(super) sloppy: bool,
+    /// The graph pool it came from (allocated on a capturing stream): a pool buffer.
+    pub(super) pool: Option<u32>,
+    /// Its allocation, in order of allocations (for the pools' `record_stream` rule).
+    pub(super) born: usize,
+    /// Allocations made before its free (its free's place in that order).
+    pub(super) died: Option<usize>,
+}
+
+/// One captured op of a graph's body.
+#[derive(Clone, Debug)]
+pub(super) enum BodyOp {
+    /// An access by lane `.0`, its regions resolved at capture.
+    Access(usize, Vec<Touch>),
+    /// A captured record into a slot by lane `.0`.
+    Record(usize, usize),
+    /// A captured wait of lane `.0` on a slot (`None`: an event never recorded).
+    Wait(usize, Option<usize>),
+}
+
+/// A graph: its capture and body.
+#[derive(Clone, Debug)]
+pub(super) struct Graph {
+    pub(super) pool: u32,
+    pub(super) ended: bool,
+    /// The capture's streams, the origin first.
+    pub(super) lanes: Vec<usize>,
+    pub(super) body: Vec<BodyOp>,
+    pub(super) slots: usize,
+    /// The stream of its latest launch.
+    pub(super) launched_on: Option<usize>,
 }
 
 /// An access of an op: buffer, byte range, whether it writes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Touch {
     pub(super) buf: usize,
     pub(super) lo: u64,
@@ -126,6 +171,7 @@ pub(super) fn add_need(needs: &mut Vec<Need>, from: usize, t: u64, sloppy: bool)
 }
 
 /// The happens-before rules and the memory of the trace format, interpreting generated ops.
+#[derive(Clone)]
 pub(super) struct Model {
     pub(super) clocks: [Clock; PARTICIPANTS],
     /// Event number → its capture, if recorded.
@@ -135,6 +181,17 @@ pub(super) struct Model {
     pub(super) slots: Vec<Option<usize>>,
     pub(super) device: DeviceCachingAllocator<ModelMemory>,
     pub(super) pinned: HostCachingAllocator<ModelMemory>,
+    /// Graphs by number (`g0`, `g1`).
+    pub(super) graphs: Vec<Option<Graph>>,
+    /// Capturing streams: (graph, lane).
+    pub(super) capturing: [Option<(usize, usize)>; PARTICIPANTS],
+    /// Events whose latest record was captured, while the capture is underway: (graph, slot).
+    pub(super) captured_events: Vec<Option<(usize, usize)>>,
+    /// Graph pools by name: `p0` (shared) and one per graph.
+    pub(super) pool_names: Vec<(Id, u32)>,
+    pub(super) pools: GraphPools,
+    /// Allocations so far.
+    pub(super) allocations: usize,
 }
 
 impl Model {
@@ -146,6 +203,12 @@ impl Model {
             slots: vec![None; names],
             device: DeviceCachingAllocator::new(ModelMemory::new(0x7f00_0000_0000)),
             pinned: HostCachingAllocator::new(ModelMemory::new(0x2000_0000_0000)),
+            graphs: vec![None; GRAPHS],
+            capturing: [None; PARTICIPANTS],
+            captured_events: vec![None; EVENTS],
+            pool_names: Vec::new(),
+            pools: GraphPools::new(),
+            allocations: 0,
         }
     }
 
@@ -166,6 +229,20 @@ impl Model {
 
     pub(super) fn begin(&mut self, p: usize) {
         self.clocks[p] = self.issue_clock(p);
+    }
+
+    /// The stream through which participant `p`'s work is waited for: a replay participant's
+    /// graph's latest launch stream (it joins the whole replay), else `p` itself.
+    pub(super) fn stream_of(&self, p: usize) -> usize {
+        if p < FIRST_G {
+            return p;
+        }
+        let g = (p - FIRST_G) / LANES;
+        self.graphs
+            .get(g)
+            .and_then(Option::as_ref)
+            .and_then(|graph| graph.launched_on)
+            .unwrap_or(p)
     }
 
     /// The capture of event number `e`, if recorded.
@@ -264,8 +341,31 @@ impl Model {
                 }
             }
             let (lo, hi) = (buf.addr + t.lo, buf.addr + t.hi);
+            if let Some(pool) = buf.pool {
+                // Every other buffer its pool handed these bytes to, earlier or later, but the
+                // accesses a record_stream excused of one freed before this one was allocated.
+                for (k, old) in self.bufs.iter().enumerate() {
+                    if k == t.buf || old.pool != Some(pool) {
+                        continue;
+                    }
+                    let before = old.died.is_some_and(|d| d <= buf.born);
+                    for a in &old.accesses {
+                        let (alo, ahi) = (old.addr + a.lo, old.addr + a.hi);
+                        if a.p != p
+                            && (t.write || a.write)
+                            && alo < hi
+                            && lo < ahi
+                            && c[a.p] < a.t
+                            && !(before && old.excused[a.p] >= a.t)
+                        {
+                            f(a.p, a.t, true, false);
+                        }
+                    }
+                }
+                continue;
+            }
             for old in &self.bufs {
-                if old.live || old.memory != buf.memory {
+                if old.live || old.memory != buf.memory || old.pool.is_some() {
                     continue;
                 }
                 for a in &old.accesses {
@@ -298,6 +398,10 @@ impl Model {
         let by = self.freer(b, named);
         let c = self.free_clock(b, named);
         let mut needs = Vec::new();
+        if self.bufs[b].pool.is_some() {
+            // A pool buffer's block stays with the pool: its free is not checked.
+            return needs;
+        }
         for a in &self.bufs[b].accesses {
             if a.p != by && c[a.p] < a.t {
                 add_need(&mut needs, a.p, a.t, false);
@@ -323,16 +427,24 @@ impl Model {
                 } else {
                     HOST_P
                 };
-                let block = if device {
-                    self.device.allocate(*bytes, owner as u32)
-                } else {
-                    self.pinned.allocate(*bytes)
+                // Device memory allocated on a capturing stream comes from the capture's pool.
+                let pool = self.capturing[owner]
+                    .filter(|_| device)
+                    .and_then(|(g, _)| self.graphs[g].as_ref().map(|g| g.pool));
+                let block = match pool {
+                    Some(p) => self
+                        .pools
+                        .allocate(p, *bytes, owner as u32, self.device.memory_mut())
+                        .map_err(|_| ()),
+                    None if device => self.device.allocate(*bytes, owner as u32).map_err(|_| ()),
+                    None => self.pinned.allocate(*bytes).map_err(|_| ()),
                 };
                 let addr = block.ok().flatten().map_or(0, |b| b.addr);
-                // The allocation is a use: a write by the owning stream at its latest access.
+                // The allocation is a use: a write by the owning stream at its latest access
+                // (not a pool buffer's: nothing runs at capture).
                 let t = self.clocks[owner][owner];
                 let mut accesses = Vec::new();
-                if device && t > 0 {
+                if device && t > 0 && pool.is_none() {
                     accesses.push(Access {
                         p: owner,
                         t,
@@ -357,7 +469,11 @@ impl Model {
                     record: Vec::new(),
                     excused: [0; PARTICIPANTS],
                     sloppy: false,
+                    pool,
+                    born: self.allocations,
+                    died: None,
                 });
+                self.allocations += 1;
             }
             Op::Free { buffer, stream } => {
                 let Some(b) = self.live(buffer) else { return };
@@ -373,11 +489,17 @@ impl Model {
                 let buf = &mut self.bufs[b];
                 buf.live = false;
                 buf.excused = excused;
+                buf.died = Some(self.allocations);
                 // The model handed this block out, so giving it back cannot fail.
-                let _ = if buf.memory == MemoryKind::Device {
-                    self.device.free(buf.addr, by as u32)
-                } else {
-                    self.pinned.free(buf.addr)
+                let _ = match buf.pool {
+                    Some(p) => {
+                        let hold = !buf.record.is_empty();
+                        self.pools.free(p, buf.addr, buf.owner as u32, hold)
+                    }
+                    None if buf.memory == MemoryKind::Device => {
+                        self.device.free(buf.addr, by as u32)
+                    }
+                    None => self.pinned.free(buf.addr),
                 };
             }
             Op::RecordStream { buffer, stream } => {
@@ -390,22 +512,70 @@ impl Model {
                     }
                 }
             }
-            Op::Launch { .. }
-            | Op::Copy { .. }
-            | Op::Memset { .. }
-            | Op::HostRead { .. }
-            | Op::HostWrite { .. } => self.access(participant(op), op),
+            Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. } => {
+                let p = participant(op);
+                match self.capturing[p] {
+                    Some((g, lane)) => {
+                        let touches = self.touches(op);
+                        if let Some(graph) = self.graphs[g].as_mut() {
+                            graph.body.push(BodyOp::Access(lane, touches));
+                        }
+                    }
+                    None => self.access(p, op),
+                }
+            }
+            Op::HostRead { .. } | Op::HostWrite { .. } => self.access(participant(op), op),
             Op::EventCreate { event } | Op::EventDestroy { event } => self.set_event(event, None),
             Op::EventRecord { event, stream } => {
                 let p = stream_index(stream);
-                self.begin(p);
-                self.set_event(event, Some(self.clocks[p]));
+                let e = name_number(event);
+                if self.captured_events.len() <= e {
+                    self.captured_events.resize(e + 1, None);
+                }
+                match self.capturing[p] {
+                    Some((g, lane)) => {
+                        // Captured: after the capture ends it counts as never recorded.
+                        self.set_event(event, None);
+                        if let Some(graph) = self.graphs[g].as_mut() {
+                            let slot = graph.slots;
+                            graph.slots += 1;
+                            graph.body.push(BodyOp::Record(lane, slot));
+                            self.captured_events[e] = Some((g, slot));
+                        }
+                    }
+                    None => {
+                        self.captured_events[e] = None;
+                        self.begin(p);
+                        self.set_event(event, Some(self.clocks[p]));
+                    }
+                }
             }
             Op::EventWait { stream, event } => {
                 let p = stream_index(stream);
-                self.begin(p);
-                if let Some(c) = self.event(name_number(event)) {
-                    join(&mut self.clocks[p], &c);
+                let e = name_number(event);
+                let captured = self.captured_events.get(e).copied().flatten();
+                match (self.capturing[p], captured) {
+                    (Some((g, lane)), slot) => {
+                        let slot = slot.filter(|&(h, _)| h == g).map(|(_, k)| k);
+                        if let Some(graph) = self.graphs[g].as_mut() {
+                            graph.body.push(BodyOp::Wait(lane, slot));
+                        }
+                    }
+                    (None, Some((g, slot))) => {
+                        // The stream joins the capture.
+                        if let Some(graph) = self.graphs[g].as_mut() {
+                            let lane = graph.lanes.len();
+                            graph.lanes.push(p);
+                            graph.body.push(BodyOp::Wait(lane, Some(slot)));
+                            self.capturing[p] = Some((g, lane));
+                        }
+                    }
+                    (None, None) => {
+                        self.begin(p);
+                        if let Some(c) = self.event(e) {
+                            join(&mut self.clocks[p], &c);
+                        }
+                    }
                 }
             }
             Op::EventSync { event }
@@ -434,8 +604,117 @@ impl Model {
                 }
             }
             Op::EventQuery { .. } | Op::StreamQuery { .. } => {}
-            // The generator produces no graph ops (`validate` rejects them).
-            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {}
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => {
+                let g = name_number(graph);
+                let p = stream_index(stream);
+                let name = pool.clone().unwrap_or_else(|| graph.clone());
+                let pool = match self.pool_names.iter().find(|(n, _)| *n == name) {
+                    Some(&(_, k)) => k,
+                    None => {
+                        let k = self.pools.add();
+                        self.pool_names.push((name, k));
+                        k
+                    }
+                };
+                self.pools.begin_capture(pool);
+                if self.graphs.len() <= g {
+                    self.graphs.resize(g + 1, None);
+                }
+                self.graphs[g] = Some(Graph {
+                    pool,
+                    ended: false,
+                    lanes: vec![p],
+                    body: Vec::new(),
+                    slots: 0,
+                    launched_on: None,
+                });
+                self.capturing[p] = Some((g, 0));
+            }
+            Op::GraphEnd { graph } => {
+                let g = name_number(graph);
+                for c in self.capturing.iter_mut() {
+                    if c.is_some_and(|(h, _)| h == g) {
+                        *c = None;
+                    }
+                }
+                for e in self.captured_events.iter_mut() {
+                    if e.is_some_and(|(h, _)| h == g) {
+                        *e = None;
+                    }
+                }
+                if let Some(graph) = self.graphs.get_mut(g).and_then(Option::as_mut) {
+                    graph.ended = true;
+                    let pool = graph.pool;
+                    self.pools.end_capture(pool);
+                }
+            }
+            Op::GraphLaunch { graph, stream } => {
+                self.launch(name_number(graph), stream_index(stream), |_, _, _| {});
+            }
+        }
+    }
+
+    /// A `graph_launch` of graph `g` on stream `s`: the entry clock joined into every lane's
+    /// participant, the body run on them (`before(model, participant, touches)` is called before
+    /// each captured access is applied), every lane joined back into `s`.
+    pub(super) fn launch(
+        &mut self,
+        g: usize,
+        s: usize,
+        mut before: impl FnMut(&Model, usize, &[Touch]),
+    ) {
+        let Some(graph) = self.graphs.get_mut(g).and_then(Option::as_mut) else {
+            return;
+        };
+        graph.launched_on = Some(s);
+        let graph = graph.clone();
+        self.begin(s);
+        let entry = self.clocks[s];
+        for c in 0..graph.lanes.len() {
+            join(&mut self.clocks[lane_participant(g, c)], &entry);
+        }
+        let mut slots: Vec<Clock> = vec![[0; PARTICIPANTS]; graph.slots];
+        for b in &graph.body {
+            match b {
+                BodyOp::Access(lane, touches) => {
+                    let p = lane_participant(g, *lane);
+                    // A buffer freed by now that is not a pool buffer is used after its free:
+                    // not an access.
+                    let touches: Vec<Touch> = touches
+                        .iter()
+                        .filter(|x| self.bufs[x.buf].live || self.bufs[x.buf].pool.is_some())
+                        .copied()
+                        .collect();
+                    before(self, p, &touches);
+                    self.clocks[p][p] += 1;
+                    let t = self.clocks[p][p];
+                    for x in &touches {
+                        self.bufs[x.buf].accesses.push(Access {
+                            p,
+                            t,
+                            write: x.write,
+                            lo: x.lo,
+                            hi: x.hi,
+                        });
+                    }
+                }
+                BodyOp::Record(lane, slot) => {
+                    slots[*slot] = self.clocks[lane_participant(g, *lane)];
+                }
+                BodyOp::Wait(lane, slot) => {
+                    if let Some(c) = slot.and_then(|k| slots.get(k).copied()) {
+                        join(&mut self.clocks[lane_participant(g, *lane)], &c);
+                    }
+                }
+            }
+        }
+        for c in 0..graph.lanes.len() {
+            let lane = self.clocks[lane_participant(g, c)];
+            join(&mut self.clocks[s], &lane);
         }
     }
 
