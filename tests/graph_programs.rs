@@ -36,3 +36,33 @@ fn graph_programs_are_explained_and_confirmed_on_the_simulator() {
         100.0 * st.confirmed_share()
     );
 }
+
+/// The generator's graph programs through the same campaign (the GPU runs them in
+/// `tests/device_fuzz.rs`: `generated_graph_programs_confirm_on_the_gpu`).
+#[test]
+fn generated_graph_programs_are_explained_on_the_simulator() {
+    use streamsan::fuzz::gen::{generate, GenConfig};
+    use streamsan::workload::SplitMix;
+    let gen = GenConfig {
+        initialize: true,
+        graphs: true,
+        ..GenConfig::default()
+    };
+    let mut seeds = SplitMix::new(13);
+    let programs: Vec<(String, Vec<streamsan::trace::TraceOp>)> = (0..60)
+        .map(|k| {
+            let seed = seeds.next_u64();
+            (
+                format!("generated {k} (seed {seed})"),
+                generate(&gen, &mut SplitMix::new(seed)).ops,
+            )
+        })
+        .filter(|(_, p)| p.iter().any(|t| t.op.is_graph_op()))
+        .collect();
+    assert!(programs.len() >= 30, "the generator makes graph programs");
+    let mut exec = SimExecutor::default();
+    let st = graph_corpus::campaign(&mut exec, &programs, 5, 5, true);
+    graph_corpus::print("sim (generated)", &st);
+    assert!(st.skipped.is_empty());
+    assert!(st.unexplained.is_empty(), "divergences no hazard explains");
+}

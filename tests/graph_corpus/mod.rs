@@ -37,11 +37,27 @@ pub struct Stats {
     pub unconfirmed: Vec<String>,
     /// Programs with a divergence no hazard names.
     pub unexplained: Vec<String>,
+    /// Of the hazards, those of a graph replay (an access or a conflict is a replayed op) with a
+    /// provocation, and how many of those were confirmed.
+    pub graph_hazards: usize,
+    /// Confirmed graph hazards.
+    pub graph_confirmed: usize,
+    /// The confirmed graph hazards, named (program, kind, op, buffer).
+    pub graph_confirmed_names: Vec<String>,
     /// Backend runs.
     pub runs: usize,
 }
 
 impl Stats {
+    /// Confirmed share of the graph hazards that have a provocation.
+    pub fn graph_share(&self) -> f64 {
+        if self.graph_hazards == 0 {
+            1.0
+        } else {
+            self.graph_confirmed as f64 / self.graph_hazards as f64
+        }
+    }
+
     /// Confirmed share of the hazards that have a provocation.
     pub fn confirmed_share(&self) -> f64 {
         let confirmable = self.hazards - self.unprovokable.len();
@@ -87,14 +103,9 @@ pub fn conformance(table: &'static [(&'static str, &'static [u8])]) -> Vec<(Stri
         .collect()
 }
 
-/// Conformance cases left out, and why: what the program runners do not run yet.
-pub const KNOWN_GAPS: &[(&str, &str)] = &[(
-    "graph-pool-record-stream-fixed.jsonl",
-    "a pool buffer freed with record_stream outside a capture goes back to its pool at once in \
-     program runs (the resolver takes no record_stream fence for it), so a later capture's \
-     replay may overwrite it while the recorded stream still reads it: a divergence the \
-     (clean) report does not explain",
-)];
+/// Conformance cases left out, and why (none now: every valid graph case without a
+/// use-after-free runs on both backends).
+pub const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 /// One family member as JSON Lines.
 fn family(kind: &str, bytes: u64, replays: usize, fixed: bool) -> String {
@@ -344,6 +355,9 @@ pub fn campaign(
                     continue;
                 }
             };
+            let in_graph = h.access.as_ref().is_some_and(|a| a.captured.is_some())
+                || h.conflicts.iter().any(|c| c.captured.is_some());
+            st.graph_hazards += usize::from(in_graph);
             let p_ref = exec
                 .reference(&p.program)
                 .unwrap_or_else(|e| panic!("{what}: the provocation's reference: {e}"));
@@ -375,6 +389,10 @@ pub fn campaign(
             }
             if confirmed {
                 st.confirmed += 1;
+                st.graph_confirmed += usize::from(in_graph);
+                if in_graph {
+                    st.graph_confirmed_names.push(what.clone());
+                }
             } else {
                 st.unconfirmed.push(format!("{what} (holds {holds:?})"));
             }
@@ -386,13 +404,16 @@ pub fn campaign(
 /// Prints the figures.
 pub fn print(backend: &str, st: &Stats) {
     println!(
-        "{backend}: {} programs ({} skipped), {} provokable hazards, {} without a provocation, {} confirmed ({:.1}% of those with one), {} unexplained, {} runs",
+        "{backend}: {} programs ({} skipped), {} provokable hazards, {} without a provocation, {} confirmed ({:.1}% of those with one; graph replays: {} of {}, {:.1}%), {} unexplained, {} runs",
         st.programs,
         st.skipped.len(),
         st.hazards,
         st.unprovokable.len(),
         st.confirmed,
         100.0 * st.confirmed_share(),
+        st.graph_confirmed,
+        st.graph_hazards,
+        100.0 * st.graph_share(),
         st.unexplained.len(),
         st.runs
     );
@@ -408,4 +429,16 @@ pub fn print(backend: &str, st: &Stats) {
     for s in &st.unexplained {
         println!("  unexplained: {s}");
     }
+}
+
+/// The share of the graph hazards `reference` (the simulator's campaign on the same programs)
+/// confirmed that `st` confirmed too: its confirmable graph hazards, and how many `st` confirmed.
+pub fn confirmed_of(st: &Stats, reference: &Stats) -> (usize, usize) {
+    let confirmable = reference.graph_confirmed_names.len();
+    let both = reference
+        .graph_confirmed_names
+        .iter()
+        .filter(|n| st.graph_confirmed_names.contains(n))
+        .count();
+    (both, confirmable)
 }
