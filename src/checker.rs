@@ -1264,6 +1264,7 @@ impl Checker {
 
     /// One past the last byte of region `r` of a buffer of `size` bytes (`None`: external,
     /// `u64::MAX` for "to the end"). Bad input: a region past the end of the buffer.
+    #[inline(always)]
     fn region_end(i: u64, r: &Region, field: Field, size: Option<u64>) -> Result<u64, CheckError> {
         Ok(match (size, r.bytes) {
             (Some(size), bytes) => {
@@ -1272,27 +1273,34 @@ impl Checker {
                     None => r.offset.max(size),
                 };
                 if end > size || r.offset > size {
-                    return Err(Self::err(
-                        i,
-                        field,
-                        format!(
-                            "region [{}, {}) reaches past the end of buffer \"{}\" ({size} bytes)",
-                            r.offset,
-                            if end == u64::MAX {
-                                "end".to_string()
-                            } else {
-                                end.to_string()
-                            },
-                            r.buffer
-                        ),
-                        Some("a region inside the buffer"),
-                    ));
+                    return Err(Self::past_the_end(i, r, field, size, end));
                 }
                 end
             }
             (None, Some(b)) => r.offset.saturating_add(b),
             (None, None) => u64::MAX,
         })
+    }
+
+    /// The bad-input error of a region past the end of its buffer (off the hot path).
+    #[cold]
+    #[inline(never)]
+    fn past_the_end(i: u64, r: &Region, field: Field, size: u64, end: u64) -> CheckError {
+        Self::err(
+            i,
+            field,
+            format!(
+                "region [{}, {}) reaches past the end of buffer \"{}\" ({size} bytes)",
+                r.offset,
+                if end == u64::MAX {
+                    "end".to_string()
+                } else {
+                    end.to_string()
+                },
+                r.buffer
+            ),
+            Some("a region inside the buffer"),
+        )
     }
 
     /// A region both read and written counts as written; the same region twice counts once.
@@ -1332,6 +1340,7 @@ impl Checker {
 
     /// Records the accesses of the current op (`op_accesses`), by `p` at `time`; `captured` is
     /// [`Access::captured`].
+    #[inline(always)]
     fn record_accesses(
         &mut self,
         i: u64,

@@ -337,6 +337,16 @@ fn write_seeds() {
         )
         .expect("write seed");
     }
+    // The synchronization analysis on graph programs (well-formed, the decoder's graph mode):
+    // captured waits, replays whose entry a host sync orders, pool buffers.
+    let mut rng = SplitMix::new(0x5_9a9f);
+    for i in 0..12 {
+        let len = 96 + rng.below(200) as usize;
+        let mut data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        data[0] = 0x14;
+        std::fs::write(corpus.join("syncs").join(format!("graph-{i:02}")), data)
+            .expect("write seed");
+    }
     // Every file now in the corpus passes its target's check.
     let mut written = 0;
     for (target, check) in TARGETS {

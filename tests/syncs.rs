@@ -5,7 +5,8 @@
 //!   a needed `record_stream`, a sync needed only through the legacy default stream, and more.
 //! - The analysis equals the brute force — `needed` and `prevents` of every synchronization op —
 //!   on every conformance trace and on random programs (`fuzz/common.rs`'s decoder, the same
-//!   check as the `syncs` fuzz target).
+//!   check as the `syncs` fuzz target; and the oracle agreement test's generator, `programs/`,
+//!   with and without CUDA graphs).
 //!
 //! Fixtures: `tests/conformance/*.jsonl`, embedded at build time (`tests/common/mod.rs`).
 
@@ -14,6 +15,8 @@ mod fixtures;
 #[path = "../fuzz/common.rs"]
 #[allow(dead_code)]
 mod fuzz;
+#[allow(dead_code)]
+mod programs;
 
 use streamsan::analysis::syncs::{analyze, brute_force, SyncVerdict};
 use streamsan::trace::{TraceOp, TraceReader};
@@ -262,6 +265,92 @@ fn an_error_already_there_is_not_prevented() {
     );
 }
 
+/// CUDA graphs: the waits inside the capture (the one that makes `s2` join it included) are part
+/// of the graph and not judged; the wait that orders the replay after the write of its input is
+/// needed (the replay's race is reported at the launch), a host sync of a stream that only
+/// captured work is redundant, and the host sync after the replay is what makes the free safe.
+#[test]
+fn graph_replays() {
+    expect(
+        r#"{"op":"alloc","buffer":"in","bytes":4096,"stream":"s0"}
+{"op":"launch","stream":"s0","writes":["in"]}
+{"op":"event_record","event":"e","stream":"s0"}
+{"op":"graph_begin","graph":"g","stream":"s1"}
+{"op":"launch","stream":"s1","reads":["in"]}
+{"op":"event_record","event":"f","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"f"}
+{"op":"launch","stream":"s2","reads":["in"]}
+{"op":"event_record","event":"h","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"h"}
+{"op":"graph_end","graph":"g"}
+{"op":"event_wait","stream":"s1","event":"e"}
+{"op":"stream_sync","stream":"s2"}
+{"op":"graph_launch","graph":"g","stream":"s1"}
+{"op":"stream_sync","stream":"s1"}
+{"op":"free","buffer":"in"}"#,
+        &[
+            (11, &["data-race 13 in"]),
+            (12, &[]),
+            (14, &["unsafe-free 15 in"]),
+        ],
+    );
+}
+
+/// A training loop around a CUDA graph (a capture with a side stream that joins and is joined
+/// back, a pool temporary): each step writes the static input from pinned memory, replays the
+/// graph, copies the static output back, synchronizes for the host's read (`.item()`), then
+/// adds an "insurance" `device_sync` and `stream_sync`. The `.item()` syncs are needed, the
+/// insurance ones redundant, the captured waits not judged — and the analysis decides every one
+/// with its what-ifs: the replays' entry clocks are the real ones, nothing is given up.
+#[test]
+fn a_graph_replay_loop() {
+    use streamsan::analysis::syncs::SyncChecker;
+    let mut text = String::from(
+        r#"{"op":"stream_create","stream":"s"}
+{"op":"alloc","buffer":"in_pin","bytes":4096,"memory":"pinned"}
+{"op":"alloc","buffer":"out_pin","bytes":4096,"memory":"pinned"}
+{"op":"alloc","buffer":"static_in","bytes":4096,"stream":"s"}
+{"op":"alloc","buffer":"static_out","bytes":4096,"stream":"s"}
+{"op":"alloc","buffer":"w","bytes":4096,"stream":"s"}
+{"op":"graph_begin","graph":"g","stream":"s"}
+{"op":"alloc","buffer":"tmp","bytes":4096,"stream":"s"}
+{"op":"launch","stream":"s","reads":["static_in","w"],"writes":["tmp"]}
+{"op":"event_record","event":"f","stream":"s"}
+{"op":"event_wait","stream":"side","event":"f"}
+{"op":"launch","stream":"side","reads":["tmp"],"writes":["static_out"]}
+{"op":"event_record","event":"j","stream":"side"}
+{"op":"event_wait","stream":"s","event":"j"}
+{"op":"free","buffer":"tmp"}
+{"op":"graph_end","graph":"g"}
+"#,
+    );
+    let steps = 40;
+    for _ in 0..steps {
+        text.push_str(
+            r#"{"op":"host_write","buffer":"in_pin"}
+{"op":"copy","stream":"s","src":"in_pin","dst":"static_in"}
+{"op":"graph_launch","graph":"g","stream":"s"}
+{"op":"copy","stream":"s","src":"static_out","dst":"out_pin"}
+{"op":"stream_sync","stream":"s"}
+{"op":"host_read","buffer":"out_pin"}
+{"op":"device_sync"}
+{"op":"stream_sync","stream":"s"}
+"#,
+        );
+    }
+    let v = verdicts(&text);
+    assert_eq!(v.len(), 3 * steps, "the captured waits are not judged");
+    for (k, step) in v.chunks(3).enumerate() {
+        assert!(step[0].needed, "step {k}: the .item() sync {:?}", step[0]);
+        assert!(!step[1].needed && !step[2].needed, "step {k}: {step:?}");
+    }
+    let mut c = SyncChecker::new();
+    for op in &read(&text) {
+        c.check(op).expect("accepted");
+    }
+    assert_eq!(c.stats().abandoned, 0, "{:?}", c.stats());
+}
+
 /// The number of random programs of each generator: `STREAMSAN_SYNCS_CASES`, default 2,000
 /// (`cargo test --release --test syncs` with `STREAMSAN_SYNCS_CASES=100000` is the long run).
 fn cases() -> u64 {
@@ -388,14 +477,22 @@ fn conformance_and_example_traces_agree() {
         fixtures::EXAMPLE_TRACES,
         "jsonl",
     ));
-    let (mut syncs, mut needed) = (0, 0);
+    let (mut syncs, mut needed, mut rejected) = (0, 0, 0);
     for f in &files {
+        // Bad input (the `graph-bad-*` traces): both reject it, at the same op.
+        let ops = read(f.text());
+        if let Err(e) = brute_force(&ops) {
+            let e2 = analyze(&ops).expect_err("the analysis accepts bad input");
+            assert_eq!((e.op, e.message), (e2.op, e2.message), "{}", f.path);
+            rejected += 1;
+            continue;
+        }
         let v = verdicts(f.text());
         syncs += v.len();
         needed += v.iter().filter(|s| s.needed).count();
     }
     println!(
-        "{} traces ({conformance} conformance), {syncs} synchronization ops, {needed} needed",
+        "{} traces ({conformance} conformance, {rejected} bad input), {syncs} synchronization ops, {needed} needed",
         files.len()
     );
     assert!(needed > 10 && syncs > needed);
@@ -473,4 +570,277 @@ fn the_harness_reports_syncs_by_call_site() {
         "{text}"
     );
     assert!(text.contains("tests/syncs.rs"), "{text}");
+}
+
+/// The analysis equals the brute force on the oracle agreement test's random programs
+/// (`programs/mod.rs`): event re-records, queries, `record_stream`, the legacy default stream
+/// and blocking streams, `addr` reuse, and — in half of them — CUDA graphs (captures with forks
+/// and joins, captured event waits, shared pools, replays on several streams). [`cases`]
+/// programs; the long run is `STREAMSAN_SYNCS_CASES=100000 cargo test --release --test syncs
+/// random_programs_with_graphs_agree -- --nocapture`.
+#[test]
+fn random_programs_with_graphs_agree() {
+    use programs::{program, Rng, Shape};
+    use streamsan::analysis::syncs::{SyncChecker, SyncConfig};
+    use streamsan::trace::Op;
+    use streamsan::Checker;
+    let cases = cases();
+    let mut graph_programs = 0u64;
+    let mut launches = 0u64;
+    let (mut syncs, mut needed, mut checked) = (0u64, 0u64, 0u64);
+    // Synchronization ops of programs with a replay, needed ones, and needed ones that prevent
+    // an error of a replay (reported at a `graph_launch`).
+    let (mut graph_syncs, mut graph_needed, mut replay_prevented) = (0u64, 0u64, 0u64);
+    // Captured event waits (never judged) and ops left to a re-check.
+    let (mut captured_waits, mut undecided) = (0u64, 0u64);
+    let mut noise_rejected = 0u64;
+    let keep_all = SyncConfig {
+        max_live: usize::MAX,
+        max_host: usize::MAX,
+    };
+    for case in 0..cases {
+        let mut r = Rng(case.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5_1c5);
+        let shape = Shape {
+            extra_streams: r.below(3) as u8,
+            s1_implicit: r.chance(2),
+            s2_device1: r.chance(2),
+            s2_blocking: r.chance(2),
+            names: 2 + r.below(3) as u8,
+            fourth_managed: r.chance(2),
+            addr_mode: r.chance(4),
+            reuse_heavy: r.chance(2),
+            graphs: r.chance(2),
+        };
+        let n = r.below(81);
+        let steps: Vec<(u8, u64)> = (0..n).map(|_| (r.next() as u8, r.next())).collect();
+        let plain = program(&shape, &steps);
+        // With a few synchronizations more at random places (where CUDA accepts them).
+        let noisy = with_noise(&plain, &shape, &mut r);
+        let (ops, (report, brute)) = match brute_force(&noisy) {
+            Ok(v) => (noisy, v),
+            Err(_) => {
+                noise_rejected += 1;
+                let Ok(v) = brute_force(&plain) else {
+                    panic!(
+                        "the generator made a program the checker rejects:\n{}",
+                        fuzz::to_jsonl(&plain)
+                    );
+                };
+                (plain, v)
+            }
+        };
+        checked += 1;
+        let launch = ops.iter().any(|o| matches!(o.op, Op::GraphLaunch { .. }));
+        if shape.graphs {
+            graph_programs += 1;
+        }
+        let v_needed = brute.iter().filter(|s| s.needed).count() as u64;
+        syncs += brute.len() as u64;
+        needed += v_needed;
+        if launch {
+            launches += 1;
+            graph_syncs += brute.len() as u64;
+            graph_needed += v_needed;
+            replay_prevented += brute
+                .iter()
+                .filter(|s| {
+                    s.prevents
+                        .iter()
+                        .any(|k| matches!(ops[k.op as usize].op, Op::GraphLaunch { .. }))
+                })
+                .count() as u64;
+        }
+        let waits = ops
+            .iter()
+            .filter(|o| matches!(o.op, Op::EventWait { .. }))
+            .count() as u64;
+        let judged_waits = brute.iter().filter(|s| s.kind == "event_wait").count() as u64;
+        captured_waits += waits - judged_waits;
+        // The analysis as `streamsan check --syncs` runs it: what-ifs, limits, re-checks.
+        let (report2, product) = analyze(&ops).expect("accepted");
+        assert_eq!(report, report2);
+        assert!(
+            brute == product,
+            "case {case}\n  brute force {}\n  analysis    {}\nprogram:\n{}",
+            fuzz::describe_syncs(&brute),
+            fuzz::describe_syncs(&product),
+            fuzz::to_jsonl(&ops)
+        );
+        // Without limits: only graphs leave ops to a re-check, and what the what-ifs decided
+        // is final.
+        let mut c = SyncChecker::with_config(Checker::new(), keep_all);
+        for op in &ops {
+            c.check(op).expect("accepted");
+        }
+        let outcome = c.finish();
+        assert!(
+            ops.iter().any(|o| o.op.is_graph_op()) || outcome.undecided.is_empty(),
+            "case {case}: a what-if was given up without a graph"
+        );
+        undecided += outcome.undecided.len() as u64;
+        for (a, b) in outcome.syncs.iter().zip(&brute) {
+            if !outcome.undecided.contains(&a.op) {
+                assert_eq!(
+                    a,
+                    b,
+                    "case {case}: a what-if's verdict\n{}",
+                    fuzz::to_jsonl(&ops)
+                );
+            }
+        }
+    }
+    println!(
+        "{checked} programs ({graph_programs} with graph steps, {launches} with a replay): \
+         {syncs} synchronization ops, {needed} needed; in programs with a replay {graph_syncs}, \
+         {graph_needed} needed, {replay_prevented} preventing an error of a replay; \
+         {captured_waits} captured event waits not judged; {undecided} ops left to a re-check; \
+         {noise_rejected} programs without their extra synchronizations (rejected with them)"
+    );
+    assert_eq!(checked, cases);
+    assert!(
+        noise_rejected * 2 < cases,
+        "most programs keep their extra synchronizations"
+    );
+    assert!(needed > 0 && syncs > needed);
+    if cases >= 1000 {
+        assert!(launches * 5 > cases, "too few programs replay a graph");
+        assert!(replay_prevented > 0 && captured_waits > 0);
+        assert!(graph_needed > 0 && graph_syncs > graph_needed);
+    }
+}
+
+/// `plain` with up to six synchronization ops more at random places: event waits (on the
+/// generator's events `e0`, `e1`), host syncs and queries, `record_stream` of its names.
+fn with_noise(plain: &[TraceOp], shape: &programs::Shape, r: &mut programs::Rng) -> Vec<TraceOp> {
+    use streamsan::trace::Op;
+    let mut streams = vec!["default", "b"];
+    streams.extend(["s1", "s2"].iter().take(shape.extra_streams as usize));
+    let names = ["a", "p", "c", "m"];
+    let mut ops = plain.to_vec();
+    for _ in 0..r.below(7) {
+        let stream = *r.pick(&streams);
+        let event = if r.chance(2) { "e0" } else { "e1" };
+        let op = match r.below(8) {
+            0..=2 => Op::EventWait {
+                stream: stream.into(),
+                event: event.into(),
+            },
+            3 => Op::StreamSync {
+                stream: stream.into(),
+            },
+            4 => Op::EventSync {
+                event: event.into(),
+            },
+            5 => Op::EventQuery {
+                event: event.into(),
+                complete: true,
+            },
+            6 => Op::DeviceSync { device: 0 },
+            _ => Op::RecordStream {
+                buffer: (*r.pick(&names[..shape.names as usize])).into(),
+                stream: stream.into(),
+            },
+        };
+        // After the stream declarations (a stream used before its declaration is bad input).
+        let at = (4 + r.below(ops.len() as u64 + 1) as usize).min(ops.len());
+        ops.insert(at, TraceOp::from(op));
+    }
+    ops
+}
+
+/// `streamsan fix --remove-redundant` on every example trace: the written trace is the trace as
+/// written without the lines of the ops `remove_redundant` names, it is a valid trace, re-checked
+/// it has no error the original lacks (its errors, mapped back to the original op indices, are
+/// the original's), it has no more ops, and strictly fewer wherever the analysis found a
+/// redundant synchronization (the first one alone can always go).
+#[test]
+fn remove_redundant_on_the_example_traces() {
+    use std::collections::BTreeSet;
+    use streamsan::analysis::syncs::{error_keys, remove_redundant, ErrorKey};
+    use streamsan::Checker;
+    let bin = std::path::PathBuf::from(env!("CARGO_BIN_EXE_streamsan"));
+    let dir = std::env::temp_dir().join(format!("streamsan-syncs-fix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let files = fixtures::fixtures_with_extension(fixtures::EXAMPLE_TRACES, "jsonl");
+    assert!(files.len() >= 10, "example traces missing");
+    let (mut shrunk, mut with_redundant) = (0, 0);
+    for (k, f) in files.iter().enumerate() {
+        let ops = read(f.text());
+        let (report, verdicts) = analyze(&ops).expect("accepted");
+        let redundant = verdicts.iter().filter(|v| !v.needed).count();
+        let input = dir.join(format!("in-{k}.jsonl"));
+        let output = dir.join(format!("out-{k}.jsonl"));
+        std::fs::write(&input, f.text()).expect("written");
+        let run = std::process::Command::new(&bin)
+            .args(["fix", "--remove-redundant"])
+            .arg(&input)
+            .arg("-o")
+            .arg(&output)
+            .output()
+            .expect("streamsan runs");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(
+            run.status.code(),
+            Some(if report.is_clean() { 0 } else { 1 }),
+            "{}: {stderr}",
+            f.path
+        );
+        let written = std::fs::read_to_string(&output).expect("the written trace");
+        // The lines of the removed ops are gone, and nothing else changed.
+        let removal = remove_redundant(&ops).expect("accepted");
+        assert!(
+            stderr.contains(&format!(
+                "removed {} of {} synchronization ops",
+                removal.removed.len(),
+                verdicts.len()
+            )),
+            "{}: {stderr}",
+            f.path
+        );
+        let kept: Vec<u64> = (0..ops.len() as u64)
+            .filter(|i| !removal.removed.contains(i))
+            .collect();
+        let after = read(&written);
+        assert_eq!(after.len(), kept.len(), "{}", f.path);
+        for (op, &i) in after.iter().zip(&kept) {
+            assert_eq!(op.op, ops[i as usize].op, "{}: op {i}", f.path);
+        }
+        // Re-checked: no error the trace as written does not have.
+        let mut c = Checker::new();
+        for op in &after {
+            c.check(op).expect("the written trace is valid");
+        }
+        let lean = c.finish();
+        let mapped: BTreeSet<ErrorKey> = error_keys(&lean)
+            .into_iter()
+            .map(|e| ErrorKey {
+                op: kept[e.op as usize],
+                ..e
+            })
+            .collect();
+        assert_eq!(mapped, error_keys(&report), "{}", f.path);
+        assert_eq!(lean.is_clean(), report.is_clean(), "{}", f.path);
+        assert!(after.len() <= ops.len());
+        if redundant > 0 {
+            with_redundant += 1;
+            assert!(after.len() < ops.len(), "{}: nothing removed", f.path);
+            shrunk += 1;
+        } else {
+            assert_eq!(after.len(), ops.len(), "{}", f.path);
+        }
+        println!(
+            "{}: {} of {} synchronization ops removed, {} ops left of {}",
+            f.path,
+            removal.removed.len(),
+            verdicts.len(),
+            after.len(),
+            ops.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        with_redundant >= 2,
+        "too few example traces with redundant syncs"
+    );
+    assert_eq!(shrunk, with_redundant);
 }

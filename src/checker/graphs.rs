@@ -664,6 +664,32 @@ impl Checker {
         Ok(false)
     }
 
+    /// Whether `op`, checked next, would be captured into a graph's body rather than run: a
+    /// `launch`, `copy`, `memset` or `event_record` on a capturing stream, or an `event_wait`
+    /// on a capturing stream or of a captured event (which makes its stream join the capture).
+    /// Captured ops are part of a graph: the synchronization analysis does not judge them.
+    /// (For an op the check rejects, the answer does not matter.)
+    pub fn captures(&self, op: &Op) -> bool {
+        if !self.graphs.capturing() {
+            return false;
+        }
+        let capturing = |s: &Id| {
+            self.order
+                .find_stream(s)
+                .is_some_and(|p| self.graphs.capturing.contains_key(&p))
+        };
+        match op {
+            Op::Launch { stream, .. }
+            | Op::Copy { stream, .. }
+            | Op::Memset { stream, .. }
+            | Op::EventRecord { stream, .. } => capturing(stream),
+            Op::EventWait { stream, event } => {
+                capturing(stream) || self.graphs.events.contains_key(event)
+            }
+            _ => false,
+        }
+    }
+
     /// The name of the graph stream `p` is capturing, if it is.
     fn capturing_graph(&self, p: Participant) -> Option<Id> {
         let &(g, _) = self.graphs.capturing.get(&p)?;

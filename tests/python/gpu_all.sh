@@ -17,7 +17,8 @@
 #   3. at the same time: all Python tests with STREAMSAN_REQUIRE_GPU=1; the memory of a
 #      10,000-step online-checked MLP training loop, without host syncs and with loss.item()
 #      every 100 steps (bench_overhead.py memory); the program suite's verdicts under the native
-#      and the Python recorder, under CSAN, and its widened runs (gpu_report.py);
+#      and the Python recorder, under CSAN, and its widened runs (gpu_report.py); the same for
+#      the CUDA graph programs (gpu_report.py --set graphs, in processes of their own);
 #   4. the compact tables and a PASS/FAIL line per criterion (gpu_report.py summary).
 #
 # Files under $OUT (or /tmp/gpu-all-out): log.txt, pytest.txt, suite.json, overhead.json,
@@ -112,21 +113,28 @@ p_mem2=$!
   run widen 90 "$tmp/widen.json" python3 $py/gpu_report.py widen --runs 5
 ) &
 p_suite=$!
-wait $p_pytest $p_mem1 $p_mem2 $p_suite
-logged pytest memory-nosync memory-item native python csan widen
+(
+  run graphs-native 60 "$tmp/graphs-native.json" python3 $py/gpu_report.py streamsan --backend native --set graphs
+  run graphs-python 60 "$tmp/graphs-python.json" python3 $py/gpu_report.py streamsan --backend python --set graphs
+  run graphs-csan 60 "$tmp/graphs-csan.json" python3 $py/gpu_report.py csan --set graphs
+  run graphs-widen 60 "$tmp/graphs-widen.json" python3 $py/gpu_report.py widen --runs 5 --set graphs
+) &
+p_graphs=$!
+wait $p_pytest $p_mem1 $p_mem2 $p_suite $p_graphs
+logged pytest memory-nosync memory-item native python csan widen graphs-native graphs-python graphs-csan graphs-widen
 
 note "results"
 RESERVE=0
 python3 - "$tmp" "$out" <<'PY' 2>&1 | tee -a "$log"
 import json, os, sys
 sys.path.insert(0, "tests/python")
-from gpu_report import load
+from gpu_report import load, merge
 
 tmp, out = sys.argv[1:3]
 suite = {}
-for name in ("native", "python", "csan", "widen"):
+for name in ("native", "python", "csan", "widen", "graphs-native", "graphs-python", "graphs-csan", "graphs-widen"):
     try:
-        suite.update(load([os.path.join(tmp, name + ".json")]))
+        merge(suite, load([os.path.join(tmp, name + ".json")]))
     except (OSError, ValueError) as e:
         print(f"{name}: no result ({type(e).__name__}: {e})")
 with open(os.path.join(out, "suite.json"), "w") as f:

@@ -3,6 +3,7 @@
     python tests/python/gpu_report.py streamsan [--backend native|python]  > streamsan.json
     python tests/python/gpu_report.py csan                                 > csan.json
     python tests/python/gpu_report.py widen [--runs 5]                     > widen.json
+    python tests/python/gpu_report.py streamsan|csan|widen --set graphs    # the CUDA graph programs
     python tests/python/gpu_report.py table streamsan.json csan.json widen.json [--backend B]
     python tests/python/gpu_report.py summary --suite FILE… [--overhead F] [--memory F…] [--pytest F]
 
@@ -11,7 +12,10 @@ whether one of them is a `# RACE` line (key `streamsan-BACKEND`, the recorder th
 the same under PyTorch's CUDA sanitizer (its own process: it cannot be turned off). `widen`:
 each variant run widened, uninstrumented, and how many runs produced wrong data. `table`: the
 markdown table of docs/pytorch.md. `summary`: compact tables of everything gpu_all.sh measures,
-and whether each done-criterion holds.
+and whether each done-criterion holds. `--set`: which programs (programs.program_sets): "suite"
+(default), "graphs" (CUDA graphs; run in a process of their own: a capture that fails under
+CSAN must not take the other programs with it) or "all". A program that raises is a row with
+its exception (`"exception"`), not the end of the run.
 """
 
 from __future__ import annotations
@@ -25,27 +29,46 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def _programs():
+def _programs(which: str = "suite"):
     import programs
 
-    out = [(name, fn, False) for name, fn in programs.PROGRAMS.items()]
-    out += [(name, fn, True) for name, fn in programs.CLEAN.items()]
+    bugs, clean = programs.program_sets(which)
+    out = [(name, fn, False) for name, fn in bugs.items()]
+    out += [(name, fn, True) for name, fn in clean.items()]
     return programs, out
 
 
-def run_streamsan(backend: str) -> dict:
+def _sync() -> None:
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        pass
+
+
+def run_streamsan(backend: str, which: str = "suite") -> dict:
     import streamsan.torch
 
-    programs, progs = _programs()
+    programs, progs = _programs(which)
     rows = {}
+    ran = backend
     for name, fn, clean in progs:
         lines = programs.race_lines(fn)
         file = os.path.relpath(programs.__file__)
         row = {}
         for variant in ("buggy", "fixed"):
             t0 = time.perf_counter()
-            with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
-                ok = fn(variant == "fixed", False)
+            run = streamsan.torch.check(raise_on_hazard=False, backend=backend)
+            try:
+                with run:
+                    ok = fn(variant == "fixed", False)
+            except Exception as e:
+                _sync()
+                row[variant] = {"errors": None, "kinds": [], "sites": [], "at_race_line": False,
+                                "result_ok": None, "exception": f"{type(e).__name__}: {e}"[:500],
+                                "seconds": round(time.perf_counter() - t0, 3)}
+                continue
             ran = run.backend
             hazards = run.report.hazards
             sites = sorted({h["access"]["site"] for h in hazards if h.get("access") and h["access"].get("site")})
@@ -70,11 +93,23 @@ def run_streamsan(backend: str) -> dict:
     return {f"streamsan-{ran}": rows}
 
 
-def run_csan() -> dict:
+def _csan_error(e: BaseException):
+    """CSAN's error among `e` and the exceptions it was raised during (CSAN raising inside a
+    capture makes the capture's end fail too: that failure is what propagates), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if type(e).__name__ == "CUDASanitizerErrors":
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def run_csan(which: str = "suite") -> dict:
     import torch
     import torch.cuda._sanitizer as csan
 
-    programs, progs = _programs()
+    programs, progs = _programs(which)
     csan.enable_cuda_sanitizer()
     rows = {}
     for name, fn, clean in progs:
@@ -84,45 +119,61 @@ def run_csan() -> dict:
                 fn(variant == "fixed", False)
                 torch.cuda.synchronize()
                 row[variant] = {"reported": False}
-            except Exception as e:  # CUDASanitizerErrors
-                row[variant] = {"reported": True, "error": type(e).__name__, "message": str(e)[:300]}
-                torch.cuda.synchronize()
+            except Exception as e:  # CUDASanitizerErrors (or a failure of the program under it)
+                reported = _csan_error(e)
+                row[variant] = {"reported": reported is not None, "error": type(e).__name__,
+                                "message": str(reported if reported is not None else e)[:300]}
+                _sync()
         rows[name] = row
     return {"csan": rows}
 
 
-def run_widen(runs: int) -> dict:
-    import torch
-
-    programs, progs = _programs()
+def run_widen(runs: int, which: str = "suite") -> dict:
+    programs, progs = _programs(which)
     rows = {}
     for name, fn, clean in progs:
         row = {}
         for variant in ("buggy", "fixed"):
             bad = 0
-            for _ in range(runs):
-                if not fn(variant == "fixed", True):
-                    bad += 1
-            torch.cuda.synchronize()
+            try:
+                for _ in range(runs):
+                    if not fn(variant == "fixed", True):
+                        bad += 1
+            except Exception as e:
+                row[variant] = {"exception": f"{type(e).__name__}: {e}"[:500]}
+                _sync()
+                continue
+            _sync()
             row[variant] = {"corrupted": bad, "runs": runs}
         rows[name] = row
     nccl = programs._group
     return {"widen": rows, "nccl_group": bool(nccl)}
 
 
+def merge(data: dict, more: dict) -> dict:
+    """Adds `more` to `data`: objects under the same key are merged (the rows of two program
+    sets under "streamsan-native", "csan", "widen"), anything else replaced."""
+    for k, v in more.items():
+        if isinstance(v, dict) and isinstance(data.get(k), dict):
+            data[k].update(v)
+        else:
+            data[k] = v
+    return data
+
+
 def load(files: list[str]) -> dict:
     """The JSON objects of `files`, merged (text printed before an object is skipped)."""
-    data = {}
+    data: dict = {}
     for f in files:
         with open(f) as fh:
             text = fh.read()
         try:
-            data.update(json.loads(text))
+            merge(data, json.loads(text))
         except ValueError:
             at = text.find("\n{")
             if at < 0:
                 raise
-            data.update(json.loads(text[at + 1:]))
+            merge(data, json.loads(text[at + 1:]))
     return data
 
 
@@ -148,7 +199,8 @@ def table(files: list[str], backend: str = "native") -> str:
         wf = w.get(name, {}).get("fixed", {})
         cb = c.get(name, {}).get("buggy", {})
         cf = c.get(name, {}).get("fixed", {})
-        verdict = lambda r: f"{r['errors']} errors ({', '.join(r['kinds'])})" if r["errors"] else "clean"  # noqa: E731
+        verdict = lambda r: (f"raised {r['exception'].split(':')[0]}" if r.get("exception")  # noqa: E731
+                             else f"{r['errors']} errors ({', '.join(r['kinds'])})" if r["errors"] else "clean")
         out.append(
             f"| {name} | {verdict(b)} | {'yes' if b['at_race_line'] else 'no'}: {', '.join(b['sites'][:3])} | {verdict(f)} "
             f"| {wb.get('corrupted', '?')}/{wb.get('runs', '?')} | {wf.get('corrupted', '?')}/{wf.get('runs', '?')} "
@@ -164,6 +216,8 @@ def table(files: list[str], backend: str = "native") -> str:
 def _verdict(r: dict) -> str:
     if r is None:
         return "?"
+    if r.get("exception"):
+        return "RAISED " + r["exception"].split(":")[0]
     if not r.get("errors"):
         return "clean"
     kinds = ",".join(k.replace("data-race", "race").replace("reuse-race", "reuse").replace("unsafe-free", "free")
@@ -205,17 +259,19 @@ def suite_summary(data: dict, checks: list) -> str:
             row += [_verdict(r.get("buggy")), _verdict(r.get("fixed"))]
             bug, fix = r.get("buggy") or {}, r.get("fixed") or {}
             if clean_program:
-                checks.append((f"{b}: {name}: clean in both variants", not bug.get("errors") and not fix.get("errors")))
+                checks.append((f"{b}: {name}: clean in both variants", bug.get("errors") == 0 and fix.get("errors") == 0))
             else:
                 checks.append((f"{b}: {name}: buggy reported at its # RACE line", bool(bug.get("errors")) and bool(bug.get("at_race_line"))))
                 checks.append((f"{b}: {name}: fixed clean", fix.get("errors") == 0))
         wb, wf = w.get(name, {}).get("buggy", {}), w.get(name, {}).get("fixed", {})
         row += [f"{wb.get('corrupted', '?')}/{wb.get('runs', '?')}", f"{wf.get('corrupted', '?')}/{wf.get('runs', '?')}"]
-        if wb and wf:
+        if "corrupted" in wb and "corrupted" in wf:
             agree = wf["corrupted"] == 0 and ((wb["corrupted"] == 0) if clean_program else (wb["corrupted"] > 0))
             checks.append((f"widened: {name}: corruption agrees with the verdict", agree))
+        elif "exception" in wb or "exception" in wf:
+            checks.append((f"widened: {name}: ran ({wb.get('exception') or wf.get('exception')})", False))
         cb, cf = c.get(name, {}).get("buggy"), c.get(name, {}).get("fixed")
-        csan = lambda r, bad: "?" if r is None else (("reported" if bad else "FALSE ALARM") if r.get("reported") else ("missed" if bad else "clean"))  # noqa: E731
+        csan = lambda r, bad: "?" if r is None else (("reported" if bad else "FALSE ALARM") if r.get("reported") else f"raised {r['error']}" if r.get("error") else ("missed" if bad else "clean"))  # noqa: E731
         row += [csan(cb, not clean_program), csan(cf, False)]
         rows.append(row)
     return _grid(rows)
@@ -274,7 +330,7 @@ def summary(a) -> int:
         data = {}
         for f in a.suite:
             try:
-                data.update(load([f]))
+                merge(data, load([f]))
             except (OSError, ValueError) as e:
                 parts.append(f"{f}: unreadable ({e})")
         parts.append("program suite (verdicts: kinds @lines; corrupted: widened runs with wrong data)\n" + suite_summary(data, checks))
@@ -309,6 +365,7 @@ def main() -> None:
     p.add_argument("files", nargs="*")
     p.add_argument("--backend", default="auto")
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--set", default="suite", choices=["suite", "graphs", "all"], help="which programs")
     p.add_argument("--suite", nargs="*", default=[], help="summary: JSON files of streamsan/csan/widen")
     p.add_argument("--overhead", help="summary: bench_overhead.py all's JSON")
     p.add_argument("--memory", nargs="*", default=[], help="summary: bench_overhead.py memory's JSON files")
@@ -319,7 +376,11 @@ def main() -> None:
         return
     if a.what == "summary":
         sys.exit(summary(a))
-    res = {"streamsan": lambda: run_streamsan(a.backend), "csan": run_csan, "widen": lambda: run_widen(a.runs)}[a.what]()
+    res = {
+        "streamsan": lambda: run_streamsan(a.backend, a.set),
+        "csan": lambda: run_csan(a.set),
+        "widen": lambda: run_widen(a.runs, a.set),
+    }[a.what]()
     print(json.dumps(res, indent=1))
 
 

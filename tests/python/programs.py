@@ -236,3 +236,215 @@ def race_lines(fn) -> set[int]:
 
     src, first = inspect.getsourcelines(fn)
     return {first + i for i, line in enumerate(src) if line.rstrip().endswith("# RACE")}
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA graphs: the bugs of graph pools, static inputs and outputs, and captures with forked
+# streams. A replay runs on the stream current at `replay()`; with `widen`, the graph itself
+# spins (`torch.cuda._sleep` issued during the capture is captured), so the racing work runs
+# while the replay is inside its window. A hazard found in a replay is reported at the
+# `replay()` (its text names the captured op): that line is the one marked `# RACE`.
+
+
+_warm = False
+
+
+def _warmup() -> None:
+    """Runs the kernels the captures use once, outside any capture (as PyTorch advises before
+    capturing: lazy initialization must not happen inside a capture). Once per process."""
+    global _warm
+    if _warm:
+        return
+    a = torch.full((N,), 1.0, device="cuda")
+    b = torch.empty(N, device="cuda")
+    torch.mul(a * 10, 2, out=b)
+    c = torch.full_like(b + 1, 9.0)
+    c.copy_(a)
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    del a, b, c
+    _warm = True
+
+
+def graphs_share_a_pool_replayed_concurrently(fixed: bool, widen: bool) -> bool:
+    """Two graphs captured into one pool (`graph_pool_handle()`): g1's temporary, freed in its
+    capture, is the block g2's temporary gets. Replayed at the same time on two streams, g2
+    overwrites g1's temporary while g1 still reads it (PyTorch allows sharing a pool only
+    between graphs that never run concurrently)."""
+    _warmup()
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    x1 = torch.full((N,), 1.0, device="cuda")
+    x2 = torch.full((N,), 2.0, device="cuda")
+    pool = torch.cuda.graph_pool_handle()
+    g1, g2 = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1, pool=pool):
+        t1 = x1 * 10
+        if widen:
+            torch.cuda._sleep(SLEEP)
+        o1 = t1 + 1
+        del t1
+    with torch.cuda.graph(g2, pool=pool):
+        t2 = x2 * 10
+        o2 = t2 + 1
+        del t2
+    side.wait_stream(main)  # the inputs are ready on both streams
+    g1.replay()
+    if fixed:
+        side.wait_stream(main)
+    with torch.cuda.stream(side):
+        g2.replay()  # RACE
+    main.wait_stream(side)
+    torch.cuda.synchronize()
+    return bool((o1 == 11).all()) and bool((o2 == 21).all())
+
+
+def static_input_copied_during_replay(fixed: bool, widen: bool) -> bool:
+    """The next input is copied into the graph's static input on a side stream (a loader
+    stream) while the previous replay may still read it."""
+    _warmup()
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    x = torch.full((N,), 1.0, device="cuda")  # the static input
+    nxt = torch.full((N,), 5.0, device="cuda")  # the next batch
+    side.wait_stream(main)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        if widen:
+            torch.cuda._sleep(SLEEP)
+        y = x * 2
+    g.replay()
+    first = y.clone()
+    if fixed:
+        side.wait_stream(main)
+    with torch.cuda.stream(side):
+        x.copy_(nxt)  # RACE
+    main.wait_stream(side)
+    g.replay()
+    second = y.clone()
+    torch.cuda.synchronize()
+    return bool((first == 2).all()) and bool((second == 10).all())
+
+
+def static_output_read_before_replay_done(fixed: bool, widen: bool) -> bool:
+    """A consumer on another stream reads the graph's static output without waiting for the
+    replay that writes it."""
+    _warmup()
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    x = torch.full((N,), 3.0, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        if widen:
+            torch.cuda._sleep(SLEEP)
+        y = x * 2
+    y.fill_(-1.0)
+    g.replay()
+    if fixed:
+        side.wait_stream(main)
+    with torch.cuda.stream(side):
+        z = y * 1  # RACE
+    main.wait_stream(side)
+    torch.cuda.synchronize()
+    return bool((z == 6).all())
+
+
+def fork_read_before_join_in_capture(fixed: bool, widen: bool) -> bool:
+    """Inside the capture a forked stream computes y; the capture stream reads y before it
+    joins the forked stream (the join comes later, before the capture ends, as CUDA requires):
+    every replay races inside the graph."""
+    _warmup()
+    side = torch.cuda.Stream()
+    x = torch.full((N,), 3.0, device="cuda")
+    y = torch.empty(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cap = torch.cuda.current_stream()
+        side.wait_stream(cap)
+        with torch.cuda.stream(side):
+            if widen:
+                torch.cuda._sleep(SLEEP)
+            torch.mul(x, 2, out=y)
+        if fixed:
+            cap.wait_stream(side)
+        out = y + 1
+        if not fixed:
+            cap.wait_stream(side)
+    y.fill_(-1.0)
+    g.replay()  # RACE
+    torch.cuda.synchronize()
+    return bool((out == 7).all())
+
+
+def temp_freed_in_capture_without_record_stream(fixed: bool, widen: bool) -> bool:
+    """A temporary of the capture stream, read by a forked stream, is freed inside the capture
+    without record_stream: the pool hands its block to the next allocation of the same capture,
+    which the replay writes while the forked stream may still read the temporary."""
+    _warmup()
+    side = torch.cuda.Stream()
+    x = torch.full((N,), 3.0, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        cap = torch.cuda.current_stream()
+        t = x * 2
+        side.wait_stream(cap)
+        with torch.cuda.stream(side):
+            if widen:
+                torch.cuda._sleep(SLEEP)
+            y = t + 1
+        if fixed:
+            t.record_stream(side)
+        del t
+        u = torch.full_like(x, 9.0)
+        cap.wait_stream(side)
+    g.replay()  # RACE
+    torch.cuda.synchronize()
+    return bool((y == 7).all()) and bool((u == 9).all())
+
+
+def one_graph_back_to_back_on_two_streams(fixed: bool, widen: bool) -> bool:
+    """One graph replayed on one stream, then at once on another, without an event between:
+    CUDA runs the launches of one graph one after the other, so this is correct (both variants
+    are the same program; no hazard must be reported). The graph reads and writes `acc` in two
+    kernels: overlapping replays would lose an increment."""
+    _warmup()
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    acc = torch.zeros(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tmp = acc + 1
+        if widen:
+            torch.cuda._sleep(SLEEP)
+        acc.copy_(tmp)
+        del tmp
+    side.wait_stream(main)
+    g.replay()
+    with torch.cuda.stream(side):
+        g.replay()
+    main.wait_stream(side)
+    torch.cuda.synchronize()
+    return bool((acc == 2).all())
+
+
+GRAPH_PROGRAMS = {
+    "graphs sharing a pool replayed concurrently": graphs_share_a_pool_replayed_concurrently,
+    "graph static input copied during a replay": static_input_copied_during_replay,
+    "graph static output read before the replay is done": static_output_read_before_replay_done,
+    "forked stream read before the join in a capture": fork_read_before_join_in_capture,
+    "temporary freed in a capture without record_stream": temp_freed_in_capture_without_record_stream,
+}
+
+GRAPH_CLEAN = {"one graph replayed back to back on two streams": one_graph_back_to_back_on_two_streams}
+
+
+def program_sets(which: str = "suite") -> tuple[dict, dict]:
+    """(buggy-and-fixed programs, clean programs) of a set: "suite" (the programs above the
+    graphs), "graphs", or "all"."""
+    if which == "suite":
+        return PROGRAMS, CLEAN
+    if which == "graphs":
+        return GRAPH_PROGRAMS, GRAPH_CLEAN
+    if which == "all":
+        return {**PROGRAMS, **GRAPH_PROGRAMS}, {**CLEAN, **GRAPH_CLEAN}
+    raise ValueError(f"unknown program set {which!r}: expected suite, graphs or all")

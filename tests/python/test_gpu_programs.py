@@ -1,6 +1,7 @@
-"""The program suite on a GPU: every buggy variant is reported at its `# RACE` line and every
-fixed one is clean, by both recorders (STREAMSAN_TEST_BACKEND=native or python: one of them);
-widened, the buggy variants corrupt data and the fixed ones never do."""
+"""The program suite on a GPU (the CUDA graph programs included): every buggy variant is
+reported at its `# RACE` line and every fixed one is clean, by both recorders
+(STREAMSAN_TEST_BACKEND=native or python: one of them); widened, the buggy variants corrupt data
+and the fixed ones never do."""
 
 from __future__ import annotations
 
@@ -28,11 +29,17 @@ def _cases():
         return ["(torch missing)"]
     import programs
 
-    return list(programs.PROGRAMS) + list(programs.CLEAN)
+    bugs, clean = programs.program_sets("all")
+    return list(bugs) + list(clean)
 
 
 def _fn(programs, name):
-    return programs.PROGRAMS.get(name) or programs.CLEAN[name]
+    bugs, clean = programs.program_sets("all")
+    return bugs.get(name) or clean[name]
+
+
+def _clean(programs, name) -> bool:
+    return name in programs.program_sets("all")[1]
 
 
 @pytest.mark.parametrize("name", _cases())
@@ -49,7 +56,7 @@ def test_verdicts(gpu, name, backend):
     assert fixed.report.errors == 0, fixed.report.to_text()
     with streamsan.torch.check(raise_on_hazard=False, backend=backend) as buggy:
         fn(False, False)
-    if name in programs.CLEAN:
+    if _clean(programs, name):
         assert buggy.report.errors == 0, buggy.report.to_text()
         return
     assert buggy.report.errors > 0
@@ -69,7 +76,7 @@ def test_widened_runs_corrupt_only_the_buggy_variant(gpu, name):
     fixed_bad = sum(not fn(True, True) for _ in range(3))
     assert fixed_bad == 0
     buggy_bad = sum(not fn(False, True) for _ in range(3))
-    if name in programs.CLEAN:
+    if _clean(programs, name):
         assert buggy_bad == 0
     else:
         assert buggy_bad > 0

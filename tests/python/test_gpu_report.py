@@ -127,3 +127,84 @@ def test_missing_results_fail(tmp_path):
     for what in ("Python recorder measured", "CSAN measured", "overhead: mlp measured",
                  "overhead: streams measured", "memory measured", "pytest"):
         assert any(what in line for line in out.stdout.splitlines() if line.startswith("[FAIL]")), (what, out.stdout)
+
+
+def graphs_suite(exception=False):
+    """The graph programs' results, as gpu_report.py --set graphs writes them (files of their own)."""
+    bug = verdict(1, ["reuse-race"], ["programs.py:275"], True)
+    if exception:
+        bug = {"errors": None, "kinds": [], "sites": [], "at_race_line": False, "result_ok": None,
+               "exception": "RuntimeError: operation not permitted when stream is capturing"}
+    rows = {
+        "graphs sharing a pool replayed concurrently": {
+            "buggy": bug, "fixed": verdict(0), "race_lines": [275], "clean_program": False},
+        "one graph replayed back to back on two streams": {
+            "buggy": verdict(0), "fixed": verdict(0), "race_lines": [], "clean_program": True},
+    }
+    return {
+        "streamsan-native": rows,
+        "streamsan-python": json.loads(json.dumps(rows)),
+        "csan": {"graphs sharing a pool replayed concurrently": {"buggy": {"reported": False}, "fixed": {"reported": False}},
+                 "one graph replayed back to back on two streams": {
+                     "buggy": {"reported": False, "error": "RuntimeError"}, "fixed": {"reported": False}}},
+        "widen": {"graphs sharing a pool replayed concurrently": {"buggy": {"corrupted": 5, "runs": 5}, "fixed": {"corrupted": 0, "runs": 5}},
+                  "one graph replayed back to back on two streams": {
+                      "buggy": {"exception": "RuntimeError: x"} if exception else {"corrupted": 0, "runs": 5},
+                      "fixed": {"corrupted": 0, "runs": 5}}},
+    }
+
+
+def test_program_sets_merge(tmp_path):
+    import gpu_report
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(suite()))
+    b.write_text("some output first\n" + json.dumps(graphs_suite()))
+    data = gpu_report.load([str(a), str(b)])
+    assert set(data["streamsan-native"]) == {"side stream without wait", "disjoint views of one buffer",
+                                             "graphs sharing a pool replayed concurrently",
+                                             "one graph replayed back to back on two streams"}
+    assert set(data["widen"]) == set(data["csan"]) == set(data["streamsan-native"])
+
+
+def test_graph_rows_in_the_summary(tmp_path):
+    s = gpu_report_merge(suite(), graphs_suite())
+    out = summary(tmp_path, s, overhead(), memory(), "===== 72 passed in 80.1s =====")
+    assert out.returncode == 0, out.stdout
+    assert "reuse @275 ok" in out.stdout
+    assert "raised RuntimeError" in out.stdout  # CSAN failed on the program: neither clean nor reported
+
+
+def test_a_program_that_raised_fails(tmp_path):
+    s = gpu_report_merge(suite(), graphs_suite(exception=True))
+    out = summary(tmp_path, s, overhead(), memory(), "===== 72 passed in 80.1s =====")
+    assert out.returncode == 1
+    fails = [line for line in out.stdout.splitlines() if line.startswith("[FAIL]")]
+    assert any("native: graphs sharing a pool replayed concurrently: buggy reported" in f for f in fails), out.stdout
+    assert "RAISED RuntimeError" in out.stdout
+    assert any("widened: one graph replayed back to back on two streams: ran (RuntimeError: x)" in f for f in fails)
+
+
+def gpu_report_merge(*parts):
+    import gpu_report
+
+    data: dict = {}
+    for p in parts:
+        gpu_report.merge(data, json.loads(json.dumps(p)))
+    return data
+
+
+def test_csan_error_found_behind_a_failed_capture_end():
+    import gpu_report
+
+    class CUDASanitizerErrors(Exception):
+        pass
+
+    try:
+        try:
+            raise CUDASanitizerErrors("race")
+        finally:
+            raise RuntimeError("operation would make the legacy stream depend on a capturing blocking stream")
+    except RuntimeError as e:
+        assert str(gpu_report._csan_error(e)) == "race"
+    assert gpu_report._csan_error(RuntimeError("x")) is None

@@ -24,8 +24,9 @@ What is recorded: every aten op's reads and writes as regions of their allocatio
 current for it (the autograd engine's threads too); allocations and frees with their real
 address, size and stream; record_stream; events, waits, queries and syncs; host reads of CUDA
 tensors (`.item()`, `.cpu()`, `print`) as the copy plus the synchronization they are; pinned host
-memory and `non_blocking` copies; collectives of torch.distributed. See docs/pytorch.md for what
-is not seen. `torch` is imported when a check starts, not before.
+memory and `non_blocking` copies; collectives of torch.distributed; CUDA graphs (captures with
+their pools, replays, `make_graphed_callables`: see streamsan.torch._graphs). See docs/pytorch.md
+for what is not seen. `torch` is imported when a check starts, not before.
 
 Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set, more than one process) each rank checks its
 own streams and has its own report: `trace=` paths and report files get the rank (`{rank}` in the

@@ -390,8 +390,9 @@ class PythonBackend:
             if ptr in self.device_bufs:
                 self.free_buf(ptr, False, self.sites.quoted(3))
 
-    def fake_trace(self, alloc: bool, addr: int, size: int, stream: int) -> None:
-        """Tests: an allocation or a free of the caching allocator (its exact size and stream)."""
+    def fake_trace(self, alloc: bool, addr: int, size: int, stream: int, pool: bool = False) -> None:
+        """Tests: an allocation or a free of the caching allocator (its exact size and stream;
+        `pool` is what the C++ recorder's tracker knows, not this backend)."""
         if not self.fake_device:
             return
         with self.mu:
@@ -493,6 +494,12 @@ class PythonBackend:
                         continue
                     self.new_alloc(o.base, o.storage_bytes, not o.device, sid, site)
             if info.factory:
+                if self.rec.graphs.capturing:
+                    # During a capture the allocation is a pool buffer of the capture: written
+                    # now, before the capture ends, not at the buffer's first use.
+                    for o in outs:
+                        if o.device and o.base in self.pending_allocs:
+                            self.resolve(o)
                 lines.extend(pending)
                 self._maybe_flush()
                 return out
@@ -721,10 +728,62 @@ class _Patches:
         self.saved.append((owner, attr, orig))
         setattr(owner, attr, make(orig))
 
+    def patch_inherited(self, owner, attr: str, make: Callable[[Any], Any]) -> bool:
+        """Like `patch`, for a method `owner` may inherit (set on `owner`, removed at restore
+        when it was not its own); False when there is no such method."""
+        own = attr in owner.__dict__
+        orig = getattr(owner, attr, None)
+        if orig is None or not callable(orig):
+            return False
+        self.saved.append((owner, attr, owner.__dict__[attr] if own else _INHERITED))
+        setattr(owner, attr, make(orig))
+        return True
+
     def restore(self) -> None:
         for owner, attr, orig in reversed(self.saved):
-            setattr(owner, attr, orig)
+            if orig is _INHERITED:
+                try:
+                    delattr(owner, attr)
+                except AttributeError:
+                    pass
+            else:
+                setattr(owner, attr, orig)
         self.saved.clear()
+
+
+_INHERITED = object()  # a patched method that was inherited: restored by deleting the patch
+
+
+def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
+    """Records CUDA graphs: wraps torch.cuda.CUDAGraph's capture_begin, capture_end(_pre),
+    replay and reset (see _graphs). Where they are missing, a warning says graphs are not
+    recorded."""
+    from . import _graphs
+
+    G = getattr(torch.cuda, "CUDAGraph", None)
+    missing = [m for m in _graphs.REQUIRED if G is None or not callable(getattr(G, m, None))]
+    if missing:
+        rec.graph_hooks_missing = missing
+        return
+
+    def ops_of():
+        return rec.graphs if rec.on and _active is rec else None
+
+    def current_stream():
+        dev = rec.device()
+        b = rec.backend
+        if getattr(b, "fake_device", False) and hasattr(b, "current_stream"):
+            return b.current_stream(dev), dev
+        return torch._C._cuda_getCurrentRawStream(dev), dev
+
+    def capturing():
+        if getattr(rec.backend, "fake_device", False):
+            return False
+        f = getattr(torch.cuda, "is_current_stream_capturing", None)
+        return bool(f()) if f is not None else False
+
+    for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn, capturing).items():
+        p.patch_inherited(G, attr, make)
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
@@ -791,18 +850,7 @@ def _install_patches(rec: "Recorder") -> _Patches:
         p.patch(Stream, "query", make_squery)
         p.patch(Stream, "__new__", make_new)
 
-        def make_graph(orig):
-            def wrapped(*args, **kwargs):
-                if on():
-                    rec.warn("graphs", "CUDA graph capture and replay are not recorded: the work of a "
-                             "captured graph is invisible to this check")
-                return orig(*args, **kwargs)
-
-            return wrapped
-
-        G = torch.cuda.CUDAGraph
-        p.patch(G, "capture_begin", make_graph)
-        p.patch(G, "replay", make_graph)
+        _install_graph_patches(rec, p, torch)
 
     def make_tolist(orig):
         def tolist(self):
@@ -849,6 +897,20 @@ class Recorder:
             self.backend = PythonBackend(self, fake_device)
         self.patches: Optional[_Patches] = None
         self._compiled_before = self._compiled_frames()
+        from ._graphs import GraphOps
+
+        captures = getattr(getattr(self.backend, "ext", None), "set_captures", None)
+        self.graphs = GraphOps(
+            self._graph_op,
+            self.backend.stream_id,
+            self.warn,
+            lambda: self.sites.site(1),
+            captures if captures is not None else (lambda n: None),
+        )
+        self.graph_hooks_missing: list[str] = []
+
+    def _graph_op(self, partial: str) -> None:
+        self.backend.host_op(partial)
 
     def device(self) -> int:
         try:
@@ -883,6 +945,13 @@ class Recorder:
             _active = self
         _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
         self.patches = _install_patches(self)
+        if self.graph_hooks_missing:
+            self.warn(
+                "graph-hooks",
+                "this torch has no torch.cuda.CUDAGraph." + "/".join(self.graph_hooks_missing)
+                + ": CUDA graph captures and replays are not recorded (the work of a replay is "
+                "invisible to this check)",
+            )
         try:
             torch = self.torch
             if torch.cuda.is_available():
@@ -910,6 +979,13 @@ class Recorder:
                 "external",
                 "some accesses touched device memory allocated before the check began: they are "
                 "checked for races, not for allocator reuse",
+            )
+        if c.get("pool_allocations_outside_capture"):
+            self.warn(
+                "pool-outside-capture",
+                f"{c['pool_allocations_outside_capture']} allocations went to a CUDA graph pool or a "
+                "torch.cuda.MemPool outside a capture (torch.cuda.use_mem_pool, cudagraph trees): "
+                "they are checked as plain allocations, not as pool buffers",
             )
         if self._compiled_frames() > self._compiled_before:
             self.warn(

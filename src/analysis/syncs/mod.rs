@@ -48,8 +48,29 @@
 //! own, which every stream op must consult), the oldest is given up, and its op is decided by a
 //! re-check of the trace without it ([`recheck`]; [`analyze`] does it).
 //!
-//! Graph capture and replay are not part of trace format v1 as this crate implements it; the
-//! analysis has nothing to say about them yet.
+//! # CUDA graphs
+//!
+//! Captured ops are part of a graph, not synchronizations of the trace: a captured
+//! `event_wait` (including the one that makes a stream join a capture) orders the replay's
+//! lanes, not the trace's streams, and is not judged ([`Checker::captures`] says which ops are
+//! captured; [`brute_force`] leaves them out too). `graph_begin`, `graph_end` and
+//! `graph_launch` are not synchronization ops. The synchronizations around graphs are judged
+//! like any other, the replays' hazards counting as errors at their `graph_launch`:
+//!
+//! - A captured op changes no clock in any what-if (a captured `event_record` leaves its event
+//!   never recorded in every what-if, as in the real state).
+//! - At a `graph_launch`, a what-if whose entry clock of the replay is the real one (its host's,
+//!   the launch stream's and the legacy default stream's edges into it give the real join) and
+//!   that has no tombstones replays exactly as the real state does: it is left as it is. Every
+//!   other what-if is given up. So no live what-if ever has a replay participant's clock of its
+//!   own.
+//! - A pool buffer's accesses are checked against the other buffers of its pool, which the
+//!   what-ifs' probes do not ask; its free fixes what its `record_stream` streams excuse; and a
+//!   `record_stream` of a pool buffer decides where the pool places later allocations of its
+//!   capture. A what-if that differs there is given up.
+//!
+//! A what-if given up is decided by a re-check of the trace without its op, as beyond the
+//! limits, so the verdicts stay exact.
 
 mod whatif;
 
@@ -277,15 +298,23 @@ impl SyncChecker {
     pub fn check(&mut self, op: &TraceOp) -> Result<&[Hazard], CheckError> {
         let i = self.checker.ops();
         let first = self.checker.hazards().len();
-        let pre = self.engine.before(&mut self.checker, &op.op);
+        let captured = self.checker.captures(&op.op);
+        let pre = self.engine.before(&mut self.checker, &op.op, captured);
         self.checker.check(op)?;
         let errors: Vec<(HazardKind, Option<String>)> = self.checker.hazards()[first..]
             .iter()
             .filter(|h| h.severity == Severity::Error)
             .map(|h| (h.kind, h.buffer.clone()))
             .collect();
-        self.engine
-            .after(&mut self.checker, i, &op.op, op.site.as_ref(), pre, &errors);
+        self.engine.after(
+            &mut self.checker,
+            i,
+            &op.op,
+            op.site.as_ref(),
+            pre,
+            &errors,
+            captured,
+        );
         Ok(&self.checker.hazards()[first..])
     }
 
@@ -374,14 +403,17 @@ where
 /// own. One full check per synchronization op: the oracle of [`SyncChecker`], not its method.
 pub fn brute_force(ops: &[TraceOp]) -> Result<(Report, Vec<SyncVerdict>), CheckError> {
     let mut checker = Checker::new();
+    // The synchronization ops: those not captured into a graph's body.
+    let mut judged = Vec::new();
     for op in ops {
+        judged.push(is_sync(&op.op) && !checker.captures(&op.op));
         checker.check(op)?;
     }
     let report = checker.finish();
     let real = error_keys(&report);
     let mut syncs = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        if !is_sync(&op.op) {
+        if !judged[i] {
             continue;
         }
         let mut variant = Checker::new();

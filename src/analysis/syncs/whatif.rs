@@ -385,11 +385,12 @@ fn legacy(order: &Order, p: Participant) -> &[Participant] {
     }
 }
 
-/// The streams of `device`.
+/// The streams of `device` (not the graphs' replay participants, which a `device_sync` does
+/// not name).
 fn streams_of(order: &Order, device: u64) -> Vec<Participant> {
     (1..order.participants() as u32)
         .map(Participant)
-        .filter(|&p| order.device(p) == device)
+        .filter(|&p| order.device(p) == device && !order.stream_info(p).replay)
         .collect()
 }
 
@@ -459,8 +460,24 @@ impl Engine {
     /// Finds what the op does to the what-ifs, before the real checker checks it, and applies
     /// the new clocks and captures (the real checker does not look at them). Keeps history for
     /// the what-ifs' host clocks from now on where the op may move the real host's clock ahead.
-    pub fn before(&mut self, checker: &mut Checker, op: &Op) -> Pre {
+    pub fn before(&mut self, checker: &mut Checker, op: &Op, captured: bool) -> Pre {
         let mut pre = Pre::default();
+        if captured {
+            // A captured op runs nothing and changes no clock; a captured record leaves its
+            // event never recorded outside the capture, in every what-if as in the real state.
+            if let Op::EventRecord { event, .. } = op {
+                let mut out = self.by_event.get(event).to_vec();
+                out.sort_unstable();
+                for &wid in &out {
+                    self.set_capture(wid, event, Diff::new());
+                }
+                pre.affected = out;
+            }
+            return pre;
+        }
+        if let Op::GraphLaunch { stream, .. } = op {
+            self.graph_launch(checker, stream);
+        }
         let any = self.live > 0;
         let sync = super::is_sync(op);
         let mut out = std::mem::take(&mut self.scratch);
@@ -549,6 +566,23 @@ impl Engine {
                 }
             }
             match op {
+                Op::Free { buffer, .. }
+                    if checker.live_generation(buffer).is_some_and(|g| g.is_pool()) =>
+                {
+                    // A pool buffer's free is not checked; what its `record_stream` streams
+                    // excuse from then on is fixed by their clocks now. A what-if where that
+                    // differs is left to a re-check.
+                    let gen = checker.live_generation(buffer).expect("a live pool buffer");
+                    let mut gone = self.by_buffer.get(buffer).to_vec();
+                    for &q in gen.record_streams() {
+                        self.collect_part(q, &mut gone);
+                    }
+                    gone.sort_unstable();
+                    gone.dedup();
+                    for wid in gone {
+                        self.give_up(wid);
+                    }
+                }
                 Op::Free { buffer, stream } => {
                     if let Some(gen) = checker.live_generation(buffer).filter(|g| !g.is_external())
                     {
@@ -713,6 +747,67 @@ impl Engine {
         pre
     }
 
+    /// A `graph_launch` on `stream`: a what-if whose entry clock of the replay differs (its
+    /// host's, the stream's or the legacy default stream's edges into it), or with tombstones of
+    /// its own (which the replay's accesses would have to be checked against), is given up: a
+    /// re-check decides its op. Every other what-if replays exactly as the real state does (the
+    /// replay participants' clocks never differ in a live what-if: only a launch changes them,
+    /// and a what-if whose entry clock differs does not outlive it), so it is left as it is.
+    fn graph_launch(&mut self, checker: &Checker, stream: &Id) {
+        if self.live == 0 {
+            return;
+        }
+        let order = checker.order();
+        let host = Participant::HOST;
+        let found = order.find_stream(stream);
+        let target = found.unwrap_or(Participant(order.participants() as u32));
+        let mut resolved: Sources<'_> = smallvec::smallvec![(Src::Part(host), order.host_clock())];
+        let mut out = Vec::new();
+        self.collect_part(host, &mut out);
+        if let Some(q) = found {
+            resolved.push((Src::Part(q), order.clock(q)));
+            self.collect_part(q, &mut out);
+            for &b in legacy(order, q) {
+                resolved.push((Src::Part(b), order.clock(b)));
+                self.collect_part(b, &mut out);
+            }
+        }
+        if self.tombs.count > 0 {
+            out.extend((0..self.slab.len() as u32).filter(|&w| {
+                self.slab[w as usize]
+                    .as_ref()
+                    .is_some_and(|w| !w.tombs.is_empty())
+            }));
+        }
+        out.sort_unstable();
+        out.dedup();
+        let mut d = Diff::new();
+        let (gone, same): (Vec<u32>, Vec<u32>) = out.into_iter().partition(|&wid| {
+            let w = self.w(wid);
+            combine_into(w, &resolved, target, &mut d);
+            !d.is_empty() || !w.tombs.is_empty()
+        });
+        for wid in gone {
+            self.give_up(wid);
+        }
+        // The rest enter the replay with the real entry clock: the stream's clock after it is
+        // the real one.
+        for wid in same {
+            self.set_clock(wid, target, Diff::new());
+        }
+    }
+
+    /// Gives up what-if `wid`: a re-check decides its op.
+    fn give_up(&mut self, wid: u32) {
+        if self.slab[wid as usize].is_none() {
+            return;
+        }
+        let v = self.w(wid).verdict;
+        self.verdicts[v].undecided = true;
+        self.stats.abandoned += 1;
+        self.remove(wid);
+    }
+
     fn new_whatif(&mut self, verdict: usize, born: u64) -> u32 {
         let w = WhatIf {
             verdict,
@@ -838,6 +933,7 @@ impl Engine {
 
     /// Advances the what-ifs over op `i`, which the real checker has just checked; `errors` are
     /// the (kind, buffer) of the errors the real checker reported at it.
+    #[allow(clippy::too_many_arguments)]
     pub fn after(
         &mut self,
         checker: &mut Checker,
@@ -846,8 +942,10 @@ impl Engine {
         site: Option<&Site>,
         pre: Pre,
         errors: &[(HazardKind, Option<String>)],
+        captured: bool,
     ) {
-        let verdict = super::is_sync(op).then(|| {
+        // A captured op is part of a graph, not a synchronization of the trace.
+        let verdict = (super::is_sync(op) && !captured).then(|| {
             self.verdicts.push(Verdict {
                 op: i,
                 kind: op.name(),
@@ -865,6 +963,7 @@ impl Engine {
             rs_adds,
         } = pre;
         let mut created = None;
+        let mut pool_rs = false;
         if let (Some(v), Some((p, d))) = (verdict, removed) {
             let wid = self.new_whatif(v, i);
             self.set_clock(wid, p, d);
@@ -907,6 +1006,9 @@ impl Engine {
                     self.w_mut(wid).record_stream = Some((buffer.clone(), q));
                     self.by_buffer.insert(buffer, wid);
                     created = Some(wid);
+                    // On a pool buffer, it also decides where the pool places later
+                    // allocations of the same capture: left to a re-check.
+                    pool_rs = checker.live_generation(buffer).is_some_and(|g| g.is_pool());
                 }
             }
             Op::Free { buffer, stream } => {
@@ -918,7 +1020,9 @@ impl Engine {
         }
         if let Some(wid) = created {
             self.stats.changed += 1;
-            if self.w(wid).is_empty() {
+            if pool_rs {
+                self.give_up(wid);
+            } else if self.w(wid).is_empty() {
                 self.remove(wid);
             }
         } else if verdict.is_some() {
@@ -928,6 +1032,7 @@ impl Engine {
         // real history and tombstones with its own clock; every what-if with tombstones asks
         // them.
         let access_p = match op {
+            _ if captured => None,
             Op::Launch { stream, .. } | Op::Copy { stream, .. } | Op::Memset { stream, .. } => {
                 checker.order().find_stream(stream)
             }
@@ -1071,7 +1176,24 @@ impl Engine {
         };
         let mut found: Vec<(u32, ErrorKey)> = Vec::new();
         let mut probes = 0;
+        // A pool buffer's bytes are checked against every buffer of its pool that held them,
+        // which the probes do not ask: a what-if that would have to is left to a re-check.
+        let pool: Vec<bool> = regions
+            .iter()
+            .map(|r| {
+                checker
+                    .live_generation(&r.buffer)
+                    .is_some_and(|g| g.is_pool())
+            })
+            .collect();
+        let mut gone: Vec<u32> = Vec::new();
+        if pool.iter().any(|&x| x) {
+            gone.extend_from_slice(ws);
+        }
         for &wid in ws {
+            if !gone.is_empty() {
+                break;
+            }
             let clock = self.w(wid).full_clock(order, p);
             for r in &regions {
                 let race_known = known(HazardKind::DataRace, &r.buffer);
@@ -1100,8 +1222,13 @@ impl Engine {
         }
         self.stats.probes += probes;
         if self.tombs.count > 0 {
-            for r in &regions {
+            for (r, &pool) in regions.iter().zip(&pool) {
                 let Some((lo, hi)) = r.bytes else { continue };
+                if pool {
+                    self.tombs
+                        .overlapping(r.memory, lo, hi, |t| gone.push(t.wid));
+                    continue;
+                }
                 if known(HazardKind::ReuseRace, &r.buffer) {
                     continue;
                 }
@@ -1123,8 +1250,15 @@ impl Engine {
                 });
             }
         }
+        gone.sort_unstable();
+        gone.dedup();
         for (wid, key) in found {
-            self.prevent(wid, key);
+            if gone.binary_search(&wid).is_err() {
+                self.prevent(wid, key);
+            }
+        }
+        for wid in gone {
+            self.give_up(wid);
         }
     }
 
@@ -1184,10 +1318,7 @@ impl Engine {
                 None
             };
             let Some(wid) = victim else { break };
-            let v = self.w(wid).verdict;
-            self.verdicts[v].undecided = true;
-            self.stats.abandoned += 1;
-            self.remove(wid);
+            self.give_up(wid);
         }
         self.stats.peak_live = self.stats.peak_live.max(self.live);
         if self.retaining {

@@ -75,6 +75,7 @@ pub(super) fn key_from_name(name: u64) -> Option<Key> {
 }
 
 /// The op whose name is `word` in its [`pack`]ed form.
+#[inline]
 pub(super) fn kind_from_word(word: u128) -> Option<Kind> {
     const STREAM_CREATE: u128 = pack(b"stream_create");
     const ALLOC: u128 = pack(b"alloc");

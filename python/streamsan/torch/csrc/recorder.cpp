@@ -172,6 +172,10 @@ struct State {
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, quoted file)
   uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
+  // Allocations into a graph pool or a MemPool while no capture was recorded in progress
+  // (torch.cuda.use_mem_pool, cudagraph trees): written as plain allocations.
+  uint64_t pool_allocations_outside_capture = 0;
+  std::atomic<int> captures{0};  // CUDA graph captures in progress (set from Python)
   std::vector<std::string> notices;
   bool tracker_attached = false;
   bool callback_added = false;
@@ -818,10 +822,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // ---------------------------------------------------------------------------------------------
 // The allocator's trace tracker (allocator lock held: no GIL here)
 
-// An allocation or a free of the caching allocator; `mu` held.
-void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device) {
+// An allocation or a free of the caching allocator (`pool`: an allocation from a graph pool or
+// a MemPool); `mu` held.
+void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device,
+            bool pool) {
   if (alloc) {
     if (size == 0) return;
+    if (pool && S->captures.load(std::memory_order_relaxed) == 0) S->pool_allocations_outside_capture++;
     std::string name = stream_name(stream, device);
     new_alloc(addr, size, Mem::Device, name, cur_site);
   } else {
@@ -836,7 +843,8 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   if (!S->active.load(std::memory_order_relaxed)) return;
   if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
   std::lock_guard<std::mutex> g(S->mu);
-  traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_);
+  traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
+         e.mempool_.first != 0 || e.mempool_.second != 0);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -893,12 +901,18 @@ void reset() {
   S->pinned_bufs.clear();
   S->stream_names.clear();
   S->next_buf = 0;
+  S->host_values_allocated = false;
   S->spare_names[0].clear();
   S->spare_names[1].clear();
   S->fake_pinned.clear();
   S->last_site = "null";
   S->external_accesses = S->foreign_threads = S->bad_regions = 0;
+  S->pool_allocations_outside_capture = 0;
+  S->captures.store(0);
 }
+
+// The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
+void set_captures(int n) { S->captures.store(n); }
 
 py::bytes drain() {
   std::string out;
@@ -921,11 +935,12 @@ std::string stream_id(uint64_t raw, int device) {
 
 void set_fake_stream(uint64_t raw) { S->fake_stream = raw; }
 
-// Tests: an allocation (`alloc`) or a free of the caching allocator, as its tracker reports them.
-void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream) {
+// Tests: an allocation (`alloc`) or a free of the caching allocator, as its tracker reports them
+// (`pool`: from a graph pool or a MemPool).
+void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, bool pool) {
   if (!S->fake_device) return;
   std::lock_guard<std::mutex> g(S->mu);
-  traced(alloc, addr, size, stream, 0);
+  traced(alloc, addr, size, stream, 0, pool);
 }
 
 // Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned block
@@ -981,6 +996,7 @@ py::dict counters() {
   d["external_accesses"] = S->external_accesses;
   d["foreign_threads"] = S->foreign_threads;
   d["bad_regions"] = S->bad_regions;
+  d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
   d["live_device_buffers"] = S->device_bufs.size();
   d["live_pinned_buffers"] = S->pinned_bufs.size();
   d["tracker"] = S->tracker_attached;
@@ -1001,8 +1017,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_id", &stream_id);
   m.def("set_fake_stream", &set_fake_stream);
   m.def("fake_pin", &fake_pin);
-  m.def("fake_trace", &fake_trace);
+  m.def("fake_trace", &fake_trace, py::arg("alloc"), py::arg("addr"), py::arg("size"), py::arg("stream"),
+        py::arg("pool") = false);
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);
+  m.def("set_captures", &set_captures);
 }
