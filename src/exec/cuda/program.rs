@@ -33,6 +33,17 @@
 //!   every later access of memory that reuses the freed bytes waits for those fences first (a
 //!   stream op with `cuStreamWaitEvent`, a host access with `cuEventSynchronize`).
 //!
+//! - **CUDA graphs**: `graph_begin` is `cuStreamBeginCapture` on its stream (relaxed mode);
+//!   the program's ops on a capturing stream (and on the streams that join the capture by waiting
+//!   on one of its events) are issued as usual and captured by the driver, with their checksums
+//!   and a `spin_at` delay each; `graph_end` is `cuStreamEndCapture` and
+//!   `cuGraphInstantiate`; `graph_launch` is `cuGraphLaunch` on the launch's stream. Allocations
+//!   during a capture come from the graph pools of the resolver ([`crate::exec`]'s `graphs`),
+//!   laid out in device memory reserved for them before the run. Events recorded in a capture are
+//!   made anew at its end (they count as never recorded afterwards). A `record_stream` fence of
+//!   memory a captured op touches is waited for by every launch of the graph (a capturing stream
+//!   cannot wait on an event recorded outside its capture).
+//!
 //! Kernels are those of [`crate::kernels`]: a launch at op index `i` runs `hash_launch` with
 //! `op_id = i` once per write region `j`, reads in order (the first [`MAX_READS`] of them; every
 //! read region is observed); a memset writes [`memset_word`]`(i)`; a copy is the `copy_words`
@@ -57,6 +68,12 @@
 //! after the op is ordered after them too: they add no race of their own. Runs are only ever
 //! compared with other runs on the device, never with the simulator.
 //!
+//! A captured op's checksums are captured too, into slots of the graph that each replay zeroes
+//! and fills; after each `graph_launch`, copies on the launch's stream (ordered after the whole
+//! replay) move them into slots of that launch, observed under the replayed op's number
+//! ([`crate::exec::ReplayNumbering`]: the `k`-th replayed op of a run is op `program.len() + k`).
+//! A launch of a graph on another stream than its previous one also waits for those copies.
+//!
 //! # Schedules
 //!
 //! The scheduler holds ops back ([`Scheduler::hold`]):
@@ -69,6 +86,13 @@
 //!   a `spin` kernel of 1 to 4 ms (chosen by the seed), so that the ops that are not ordered after
 //!   it run first. A held host op (host read or write, allocation) cannot be delayed on the device
 //!   and is not.
+//!
+//! A replay is scheduled op by op like the simulator's: before each `cuGraphLaunch` the scheduler
+//! is asked about every replayed op by its number, and the answer sets the captured `spin_at`
+//! delay before that op (a `fill` kernel on the launch's stream writes it), so a provocation may
+//! hold one op inside a replay. A sequential run captures each op after every earlier captured op
+//! of its graph (internal events between the lanes) and synchronizes after the launch; during a
+//! capture it synchronizes the streams that are not capturing instead of the device.
 //!
 //! # Errors
 //!
