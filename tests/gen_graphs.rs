@@ -160,7 +160,7 @@ fn graph_programs_run_on_the_simulator_as_their_reports_say() {
             if let Some(b) = unexplained(&report, &reference, &o) {
                 panic!("seed {seed}, schedule {k}: {b:?} differ with no hazard on them\n{p}");
             }
-            divergent += usize::from(o.diverging(&reference).len() > 0);
+            divergent += usize::from(!o.diverging(&reference).is_empty());
         }
         if report.is_clean() {
             continue;
