@@ -829,11 +829,12 @@ impl<D: Decisions> Builder<D> {
     }
 
     /// A captured access by stream `p` to buffers among `bufs`: a kernel writing one region (and
-    /// perhaps reading another) or a memset. Returns the buffers it touched.
+    /// perhaps reading another, and often its own output: a step of an iteration, so that each
+    /// replay writes new values) or a memset. Returns the buffers it touched.
     fn body_access(&mut self, p: usize, bufs: &[usize]) -> Vec<usize> {
         let w = self.pick(bufs);
         let dst = self.span(w);
-        if self.chance(0.25) {
+        if self.chance(0.1) {
             self.emit(Op::Memset {
                 stream: stream_name(p),
                 dst: self.region(dst),
@@ -842,6 +843,9 @@ impl<D: Decisions> Builder<D> {
         }
         let mut reads = Vec::new();
         let mut touched = vec![w];
+        if self.chance(0.6) {
+            reads.push(self.region(dst));
+        }
         if self.chance(0.7) {
             let r = self.pick(bufs);
             let src = self.span(r);

@@ -24,6 +24,15 @@
 //! how hazards are planted: data races, unsafe frees, and reuse races when the block of an unsafe
 //! free is handed out again.
 //!
+//! With [`GenConfig::graphs`], a step may also capture a CUDA graph (`g0`, `g1`) or launch one:
+//! a capture on a stream, perhaps forked to a second stream and joined back, over live buffers and
+//! temporaries from the graph's pool (private, or `p0` shared by both graphs), temporaries perhaps
+//! freed inside the capture with or without `record_stream`; a launch on any stream after the
+//! synchronization its replay's accesses need with the work around it (through the stream the
+//! other graph was last launched on, for a replay's accesses), unless a coin leaves it out. The
+//! model replays a launch on participants of its own (`g0/c`), with pools as arenas of the
+//! allocator model, as the trace format says.
+//!
 //! # The model
 //!
 //! The generator keeps its own small model of the trace format's happens-before rules (vector
