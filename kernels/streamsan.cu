@@ -117,6 +117,14 @@ extern "C" __global__ void spin(unsigned long long ns) {
     }
 }
 
+// Only waits: keeps its stream busy for *ns nanoseconds, read when it starts (a delay a captured
+// graph takes from memory, so that each replay may wait differently).
+extern "C" __global__ void spin_at(const unsigned int* ns) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        ss_wait_ns((unsigned long long)*((volatile const unsigned int*)ns));
+    }
+}
+
 // *out += sum over i < n of fmix(p[i] ^ i), wrapping; the host zeroes *out first.
 // blockDim.x must be a multiple of 32.
 extern "C" __global__ void checksum(const unsigned int* p, unsigned int n,

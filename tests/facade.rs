@@ -22,6 +22,10 @@ use streamsan::Checker;
 #[path = "../examples/cudarc_port.rs"]
 mod port;
 
+#[allow(dead_code)]
+#[path = "../examples/cudarc_graphs.rs"]
+mod graphs;
+
 /// (kind, op, buffer) of every hazard.
 fn hazards(run: &Checked) -> Vec<(String, u64, String)> {
     run.report
@@ -420,4 +424,191 @@ fn the_recorded_trace_holds_the_facade_ops() {
             "memcpy_dtoh"
         ]
     );
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------------------
+
+#[test]
+fn a_static_input_copied_during_a_replay_is_reported_at_the_copy_naming_the_captured_kernel() {
+    let mut wrong = None;
+    let Some(run) = run_with(&Builder::new(), |ctx| {
+        let out = graphs::program(ctx, false)?;
+        if !ctx.is_simulated() {
+            wrong = Some(
+                out.iter()
+                    .enumerate()
+                    .filter(|&(i, &x)| x != 2.0 * i as f32)
+                    .count(),
+            );
+        }
+        Ok(())
+    }) else {
+        return;
+    };
+    // op 11: the captured `step` reads `static_in` (b1); op 19: the replay on s1; op 20: the
+    // loader's copy into b1 on s2, ordered after nothing of the replay.
+    assert_eq!(
+        hazards(&run),
+        triples(&[("data-race", 20, "b1")]),
+        "{:#?}",
+        run.report.hazards
+    );
+    let conflict = &run.report.hazards[0].conflicts[0];
+    assert_eq!((conflict.op, conflict.captured), (19, Some(11)));
+    assert_eq!(conflict.participant, "g1/s1");
+    let trace = run
+        .trace
+        .as_ref()
+        .expect("a run with a hazard writes its trace");
+    assert_eq!(
+        replay(trace),
+        hazards(&run),
+        "streamsan check reproduces it"
+    );
+    if let Some(wrong) = wrong {
+        // On a GPU the copy lands during the step's spin: the output shows the second batch.
+        println!(
+            "outputs computed from the wrong batch: {wrong} of {}",
+            graphs::N
+        );
+        assert!(wrong > 0, "the race corrupted nothing on the GPU");
+    }
+}
+
+#[test]
+fn the_fixed_graph_program_is_clean_and_computes_the_first_batch() {
+    let Some(run) = run_with(&Builder::new(), |ctx| {
+        let out = graphs::program(ctx, true)?;
+        assert_eq!(out.len(), graphs::N);
+        if !ctx.is_simulated() {
+            for (i, x) in out.iter().enumerate() {
+                assert_eq!(*x, 2.0 * i as f32, "element {i}");
+            }
+        }
+        Ok(())
+    }) else {
+        return;
+    };
+    assert!(run.report.is_clean(), "{:#?}", run.report.hazards);
+}
+
+/// Two graphs captured into one pool on one stream, the second taking the first's freed
+/// temporary, replayed on two streams (`launch_on`): a reuse race at the second launch unless it
+/// waits for the first; the trace's graph ops carry the shared pool.
+#[test]
+fn graphs_sharing_a_pool_replayed_on_two_streams_race_unless_ordered() {
+    use streamsan::cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode};
+    const MODE: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    const SRC: &str = r#"
+extern "C" __global__ void fill(float *out, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (float)i;
+}
+extern "C" __global__ void twice(float *out, const float *in, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * in[i];
+}
+"#;
+    for fixed in [false, true] {
+        let Some(run) = run_with(&sim(), |ctx| {
+            let module = ctx.load_module(compile_ptx(SRC)?)?;
+            let (fill, twice) = (
+                module.load_function("fill")?,
+                module.load_function("twice")?,
+            );
+            let cfg = LaunchConfig::for_num_elems(1024);
+            let n = 1024usize;
+            let capture = ctx.new_stream()?;
+            let mut out_a: CudaSlice<f32> = capture.alloc_zeros(n)?;
+            let mut out_b: CudaSlice<f32> = capture.alloc_zeros(n)?;
+            let pool = ctx.graph_pool_handle()?;
+            let mut graphs = Vec::new();
+            for out in [&mut out_a, &mut out_b] {
+                capture.begin_capture_in(MODE, &pool)?;
+                let mut tmp: CudaSlice<f32> = capture.alloc_zeros(n)?;
+                unsafe {
+                    capture
+                        .launch_builder(&fill)
+                        .arg(&mut tmp)
+                        .arg(&n)
+                        .launch(cfg)
+                }?;
+                unsafe {
+                    capture
+                        .launch_builder(&twice)
+                        .arg(out)
+                        .arg(&tmp)
+                        .arg(&n)
+                        .launch(cfg)
+                }?;
+                drop(tmp);
+                let graph = capture
+                    .end_capture(CUgraphInstantiate_flags_enum(0))?
+                    .ok_or("empty")?;
+                assert_eq!(graph.pool().id(), pool.id());
+                graphs.push(graph);
+            }
+            let a = capture.fork()?;
+            let b = capture.fork()?;
+            graphs[0].launch_on(&a)?;
+            if fixed {
+                b.join(&a)?;
+            }
+            graphs[1].launch_on(&b)?;
+            ctx.synchronize()?;
+            Ok(())
+        }) else {
+            return;
+        };
+        let kinds: Vec<&str> = run.report.hazards.iter().map(|h| h.kind.as_str()).collect();
+        if fixed {
+            assert!(run.report.is_clean(), "{:#?}", run.report.hazards);
+        } else {
+            assert!(
+                !kinds.is_empty() && kinds.iter().all(|k| *k == "reuse-race"),
+                "{:#?}",
+                run.report.hazards
+            );
+        }
+    }
+}
+
+#[test]
+fn captures_record_graph_ops_in_the_trace_and_pool_ids_name_the_pool() {
+    use streamsan::cudarc::driver::sys::{CUgraphInstantiate_flags_enum, CUstreamCaptureMode};
+    let ctx = CudaContext::simulated().expect("a simulated context");
+    let s = ctx.new_stream().expect("a stream");
+    let pool = ctx.graph_pool_handle().expect("a pool");
+    s.begin_capture_in(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED, &pool)
+        .expect("begin");
+    assert_eq!(
+        s.capture_status().expect("status"),
+        streamsan::cudarc::driver::CaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    );
+    let mut x: CudaSlice<u32> = s.alloc_zeros(16).expect("alloc in the capture");
+    s.memset_zeros(&mut x).expect("a memset");
+    drop(x);
+    let g = s
+        .end_capture(CUgraphInstantiate_flags_enum(0))
+        .expect("end")
+        .expect("a graph");
+    g.upload().expect("upload");
+    g.launch().expect("launch");
+    let trace = ctx.session().trace().expect("the trace");
+    let ops: Vec<&Op> = trace
+        .iter()
+        .map(|t| &t.op)
+        .filter(|o| o.is_graph_op())
+        .collect();
+    assert_eq!(ops.len(), 3);
+    assert!(
+        matches!(ops[0], Op::GraphBegin { graph, pool: Some(p), .. } if graph.as_str() == "g1" && p.as_str() == "pool1"),
+        "{ops:?}"
+    );
+    assert!(matches!(ops[2], Op::GraphLaunch { graph, .. } if graph.as_str() == "g1"));
+    // The free of the pool buffer is a caching free (no stream), not a captured one.
+    assert!(trace
+        .iter()
+        .any(|t| matches!(&t.op, Op::Free { stream: None, .. })));
+    assert!(ctx.finish().expect("the report").is_clean());
 }

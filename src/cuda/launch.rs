@@ -152,6 +152,7 @@ pub struct Kernels {
     fill: CudaFunction,
     copy_words: CudaFunction,
     spin: CudaFunction,
+    spin_at: CudaFunction,
     checksum: CudaFunction,
     compare: CudaFunction,
     max_blocks: u32,
@@ -183,6 +184,7 @@ impl Kernels {
             fill: function("fill")?,
             copy_words: function("copy_words")?,
             spin: function("spin")?,
+            spin_at: function("spin_at")?,
             checksum: function("checksum")?,
             compare: function("compare")?,
             max_blocks: multiprocessors.saturating_mul(BLOCKS_PER_SM).max(1),
@@ -355,6 +357,27 @@ impl Kernels {
         unsafe { self.launch(stream, &self.spin, 1, &mut params) }
     }
 
+    /// Enqueues `spin_at`: a one-thread kernel that keeps `stream` busy for the number of
+    /// nanoseconds in the `u32` at device address `ns`, read when it starts (a captured delay
+    /// that each replay of a graph may set anew, e.g. with [`Kernels::fill`]).
+    ///
+    /// # Safety
+    ///
+    /// `ns` must be 4-byte aligned device-accessible memory that stays allocated until the
+    /// launch (or every replay of a graph that captured it) is done.
+    pub unsafe fn spin_at(&self, stream: &Stream, ns: u64) -> Result<(), GpuError> {
+        if ns % 4 != 0 {
+            return Err(GpuError::InvalidArgument(format!(
+                "spin_at's delay {ns:#x} is not 4-byte aligned"
+            )));
+        }
+        let mut p = ns;
+        let mut params = [arg(&mut p)];
+        // SAFETY: the value matches `spin_at(const unsigned int*)`; the caller guarantees the
+        // word.
+        unsafe { self.launch(stream, &self.spin_at, 1, &mut params) }
+    }
+
     /// Enqueues `checksum`: adds [`crate::kernels::checksum`] of `src` to the `u64` at device
     /// address `out`, which the caller zeroes first (e.g. [`Stream::memset_d32`] of 2 words).
     ///
@@ -425,6 +448,7 @@ mod tests {
             "fill",
             "copy_words",
             "spin",
+            "spin_at",
             "checksum",
             "compare",
         ] {

@@ -39,11 +39,13 @@
 //! Every type here is `Send + Sync`; each call makes its context current on the calling thread
 //! first (cudarc's `bind_to_thread`), which also returns any error parked by an earlier `Drop`.
 
+mod graph;
 mod launch;
 mod memory;
 mod require;
 mod stream;
 
+pub use graph::Graph;
 pub use launch::{Kernels, BLOCK_THREADS, KERNELS_SOURCE};
 pub use memory::PinnedBuffer;
 pub use require::{gpu_need, gpu_or_skip, gpu_required, GpuNeed, REQUIRE_GPU_ENV};

@@ -26,6 +26,7 @@
 //! | calling a function | [`CudaStream::launch_builder`], [`PushKernelArg::arg`], [`LaunchArgs::launch`] | `launch`: `&x` reads `x`, `&mut y` writes `y` |
 //! | `memcpy` | [`CudaStream::memcpy_htod`], [`CudaStream::memcpy_dtoh`], [`CudaStream::memcpy_dtod`] | see each call |
 //! | page-locked memory | [`PinnedHostSlice`] ([`CudaContext::alloc_pinned`]) | `alloc` of `pinned` memory, `copy`, `host_read`, `host_write` |
+//! | recording a macro, playing it back | [`CudaStream::begin_capture`], [`CudaStream::end_capture`] → [`CudaGraph`], [`CudaGraph::launch`], [`CudaGraph::launch_on`] | `graph_begin`, the captured ops, `graph_end`, `graph_launch` |
 //!
 //! Element types are any [`DeviceRepr`]: the integers, `f32`, `f64`, `half::bf16`, `half::f16`,
 //! arrays, and your own `#[repr(C)]` structs. Views record their exact byte ranges, so two
@@ -65,11 +66,16 @@
 //! - [`PinnedHostSlice`] is read and written by copy ([`PinnedHostSlice::read`],
 //!   [`PinnedHostSlice::write`]), not through `as_slice`/`as_mut_slice` references.
 //! - Events do not time (`elapsed_ms` is absent), `launch` returns no timing events, and
-//!   cudarc's graphs, unified memory, peer copies and multiple devices are not wrapped.
+//!   cudarc's unified memory, peer copies and multiple devices are not wrapped.
+//! - Graphs ([`CudaStream::begin_capture`], [`CudaStream::end_capture`], [`CudaGraph`]) are
+//!   cudarc's, plus replay on any stream ([`CudaGraph::launch_on`]) and shared memory pools
+//!   ([`CudaContext::graph_pool_handle`], [`CudaStream::begin_capture_in`]); the capture mode and
+//!   instantiation flags are accepted and change nothing (see [`CaptureMode`]).
 //! - The session's calls that cudarc lacks (`record_stream`, blocking streams, named handles,
 //!   external regions) are on [`CudaContext::session`].
 
 mod context;
+mod graph;
 mod launch;
 mod memory;
 pub mod nvrtc;
@@ -77,6 +83,7 @@ mod slice;
 mod stream;
 
 pub use context::{CudaContext, DriverError, EventFlags};
+pub use graph::{CaptureMode, CaptureStatus, CudaGraph, GraphInstantiateFlags};
 pub use launch::{CudaFunction, CudaModule, LaunchArgs, LaunchConfig, PushKernelArg};
 pub use memory::{HostSlice, PinnedHostSlice};
 pub use slice::{
@@ -88,6 +95,7 @@ pub use stream::{CudaEvent, CudaStream};
 /// The driver API's safe layer, as `cudarc::driver`.
 pub mod driver {
     pub use super::context::{CudaContext, DriverError, EventFlags};
+    pub use super::graph::{CaptureMode, CaptureStatus, CudaGraph, GraphInstantiateFlags};
     pub use super::launch::{CudaFunction, CudaModule, LaunchArgs, LaunchConfig, PushKernelArg};
     pub use super::memory::{HostSlice, PinnedHostSlice};
     pub use super::slice::{

@@ -1,6 +1,6 @@
 //! Every backend as one type.
 
-use super::backend::{Backend, Fence, Issued, Op, SimMemory, StreamKey};
+use super::backend::{Backend, Fence, GraphKey, Issued, Op, SimMemory, StreamKey};
 #[cfg(feature = "cuda")]
 use super::cuda;
 use super::error::ExecError;
@@ -92,6 +92,62 @@ impl Backend for AnyBackend {
         match self {
             AnyBackend::Sim(_) => None,
             AnyBackend::Cuda(d) => d.context(),
+        }
+    }
+
+    fn captures(&self) -> bool {
+        match self {
+            AnyBackend::Sim(_) => false,
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.captures(),
+        }
+    }
+
+    fn graph_begin(&mut self, stream: StreamKey) -> Result<(), ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.graph_begin(stream),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.graph_begin(stream),
+        }
+    }
+
+    fn graph_end(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.graph_end(graph, stream),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.graph_end(graph, stream),
+        }
+    }
+
+    fn graph_launch(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.graph_launch(graph, stream),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.graph_launch(graph, stream),
+        }
+    }
+
+    fn graph_destroy(&mut self, graph: GraphKey) {
+        match self {
+            AnyBackend::Sim(d) => d.graph_destroy(graph),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.graph_destroy(graph),
+        }
+    }
+
+    fn next_device_segment(&self) -> Option<u64> {
+        match self {
+            AnyBackend::Sim(d) => d.next_device_segment(),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.next_device_segment(),
+        }
+    }
+
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        match self {
+            AnyBackend::Sim(d) => d.map_device_segment(bytes),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(d) => d.map_device_segment(bytes),
         }
     }
 }

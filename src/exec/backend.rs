@@ -10,6 +10,9 @@ pub type StreamKey = crate::alloc::StreamKey;
 /// An event of a backend: a dense key.
 pub type EventKey = u32;
 
+/// A captured graph of a backend that captures ([`Backend::captures`]): a dense key.
+pub type GraphKey = u32;
+
 /// The synchronization behaviour of a stream, as in the trace format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StreamKind {
@@ -409,5 +412,45 @@ pub trait Backend: Send {
     #[cfg(feature = "cuda")]
     fn context(&self) -> Option<std::sync::Arc<cudarc::driver::CudaContext>> {
         None
+    }
+
+    /// Whether the backend captures graphs itself (a GPU: stream capture). A backend that does
+    /// not runs every op at once, and its caller keeps a graph's body and replays it op by op
+    /// (as a [`Session`](crate::Session) does on the simulator).
+    fn captures(&self) -> bool {
+        false
+    }
+
+    /// Starts capturing the work issued on `stream` (with [`Backend::captures`]): the stream ops
+    /// issued on it, and on the streams that join it by waiting on an event recorded in the
+    /// capture, are recorded instead of run.
+    fn graph_begin(&mut self, stream: StreamKey) -> Result<(), ExecError> {
+        let _ = stream;
+        Err(ExecError::InvalidArgument(
+            "this backend does not capture graphs".into(),
+        ))
+    }
+
+    /// Ends the capture begun on `stream` and keeps its graph as `graph` (replacing any graph of
+    /// that key).
+    fn graph_end(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        let _ = (graph, stream);
+        Err(ExecError::InvalidArgument(
+            "this backend does not capture graphs".into(),
+        ))
+    }
+
+    /// Replays `graph` on `stream`: after the work issued on `stream` so far, and before any work
+    /// issued on it later.
+    fn graph_launch(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        let _ = (graph, stream);
+        Err(ExecError::InvalidArgument(
+            "this backend does not capture graphs".into(),
+        ))
+    }
+
+    /// Forgets `graph` (its handle was dropped): replays already launched still run.
+    fn graph_destroy(&mut self, graph: GraphKey) {
+        let _ = graph;
     }
 }

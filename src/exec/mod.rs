@@ -53,8 +53,8 @@ pub mod cuda;
 
 pub use any::AnyBackend;
 pub use backend::{
-    Backend, EventKey, Fence, Fill, Issued, Kernel, Op, SimMemory, Span, Spans, StreamKey,
-    StreamKind,
+    Backend, EventKey, Fence, Fill, GraphKey, Issued, Kernel, Op, SimMemory, Span, Spans,
+    StreamKey, StreamKind,
 };
 pub use error::ExecError;
 pub use graphs::{replay_numbering, ReplayNumbering};

@@ -58,6 +58,9 @@
 //! | the host touching pinned memory | [`PinnedBuffer::read`], [`PinnedBuffer::write_with`] | `host_read`, `host_write` |
 //! | `cudaStreamSynchronize`, `cudaEventSynchronize`, `cudaDeviceSynchronize` | [`Stream::synchronize`], [`Event::synchronize`], [`Session::synchronize`] | `stream_sync`, `event_sync`, `device_sync` |
 //! | `cudaStreamQuery`, `cudaEventQuery` | [`Stream::query`], [`Event::query`] | `stream_query`, `event_query` with the real result |
+//! | `torch.cuda.graph` / stream capture | [`Stream::begin_capture`], [`Stream::begin_capture_in`], [`Stream::end_capture`] → [`Graph`] | `graph_begin` (`pool`), the captured ops, `graph_end` |
+//! | `CUDAGraph.replay()` | [`Graph::launch`] | `graph_launch` |
+//! | `torch.cuda.graph_pool_handle()`, `pool=` | [`Session::graph_pool`], [`Graph::pool`] → [`GraphPool`] | the `pool` of `graph_begin` |
 //!
 //! # Backends
 //!
@@ -131,12 +134,14 @@ use crate::trace::TraceOp;
 
 mod buffer;
 pub(crate) mod core;
+mod graph;
 mod handle;
 mod launch;
 
 pub use self::core::{BackendKind, SessionConfig, SessionError};
 pub use crate::exec::sim::SimOutOfMemory;
 pub use buffer::{AsRegion, DeviceBuffer, Element, PinnedBuffer, Region};
+pub use graph::{Graph, GraphPool};
 pub use handle::{Event, Stream, StreamKind};
 pub use launch::{Launch, LaunchError, RawLaunch};
 

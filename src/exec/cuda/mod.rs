@@ -30,7 +30,8 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaContext};
 
 use super::backend::{
-    Backend, EventKey, Fence, Fill, Issued, Kernel, Op, Span, Spans, StreamKey, StreamKind,
+    Backend, EventKey, Fence, Fill, GraphKey, Issued, Kernel, Op, Span, Spans, StreamKey,
+    StreamKind,
 };
 use super::error::ExecError;
 use crate::alloc::{AllocatorStats, DeviceCachingAllocator, HostCachingAllocator};
@@ -77,6 +78,16 @@ pub struct CudaDevice {
     /// size (managed memory is pinned memory here).
     placed: [Option<(u64, u64)>; 3],
     copies: Copies,
+    /// Captured graphs, by key (`None`: destroyed).
+    graphs: Vec<Option<device_layer::Graph>>,
+    /// Segments of graph memory pools: fresh `cuMemAlloc` memory that `device` never hands out.
+    pool_segments: GpuSegments,
+    /// The streams capturing now (origins of a capture).
+    capturing: Vec<StreamKey>,
+    /// A program run's memory for graph pools: (base, extent, bytes handed out so far). Pool
+    /// segments are placed contiguously from `base`, as the model's device address space places
+    /// segments; `None` for a session (each pool segment is then mapped when asked for).
+    pub(crate) pool_space: Option<(u64, u64, u64)>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -121,6 +132,10 @@ impl CudaDevice {
         kernel_copies: bool,
     ) -> Self {
         CudaDevice {
+            pool_segments: GpuSegments::new(gpu.clone()),
+            graphs: Vec::new(),
+            capturing: Vec::new(),
+            pool_space: None,
             streams: vec![Some(gpu.legacy_stream())],
             device: DeviceCachingAllocator::new(device),
             pinned: HostCachingAllocator::new(pinned),
@@ -425,17 +440,37 @@ impl CudaDevice {
         Ok(())
     }
 
+    /// Whether `stream` is capturing (the origin of a capture or a stream that joined one), as
+    /// the driver says (`cuStreamIsCapturing`).
+    fn is_capturing(&self, stream: StreamKey) -> Result<bool, ExecError> {
+        let s = self.stream(stream)?;
+        s.bind()?;
+        // SAFETY: `raw` is a live stream of this backend (or the legacy handle).
+        let status = unsafe { cudarc::driver::result::stream::is_capturing(s.raw()) }
+            .map_err(GpuError::from)?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Waits for the device and releases everything a program run made: streams, events,
     /// segments. Returns the first error.
     pub(crate) fn release(&mut self) -> Result<(), ExecError> {
+        // A capture left open by a failed run is ended and its graph dropped.
+        for s in std::mem::take(&mut self.capturing) {
+            if let Some(Some(stream)) = self.streams.get(s as usize) {
+                let _ = stream.end_capture();
+            }
+        }
         let synced = self.gpu.synchronize();
+        self.graphs.clear();
         self.events.clear();
         self.fences.clear();
         self.pending.clear();
         self.retired.clear();
         self.streams.truncate(1);
         let unmapped = self.device.memory_mut().release();
+        let pools = self.pool_segments.release();
         self.pinned.memory_mut().release();
+        let unmapped = unmapped.and(pools);
         synced.and(unmapped).map_err(ExecError::from)
     }
 }
@@ -673,6 +708,11 @@ impl Backend for CudaDevice {
     }
 
     fn fence(&mut self, stream: StreamKey) -> Result<Option<Fence>, ExecError> {
+        if !self.capturing.is_empty() && self.is_capturing(stream)? {
+            // Captured work runs nothing now: there is nothing to wait for (and an event recorded
+            // in a capture cannot be waited on outside it).
+            return Ok(None);
+        }
         let e = self.gpu.new_event()?;
         e.record(self.stream(stream)?)?;
         self.fences.push(e);
@@ -682,8 +722,11 @@ impl Backend for CudaDevice {
         }))
     }
 
-    fn fence_done(&self, _: Fence) -> bool {
-        false
+    fn fence_done(&self, fence: Fence) -> bool {
+        // An error counts as not done: the fence is kept.
+        self.fences
+            .get(fence.mark as usize)
+            .is_some_and(|e| e.query().unwrap_or(false))
     }
 
     fn release_stream(&mut self, stream: StreamKey) {
@@ -706,6 +749,73 @@ impl Backend for CudaDevice {
 
     fn context(&self) -> Option<Arc<CudaContext>> {
         Some(self.gpu.context().clone())
+    }
+
+    fn captures(&self) -> bool {
+        true
+    }
+
+    fn graph_begin(&mut self, stream: StreamKey) -> Result<(), ExecError> {
+        // The kernels are compiled and loaded before the capture: module loading is no work to
+        // capture.
+        self.gpu.kernels()?;
+        self.stream(stream)?.begin_capture()?;
+        self.capturing.push(stream);
+        Ok(())
+    }
+
+    fn graph_end(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        self.capturing.retain(|&s| s != stream);
+        let g = self.stream(stream)?.end_capture()?;
+        let k = graph as usize;
+        if self.graphs.len() <= k {
+            self.graphs.resize_with(k + 1, || None);
+        }
+        // An empty capture has no graph: its launches run nothing.
+        self.graphs[k] = g;
+        Ok(())
+    }
+
+    fn graph_launch(&mut self, graph: GraphKey, stream: StreamKey) -> Result<(), ExecError> {
+        let s = self.stream(stream)?;
+        match self.graphs.get(graph as usize) {
+            Some(Some(g)) => Ok(g.launch(s)?),
+            Some(None) => Ok(()),
+            None => Err(ExecError::InvalidArgument(format!(
+                "no graph of key {graph}"
+            ))),
+        }
+    }
+
+    fn graph_destroy(&mut self, graph: GraphKey) {
+        if let Some(g) = self.graphs.get_mut(graph as usize) {
+            *g = None;
+        }
+    }
+
+    fn next_device_segment(&self) -> Option<u64> {
+        self.pool_space.map(|(base, _, used)| base + used)
+    }
+
+    fn map_device_segment(&mut self, bytes: u64) -> Result<u64, ExecError> {
+        match &mut self.pool_space {
+            // A program run's: the next bytes of the memory reserved for its pools, zeroed.
+            Some((base, extent, used)) => {
+                let at = *base + *used;
+                let end = used
+                    .checked_add(bytes)
+                    .filter(|&e| e <= *extent)
+                    .ok_or_else(|| {
+                        ExecError::InvalidArgument(format!(
+                            "graph pools need more than the {extent} bytes reserved for them"
+                        ))
+                    })?;
+                *used = end;
+                Ok(at)
+            }
+            // A session's: fresh `cuMemAlloc` memory, kept until the backend is dropped.
+            None => Ok(self.pool_segments.map_now(bytes)?),
+        }
     }
 }
 

@@ -33,6 +33,17 @@
 //!   every later access of memory that reuses the freed bytes waits for those fences first (a
 //!   stream op with `cuStreamWaitEvent`, a host access with `cuEventSynchronize`).
 //!
+//! - **CUDA graphs**: `graph_begin` is `cuStreamBeginCapture` on its stream (relaxed mode);
+//!   the program's ops on a capturing stream (and on the streams that join the capture by waiting
+//!   on one of its events) are issued as usual and captured by the driver, with their checksums
+//!   and a `spin_at` delay each; `graph_end` is `cuStreamEndCapture` and
+//!   `cuGraphInstantiate`; `graph_launch` is `cuGraphLaunch` on the launch's stream. Allocations
+//!   during a capture come from the graph pools of the resolver ([`crate::exec`]'s `graphs`),
+//!   laid out in device memory reserved for them before the run. Events recorded in a capture are
+//!   made anew at its end (they count as never recorded afterwards). A `record_stream` fence of
+//!   memory a captured op touches is waited for by every launch of the graph (a capturing stream
+//!   cannot wait on an event recorded outside its capture).
+//!
 //! Kernels are those of [`crate::kernels`]: a launch at op index `i` runs `hash_launch` with
 //! `op_id = i` once per write region `j`, reads in order (the first [`MAX_READS`] of them; every
 //! read region is observed); a memset writes [`memset_word`]`(i)`; a copy is the `copy_words`
@@ -57,6 +68,12 @@
 //! after the op is ordered after them too: they add no race of their own. Runs are only ever
 //! compared with other runs on the device, never with the simulator.
 //!
+//! A captured op's checksums are captured too, into slots of the graph that each replay zeroes
+//! and fills; after each `graph_launch`, copies on the launch's stream (ordered after the whole
+//! replay) move them into slots of that launch, observed under the replayed op's number
+//! ([`crate::exec::ReplayNumbering`]: the `k`-th replayed op of a run is op `program.len() + k`).
+//! A launch of a graph on another stream than its previous one also waits for those copies.
+//!
 //! # Schedules
 //!
 //! The scheduler holds ops back ([`Scheduler::hold`]):
@@ -70,6 +87,13 @@
 //!   it run first. A held host op (host read or write, allocation) cannot be delayed on the device
 //!   and is not.
 //!
+//! A replay is scheduled op by op like the simulator's: before each `cuGraphLaunch` the scheduler
+//! is asked about every replayed op by its number, and the answer sets the captured `spin_at`
+//! delay before that op (a `fill` kernel on the launch's stream writes it), so a provocation may
+//! hold one op inside a replay. A sequential run captures each op after every earlier captured op
+//! of its graph (internal events between the lanes) and synchronizes after the launch; during a
+//! capture it synchronizes the streams that are not capturing instead of the device.
+//!
 //! # Errors
 //!
 //! Every failure — a driver error, an allocation the device cannot serve, an op this executor does
@@ -82,10 +106,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use super::{CudaDevice, GpuSegments, PinnedSegments};
-use crate::alloc::{DeviceCachingAllocator, HostCachingAllocator, Memory, ModelMemory};
-use crate::cuda::{DeviceRegion, Gpu, GpuError};
-use crate::exec::backend::{Backend, Fill, Issued, Kernel, Op as ExecOp, Span, StreamKey};
+use crate::alloc::{
+    device_segment_size, round_device_size, DeviceCachingAllocator, HostCachingAllocator, Memory,
+    ModelMemory,
+};
+use crate::cuda::{DeviceRegion, Event, Gpu, GpuError};
+use crate::exec::backend::{
+    Backend, EventKey, Fence, Fill, GraphKey, Issued, Kernel, Op as ExecOp, Span, StreamKey,
+};
 use crate::exec::error::ExecError;
+use crate::exec::graphs::BodyKind;
 use crate::exec::outcome::{Executor, Outcome};
 use crate::exec::program::Resolver;
 use crate::exec::sched::{Adversarial, Hold, RandomScheduler, Scheduler, Sequential};
@@ -257,8 +287,37 @@ fn segments_needed(program: &[TraceOp]) -> (Vec<u64>, Vec<u64>) {
         *keys.entry(name).or_insert(n)
     };
     let mut live: HashMap<Id, (MemoryKind, u64)> = HashMap::new();
+    // Which streams capture (device memory allocated on them comes from a graph pool) and which
+    // events were last recorded by one: graph by name.
+    let mut capturing: HashMap<Id, Id> = HashMap::new();
+    let mut captured_events: HashMap<Id, Id> = HashMap::new();
     for op in program {
         match &op.op {
+            Op::GraphBegin { graph, stream, .. } => {
+                capturing.insert(stream.clone(), graph.clone());
+            }
+            Op::GraphEnd { graph } => {
+                capturing.retain(|_, g| g != graph);
+                captured_events.retain(|_, g| g != graph);
+            }
+            Op::EventRecord { event, stream } => match capturing.get(stream) {
+                Some(g) => {
+                    captured_events.insert(event.clone(), g.clone());
+                }
+                None => {
+                    captured_events.remove(event);
+                }
+            },
+            Op::EventWait { stream, event } => {
+                if let Some(g) = captured_events.get(event) {
+                    capturing.entry(stream.clone()).or_insert_with(|| g.clone());
+                }
+            }
+            Op::Alloc {
+                stream: Some(s),
+                memory: MemoryKind::Device,
+                ..
+            } if capturing.contains_key(s) => {}
             Op::Alloc {
                 buffer,
                 bytes,
@@ -315,6 +374,30 @@ fn placed_extents(program: &[TraceOp]) -> [u64; 3] {
     extent
 }
 
+/// Device memory a run reserves for graph pools: enough for every device allocation of the
+/// program to map a segment of its own (an upper bound of what the pools ask for); 0 without
+/// graphs.
+fn pool_bytes_needed(program: &[TraceOp]) -> u64 {
+    if !program
+        .iter()
+        .any(|t| matches!(t.op, Op::GraphBegin { .. }))
+    {
+        return 0;
+    }
+    program
+        .iter()
+        .filter_map(|t| match &t.op {
+            Op::Alloc {
+                bytes,
+                memory: MemoryKind::Device,
+                addr: None,
+                ..
+            } if *bytes > 0 => round_device_size(*bytes).and_then(device_segment_size),
+            _ => None,
+        })
+        .fold(0u64, u64::saturating_add)
+}
+
 /// One observation of [`Outcome::reads`].
 enum Observed {
     /// Checksum slots of the device array, combined.
@@ -351,13 +434,65 @@ struct Run<'p> {
     slot_count: usize,
     next_slot: usize,
     observed: Vec<((usize, usize), Id, Observed)>,
+    /// The device array of captured delays (`u32` nanoseconds each, one per captured stream
+    /// op), how many there are, and the next free one.
+    delays: u64,
+    delay_count: usize,
+    next_delay: usize,
+    /// What the run keeps of each graph (by the resolver's index).
+    graphs: Vec<GraphRun>,
+    /// The number of the next replayed op ([`crate::exec::ReplayNumbering`]).
+    next_replayed: usize,
+}
+
+/// What a run keeps of a graph beside the resolver: how its replays are observed and delayed.
+#[derive(Default)]
+struct GraphRun {
+    /// Observations of captured ops, made by the captured checksums into *scratch* slots that
+    /// every replay overwrites: (captured op, key, buffer, scratch slots). Each launch copies
+    /// them into slots of its own.
+    obs: Vec<(usize, usize, Id, Vec<usize>)>,
+    /// The delay of each captured stream op: (captured op, index in the delay array).
+    delays: Vec<(usize, usize)>,
+    /// `record_stream` fences of the memory its captured ops touch: every launch waits for them
+    /// first (a capturing stream cannot wait on an event recorded outside its capture).
+    fences: Vec<Fence>,
+    /// Program events recorded during its capture: made anew when it ends (a captured event
+    /// counts as never recorded afterwards).
+    events: Vec<EventKey>,
+    /// Internal events: the serialization of a sequential run's capture, and the end of the
+    /// latest launch (with its stream), which a launch on another stream waits for.
+    internal: Vec<Event>,
+    last: Option<(StreamKey, usize)>,
 }
 
 impl<'p> Run<'p> {
     fn new(gpu: &Arc<Gpu>, program: &'p [TraceOp]) -> Result<Self, ExecError> {
         let setup = |e: GpuError| unsupported(0, format!("setting up the run: {e}"));
         let mut segments = GpuSegments::zeroed(gpu.clone()).map_err(setup)?;
-        let slot_count = program.iter().map(|o| slots_of(&o.op)).sum::<usize>();
+        let replayed = crate::exec::replay_numbering(program);
+        let slot_count = program.iter().map(|o| slots_of(&o.op)).sum::<usize>()
+            + replayed
+                .ops
+                .iter()
+                .map(|&(_, c)| program.get(c).map_or(0, |t| slots_of(&t.op)))
+                .sum::<usize>();
+        let delay_count = if program.iter().any(|t| t.op.is_graph_op()) {
+            program
+                .iter()
+                .filter(|t| {
+                    matches!(
+                        t.op,
+                        Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. }
+                    )
+                })
+                .count()
+        } else {
+            0
+        };
+        let delays = segments
+            .map_now(4 * delay_count.max(1) as u64)
+            .map_err(setup)?;
         let slots = segments
             .map_now(8 * slot_count.max(1) as u64)
             .map_err(setup)?;
@@ -387,14 +522,32 @@ impl<'p> Run<'p> {
             };
             placed[k] = Some((base, extent));
         }
+        let pool_bytes = pool_bytes_needed(program);
+        if pool_bytes > MAX_PLACED_BYTES {
+            return Err(unsupported(
+                0,
+                format!("the program's graph pools may need {pool_bytes} bytes; at most {MAX_PLACED_BYTES} are run"),
+            ));
+        }
+        let pool_space = match pool_bytes {
+            0 => None,
+            n => Some((segments.map_now(n).map_err(setup)?, n, 0)),
+        };
+        let mut dev = CudaDevice::with(gpu.clone(), segments, pinned, placed, true);
+        dev.pool_space = pool_space;
         Ok(Run {
             program,
-            dev: CudaDevice::with(gpu.clone(), segments, pinned, placed, true),
+            dev,
             names: Resolver::new(Some("CUDA")),
             slots,
             slot_count,
             next_slot: 0,
             observed: Vec::new(),
+            delays,
+            delay_count,
+            next_delay: 0,
+            graphs: Vec::new(),
+            next_replayed: program.len(),
         })
     }
 
@@ -403,15 +556,45 @@ impl<'p> Run<'p> {
         for i in 0..self.program.len() {
             let on_stream = matches!(
                 self.program[i].op,
-                Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. }
+                Op::Launch { .. } | Op::Copy { .. } | Op::Memset { .. } | Op::GraphLaunch { .. }
             );
             let hold = scheduler.hold(i, on_stream);
-            self.issue(i, hold)?;
-            if hold == Hold::SyncAfter {
-                self.dev
-                    .gpu
+            let sync = match &self.program[i].op {
+                Op::GraphLaunch { graph, stream } => {
+                    self.launch_graph(i, graph, stream, hold, scheduler)?
+                }
+                _ => {
+                    self.issue(i, hold)?;
+                    hold == Hold::SyncAfter
+                }
+            };
+            if sync {
+                self.synchronize(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A sequential run's synchronization after op `i`: the device, or while a capture is
+    /// underway (when CUDA forbids it) every stream that is not capturing (the legacy default
+    /// stream's sync would reach the capturing blocking streams: not that one either).
+    fn synchronize(&mut self, i: usize) -> Result<(), ExecError> {
+        if !self.names.graphs.any_capturing() {
+            return self
+                .dev
+                .gpu
+                .synchronize()
+                .map_err(driver(i, "synchronizing after the op"));
+        }
+        for k in 1..self.dev.streams.len() {
+            let key = k as StreamKey;
+            if self.names.captured(key).is_some() {
+                continue;
+            }
+            if let Some(Some(stream)) = self.dev.streams.get(k) {
+                stream
                     .synchronize()
-                    .map_err(driver(i, "synchronizing after the op"))?;
+                    .map_err(driver(i, "synchronizing a stream after the op"))?;
             }
         }
         Ok(())
@@ -497,7 +680,10 @@ impl<'p> Run<'p> {
         }
     }
 
-    /// Before a stream op: fence waits, then the scheduler's delay.
+    /// Before a stream op: fence waits, then the scheduler's delay. On a capturing stream (of
+    /// graph `g`): the fences go to the graph's launches, a sequential run orders the op after
+    /// every captured op of the graph so far, and the delay is a captured `spin_at` whose
+    /// duration each launch sets.
     fn prepare(
         &mut self,
         i: usize,
@@ -505,6 +691,9 @@ impl<'p> Run<'p> {
         regions: &[&Region],
         hold: Hold,
     ) -> Result<(), ExecError> {
+        if let Some(c) = self.names.captured(s) {
+            return self.prepare_captured(i, s, c.graph, regions, hold);
+        }
         let fences = self.names.fences(regions);
         self.dev
             .wait_fences(s, &fences)
@@ -523,6 +712,198 @@ impl<'p> Run<'p> {
         Ok(())
     }
 
+    fn prepare_captured(
+        &mut self,
+        i: usize,
+        s: StreamKey,
+        g: usize,
+        regions: &[&Region],
+        hold: Hold,
+    ) -> Result<(), ExecError> {
+        if self.graphs.len() <= g {
+            self.graphs.resize_with(g + 1, GraphRun::default);
+        }
+        for f in self.names.fences(regions) {
+            if !self.graphs[g].fences.contains(&f) {
+                self.graphs[g].fences.push(f);
+            }
+        }
+        if hold == Hold::SyncAfter {
+            // A sequential run: the body becomes a chain in body order.
+            let lanes = self.names.graphs.graphs[g].lanes.clone();
+            for t in lanes.into_iter().filter(|&t| t != s) {
+                let e = self
+                    .dev
+                    .gpu
+                    .new_event()
+                    .map_err(driver(i, "serializing a capture"))?;
+                let (from, to) = (
+                    self.dev.stream(t).map_err(|e| unsupported(i, e))?,
+                    self.dev.stream(s).map_err(|e| unsupported(i, e))?,
+                );
+                e.record(from).map_err(driver(i, "serializing a capture"))?;
+                to.wait(&e).map_err(driver(i, "serializing a capture"))?;
+                self.graphs[g].internal.push(e);
+            }
+        }
+        let d = self.next_delay;
+        if d >= self.delay_count {
+            return Err(unsupported(i, "ran out of captured delays"));
+        }
+        self.next_delay += 1;
+        self.graphs[g].delays.push((i, d));
+        let kernels = self
+            .dev
+            .gpu
+            .kernels()
+            .map_err(driver(i, "capturing a delay"))?;
+        let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
+        // SAFETY: the word lies in the run's delay array, mapped until the run is released
+        // (which waits for the device first), so every replay of the graph may read it.
+        unsafe { kernels.spin_at(stream, self.delays + 4 * d as u64) }
+            .map_err(driver(i, "capturing a delay"))
+    }
+
+    /// Moves the observations made since `from` (by captured op `i` of graph `g`) to the graph:
+    /// its launches observe them.
+    fn capture_observations(&mut self, g: usize, i: usize, from: usize) {
+        if self.graphs.len() <= g {
+            self.graphs.resize_with(g + 1, GraphRun::default);
+        }
+        for ((_, k), buffer, obs) in self.observed.drain(from..) {
+            if let Observed::Slots(slots) = obs {
+                self.graphs[g].obs.push((i, k, buffer, slots));
+            }
+        }
+    }
+
+    /// A `graph_launch` of `graph` on `stream` as op `i` (`cuGraphLaunch`), held as the scheduler
+    /// says, each replayed op delayed as the scheduler says for its number. Returns whether a
+    /// sequential run synchronizes after it.
+    fn launch_graph(
+        &mut self,
+        i: usize,
+        graph: &Id,
+        stream: &Id,
+        hold: Hold,
+        scheduler: &mut dyn Scheduler,
+    ) -> Result<bool, ExecError> {
+        let s = self.names.stream(i, stream, &mut self.dev)?;
+        if self.names.captured(s).is_some() {
+            return Err(unsupported(i, "a graph launched on a capturing stream"));
+        }
+        let g = self.names.graph_launch(i, graph, &mut self.dev)?;
+        if self.graphs.len() <= g {
+            self.graphs.resize_with(g + 1, GraphRun::default);
+        }
+        // The replayed ops' numbers, in body order.
+        let mut ids: HashMap<usize, usize> = HashMap::new();
+        for b in &self.names.graphs.graphs[g].body {
+            ids.insert(b.op, self.next_replayed);
+            self.next_replayed += 1;
+        }
+        let mut sync = hold == Hold::SyncAfter;
+        // This launch's delays: (delay, nanoseconds), as the scheduler holds each replayed op.
+        let mut delays: Vec<(usize, u32)> = Vec::new();
+        for &(captured, d) in &self.graphs[g].delays {
+            let id = ids.get(&captured).copied().unwrap_or(captured);
+            let ns = match scheduler.hold(id, true) {
+                Hold::Spin(ns) => u32::try_from(ns).unwrap_or(u32::MAX),
+                Hold::SyncAfter => {
+                    sync = true;
+                    0
+                }
+                Hold::None => 0,
+            };
+            delays.push((d, ns));
+        }
+        if let Some((t, e)) = self.graphs[g].last {
+            if t != s {
+                // Launches of one graph are ordered: this one also waits for the copies of the
+                // previous launch's observations.
+                let stream = self.dev.stream(s).map_err(|x| unsupported(i, x))?;
+                if let Some(ev) = self.graphs[g].internal.get(e) {
+                    stream
+                        .wait(ev)
+                        .map_err(driver(i, "ordering launches of one graph"))?;
+                }
+            }
+        }
+        let fences = self.graphs[g].fences.clone();
+        self.dev
+            .wait_fences(s, &fences)
+            .map_err(self.names.failed(i, "waiting for a record_stream fence"))?;
+        {
+            let kernels = self
+                .dev
+                .gpu
+                .kernels()
+                .map_err(driver(i, "delaying the launch"))?;
+            let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
+            // Written by kernels on the launch stream, right before the launch (a copy from the
+            // host might make the host wait for the stream).
+            for (d, ns) in delays {
+                let word = DeviceRegion::new(self.delays + 4 * d as u64, 1);
+                // SAFETY: the word lies in the run's delay array, mapped until the run is
+                // released, which waits for the device first.
+                unsafe { kernels.fill(stream, word, ns) }
+                    .map_err(driver(i, "setting a replay's delays"))?;
+            }
+            if let Hold::Spin(ns) = hold {
+                kernels
+                    .spin(stream, ns)
+                    .map_err(driver(i, "delaying the launch"))?;
+            }
+        }
+        self.dev
+            .graph_launch(g as GraphKey, s)
+            .map_err(self.names.failed(i, "launching a graph"))?;
+        // The replay's observations, copied on the launch stream (after the whole replay) into
+        // slots of this launch.
+        let obs = self.graphs[g].obs.clone();
+        for (captured, k, buffer, scratch) in obs {
+            let id = ids.get(&captured).copied().unwrap_or(captured);
+            let mut fresh = Vec::with_capacity(scratch.len());
+            for from in scratch {
+                let to = self.next_slot;
+                if to >= self.slot_count {
+                    return Err(unsupported(i, "ran out of checksum slots"));
+                }
+                self.next_slot += 1;
+                let span = |slot: usize| Span {
+                    memory: MemoryKind::Device,
+                    addr: self.slots + 8 * slot as u64,
+                    bytes: 8,
+                    gen: 0,
+                    external: false,
+                };
+                self.dev
+                    .issue(
+                        i as u64,
+                        ExecOp::Copy {
+                            stream: s,
+                            src: span(from),
+                            dst: span(to),
+                            fences: &[],
+                        },
+                    )
+                    .map_err(self.names.failed(i, "copying a replay's observation"))?;
+                fresh.push(to);
+            }
+            self.observe(id, k, &buffer, Observed::Slots(fresh));
+        }
+        let end = self
+            .dev
+            .gpu
+            .new_event()
+            .map_err(driver(i, "marking a launch's end"))?;
+        end.record(self.dev.stream(s).map_err(|e| unsupported(i, e))?)
+            .map_err(driver(i, "marking a launch's end"))?;
+        self.graphs[g].internal.push(end);
+        self.graphs[g].last = Some((s, self.graphs[g].internal.len() - 1));
+        Ok(sync)
+    }
+
     /// Enqueues a checksum of `span` on stream `s` into a fresh slot.
     fn checksum_slot(&mut self, i: usize, s: StreamKey, span: &Span) -> Result<usize, ExecError> {
         let slot = self.next_slot;
@@ -537,7 +918,14 @@ impl<'p> Run<'p> {
             .gpu
             .kernels()
             .map_err(driver(i, "enqueuing a checksum"))?;
+        let capturing = self.names.captured(s).is_some();
         let stream = self.dev.stream(s).map_err(|e| unsupported(i, e))?;
+        if capturing {
+            // A captured checksum adds into its slot at every replay: the replay zeroes it first.
+            // SAFETY: the slot lies in the slot array, mapped until the run is released.
+            unsafe { stream.memset_d32(DeviceRegion::new(out, 2), 0) }
+                .map_err(driver(i, "enqueuing a checksum"))?;
+        }
         // SAFETY: the span lies in a live buffer of this run and the slot in the slot array; both
         // stay mapped until the run is released, which waits for the device first.
         unsafe { kernels.checksum(stream, region, out) }
@@ -554,14 +942,41 @@ impl<'p> Run<'p> {
         let index = i as u64;
         let program = self.program;
         match &program[i].op {
-            Op::GraphBegin { .. } | Op::GraphEnd { .. } | Op::GraphLaunch { .. } => {
-                return Err(unsupported(
-                    i,
-                    format!(
-                        "{}: CUDA graphs are not supported yet",
-                        program[i].op.name()
-                    ),
-                ));
+            Op::GraphBegin {
+                graph,
+                stream,
+                pool,
+            } => {
+                self.names
+                    .graph_begin(i, graph, stream, pool.as_ref(), &mut self.dev)?;
+                let s = self.names.stream(i, stream, &mut self.dev)?;
+                self.dev
+                    .graph_begin(s)
+                    .map_err(self.names.failed(i, "beginning a capture"))?;
+            }
+            Op::GraphEnd { graph } => {
+                let g = self.names.graphs.by_name(graph).ok_or_else(|| {
+                    unsupported(i, format!("graph {graph} is not being captured"))
+                })?;
+                let origin = self.names.graphs.graphs[g].lanes[0];
+                self.names.graph_end(i, graph)?;
+                self.dev
+                    .graph_end(g as GraphKey, origin)
+                    .map_err(self.names.failed(i, "ending a capture"))?;
+                // Events recorded in the capture count as never recorded from now on.
+                let events = self
+                    .graphs
+                    .get(g)
+                    .map(|r| r.events.clone())
+                    .unwrap_or_default();
+                for event in events {
+                    self.dev
+                        .issue(index, ExecOp::EventCreate { event })
+                        .map_err(self.names.failed(i, "renewing a captured event"))?;
+                }
+            }
+            Op::GraphLaunch { .. } => {
+                return Err(unsupported(i, "a graph launch outside the run's loop"));
             }
             Op::StreamCreate {
                 stream,
@@ -608,6 +1023,8 @@ impl<'p> Run<'p> {
                 ..
             } => {
                 let s = self.names.stream(i, stream, &mut self.dev)?;
+                let captured = self.names.captured(s);
+                let from = self.observed.len();
                 let r: Vec<(Id, Span)> = reads
                     .iter()
                     .map(|x| Ok((x.buffer.clone(), self.names.span(i, x)?)))
@@ -650,9 +1067,15 @@ impl<'p> Run<'p> {
                     let slot = self.checksum_slot(i, s, x)?;
                     self.observe(i, WRITE_KEY + j, name, Observed::Slots(vec![slot]));
                 }
+                if let Some(c) = captured {
+                    self.names.capture_access(i, c, &program[i].op)?;
+                    self.capture_observations(c.graph, i, from);
+                }
             }
             Op::Copy { stream, src, dst } => {
                 let s = self.names.stream(i, stream, &mut self.dev)?;
+                let captured = self.names.captured(s);
+                let from = self.observed.len();
                 let (a, b) = (self.names.span(i, src)?, self.names.span(i, dst)?);
                 if a.bytes != b.bytes {
                     return Err(unsupported(i, "copy regions of different lengths"));
@@ -677,9 +1100,15 @@ impl<'p> Run<'p> {
                 let out = self.checksum_slot(i, s, &b)?;
                 self.observe(i, 0, &src.buffer, Observed::Slots(vec![pre, post]));
                 self.observe(i, WRITE_KEY, &dst.buffer, Observed::Slots(vec![out]));
+                if let Some(c) = captured {
+                    self.names.capture_access(i, c, &program[i].op)?;
+                    self.capture_observations(c.graph, i, from);
+                }
             }
             Op::Memset { stream, dst } => {
                 let s = self.names.stream(i, stream, &mut self.dev)?;
+                let captured = self.names.captured(s);
+                let from = self.observed.len();
                 let d = self.names.span(i, dst)?;
                 self.prepare(i, s, &[dst], hold)?;
                 let op_id = u32::try_from(i).map_err(|_| unsupported(i, "op index too large"))?;
@@ -696,6 +1125,10 @@ impl<'p> Run<'p> {
                     .map_err(self.names.failed(i, "enqueuing a memset"))?;
                 let out = self.checksum_slot(i, s, &d)?;
                 self.observe(i, WRITE_KEY, &dst.buffer, Observed::Slots(vec![out]));
+                if let Some(c) = captured {
+                    self.names.capture_access(i, c, &program[i].op)?;
+                    self.capture_observations(c.graph, i, from);
+                }
             }
             Op::HostRead { buffer } => {
                 let span = self.names.span(i, buffer)?;
@@ -754,6 +1187,15 @@ impl<'p> Run<'p> {
             Op::EventRecord { event, stream } => {
                 let stream = self.names.stream(i, stream, &mut self.dev)?;
                 let event = self.names.event(event);
+                if self.names.graphs.any_capturing() && self.names.graphs.record(i, event, stream) {
+                    // Captured (the driver records it into the graph): renewed at the end.
+                    if let Some(c) = self.names.captured(stream) {
+                        if self.graphs.len() <= c.graph {
+                            self.graphs.resize_with(c.graph + 1, GraphRun::default);
+                        }
+                        self.graphs[c.graph].events.push(event);
+                    }
+                }
                 self.dev
                     .issue(index, ExecOp::EventRecord { event, stream })
                     .map_err(self.names.failed(i, "recording an event"))?;
@@ -761,6 +1203,20 @@ impl<'p> Run<'p> {
             Op::EventWait { stream, event } => {
                 let stream = self.names.stream(i, stream, &mut self.dev)?;
                 let event = self.names.event(event);
+                if self.names.graphs.any_capturing() && self.names.graphs.wait(i, stream, event) {
+                    // Captured, or joining a capture: the driver takes a wait on an event of the
+                    // capture; one on an event never recorded in it has no effect and is not
+                    // issued (a capturing stream cannot wait on an event from outside).
+                    let of_capture = self.names.captured(stream).is_some_and(|c| {
+                        matches!(
+                            self.names.graphs.graphs[c.graph].body.last(),
+                            Some(b) if matches!(b.kind, BodyKind::Wait(Some(_)))
+                        )
+                    });
+                    if !of_capture {
+                        return Ok(());
+                    }
+                }
                 self.dev
                     .issue(index, ExecOp::EventWait { stream, event })
                     .map_err(self.names.failed(i, "waiting on an event"))?;
@@ -817,10 +1273,13 @@ impl<'p> Run<'p> {
         if self.names.recorded(buffer) {
             return Ok(());
         }
+        // A pool buffer's memory stays with its pool (its graph's replays keep using it), and a
+        // capturing stream runs nothing now: nothing to observe.
         let Some(b) = self
             .names
             .buffer(buffer)
-            .filter(|b| b.fences.is_empty())
+            .filter(|b| b.fences.is_empty() && b.pool.is_none())
+            .filter(|b| self.names.captured(b.owner).is_none())
             .cloned()
         else {
             return Ok(());

@@ -50,6 +50,18 @@ fn pinned_only(r: &Region) -> Result<(), SessionError> {
 }
 
 impl State {
+    /// A copy from or to pageable memory on `stream`: not on a capturing stream (CUDA cannot
+    /// capture it, and it synchronizes).
+    fn pageable_check(&self, stream: u32) -> Result<(), SessionError> {
+        self.graphs.check_stream(stream)?;
+        if self.is_capturing(stream) {
+            return Err(SessionError::Capture(
+                "a copy from or to pageable memory on a capturing stream".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Records a pageable copy as a launch on `stream`, followed by a stream sync if `synced`.
     fn record_pageable_copy(
         &mut self,
@@ -101,8 +113,9 @@ impl Core {
         let mut st = self.lock()?;
         let op = st.next_op;
         if st.backend.runs_work() {
-            st.backend.issue(
+            st.issue_stream_op(
                 op,
+                s,
                 Op::Launch {
                     stream: s,
                     kernel: Kernel::Hash {
@@ -114,6 +127,8 @@ impl Core {
                     fences: &[],
                 },
             )?;
+        } else {
+            st.graphs.check_stream(s)?;
         }
         st.record_launch(s, name, reads.iter(), writes.iter(), Some(site));
         Ok(op)
@@ -135,6 +150,13 @@ impl Core {
         self.regions(reads.iter().chain(writes.iter()))?;
         let mut st = self.lock()?;
         let op = st.next_op;
+        st.graphs.check_stream(s)?;
+        if st.is_capturing(s) && !st.backend.captures() {
+            return Err(SessionError::Capture(
+                "a kernel run by a closure cannot be captured on the simulator (it runs now)"
+                    .into(),
+            ));
+        }
         let (r, w) = (reads.to_vec(), writes.to_vec());
         st.backend.issue(op, Op::RunNow { stream: s, spin_ns })?;
         let result = {
@@ -203,8 +225,9 @@ impl Core {
                 },
                 KernelExec::Hash(_) => Kernel::Standin { id, name },
             };
-            st.backend.issue(
+            st.issue_stream_op(
                 op,
+                s,
                 Op::Launch {
                     stream: s,
                     kernel,
@@ -213,6 +236,8 @@ impl Core {
                     fences: &[],
                 },
             )?;
+        } else {
+            st.graphs.check_stream(s)?;
         }
         st.record_launch(s, Cow::Borrowed(name), reads, writes, Some(site));
         Ok(op)
@@ -240,8 +265,9 @@ impl Core {
         }
         let mut st = self.lock()?;
         let op = st.next_op;
-        st.backend.issue(
+        st.issue_stream_op(
             op,
+            s,
             Op::Copy {
                 stream: s,
                 src: src.span(),
@@ -270,8 +296,9 @@ impl Core {
         }
         let mut st = self.lock()?;
         let op = st.next_op;
-        st.backend.issue(
+        st.issue_stream_op(
             op,
+            s,
             Op::Memset {
                 stream: s,
                 dst: dst.span(),
@@ -308,6 +335,7 @@ impl Core {
             )));
         }
         let mut st = self.lock()?;
+        st.pageable_check(s)?;
         let op = st.next_op;
         st.backend.issue(
             op,
@@ -336,6 +364,7 @@ impl Core {
         let s = self.stream(stream)?;
         self.region(&src)?;
         let mut st = self.lock()?;
+        st.pageable_check(s)?;
         let op = st.next_op;
         let bytes = match st.backend.issue(
             op,

@@ -35,6 +35,15 @@ pub enum SessionError {
     /// different lengths, a bad name, too many reads for the hash kernel, …).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A call that CUDA rejects during a stream capture (the trace format's bad input of CUDA
+    /// graphs): a host sync of a capturing stream or of a captured event, a device sync while a
+    /// capture is underway, a capturing stream waiting on an event recorded outside its capture,
+    /// a stream-ordered free on a capturing stream, a copy from or to pageable memory on a
+    /// capturing stream, a capture begun on the legacy default stream or on a stream already
+    /// capturing, a capture ended on a stream that is not its origin, a launch on a capturing
+    /// stream, …
+    #[error("not allowed during a capture: {0}")]
+    Capture(String),
     /// A handle or region of another session was passed.
     #[error("a stream, event, buffer or region of another session was passed")]
     WrongSession,

@@ -13,6 +13,7 @@
 
 mod data;
 mod error;
+mod graph;
 mod kernel;
 mod names;
 mod raw;
@@ -35,6 +36,7 @@ pub use error::{LaunchError, SessionError};
 pub use raw::RawLaunch;
 pub use region::Region;
 
+pub(crate) use graph::{GraphRef, PoolRef};
 pub(crate) use kernel::{KernelExec, LaunchDesc};
 use names::Names;
 pub(crate) use record::Loc;
@@ -141,6 +143,8 @@ struct Live {
     owner: Option<u32>,
     /// Streams named by `record_stream`, other than the owner.
     fences: Vec<u32>,
+    /// The graph memory pool it came from (allocated on a capturing stream).
+    pool: Option<u32>,
 }
 
 /// What the lock protects.
@@ -155,6 +159,7 @@ pub(crate) struct State {
     next_buffer: u64,
     names: Names,
     live: HashMap<u64, Live>,
+    graphs: graph::Graphs,
 }
 
 impl State {
@@ -205,23 +210,42 @@ impl State {
 
     /// Frees a live buffer on the backend and records the free.
     fn free(&mut self, region: &Region, to: Option<u32>, site: Loc) -> Result<(), SessionError> {
-        let Some(live) = self.live.remove(&region.key) else {
+        if let Some(t) = to {
+            self.graphs.check_stream(t)?;
+            if self.is_capturing(t) {
+                return Err(SessionError::Capture(
+                    "a stream-ordered free on a capturing stream".into(),
+                ));
+            }
+        }
+        let Some(mut live) = self.live.remove(&region.key) else {
             return Err(SessionError::InvalidArgument(
                 "the buffer is not live in this session".into(),
             ));
         };
         self.names.remove_buffer(&live.id);
         let op = self.next_op;
-        self.backend.issue(
-            op,
-            Op::Free {
-                span: region.span(),
-                owner: live.owner.unwrap_or(0),
-                to,
-                record_streams: &live.fences,
-                placed: false,
-            },
-        )?;
+        let owner = live.owner.unwrap_or(0);
+        if let Some(pool) = live.pool {
+            // Back to its pool, whose memory stays the graphs'.
+            let addr = region.span().addr;
+            if region.bytes > 0 {
+                self.pool_free(pool, addr, to.unwrap_or(owner), &live.fences)?;
+            }
+        } else {
+            // Captured work runs nothing now: a capturing stream has nothing to wait for.
+            live.fences.retain(|&s| self.graphs.capture_of(s).is_none());
+            self.backend.issue(
+                op,
+                Op::Free {
+                    span: region.span(),
+                    owner,
+                    to,
+                    record_streams: &live.fences,
+                    placed: false,
+                },
+            )?;
+        }
         self.record(Rec::Free {
             key: region.key,
             stream: to,
@@ -261,6 +285,7 @@ impl Core {
             next_buffer: 1,
             names: Names::new(),
             live: HashMap::new(),
+            graphs: graph::Graphs::default(),
         };
         Ok(Core {
             session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
@@ -352,6 +377,7 @@ impl Core {
             },
         )?;
         st.next_stream += 1;
+        st.graphs.stream_created(key, kind == StreamKind::Blocking);
         st.names.add_stream(&id);
         st.record(Rec::StreamCreate {
             key,
@@ -427,19 +453,28 @@ impl Core {
             None => 0,
         };
         let mut st = self.lock()?;
+        let pool = if memory == MemoryKind::Device {
+            st.graphs.check_stream(skey)?;
+            st.alloc_pool(skey)
+        } else {
+            None
+        };
         let id = st.names.buffer(name, memory)?;
         let op = st.next_op;
-        let addr = match st.backend.issue(
-            op,
-            Op::Alloc {
-                memory,
-                bytes,
-                stream: skey,
-                at: None,
+        let addr = match pool {
+            Some(p) => st.pool_alloc(p, bytes, skey)?,
+            None => match st.backend.issue(
+                op,
+                Op::Alloc {
+                    memory,
+                    bytes,
+                    stream: skey,
+                    at: None,
+                },
+            )? {
+                Issued::Allocated(a) => a,
+                _ => None,
             },
-        )? {
-            Issued::Allocated(a) => a,
-            _ => None,
         };
         let key = st.next_buffer;
         st.next_buffer += 1;
@@ -450,6 +485,7 @@ impl Core {
                 id: id.clone(),
                 owner,
                 fences: Vec::new(),
+                pool,
             },
         );
         st.names.add_buffer(&id);
@@ -528,7 +564,13 @@ impl Core {
             );
             return;
         };
-        let to = to.map(|s| s.key);
+        let mut to = to.map(|s| s.key);
+        let pooled = st.live.get(&region.key).is_some_and(|l| l.pool.is_some());
+        if to.is_some_and(|t| pooled || st.is_capturing(t)) {
+            // A pool buffer, or a buffer whose stream is capturing, is dropped by a caching free:
+            // a stream-ordered free cannot be captured, and a pool's memory stays with the pool.
+            to = None;
+        }
         if let Err(e) = st.free(region, to, None) {
             st.park(e);
         }
@@ -563,8 +605,10 @@ impl Core {
         op: impl FnOnce(u32) -> Op<'static>,
         key: u32,
         rec: Rec,
+        check: impl FnOnce(&graph::Graphs) -> Result<(), SessionError>,
     ) -> Result<(), SessionError> {
         let mut st = self.lock()?;
+        check(&st.graphs)?;
         let index = st.next_op;
         st.backend.issue(index, op(key))?;
         st.record(rec);
@@ -582,14 +626,18 @@ impl Core {
         let mut st = self.lock()?;
         let op = st.next_op;
         if st.backend.runs_work() {
-            st.backend.issue(
+            st.issue_stream_op(
                 op,
+                s,
                 Op::EventRecord {
                     event: e,
                     stream: s,
                 },
             )?;
+        } else {
+            st.graphs.check_stream(s)?;
         }
+        st.graphs.event_recorded(e, s);
         st.record(Rec::EventRecord {
             event: e,
             stream: s,
@@ -607,8 +655,13 @@ impl Core {
         let e = self.event(event)?;
         let s = self.stream(stream)?;
         let mut st = self.lock()?;
+        st.graphs.check_stream(s)?;
         let op = st.next_op;
-        if st.backend.runs_work() {
+        let captured = st.graphs.event_wait(s, e)?;
+        // A captured wait (or one that joins a capture) is the driver's on a GPU, nothing now on
+        // the simulator; a capturing stream's wait on an event never recorded has no effect.
+        let issue = !captured || (st.backend.captures() && st.graphs.is_captured_event(e));
+        if st.backend.runs_work() && issue {
             st.backend.issue(
                 op,
                 Op::EventWait {
@@ -638,6 +691,7 @@ impl Core {
                 event: e,
                 site: Some(site),
             },
+            |g| g.check_event_sync(e, "an event synchronization"),
         )
     }
 
@@ -648,6 +702,7 @@ impl Core {
     ) -> Result<bool, SessionError> {
         let e = self.event(event)?;
         let mut st = self.lock()?;
+        st.graphs.check_event_sync(e, "an event query")?;
         let op = st.next_op;
         let complete = st.backend.issue(op, Op::EventQuery { event: e })? == Issued::Complete(true);
         st.record(Rec::EventQuery {
@@ -671,6 +726,7 @@ impl Core {
                 stream: s,
                 site: Some(site),
             },
+            |g| g.check_stream_sync(s, "a stream synchronization"),
         )
     }
 
@@ -681,6 +737,7 @@ impl Core {
     ) -> Result<bool, SessionError> {
         let s = self.stream(stream)?;
         let mut st = self.lock()?;
+        st.graphs.check_stream_sync(s, "a stream query")?;
         let op = st.next_op;
         let complete =
             st.backend.issue(op, Op::StreamQuery { stream: s })? == Issued::Complete(true);
@@ -697,6 +754,7 @@ impl Core {
             |_| Op::DeviceSync { device: 0 },
             0,
             Rec::DeviceSync { site: Some(site) },
+            |g| g.check_device_sync(),
         )
     }
 

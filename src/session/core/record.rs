@@ -62,6 +62,17 @@ pub(crate) struct AllocRec {
     pub(crate) site: Loc,
 }
 
+/// A `graph_begin` as recorded.
+#[derive(Debug)]
+pub(crate) struct GraphBeginRec {
+    pub(crate) key: u32,
+    pub(crate) id: Id,
+    pub(crate) stream: u32,
+    /// The pool, when it is not the graph's own.
+    pub(crate) pool: Option<Id>,
+    pub(crate) site: Loc,
+}
+
 /// One recorded op, with keys instead of ids.
 #[derive(Debug)]
 pub(crate) enum Rec {
@@ -147,6 +158,17 @@ pub(crate) enum Rec {
         site: Loc,
     },
     DeviceSync {
+        site: Loc,
+    },
+    /// Boxed, as an allocation.
+    GraphBegin(Box<GraphBeginRec>),
+    GraphEnd {
+        key: u32,
+        site: Loc,
+    },
+    GraphLaunch {
+        key: u32,
+        stream: u32,
         site: Loc,
     },
     /// Names an external buffer; not an op.
@@ -330,6 +352,7 @@ pub(crate) struct Worker {
     streams: Vec<Id>,
     events: Vec<Id>,
     buffers: Vec<Id>,
+    graphs: Vec<Id>,
     sites: HashMap<usize, Site>,
 }
 
@@ -361,6 +384,7 @@ impl Worker {
             streams: vec![Id::from(DEFAULT_STREAM)],
             events: Vec::new(),
             buffers: Vec::new(),
+            graphs: Vec::new(),
             sites: HashMap::new(),
         }
     }
@@ -601,6 +625,37 @@ impl Worker {
                 site,
             ),
             Rec::DeviceSync { site } => (Op::DeviceSync { device: 0 }, site),
+            Rec::GraphBegin(begin) => {
+                let GraphBeginRec {
+                    key,
+                    id,
+                    stream,
+                    pool,
+                    site,
+                } = *begin;
+                set(&mut self.graphs, key as usize, id.clone(), Id::default());
+                (
+                    Op::GraphBegin {
+                        graph: id,
+                        stream: self.stream(stream),
+                        pool,
+                    },
+                    site,
+                )
+            }
+            Rec::GraphEnd { key, site } => (
+                Op::GraphEnd {
+                    graph: Self::id(&self.graphs, key as usize, "graph"),
+                },
+                site,
+            ),
+            Rec::GraphLaunch { key, stream, site } => (
+                Op::GraphLaunch {
+                    graph: Self::id(&self.graphs, key as usize, "graph"),
+                    stream: self.stream(stream),
+                },
+                site,
+            ),
         };
         let op = TraceOp {
             op,
