@@ -201,17 +201,17 @@ fn graph_programs_confirm_on_the_gpu() {
     );
 }
 
-/// The same graph programs as `streamsan fuzz --backend cuda` and `check --confirm cuda` hold
-/// them today (`campaign::holds_for`: a replay held as a whole launch): the figures, and no
-/// unexplained divergence.
+/// The same graph programs with their holds as `streamsan fuzz --backend cuda` and `check
+/// --confirm cuda` pass them (`campaign::holds_for`: replayed ops held one by one, as the GPU
+/// runner schedules them): the figures, and no unexplained divergence.
 #[test]
-fn graph_programs_with_launch_holds_are_explained_on_the_gpu() {
+fn graph_programs_through_holds_for_are_explained_on_the_gpu() {
     let Some(_gpu) = device() else { return };
     let mut exec = executor();
     let mut programs = graph_corpus::conformance(common::CONFORMANCE);
     programs.extend(graph_corpus::families());
     let st = graph_corpus::campaign(&mut exec, &programs, 5, 5, false);
-    graph_corpus::print("cuda (launch holds)", &st);
+    graph_corpus::print("cuda (holds_for)", &st);
     assert!(st.skipped.is_empty(), "the GPU runs every graph program");
     assert!(st.unexplained.is_empty(), "divergences no hazard explains");
 }
@@ -267,8 +267,8 @@ fn generated_graph_programs_confirm_on_the_gpu() {
 }
 
 /// The same through `run_campaign`, as `streamsan fuzz --backend cuda --graphs` runs it (its
-/// provocations hold a replay as a whole launch on a GPU: `campaign::holds_for`): no unexplained
-/// divergence; the figures, graph hazards apart.
+/// provocations go through `campaign::holds_for`): no unexplained divergence; the figures, graph
+/// hazards apart.
 #[test]
 fn campaign_of_graph_programs_has_no_unexplained_divergence() {
     let Some(_gpu) = device() else { return };

@@ -70,6 +70,12 @@ impl Outcome {
 pub trait Executor {
     /// A short name for reports (`"sim"`, `"cuda"`).
     fn name(&self) -> &'static str;
+    /// Whether a hold may name an op of a graph replay by its replayed op number
+    /// ([`replay_numbering`](super::replay_numbering)): the backend schedules replayed ops one by
+    /// one. Otherwise [`holds_for`](crate::fuzz::campaign::holds_for) holds the launch instead.
+    fn holds_replayed_ops(&self) -> bool {
+        false
+    }
     /// The sequential, issue-order result ([`Sequential`](super::Sequential)).
     fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, ExecError>;
     /// A run under an unconstrained schedule chosen by `seed`

@@ -168,13 +168,13 @@ fn numbering_of(program: &[TraceOp]) -> Option<crate::exec::ReplayNumbering> {
 }
 
 /// The holds of a provocation as `exec` takes them: a backend that does not schedule replayed
-/// ops one by one (a GPU launches a graph as a whole) holds the launch instead.
+/// ops one by one ([`Executor::holds_replayed_ops`]) holds the launch instead.
 pub fn holds_for(
     exec: &dyn Executor,
     program: &[TraceOp],
     holds: &[(usize, usize)],
 ) -> Vec<(usize, usize)> {
-    if exec.name() == "sim" {
+    if exec.holds_replayed_ops() {
         return holds.to_vec();
     }
     match numbering_of(program) {

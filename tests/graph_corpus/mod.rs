@@ -300,8 +300,8 @@ pub fn families() -> Vec<(String, Vec<TraceOp>)> {
 
 /// Runs the campaign over `programs` on `exec`: `schedules` random schedules per program, up to
 /// `attempts` provoked runs per hazard. With `raw_holds` the provocations hold replayed ops by
-/// their numbers on every backend; without, as `campaign::holds_for` says (a GPU then holds
-/// whole launches).
+/// their numbers on every backend; without, as `campaign::holds_for` says (a backend that does
+/// not schedule replayed ops one by one then holds whole launches).
 pub fn campaign(
     exec: &mut dyn Executor,
     programs: &[(String, Vec<TraceOp>)],

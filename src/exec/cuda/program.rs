@@ -211,6 +211,10 @@ impl Executor for CudaExecutor {
         "cuda"
     }
 
+    fn holds_replayed_ops(&self) -> bool {
+        true
+    }
+
     fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, ExecError> {
         self.run(program, &mut Sequential)
     }

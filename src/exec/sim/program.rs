@@ -581,6 +581,10 @@ impl Executor for SimExecutor {
     fn name(&self) -> &'static str {
         "sim"
     }
+
+    fn holds_replayed_ops(&self) -> bool {
+        true
+    }
     fn reference(&mut self, program: &[TraceOp]) -> Result<Outcome, ExecError> {
         reference(program)
     }
