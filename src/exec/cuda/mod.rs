@@ -88,6 +88,11 @@ pub struct CudaDevice {
     /// segments are placed contiguously from `base`, as the model's device address space places
     /// segments; `None` for a session (each pool segment is then mapped when asked for).
     pub(crate) pool_space: Option<(u64, u64, u64)>,
+    /// Whether [`Backend::fence_done`] asks the driver. A session issues every op as it comes,
+    /// so a fence's event covers all the work before it. A program run's scheduler holds ops
+    /// back: work that comes before a fence in the program may not be issued yet when its event
+    /// completes, so there a fence is never done (the run orders the reuse after it).
+    pub(crate) query_fences: bool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -136,6 +141,7 @@ impl CudaDevice {
             graphs: Vec::new(),
             capturing: Vec::new(),
             pool_space: None,
+            query_fences: true,
             streams: vec![Some(gpu.legacy_stream())],
             device: DeviceCachingAllocator::new(device),
             pinned: HostCachingAllocator::new(pinned),
@@ -451,15 +457,21 @@ impl CudaDevice {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
-    /// Waits for the device and releases everything a program run made: streams, events,
-    /// segments. Returns the first error.
-    pub(crate) fn release(&mut self) -> Result<(), ExecError> {
-        // A capture left open by a failed run is ended and its graph dropped.
+    /// Ends every capture still open and drops its graph: a program may end while a stream
+    /// captures (its captured work never runs), and the device cannot synchronize until then.
+    pub(crate) fn end_open_captures(&mut self) {
         for s in std::mem::take(&mut self.capturing) {
             if let Some(Some(stream)) = self.streams.get(s as usize) {
                 let _ = stream.end_capture();
             }
         }
+    }
+
+    /// Waits for the device and releases everything a program run made: streams, events,
+    /// segments. Returns the first error.
+    pub(crate) fn release(&mut self) -> Result<(), ExecError> {
+        // A capture left open by a failed run is ended and its graph dropped.
+        self.end_open_captures();
         let synced = self.gpu.synchronize();
         self.graphs.clear();
         self.events.clear();
@@ -724,9 +736,11 @@ impl Backend for CudaDevice {
 
     fn fence_done(&self, fence: Fence) -> bool {
         // An error counts as not done: the fence is kept.
-        self.fences
-            .get(fence.mark as usize)
-            .is_some_and(|e| e.query().unwrap_or(false))
+        self.query_fences
+            && self
+                .fences
+                .get(fence.mark as usize)
+                .is_some_and(|e| e.query().unwrap_or(false))
     }
 
     fn release_stream(&mut self, stream: StreamKey) {

@@ -539,6 +539,7 @@ impl<'p> Run<'p> {
         };
         let mut dev = CudaDevice::with(gpu.clone(), segments, pinned, placed, true);
         dev.pool_space = pool_space;
+        dev.query_fences = false;
         Ok(Run {
             program,
             dev,
@@ -607,6 +608,7 @@ impl<'p> Run<'p> {
     /// After the last op: waits for the device, reads the slots, checksums the live buffers.
     fn collect(&mut self) -> Result<Outcome, ExecError> {
         let end = self.program.len();
+        self.dev.end_open_captures();
         self.dev
             .gpu
             .synchronize()
