@@ -1,12 +1,12 @@
-//! The checker: drives happens-before ([`crate::order`]), shadow memory ([`crate::shadow`]) and
-//! the allocator model ([`crate::alloc`]) over a stream of ops and reports every hazard of the
+//! The checker: drives happens-before (`crate::order`), shadow memory (`crate::shadow`) and
+//! the allocator model (`crate::alloc`) over a stream of ops and reports every hazard of the
 //! trace format.
 //!
 //! Guarantee: exact under the trace format's rules — every hazard the format defines is reported,
 //! and nothing else. Each hazard kind is decided in one place: `data-race` and `reuse-race` in
 //! `Checker::check_access`, `unsafe-free` and `invalid-free` in `free`, `use-after-free` in
 //! `resolve` (and, for a graph's replay, at its launch), `wait-on-unrecorded-event` in
-//! `warn_unrecorded`. CUDA graphs — captures, pools and replays — are the [`graphs`] module's.
+//! `warn_unrecorded`. CUDA graphs — captures, pools and replays — are the `graphs` module's.
 
 use std::collections::BTreeMap;
 

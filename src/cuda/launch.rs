@@ -238,7 +238,7 @@ impl Kernels {
     }
 
     /// Enqueues `hash_launch`: writes region `j` of launch `op_id` into `out` from `reads` (at most
-    /// [`MAX_READS`]), as [`crate::kernels::hash_region_cpu`] does. With `spin_ns > 0` every block
+    /// `MAX_READS`), as `crate::kernels::hash_region_cpu` does. With `spin_ns > 0` every block
     /// first waits `spin_ns` nanoseconds, which widens race windows and does not change the result.
     ///
     /// # Safety
@@ -378,7 +378,7 @@ impl Kernels {
         unsafe { self.launch(stream, &self.spin_at, 1, &mut params) }
     }
 
-    /// Enqueues `checksum`: adds [`crate::kernels::checksum`] of `src` to the `u64` at device
+    /// Enqueues `checksum`: adds `crate::kernels::checksum` of `src` to the `u64` at device
     /// address `out`, which the caller zeroes first (e.g. [`Stream::memset_d32`] of 2 words).
     ///
     /// # Safety

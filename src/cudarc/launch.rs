@@ -295,7 +295,7 @@ impl LaunchArgs<'_> {
     /// timing events when asked; the facade's events do not time).
     ///
     /// On the simulator the kernel runs as the hash kernel over its declared regions
-    /// ([`crate::kernels`]): the values it writes differ from the real kernel's, the accesses —
+    /// (`crate::kernels`): the values it writes differ from the real kernel's, the accesses —
     /// and so the hazards — do not.
     ///
     /// # Safety

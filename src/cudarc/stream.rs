@@ -4,7 +4,7 @@ use std::fmt;
 use std::panic::Location;
 use std::sync::Arc;
 
-use crate::session::{Event, Stream};
+use crate::session::{Event, Stream, StreamKind};
 
 use super::context::{CudaContext, DriverError, EventFlags};
 
@@ -191,5 +191,61 @@ impl CudaEvent {
             .session
             .core()
             .event_query(self.event.key(), site)?)
+    }
+}
+
+/// The streams and events of a context (cudarc's `CudaContext` methods that make them).
+impl CudaContext {
+    /// The legacy default stream (cudarc's `default_stream`, the null stream; trace id
+    /// `"default"`).
+    pub fn default_stream(self: &Arc<Self>) -> Arc<CudaStream> {
+        Arc::new(CudaStream {
+            ctx: self.clone(),
+            stream: self.session.default_stream().clone(),
+        })
+    }
+
+    /// A new non-blocking stream (`CU_STREAM_NON_BLOCKING`), named `s1`, `s2`, … in reports.
+    #[track_caller]
+    pub fn new_stream(self: &Arc<Self>) -> Result<Arc<CudaStream>, DriverError> {
+        self.new_stream_at(Location::caller())
+    }
+
+    pub(crate) fn new_stream_at(
+        self: &Arc<Self>,
+        site: &'static Location<'static>,
+    ) -> Result<Arc<CudaStream>, DriverError> {
+        let stream = crate::session::Stream::create(
+            self.session.core(),
+            None,
+            StreamKind::NonBlocking,
+            site,
+        )?;
+        Ok(Arc::new(CudaStream {
+            ctx: self.clone(),
+            stream,
+        }))
+    }
+
+    /// A new event with nothing recorded, named `e1`, `e2`, … in reports. The flags do not
+    /// matter: the facade's events only order work (no timing).
+    #[track_caller]
+    pub fn new_event(
+        self: &Arc<Self>,
+        flags: Option<EventFlags>,
+    ) -> Result<CudaEvent, DriverError> {
+        let _ = flags;
+        self.new_event_at(Location::caller())
+    }
+
+    pub(crate) fn new_event_at(
+        self: &Arc<Self>,
+        site: &'static Location<'static>,
+    ) -> Result<CudaEvent, DriverError> {
+        let event = crate::session::Event::create(self.session.core(), site)?;
+        Ok(CudaEvent {
+            ctx: self.clone(),
+            event,
+        })
     }
 }

@@ -108,7 +108,7 @@ pub struct Fence {
 
 /// What a kernel launch runs.
 pub enum Kernel<'a> {
-    /// The built-in hash kernel ([`crate::kernels::hash_word`]) with this op id, one kernel per
+    /// The built-in hash kernel (`crate::kernels::hash_word`) with this op id, one kernel per
     /// write region; `spin_ns` keeps the stream busy first, to widen race windows (a spin kernel on
     /// a GPU; a lagging stream on the simulator).
     Hash {

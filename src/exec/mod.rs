@@ -5,7 +5,7 @@
 //!
 //! | backend | runs ops on | used by |
 //! |---|---|---|
-//! | [`sim::Device`] | CPU memory, with the allocator policies of [`crate::alloc`] and the kernels of [`crate::kernels`] | [`Session::simulated`](crate::session::Session::simulated), the fuzzer and `check --confirm sim`, [`sim::explore`] |
+//! | [`sim::Device`] | CPU memory, with the allocator policies of `crate::alloc` and the kernels of `crate::kernels` | [`Session::simulated`](crate::session::Session::simulated), the fuzzer and `check --confirm sim`, [`sim::explore`] |
 //! | `cuda::CudaDevice` (feature `cuda`) | a CUDA device through cudarc, with event tracking off | [`Session::cuda`](crate::session::Session), `fuzz --backend cuda`, `check --confirm cuda` |
 //!
 //! A backend takes ops in its own terms ([`Op`]): the ops of the trace format with streams and

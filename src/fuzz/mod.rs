@@ -4,7 +4,7 @@
 //! accesses of pinned memory, events, host syncs and frees over a few streams, with the
 //! synchronization a correct program needs — except where a coin leaves it out, which is how the
 //! generator plants hazards. The same generator runs from a seed ([`gen::generate`]) or from a
-//! vector of decision words that proptest shrinks ([`gen::arb_program`]). [`campaign`] runs
+//! vector of decision words that proptest shrinks (`gen::arb_program`). [`campaign`] runs
 //! generated programs on an executor (the simulator or a GPU) and holds the checker's verdicts
 //! against what the executions did.
 

@@ -34,7 +34,7 @@ use crate::report::Hazard;
 use crate::trace::{Id, MemoryKind, Op, Region, TraceOp, DEFAULT_STREAM};
 
 /// Where compressed memory of each kind starts (device, pinned, managed): the model's address
-/// spaces ([`crate::alloc::space`]).
+/// spaces (`crate::alloc::space`).
 pub use crate::alloc::space::BASES;
 
 /// A trace made runnable: see the [module docs](self).

@@ -103,9 +103,9 @@ impl<'a> Launch<'a> {
         self
     }
 
-    /// Runs the built-in hash kernel ([`crate::kernels`]): each write region `j` becomes
+    /// Runs the built-in hash kernel (`crate::kernels`): each write region `j` becomes
     /// `hash_word(op, j, i, reads[..][i])`, one kernel per write region on a GPU, where `op` is the
-    /// launch's op index (returned). At most [`MAX_READS`](crate::kernels::MAX_READS) reads.
+    /// launch's op index (returned). At most `MAX_READS` reads.
     #[inline]
     pub fn hash(mut self) -> Result<u64, SessionError> {
         self.core.launch_hash(self.stream.key(), &mut self.desc)

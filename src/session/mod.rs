@@ -69,7 +69,7 @@
 //!
 //! - [`Session::cuda`] (feature `cuda`) runs on a real GPU (`exec::cuda::CudaDevice`), with
 //!   cudarc's event tracking off: the harness adds no synchronization of its own. Device memory
-//!   comes from [`DeviceCachingAllocator`](crate::alloc::DeviceCachingAllocator) over segments
+//!   comes from `DeviceCachingAllocator` over segments
 //!   mapped with `cuMemAlloc`, so a freed block really is handed to the next allocation of its size
 //!   on its stream, as PyTorch's allocator does. `record_stream` is honoured as PyTorch honours
 //!   it: the freed block goes back to its pool only once the recorded streams' work up to the free
@@ -77,7 +77,7 @@
 //!   last handle is dropped is destroyed at the next device synchronization, or when the session
 //!   ends.
 //! - [`Session::simulated`] runs the same ops on the CPU ([`crate::exec::sim::Device`]) with the
-//!   same allocator policies and the kernel semantics of [`crate::kernels`], so a race-free
+//!   same allocator policies and the kernel semantics of `crate::kernels`, so a race-free
 //!   program computes the same words on both.
 //!   Ops run as they are issued, except that [`Launch::spin`] makes its stream lag: the launch and
 //!   everything issued after it on that stream run only when CUDA's ordering forces them (a host
@@ -86,7 +86,7 @@
 //!   data on the simulator too, deterministically.
 //!
 //! Both backends give every op the same op index, and the built-in hash kernel mixes that index
-//! into what it writes ([`crate::kernels::hash_word`]): the same program writes the same words on
+//! into what it writes (`crate::kernels::hash_word`): the same program writes the same words on
 //! both, and a run on the simulator is the reference for a run on the GPU.
 //!
 //! # What is recorded

@@ -34,7 +34,7 @@
 //! what-if's clocks are at most the real ones and its errors include the real ones; an error
 //! is new exactly when it is found with the what-if's clocks and not with the real ones. The
 //! real checker forgets only three kinds of history: what a later access of the same participant
-//! subsumes (the argument in [`crate::shadow`] holds for any happens-before that contains each
+//! subsumes (the argument in `crate::shadow` holds for any happens-before that contains each
 //! participant's own order, so for a what-if too), what the host's clock covers, and what a
 //! free's `record_stream` excuses. For the second, the checker is told to keep what a what-if's
 //! host clock (behind the real one) does not cover ([`Checker::retain`]); for the third, the

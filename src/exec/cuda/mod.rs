@@ -1,7 +1,7 @@
 //! The GPU backend: ops on a CUDA device through the device layer ([`crate::cuda`]), with
 //! cudarc's event tracking off — the backend adds no synchronization of its own.
 //!
-//! Device memory is PyTorch's caching allocator policy ([`DeviceCachingAllocator`]) over segments
+//! Device memory is PyTorch's caching allocator policy (`DeviceCachingAllocator`) over segments
 //! from `cuMemAlloc` ([`GpuSegments`]); pinned memory is the host caching allocator over
 //! `cuMemHostAlloc` buffers ([`PinnedSegments`]). So a freed block really is handed to the next
 //! allocation of its size on its stream, and really overwritten. Streams and events are the

@@ -24,7 +24,7 @@ fn take_prepared(prepared: &mut VecDeque<(u64, u64)>, bytes: u64) -> Option<u64>
     }
 }
 
-/// Device segments mapped with `cuMemAlloc`: the [`Memory`] of a GPU backend's device caching
+/// Device segments mapped with `cuMemAlloc`: the `Memory` of a GPU backend's device caching
 /// allocator.
 ///
 /// Dropping it waits for the device and unmaps every segment (`cuMemFree`), so that no work still
@@ -151,7 +151,7 @@ impl Drop for GpuSegments {
 }
 
 /// Pinned host segments from `cuMemHostAlloc` (mapped into the device address space, zeroed): the
-/// [`Memory`] of a GPU backend's host caching allocator. Addresses are device addresses.
+/// `Memory` of a GPU backend's host caching allocator. Addresses are device addresses.
 ///
 /// Dropping it frees every segment (`cuMemFreeHost`); synchronize first.
 pub struct PinnedSegments {

@@ -1,9 +1,9 @@
 //! The simulated device: runs ops on CPU memory, so that races tear data exactly as they would on
 //! a GPU.
 //!
-//! Memory comes from the allocator policies of the checker's model ([`crate::alloc`]) over
+//! Memory comes from the allocator policies of the checker's model (`crate::alloc`) over
 //! simulated arenas at the model's addresses, so a buffer freed while in use is handed out again
-//! and overwritten, exactly as on a GPU. Kernels compute [`crate::kernels::hash_word`]: each written
+//! and overwritten, exactly as on a GPU. Kernels compute `crate::kernels::hash_word`: each written
 //! word depends on the op, its index and every word read at that index, so any reordering changes
 //! the result. A launch runs one kernel per write region, in order, each reading its inputs as
 //! memory then is (a GPU's `hash_launch`).

@@ -39,7 +39,7 @@
 //! clocks over the host and the streams, events as snapshots, host syncs, the legacy default
 //! stream, allocations and frees as uses) written from the format, not borrowed from the checker,
 //! so that the two check each other. Addresses come from the allocator policies of
-//! [`crate::alloc`], the same policies the checker, the simulator and the GPU backend use, so the
+//! `crate::alloc`, the same policies the checker, the simulator and the GPU backend use, so the
 //! model knows which freed bytes a new buffer reuses.
 //!
 //! # Guarantee
@@ -82,7 +82,7 @@ pub use validate::validate;
 /// Knobs of the generator.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GenConfig {
-    /// Target length in ops: [`generate`] returns exactly this many, [`arb_program`] at most.
+    /// Target length in ops: [`generate`] returns exactly this many, `arb_program` at most.
     pub ops: usize,
     /// Number of non-default streams `s0`, `s1`, … (1..=4; other values are clamped).
     pub streams: u32,
