@@ -143,10 +143,10 @@ enum Command {
         json: bool,
         /// Instead of the pipeline, check one of the hardening shapes, generated op by op, and
         /// print the time, the peak RSS and the size of the JSON report: churn, huge, streams,
-        /// ring, loop-race, ranges, regions, live.
+        /// ring, loop-race, ranges, regions, live, graph-replays.
         #[arg(long, value_name = "SHAPE")]
         shape: Option<String>,
-        /// The shape's size (cycles, log2 of bytes, streams, rounds, ranges, regions or buffers);
+        /// The shape's size (cycles, log2 of bytes, streams, rounds, ranges, regions, buffers or replays);
         /// by default the size of the hardening issue.
         #[arg(long, requires = "shape")]
         size: Option<u64>,
