@@ -146,8 +146,8 @@ enum Command {
         /// ring, loop-race, ranges, regions, live, graph-replays.
         #[arg(long, value_name = "SHAPE")]
         shape: Option<String>,
-        /// The shape's size (cycles, log2 of bytes, streams, rounds, ranges, regions, buffers or replays);
-        /// by default the size of the hardening issue.
+        /// The shape's size (cycles, log2 of bytes, streams, rounds, ranges, regions, buffers or
+        /// replays); by default the size each shape was designed for.
         #[arg(long, requires = "shape")]
         size: Option<u64>,
     },
