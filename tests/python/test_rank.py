@@ -162,3 +162,29 @@ def test_torchrun_two_ranks_one_report_each(tmp_path):
         assert f"t-{rank}.jsonl" in text
         assert (tmp_path / f"t-{rank}.jsonl").exists()
     assert not (tmp_path / "report.txt").exists()
+
+
+def test_a_rank_waits_for_the_other_local_ranks(tmp_path, monkeypatch):
+    """A finished rank waits for its node's other ranks (torchrun stops them all at the first
+    failing exit); it goes on once every rank is marked done, or after the timeout."""
+    import time
+
+    from streamsan.torch import __main__ as cli
+
+    monkeypatch.setattr(cli.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run/1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    start = time.monotonic()
+    cli._wait_for_local_ranks(timeout=0.5)
+    assert time.monotonic() - start >= 0.5  # rank 1 never came
+    (marker_dir,) = tmp_path.iterdir()
+    assert sorted(p.name for p in marker_dir.iterdir()) == ["0.done"]
+    (marker_dir / "1.done").touch()
+    start = time.monotonic()
+    cli._wait_for_local_ranks(timeout=30)
+    assert time.monotonic() - start < 5  # everyone is done: no wait
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    start = time.monotonic()
+    cli._wait_for_local_ranks(timeout=30)  # a single worker never waits
+    assert time.monotonic() - start < 5

@@ -6,15 +6,52 @@ with the script's own status when it failed; like `python -m cProfile`.
 Under torchrun (`torchrun --nproc-per-node=N -m streamsan.torch script.py`) every rank checks
 itself: `--trace` and `-o` paths get the rank (`{rank}` in the path, or `.rankN` before the
 extension), and a report written to standard error starts with a line naming its rank and is
-written at once, not interleaved with the other ranks' lines.
+written at once, not interleaved with the other ranks' lines. A rank that is done waits for the
+other ranks of its node before it exits: torchrun stops every worker of a node as soon as one
+exits with a failure (and 1, "hazards found", is one), which would cut a slower rank's check and
+report short.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
 import sys
+import tempfile
+import time
+
+
+def _wait_for_local_ranks(timeout: float = 600.0) -> None:
+    """Under torchrun with more than one worker on this node: marks this rank done and waits (at
+    most `timeout` seconds) until every local rank is, so that no rank's failing exit makes the
+    launcher stop the others before they have written their reports. Markers are files in a
+    directory of the system's temporary directory named after the run (TORCHELASTIC_RUN_ID and
+    its restart count)."""
+    env = os.environ
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    try:
+        local_world = int(env.get("LOCAL_WORLD_SIZE", ""))
+        local_rank = int(env.get("LOCAL_RANK", ""))
+    except ValueError:
+        return
+    if not run_id or local_world <= 1 or not 0 <= local_rank < local_world:
+        return
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{run_id}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    d = os.path.join(tempfile.gettempdir(), f"streamsan-ranks-{uid}-{tag}")
+    try:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, f"{local_rank}.done"), "w"):
+            pass
+    except OSError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(os.path.exists(os.path.join(d, f"{r}.done")) for r in range(local_world)):
+            return
+        time.sleep(0.05)
 
 
 def _write_at_once(text: str) -> None:
@@ -73,6 +110,7 @@ def main(argv=None) -> int:
         if run.header is not None and a.format == "text":
             text = f"{run.header}\n{text}"
         _write_at_once(text)
+    _wait_for_local_ranks()
     if status:
         return status
     return 1 if report.errors else 0
