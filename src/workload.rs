@@ -237,7 +237,7 @@ pub enum Shape {
 }
 
 impl Shape {
-    /// Every shape, in the order of the hardening issue.
+    /// Every shape, in the order they were added.
     pub const ALL: [Shape; 9] = [
         Shape::Churn,
         Shape::Huge,
@@ -270,7 +270,7 @@ impl Shape {
         Shape::ALL.into_iter().find(|s| s.name() == name)
     }
 
-    /// The size the hardening issue gives for this shape.
+    /// The size each shape was designed for.
     pub fn default_size(self) -> u64 {
         match self {
             Shape::Churn => 1_000_000,

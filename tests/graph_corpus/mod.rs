@@ -2,7 +2,7 @@
 //! (the simulator) and `tests/device_fuzz.rs` (a GPU).
 //!
 //! The programs: every valid `tests/conformance/graph-*.jsonl` (the spec's graph cases, buggy
-//! and fixed), and families of the PyTorch graph bugs of issue 13 at several sizes and replay
+//! and fixed), and families of the PyTorch graph bugs at several sizes and replay
 //! counts (a static input copied during a replay, a static output read before the replay
 //! finished, two graphs of one pool replayed on two streams, a temporary freed inside a capture
 //! without `record_stream`, a forked stream's output read before the join inside a capture),
