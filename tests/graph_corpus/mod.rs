@@ -107,7 +107,10 @@ pub fn conformance(table: &'static [(&'static str, &'static [u8])]) -> Vec<(Stri
 /// use-after-free runs on both backends).
 pub const KNOWN_GAPS: &[(&str, &str)] = &[];
 
-/// One family member as JSON Lines.
+/// One family member as JSON Lines. Each step computes new values, as the steps of a real loop
+/// do: the next input is made from the last one, the model and the forked producer read what they
+/// write. (A kernel that writes what it wrote the replay before leaves a racing reader nothing
+/// different to see: its race is real but no run can show it.)
 fn family(kind: &str, bytes: u64, replays: usize, fixed: bool) -> String {
     let mut t = String::new();
     let mut op = |s: String| {
@@ -134,10 +137,7 @@ fn family(kind: &str, bytes: u64, replays: usize, fixed: bool) -> String {
                     op(r#"{"op":"event_record","event":"done","stream":"main"}"#.into());
                     op(r#"{"op":"event_wait","stream":"side","event":"done"}"#.into());
                 }
-                op(
-                    r#"{"op":"launch","stream":"side","name":"copy_","writes":["static_in"]}"#
-                        .into(),
-                );
+                op(r#"{"op":"launch","stream":"side","name":"copy_","reads":["static_in"],"writes":["static_in"]}"#.into());
                 op(r#"{"op":"event_record","event":"loaded","stream":"side"}"#.into());
                 op(r#"{"op":"event_wait","stream":"main","event":"loaded"}"#.into());
             }
@@ -150,7 +150,7 @@ fn family(kind: &str, bytes: u64, replays: usize, fixed: bool) -> String {
                 r#"{{"op":"alloc","buffer":"result","bytes":{bytes},"stream":"consumer"}}"#
             ));
             op(r#"{"op":"graph_begin","graph":"g","stream":"main"}"#.into());
-            op(r#"{"op":"launch","stream":"main","name":"model","writes":["static_out"]}"#.into());
+            op(r#"{"op":"launch","stream":"main","name":"model","reads":["static_out"],"writes":["static_out"]}"#.into());
             op(r#"{"op":"graph_end","graph":"g"}"#.into());
             op(r#"{"op":"event_record","event":"ready","stream":"main"}"#.into());
             op(r#"{"op":"event_wait","stream":"consumer","event":"ready"}"#.into());
@@ -244,7 +244,10 @@ fn family(kind: &str, bytes: u64, replays: usize, fixed: bool) -> String {
             op(r#"{"op":"graph_begin","graph":"g","stream":"main"}"#.into());
             op(r#"{"op":"event_record","event":"fork","stream":"main"}"#.into());
             op(r#"{"op":"event_wait","stream":"side","event":"fork"}"#.into());
-            op(r#"{"op":"launch","stream":"side","name":"produce","writes":["x"]}"#.into());
+            op(
+                r#"{"op":"launch","stream":"side","name":"produce","reads":["x"],"writes":["x"]}"#
+                    .into(),
+            );
             op(r#"{"op":"event_record","event":"join","stream":"side"}"#.into());
             if fixed {
                 op(r#"{"op":"event_wait","stream":"main","event":"join"}"#.into());
