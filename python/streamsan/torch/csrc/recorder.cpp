@@ -424,6 +424,14 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
     // View ops: every return aliases an argument and nothing is written.
     if (info.kind == Kind::Normal && !info.factory && all_alias && !any_write) info.kind = Kind::Skip;
   }
+  // A FUNCTION-scope record without an operator schema and without a namespace is not an
+  // operator but a label around one (autograd's own "detach"): the operators it runs are recorded
+  // themselves. Recorded as an op, it would read its inputs on the current stream before the
+  // syncs issued inside it.
+  if (!schema && name.find("::") == std::string::npos && info.kind == Kind::Normal &&
+      !info.factory && !info.pins) {
+    info.kind = Kind::Skip;
+  }
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
               starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
   std::lock_guard<std::mutex> g(S->mu);
