@@ -29,14 +29,14 @@ def _wait_for_local_ranks(timeout: float = 600.0) -> None:
     launcher stop the others before they have written their reports. Markers are files in a
     directory of the system's temporary directory named after the run (TORCHELASTIC_RUN_ID and
     its restart count)."""
+    from . import _rank
+
     env = os.environ
     run_id = env.get("TORCHELASTIC_RUN_ID")
-    try:
-        local_world = int(env.get("LOCAL_WORLD_SIZE", ""))
-        local_rank = int(env.get("LOCAL_RANK", ""))
-    except ValueError:
+    local_world, local_rank = _rank._int(env, "LOCAL_WORLD_SIZE"), _rank._int(env, "LOCAL_RANK")
+    if not run_id or local_world is None or local_rank is None:
         return
-    if not run_id or local_world <= 1 or not 0 <= local_rank < local_world:
+    if local_world <= 1 or not 0 <= local_rank < local_world:
         return
     tag = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{run_id}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}")
     uid = os.getuid() if hasattr(os, "getuid") else 0

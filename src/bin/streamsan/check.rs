@@ -96,27 +96,17 @@ pub(crate) fn check(
     bar.finish_and_clear();
     drop(reader);
     let implicit = checker.checker().implicit_syncs().to_vec();
-    let mut report = match &spool {
-        Some(s) if !s.failed.get() => {
-            checker.finish(Some(&Source::File(s.file.path().into())), &name)?
-        }
-        Some(_) => checker.finish(None, &name)?,
-        None => checker.finish(
-            rereadable(file)
-                .then(|| Source::File(file.clone()))
-                .as_ref(),
-            &name,
-        )?,
+    // What a second walk reads: the spooled copy, or the file itself when it can be read again.
+    let again = match &spool {
+        Some(s) if !s.failed.get() => Some(Source::File(s.file.path().to_path_buf())),
+        Some(_) => None,
+        None => rereadable(file).then(|| Source::File(file.clone())),
     };
+    let mut report = checker.finish(again.as_ref(), &name)?;
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }
-    let source = match &spool {
-        Some(s) if !s.failed.get() && explains => Some(Source::File(s.file.path().to_path_buf())),
-        Some(_) => None,
-        None if explains && rereadable(file) => Some(Source::File(file.clone())),
-        None => None,
-    };
+    let source = again.filter(|_| explains);
     if explains && spool.as_ref().is_some_and(|s| s.failed.get()) {
         eprintln!(
             "streamsan: cannot keep a copy of the input; the report will not explain its hazards"
