@@ -52,6 +52,20 @@ def _cuda_includes() -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def _cxx_standard() -> str:
+    """The C++ standard torch's headers ask for: C++20 where ATen.h requires it (newer torch),
+    else C++17."""
+    try:
+        import torch
+
+        with open(os.path.join(os.path.dirname(torch.__file__), "include", "ATen", "ATen.h")) as f:
+            if "C++20 or later" in f.read():
+                return "-std=c++20"
+    except OSError:
+        pass
+    return "-std=c++17"
+
+
 def _ninja_on_path() -> None:
     """torch builds with the `ninja` on PATH: a virtual environment's own (pip install ninja)
     is there only when the environment is activated, so its scripts folder is added."""
@@ -101,7 +115,7 @@ def load(verbose: bool = False):
                 sources=[SOURCE],
                 build_directory=build_dir(),
                 extra_include_paths=_cuda_includes(),
-                extra_cflags=["-O2", "-DNDEBUG", "-std=c++17"],
+                extra_cflags=["-O2", "-DNDEBUG", _cxx_standard()],
                 extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
                 with_cuda=False,
                 verbose=verbose,

@@ -74,12 +74,35 @@ class _Warned:
 # Sites: the innermost frame outside torch and streamsan
 
 
+def _stdlib_dirs() -> tuple[str, list[str]]:
+    """Python's standard library directory (its frames are not the user's: threading.py runs
+    the DataLoader's pin-memory thread) and the package folders inside it (site-packages: a
+    library's frames are sites as before); ("", []) when unknown."""
+    import site
+    import sysconfig
+
+    try:
+        paths = sysconfig.get_paths()
+        std = os.path.abspath(paths["stdlib"]) + os.sep
+    except Exception:
+        return "", []
+    libs = {paths.get("purelib"), paths.get("platlib")}
+    try:
+        libs.update(site.getsitepackages())
+    except Exception:
+        pass
+    libs.update(p for p in sys.path if "site-packages" in p or "dist-packages" in p)
+    inside = sorted({os.path.abspath(p) + os.sep for p in libs if p and (os.path.abspath(p) + os.sep).startswith(std)})
+    return std, inside
+
+
 class Sites:
     def __init__(self) -> None:
         import torch
 
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.own_dir = _PKG_DIR + os.sep
+        self.stdlib_dir, self.libraries = _stdlib_dirs()
         self.cwd = os.getcwd().rstrip(os.sep) + os.sep
         self.cache: dict[Any, Optional[str]] = {}
 
@@ -89,7 +112,12 @@ class Sites:
         except KeyError:
             pass
         f = code.co_filename
-        if f.startswith(self.torch_dir) or f.startswith(self.own_dir) or f.startswith("<frozen "):
+        if (
+            f.startswith(self.torch_dir)
+            or f.startswith(self.own_dir)
+            or (self.stdlib_dir and f.startswith(self.stdlib_dir) and not f.startswith(tuple(self.libraries)))
+            or f.startswith("<frozen ")
+        ):
             shown = None
         else:
             shown = f[len(self.cwd):] if f.startswith(self.cwd) else f
@@ -118,7 +146,7 @@ class Sites:
 
 
 class _OpInfo:
-    __slots__ = ("name", "kind", "arg_write", "arg_names", "fresh", "copy", "factory", "pins")
+    __slots__ = ("name", "kind", "arg_write", "arg_names", "fresh", "copy", "factory", "pins", "syncs_first")
 
     def __init__(self, func) -> None:
         schema = func._schema
@@ -140,6 +168,10 @@ class _OpInfo:
             self.kind = "skip"
         elif returns and all(r.alias_info is not None for r in returns) and not any(self.arg_write):
             self.kind = "skip"  # views
+        # The host ops issued inside an op outside aten (a custom op: its implementation waits
+        # before it computes) come before its own work; an aten op's own sync comes after its
+        # kernel (a host read: the copy, then the sync). As in the C++ recorder.
+        self.syncs_first = not name.startswith("aten::") and self.kind not in ("collective", "record_stream")
 
 
 _SKIP = {
@@ -155,10 +187,11 @@ _SKIP = {
 
 
 class _Access:
-    __slots__ = ("base", "offset", "bytes", "write", "device", "dev_index", "storage_bytes", "name")
+    __slots__ = ("base", "offset", "bytes", "write", "device", "dev_index", "storage_bytes", "name", "storage")
 
     def __init__(self) -> None:
         self.name = None
+        self.storage = None
 
 
 class PythonBackend:
@@ -180,8 +213,12 @@ class PythonBackend:
         self.size = 0
         self.threshold = 4096  # lines
         self.infos: dict[Any, _OpInfo] = {}
-        self.device_bufs: dict[int, tuple[str, int]] = {}  # base -> (quoted name, size)
-        self.pinned_bufs: dict[int, tuple[str, int]] = {}
+        # base -> (quoted name, size, the storage holding the block: a weak reference, or None).
+        # A pinned block is a buffer as long as one storage holds it: the host allocator hands
+        # it out again without tracing the free, so another storage at a known address is a new
+        # allocation (see `same_storage`).
+        self.device_bufs: dict[int, tuple[str, int, Any]] = {}
+        self.pinned_bufs: dict[int, tuple[str, int, Any]] = {}
         self.pending_allocs: dict[int, tuple[int, int, Optional[str]]] = {}  # ptr -> (stream, dev, site)
         self.streams: dict[int, str] = {}
         self.next_buf = 0
@@ -252,7 +289,7 @@ class PythonBackend:
         if a is None or a.device:
             return False
         with self.mu:
-            if not self.resolve(a):
+            if not self.resolve(a, self.sites.quoted(3)):
                 return False
         line = ('{"op":"host_write","buffer":' if write else '{"op":"host_read","buffer":') + self.put(a)
         line += _site(self.sites.quoted(3))
@@ -307,11 +344,12 @@ class PythonBackend:
         a.device = device
         a.dev_index = t.device.index or 0 if t.is_cuda else 0
         a.storage_bytes = st.nbytes()
+        a.storage = st
         return a
 
     def free_buf(self, base: int, pinned: bool, site: str) -> None:
         """Writes the free of a live buffer and forgets it; its name waits to be given again."""
-        name, _ = (self.pinned_bufs if pinned else self.device_bufs).pop(base)
+        name = (self.pinned_bufs if pinned else self.device_bufs).pop(base)[0]
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
 
@@ -330,31 +368,49 @@ class PythonBackend:
         self.next_buf += 1
         return _q(("h" if pinned else "d") + str(self.next_buf))
 
-    def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str) -> str:
+    @staticmethod
+    def same_storage(entry: tuple, storage) -> bool:
+        """Whether a live buffer is still held by `storage` (always, when its owner is unknown)."""
+        owner = entry[2]
+        return owner is None or storage is None or owner() is storage
+
+    def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str, storage=None) -> str:
         bufs = self.pinned_bufs if pinned else self.device_bufs
-        for base, (name, n) in list(bufs.items()):
-            if base < addr + size and addr < base + max(n, 1):
+        for base, entry in list(bufs.items()):
+            if base < addr + size and addr < base + max(entry[1], 1):
                 self.free_buf(base, pinned, site)
         name = self.new_name(pinned)
         mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
         self.batch.append(
             '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, addr, _site(site))
         )
-        bufs[addr] = (name, size)
+        owner = None
+        if storage is not None and (pinned or self.fake_device):
+            try:
+                owner = weakref.ref(storage)
+            except TypeError:
+                owner = None
+        bufs[addr] = (name, size, owner)
         return name
 
-    def resolve(self, a: _Access) -> bool:
+    def resolve(self, a: _Access, site: str = "null") -> bool:
+        """Finds an access's buffer (sets `a.name`); False when it cannot be written. Pinned
+        memory that no known buffer holds (a block handed out again to another storage, memory
+        pinned on another thread or before the check) is allocated here, at its first use."""
         bufs = self.device_bufs if a.device else self.pinned_bufs
         hit = bufs.get(a.base)
         if hit is None and a.device and a.base in self.pending_allocs:
-            stream, dev, site = self.pending_allocs.pop(a.base)
-            self.new_alloc(a.base, a.storage_bytes, False, self.stream_id(stream, dev), site or "null")
+            stream, dev, alloc_site = self.pending_allocs.pop(a.base)
+            self.new_alloc(a.base, a.storage_bytes, False, self.stream_id(stream, dev), alloc_site or "null")
+            hit = bufs.get(a.base)
+        if not a.device and a.storage is not None and (hit is None or not self.same_storage(hit, a.storage)):
+            self.new_alloc(a.base, a.storage_bytes, True, "null", site, a.storage)
             hit = bufs.get(a.base)
         if hit is None:
-            for base, (name, n) in bufs.items():
-                if base <= a.base < base + n:
+            for base, entry in bufs.items():
+                if base <= a.base < base + entry[1]:
                     a.offset += a.base - base
-                    hit = (name, n)
+                    hit = entry
                     break
         if hit is None:
             if not a.device:
@@ -362,7 +418,7 @@ class PythonBackend:
             a.name = _q(f"ext {a.base:#x}")
             self.counts["external_accesses"] += 1
             return True
-        name, n = hit
+        name, n = hit[0], hit[1]
         if a.offset + a.bytes > n:
             self.counts["bad_regions"] += 1
             if a.offset >= n:
@@ -407,8 +463,10 @@ class PythonBackend:
         base = t.untyped_storage().data_ptr()
         with self.mu:
             self.fake_pinned.add(base)
-            if base not in self.pinned_bufs:
-                self.new_alloc(base, t.untyped_storage().nbytes(), True, "null", self.sites.quoted(3))
+            st = t.untyped_storage()
+            known = self.pinned_bufs.get(base)
+            if known is None or not self.same_storage(known, st):
+                self.new_alloc(base, st.nbytes(), True, "null", self.sites.quoted(3), st)
 
     # -- ops
     def info(self, func) -> _OpInfo:
@@ -490,16 +548,18 @@ class PythonBackend:
                     if any(a.base == o.base for a in ins):
                         continue
                     bufs = self.device_bufs if o.device else self.pinned_bufs
-                    if o.base in bufs:
+                    known = bufs.get(o.base)
+                    # The same storage seen again, or (pinned) a block handed out again.
+                    if known is not None and self.same_storage(known, o.storage):
                         continue
-                    self.new_alloc(o.base, o.storage_bytes, not o.device, sid, site)
+                    self.new_alloc(o.base, o.storage_bytes, not o.device, sid, site, o.storage)
             if info.factory:
                 if self.rec.graphs.capturing:
                     # During a capture the allocation is a pool buffer of the capture: written
                     # now, before the capture ends, not at the buffer's first use.
                     for o in outs:
                         if o.device and o.base in self.pending_allocs:
-                            self.resolve(o)
+                            self.resolve(o, site)
                 lines.extend(pending)
                 self._maybe_flush()
                 return out
@@ -510,7 +570,7 @@ class PythonBackend:
                     dup.write = dup.write or a.write
                     continue
                 used.append(a)
-            used = [a for a in used if self.resolve(a)]
+            used = [a for a in used if self.resolve(a, site)]
             if info.kind == "record_stream":
                 for a in used:
                     if a.name.startswith('"ext '):
@@ -528,6 +588,9 @@ class PythonBackend:
                                 break
                     lines.extend(pending[:split])
                 host_value = False
+                if info.syncs_first:
+                    lines.extend(pending[split:])
+                    split = len(pending)
                 if used and frame["any_device"]:
                     reads = ",".join(self.put(a) for a in used if not a.write)
                     writes = ",".join(self.put(a) for a in used if a.write)
@@ -615,6 +678,8 @@ class NativeBackend:
         )
         self.cuda = cuda
         self.ext.reset()
+        if hasattr(self.ext, "set_stdlib_dir"):
+            self.ext.set_stdlib_dir(self.sites.stdlib_dir, self.sites.libraries)
         self.host_op = self.ext.host_op
         self.host_access = self.ext.host_access
         self.name_stream = self.ext.name_stream

@@ -15,7 +15,14 @@
 //     and owning stream), of pinned memory from the ops that return fresh pinned storage.
 // Nested ops: an op's accesses already written by ops it called are not written again.
 // Synchronizations (events, syncs) come from Python (torch.cuda._gpu_trace callbacks) through
-// host_op(); those issued inside an op are written after the op's own launch.
+// host_op(), in the order the thread issued them: those issued inside an op are written before
+// the next op it calls begins, or, when it calls none after them, after the op's own launch (a
+// host read's sync follows its copy).
+//
+// Identity is the allocator's: device buffers come from the caching allocator's trace (its
+// frees included); a pinned block is a buffer as long as one storage holds it, since the host
+// allocator hands it out again without tracing the free (a new storage at a known address is
+// a new allocation, wherever it was made: the DataLoader's pin-memory thread too).
 //
 // Locks: the allocator calls the tracker with its own lock held, so the tracker never takes the
 // GIL; it only takes `mu`. The op callbacks take the GIL (to find the user's frame) before `mu`,
@@ -33,6 +40,7 @@
 #include <charconv>
 #include <deque>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -92,7 +100,18 @@ struct Buf {
   std::string name;  // quoted
   uint64_t size;
   Mem mem;
+  // The storage that holds the block (pinned memory, and CPU storage standing for device memory
+  // in tests): the host allocator hands a block out again without a trace of its free, so a
+  // block is a new allocation when another storage holds it. Weak: the check never keeps a
+  // program's memory alive.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> owner;
 };
+
+// Whether the live buffer `b` is still the storage `impl` (always, when it has no known owner).
+bool same_storage(const Buf& b, const c10::StorageImpl* impl) {
+  if (!b.owner || impl == nullptr) return true;
+  return !b.owner->expired() && b.owner->_unsafe_get_target() == impl;
+}
 
 struct Access {
   const Buf* buf = nullptr;  // null: an external buffer (see ext_name)
@@ -104,6 +123,7 @@ struct Access {
   bool device = true;  // device memory (else pinned host memory)
   uint64_t storage_bytes = 0;
   c10::DeviceIndex device_index = 0;
+  c10::StorageImpl* impl = nullptr;  // the storage (alive while the op runs)
 };
 
 // How an op is treated.
@@ -121,6 +141,10 @@ struct OpInfo {
   bool copy = false;               // copy_ / _to_copy / to: non_blocking matters
   bool factory = false;            // empty*: allocates, touches nothing
   bool pins = false;               // _pin_memory: copies into fresh pinned memory
+  // The host ops issued inside the op (after the last op it called) come before its own work:
+  // ops outside aten (custom ops, whose implementations wait before they compute). An aten op's
+  // own sync comes after its kernel (a host read: the copy, then the sync).
+  bool syncs_first = false;
   int non_blocking_arg = -1;
   std::string name;  // quoted
 };
@@ -131,7 +155,10 @@ struct Frame {
   std::vector<Access> accesses;  // the inputs' regions (from the start callback)
   // Accesses written by ops this one called: (base, offset, bytes, write).
   std::vector<std::tuple<uint64_t, uint64_t, uint64_t, bool>> covered;
-  std::vector<std::string> pending;  // host ops issued inside this op, written after it
+  // Host ops issued inside this op since it began or since the last op it called began:
+  // written before that op's work (issue order), or after this op's own work when it ends.
+  std::vector<std::string> pending;
+  std::string collective_stream;  // a collective's stream, once a wait named it (quoted)
   bool non_blocking = false;
   bool any_device = false;
   std::string site = "null";  // quoted, or null
@@ -170,6 +197,8 @@ struct State {
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
   std::string last_site = "null";                           // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
+  std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
+  std::vector<std::string> libraries;   // site-packages folders inside stdlib_dir: not stdlib
   std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, quoted file)
   uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
   // Allocations into a graph pool or a MemPool while no capture was recorded in progress
@@ -224,6 +253,12 @@ const Buf* find_buf(std::map<uint64_t, Buf>& bufs, uint64_t addr, uint64_t* base
 bool internal_file(const std::string& f) {
   if (!S->torch_dir.empty() && f.compare(0, S->torch_dir.size(), S->torch_dir) == 0) return true;
   if (!S->own_dir.empty() && f.compare(0, S->own_dir.size(), S->own_dir) == 0) return true;
+  if (!S->stdlib_dir.empty() && f.compare(0, S->stdlib_dir.size(), S->stdlib_dir) == 0) {
+    for (const auto& lib : S->libraries) {
+      if (f.compare(0, lib.size(), lib) == 0) return false;
+    }
+    return true;
+  }
   return f.compare(0, 8, "<frozen ") == 0;
 }
 
@@ -281,11 +316,12 @@ std::string op_site() {
   PyGILState_STATE st = PyGILState_Ensure();
   std::string site = user_site();
   PyGILState_Release(st);
+  std::lock_guard<std::mutex> g(S->mu);
   if (site != "null") {
-    std::lock_guard<std::mutex> g(S->mu);
     S->last_site = site;
+    return site;
   }
-  return site;
+  return S->last_site;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,6 +357,7 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   }
   a.base = reinterpret_cast<uint64_t>(st.data());
   a.storage_bytes = st.nbytes();
+  a.impl = st.unsafeGetStorageImpl();
   a.offset = static_cast<uint64_t>(t.storage_offset()) * itemsize;
   a.bytes = extent * itemsize;
   a.write = write;
@@ -432,6 +469,8 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
       !info.factory && !info.pins) {
     info.kind = Kind::Skip;
   }
+  info.syncs_first = !starts_with(name, "aten::") && info.kind != Kind::Collective &&
+                     info.kind != Kind::RecordStream;
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
               starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
   std::lock_guard<std::mutex> g(S->mu);
@@ -460,29 +499,6 @@ void put_region(std::string& out, const Access& a) {
   out += '}';
 }
 
-// Resolves an access's buffer; false when it cannot be written (a region past its allocation).
-bool resolve(Access& a) {
-  uint64_t base = 0;
-  const Buf* b = find_buf(a.device ? S->device_bufs : S->pinned_bufs, a.base, &base);
-  if (b) {
-    a.buf = b;
-    a.offset += a.base - base;
-    if (a.offset + a.bytes > b->size) {
-      S->bad_regions++;
-      if (a.offset >= b->size) return false;
-      a.bytes = b->size - a.offset;
-    }
-    return true;
-  }
-  if (!a.device) return false;  // pinned memory allocated before the check: not tracked
-  // Device memory allocated before the check began: an external buffer of the trace.
-  std::string h;
-  put_hex(h, a.base);
-  a.ext_name = jstr("ext " + h);
-  S->external_accesses++;
-  return true;
-}
-
 // Writes the free of a live buffer and forgets it; its name waits to be given again.
 void free_buf(std::map<uint64_t, Buf>& bufs, std::map<uint64_t, Buf>::iterator it,
               const std::string& site) {
@@ -505,7 +521,7 @@ std::string new_name(Mem mem) {
 }
 
 void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
-               const std::string& site) {
+               const std::string& site, c10::StorageImpl* impl = nullptr) {
   auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
   // Memory handed out again: what still overlaps it was freed (pinned memory's frees are not
   // traced; they are inferred here).
@@ -526,6 +542,10 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   b.name = new_name(mem);
   b.size = size;
   b.mem = mem;
+  if (impl != nullptr && (mem == Mem::Pinned || S->fake_device)) {
+    // The storage is alive (its op is running): a weak reference to it from a new strong one.
+    b.owner.emplace(c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impl));
+  }
   S->batch += "{\"op\":\"alloc\",\"buffer\":";
   S->batch += b.name;
   S->batch += ",\"bytes\":";
@@ -540,6 +560,37 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   put_u64(S->batch, addr);
   put_site(S->batch, site);
   bufs.emplace(addr, std::move(b));
+}
+
+// Resolves an access's buffer; false when it cannot be written (a region past its allocation).
+// Pinned memory that no known buffer holds (a block the host allocator handed out again to
+// another storage, memory pinned on a thread or before the check where no op of it was seen) is
+// allocated here, at its first use (`site`).
+bool resolve(Access& a, const std::string& site) {
+  uint64_t base = 0;
+  auto& bufs = a.device ? S->device_bufs : S->pinned_bufs;
+  const Buf* b = find_buf(bufs, a.base, &base);
+  if (!a.device && a.impl != nullptr && (!b || base != a.base || !same_storage(*b, a.impl))) {
+    new_alloc(a.base, a.storage_bytes, Mem::Pinned, "null", site, a.impl);
+    b = find_buf(bufs, a.base, &base);
+  }
+  if (b) {
+    a.buf = b;
+    a.offset += a.base - base;
+    if (a.offset + a.bytes > b->size) {
+      S->bad_regions++;
+      if (a.offset >= b->size) return false;
+      a.bytes = b->size - a.offset;
+    }
+    return true;
+  }
+  if (!a.device) return false;
+  // Device memory allocated before the check began: an external buffer of the trace.
+  std::string h;
+  put_hex(h, a.base);
+  a.ext_name = jstr("ext " + h);
+  S->external_accesses++;
+  return true;
 }
 
 // Hands the batch to Python when it is large enough; GIL held, `mu` not held.
@@ -570,7 +621,41 @@ uint64_t current_stream(c10::DeviceIndex device) {
   return reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
+// The stream a collective runs on: the one named by the first wait among its host ops from
+// `from` that is not its own current stream (PyTorch makes the process group's stream wait for
+// the current one before the collective), quoted; empty when none. Sets `*split` past that wait.
+std::string collective_stream_of(const Frame& fr, size_t from, size_t* split = nullptr) {
+  static const std::string prefix = "{\"op\":\"event_wait\",\"stream\":";
+  const std::string& own = stream_name(fr.stream, fr.device);
+  for (size_t i = from; i < fr.pending.size(); i++) {
+    const std::string& w = fr.pending[i];
+    if (w.rfind(prefix, 0) != 0) continue;
+    size_t start = prefix.size();
+    size_t end = w.find(",\"event\"", start);
+    if (end == std::string::npos) continue;
+    std::string s = w.substr(start, end - start);
+    if (s == own) continue;
+    if (split) *split = i + 1;
+    return s;
+  }
+  return std::string();
+}
+
+// Writes the host ops issued inside `fr` so far (its op is calling another op, whose work comes
+// after them); a collective keeps the stream its wait named.
+void flush_pending(Frame& fr) {
+  std::lock_guard<std::mutex> g(S->mu);
+  if (fr.info && fr.info->kind == Kind::Collective && fr.collective_stream.empty()) {
+    fr.collective_stream = collective_stream_of(fr, 0);
+  }
+  for (auto& p : fr.pending) S->batch += p;
+  fr.pending.clear();
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
+  // around one: an autograd node, a hook) issued before this op began is written before it.
+  if (!frames.empty() && !frames.back().pending.empty()) flush_pending(frames.back());
   frames.emplace_back();
   Frame& fr = frames.back();
   if (!S->active.load(std::memory_order_relaxed)) return nullptr;
@@ -690,32 +775,35 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
         if (input_storage) continue;
         auto& bufs = o.device ? S->device_bufs : S->pinned_bufs;
-        if (bufs.count(o.base)) continue;
+        auto known = bufs.find(o.base);
+        // The same storage seen again, or (pinned) a block handed out again to a new storage.
+        if (known != bufs.end() && same_storage(known->second, o.impl)) continue;
         new_alloc(o.base, o.storage_bytes, o.device ? Mem::Device : Mem::Pinned,
-                  stream_name(fr.stream, fr.device), site);
+                  stream_name(fr.stream, fr.device), site, o.impl);
       }
     }
     if (info.factory) {
       for (auto& p : fr.pending) out += p;
       return;
     }
+    // Each region once: an output that is an input (in-place ops return `self`), or an input
+    // given twice (`x.add_(x)`), is one access, written when any of them writes.
     std::vector<Access> all;
     all.reserve(fr.accesses.size() + outs.size());
-    for (Access& a : fr.accesses) all.push_back(std::move(a));
-    for (Access& o : outs) {
-      // An output that is an input (in-place ops return `self`) is written already.
-      bool dup = false;
-      for (Access& a : all) {
-        if (a.base == o.base && a.offset == o.offset && a.bytes == o.bytes) {
-          a.write = true;
-          dup = true;
+    auto merge = [&all](Access&& a) {
+      for (Access& b : all) {
+        if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
+          b.write = b.write || a.write;
+          return;
         }
       }
-      if (!dup) all.push_back(std::move(o));
-    }
+      all.push_back(std::move(a));
+    };
+    for (Access& a : fr.accesses) merge(std::move(a));
+    for (Access& o : outs) merge(std::move(o));
     if (info.kind == Kind::RecordStream) {
       for (Access& a : all) {
-        if (!resolve(a) || !a.buf) continue;
+        if (!resolve(a, site) || !a.buf) continue;
         out += "{\"op\":\"record_stream\",\"buffer\":";
         out += a.buf->name;
         out += ",\"stream\":";
@@ -728,31 +816,28 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       bool any_host = false;
       for (Access& a : all) {
         if (is_covered(fr, a)) continue;
-        if (!resolve(a)) continue;
+        if (!resolve(a, site)) continue;
         any_host |= !a.device;
         used.push_back(&a);
       }
       // A collective runs on the process group's stream: after the wait that hands the work to
-      // that stream, which it names.
+      // that stream, which it names (written already when the collective called another op).
       size_t split = 0;
       std::string stream_id = stream_name(fr.stream, fr.device);
       if (info.kind == Kind::Collective) {
-        for (size_t i = 0; i < fr.pending.size(); i++) {
-          const std::string& w = fr.pending[i];
-          static const std::string prefix = "{\"op\":\"event_wait\",\"stream\":";
-          if (w.rfind(prefix, 0) != 0) continue;
-          size_t start = prefix.size();
-          size_t end = w.find(",\"event\"", start);
-          if (end == std::string::npos) continue;
-          std::string s = w.substr(start, end - start);
-          if (s == stream_id) continue;
-          stream_id = s;
-          split = i + 1;
-          break;
+        if (!fr.collective_stream.empty()) {
+          stream_id = fr.collective_stream;
+        } else {
+          std::string s = collective_stream_of(fr, 0, &split);
+          if (!s.empty()) stream_id = s;
         }
         for (size_t i = 0; i < split; i++) out += fr.pending[i];
       }
       bool host_value = false;
+      if (info.syncs_first) {
+        for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
+        split = fr.pending.size();
+      }
       if (!used.empty() && fr.any_device) {
         // Work on a stream: kernels, and copies to and from pinned memory.
         out += "{\"op\":\"launch\",\"stream\":";
@@ -901,6 +986,19 @@ void configure(const std::string& torch_dir, const std::string& own_dir, const s
 
 void set_active(bool on) { S->active.store(on); }
 
+// Frames under this directory (Python's standard library) are not the user's: an op of a
+// thread that runs only torch and the standard library (the DataLoader's pin-memory thread)
+// takes the site of the latest user line.
+void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libraries) {
+  std::lock_guard<std::mutex> g(S->mu);
+  if (S->stdlib_dir != dir || S->libraries != libraries) {
+    for (auto& kv : S->code_cache) Py_DECREF(kv.first);
+    S->code_cache.clear();
+  }
+  S->stdlib_dir = dir;
+  S->libraries = libraries;
+}
+
 // Starts a new check: forgets every buffer, name and counter.
 void reset() {
   std::lock_guard<std::mutex> g(S->mu);
@@ -959,11 +1057,16 @@ void fake_pin(const at::Tensor& t) {
   std::string site = user_site();
   std::lock_guard<std::mutex> g(S->mu);
   S->fake_pinned.insert(base);
-  if (!S->pinned_bufs.count(base)) new_alloc(base, t.storage().nbytes(), Mem::Pinned, "null", site);
+  c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  auto known = S->pinned_bufs.find(base);
+  if (known == S->pinned_bufs.end() || !same_storage(known->second, impl)) {
+    new_alloc(base, t.storage().nbytes(), Mem::Pinned, "null", site, impl);
+  }
 }
 
 // A host-side op (an event or sync) as a JSON line without its closing brace; the site is added
-// here. Inside an op it is written after the op's own work.
+// here. Inside an op it is written before the next op that op calls, or after the op's own
+// work.
 void host_op(const std::string& partial) {
   std::string site = user_site();
   std::string line = partial;
@@ -986,7 +1089,7 @@ bool host_access(const at::Tensor& t, bool write) {
   if (!region_of(t, write, a) || a.device) return false;
   std::string site = user_site();
   std::lock_guard<std::mutex> g(S->mu);
-  if (!resolve(a)) return false;
+  if (!resolve(a, site)) return false;
   std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
   put_region(line, a);
   put_site(line, site);
@@ -1019,6 +1122,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall);
   m.def("configure", &configure);
   m.def("set_active", &set_active);
+  m.def("set_stdlib_dir", &set_stdlib_dir);
   m.def("reset", &reset);
   m.def("drain", &drain);
   m.def("name_stream", &name_stream);
