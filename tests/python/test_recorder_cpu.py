@@ -613,3 +613,54 @@ def test_a_pinned_block_handed_out_again_is_a_new_buffer(backend, reuse, tmp_pat
     else:
         assert sites(run) == {("data-race", line_of("FILL"))}
         assert len(pinned) == 1
+
+
+def test_like_ops_read_nothing(backend):
+    # zeros_like / ones_like / new_zeros take their tensor for its shape only: a side stream
+    # making a tensor like x while the default stream writes x is not a race.
+    import torch
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(1024)
+        f.stream(1, "side")
+        a = torch.zeros_like(x)
+        b = x.new_zeros(16)
+        c = torch.full_like(x, 3.0)
+        f.stream(0)
+        x.mul_(2)
+        del a, b, c
+
+    run = checked(backend, body)
+    assert run.report.errors == 0, run.report.to_text()
+
+
+def test_a_free_inside_an_enclosing_op_comes_after_the_wait_before_it(backend):
+    # A hook (here a custom op) makes the default stream wait for the side stream's read of t,
+    # then drops t (the allocator frees it on its owning stream, the default one): the free
+    # comes after the wait, as the thread issued them.
+    import torch
+
+    scoped = _scoped_op()
+
+    def body(f):
+        f.stream(0)
+        t = torch.ones(1024)
+        g = torch.zeros(16)
+        f.record(1, 0)
+        f.stream(1, "side")
+        f.wait(1, 1)
+        u = t * 2
+        f.record(2, 1)
+        f.stream(0)
+
+        def before(x):
+            f.wait(0, 2)
+            f.b.fake_trace(False, t.untyped_storage().data_ptr(), 0, 0)
+
+        _SCOPED["before"] = before
+        scoped(g)
+        del u
+
+    run = checked(backend, body)
+    assert run.report.errors == 0, run.report.to_text()

@@ -146,7 +146,7 @@ class Sites:
 
 
 class _OpInfo:
-    __slots__ = ("name", "kind", "arg_write", "arg_names", "fresh", "copy", "factory", "pins", "syncs_first")
+    __slots__ = ("name", "kind", "arg_write", "arg_names", "fresh", "copy", "factory", "pins", "syncs_first", "meta_inputs")
 
     def __init__(self, func) -> None:
         schema = func._schema
@@ -155,6 +155,10 @@ class _OpInfo:
         self.kind = "normal"
         self.factory = name.startswith("aten::empty") or name.startswith("aten::new_empty")
         self.pins = name in ("aten::_pin_memory", "aten::pin_memory")
+        # `*_like` and `new_*` ops take a tensor for its shape, dtype and device only: no read.
+        self.meta_inputs = name.startswith("aten::new_") or (
+            name.startswith("aten::") and name.endswith("_like")
+        )
         self.copy = name in ("aten::copy_", "aten::_to_copy", "aten::to")
         self.arg_write = [bool(a.alias_info is not None and a.alias_info.is_write) for a in schema.arguments]
         self.arg_names = [a.name for a in schema.arguments]
@@ -440,10 +444,19 @@ class PythonBackend:
             dev, stream = 0, 0
         self.pending_allocs[ptr] = (stream, dev, self.sites.quoted(3))
 
+    def issued_before(self) -> None:
+        """What this thread issued inside the op it is running (an event wait) comes before
+        what the allocator does now (a free): written first. `mu` held."""
+        frames = self.frames()
+        if frames and frames[-1][1]:
+            self.batch.extend(frames[-1][1])
+            frames[-1][1].clear()
+
     def on_free(self, ptr: int) -> None:
         with self.mu:
             self.pending_allocs.pop(ptr, None)
             if ptr in self.device_bufs:
+                self.issued_before()
                 self.free_buf(ptr, False, self.sites.quoted(3))
 
     def fake_trace(self, alloc: bool, addr: int, size: int, stream: int, pool: bool = False) -> None:
@@ -452,6 +465,7 @@ class PythonBackend:
         if not self.fake_device:
             return
         with self.mu:
+            self.issued_before()
             if alloc:
                 self.new_alloc(addr, size, False, self.stream_id(stream, 0), "null")
             elif addr in self.device_bufs:
@@ -497,11 +511,15 @@ class PythonBackend:
         non_blocking = False
         kwargs = kwargs or {}
         for i, v in enumerate(args):
+            if info.meta_inputs:
+                break
             w = info.arg_write[i] if i < len(info.arg_write) and info.kind != "record_stream" else False
             self.collect(v, w, ins, frame)
         for k, v in kwargs.items():
             if k == "non_blocking":
                 non_blocking = bool(v)
+                continue
+            if info.meta_inputs:
                 continue
             try:
                 w = info.arg_write[info.arg_names.index(k)] and info.kind != "record_stream"

@@ -145,6 +145,8 @@ struct OpInfo {
   // ops outside aten (custom ops, whose implementations wait before they compute). An aten op's
   // own sync comes after its kernel (a host read: the copy, then the sync).
   bool syncs_first = false;
+  // `*_like` and `new_*` ops take a tensor for its shape, dtype and device only: no read.
+  bool meta_inputs = false;
   int non_blocking_arg = -1;
   std::string name;  // quoted
 };
@@ -469,6 +471,9 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
       !info.factory && !info.pins) {
     info.kind = Kind::Skip;
   }
+  info.meta_inputs = starts_with(name, "aten::new_") ||
+                     (starts_with(name, "aten::") && name.size() >= 5 &&
+                      name.compare(name.size() - 5, 5, "_like") == 0);
   info.syncs_first = !starts_with(name, "aten::") && info.kind != Kind::Collective &&
                      info.kind != Kind::RecordStream;
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
@@ -643,13 +648,17 @@ std::string collective_stream_of(const Frame& fr, size_t from, size_t* split = n
 
 // Writes the host ops issued inside `fr` so far (its op is calling another op, whose work comes
 // after them); a collective keeps the stream its wait named.
-void flush_pending(Frame& fr) {
-  std::lock_guard<std::mutex> g(S->mu);
+void flush_pending_locked(Frame& fr) {
   if (fr.info && fr.info->kind == Kind::Collective && fr.collective_stream.empty()) {
     fr.collective_stream = collective_stream_of(fr, 0);
   }
   for (auto& p : fr.pending) S->batch += p;
   fr.pending.clear();
+}
+
+void flush_pending(Frame& fr) {
+  std::lock_guard<std::mutex> g(S->mu);
+  flush_pending_locked(fr);
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -663,7 +672,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   fr.info = &info;
   if (info.kind == Kind::Skip) return nullptr;
   auto inputs = fn.inputs();
-  for (size_t i = 0; i < inputs.size(); i++) {
+  for (size_t i = 0; i < inputs.size() && !info.meta_inputs; i++) {
     bool w = i < info.arg_write.size() && info.arg_write[i];
     if (info.kind == Kind::RecordStream) w = false;
     add_ivalue(inputs[i], w, fr.accesses, fr);
@@ -919,6 +928,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // a MemPool); `mu` held.
 void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device,
             bool pool) {
+  // The allocator runs on the thread that allocates or frees: what that thread issued before
+  // (an event wait inside an enclosing op) comes first. Only the innermost frame holds host ops.
+  if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
   if (alloc) {
     if (size == 0) return;
     if (pool && S->captures.load(std::memory_order_relaxed) == 0) S->pool_allocations_outside_capture++;
