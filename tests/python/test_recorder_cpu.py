@@ -664,3 +664,32 @@ def test_a_free_inside_an_enclosing_op_comes_after_the_wait_before_it(backend):
 
     run = checked(backend, body)
     assert run.report.errors == 0, run.report.to_text()
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
+    # A checkpoint staged with non_blocking copies into pinned memory and saved before the copy
+    # is done: torch.save reads the tensors' bytes on the host, outside the dispatcher.
+    import io
+
+    import torch
+
+    def body(f):
+        f.stream(0)
+        weights = torch.ones(1024)
+        staged = f.pinned(1024)
+        f.record(3, 0)
+        f.stream(1, "copier")
+        f.wait(1, 3)
+        staged.copy_(weights, non_blocking=True)
+        f.record(1, 1)
+        f.stream(0)
+        if fixed:
+            f.sync(1)
+        torch.save({"model": {"w": staged}, "step": 3}, io.BytesIO())  # SAVE
+
+    run = checked(backend, body)
+    if fixed:
+        assert run.report.errors == 0, run.report.to_text()
+    else:
+        assert sites(run) == {("data-race", line_of("SAVE"))}

@@ -492,6 +492,12 @@ class PythonBackend:
     def collect(self, v, write: bool, out: list, frame: dict) -> None:
         torch = self.torch
         if isinstance(v, torch.Tensor):
+            inner = self.inner_tensors(v)
+            if inner is not None:
+                # A wrapper subclass (DTensor, …): the op touches the tensors it wraps.
+                for t in inner:
+                    self.collect(t, write, out, frame)
+                return
             a = self.region(v, write)
             if a is not None:
                 if a.device and not frame["any_device"]:
@@ -501,6 +507,20 @@ class PythonBackend:
         elif isinstance(v, (list, tuple)):
             for x in v:
                 self.collect(x, write, out, frame)
+
+    def inner_tensors(self, t) -> Optional[list]:
+        """The tensors a traceable wrapper subclass (DTensor's local shard, …) holds, or None
+        for a tensor with storage of its own."""
+        if type(t) is self.torch.Tensor or type(t) is self.torch.nn.Parameter:
+            return None
+        flatten = getattr(t, "__tensor_flatten__", None)
+        if flatten is None:
+            return None
+        try:
+            attrs, _ = flatten()
+            return [getattr(t, a) for a in attrs]
+        except Exception:
+            return None
 
     def dispatch(self, func, types, args, kwargs):
         info = self.info(func)
@@ -944,7 +964,52 @@ def _install_patches(rec: "Recorder") -> _Patches:
         return tolist
 
     p.patch(torch.Tensor, "tolist", make_tolist)
+
+    def make_save(orig):
+        def save(obj, *args, **kwargs):
+            # torch.save reads the bytes of every CPU tensor it writes on the host, outside the
+            # dispatcher: pinned memory a non_blocking copy may still be writing is a race.
+            if on():
+                for t in _tensors_in(obj, torch):
+                    if not t.is_cuda:
+                        b.host_access(t, False)
+            return orig(obj, *args, **kwargs)
+
+        return save
+
+    import torch.serialization as serialization
+
+    if callable(getattr(serialization, "save", None)):
+        saved = serialization.save
+        p.patch(serialization, "save", make_save)
+        if torch.__dict__.get("save") is saved:
+            p.patch(torch, "save", lambda _orig: serialization.save)
     return p
+
+
+def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
+    """The tensors an object passed to torch.save holds: in mappings, sequences, sets and the
+    attributes of objects (a module, an optimizer's state), `depth` levels deep."""
+    if seen is None:
+        seen = set()
+    if depth < 0 or id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return []
+    out: list = []
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        items = list(obj)
+    else:
+        d = getattr(obj, "__dict__", None)
+        items = list(d.values()) if isinstance(d, dict) else []
+    for x in items:
+        out.extend(_tensors_in(x, torch, depth - 1, seen))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
