@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The real-code suite (tests/python/realcode.py) on a GPU, in one run of at most REALCODE_SECONDS
+# (default 420):
+#
+#   bash tests/python/gpu_realcode.sh WHEELDIR
+#
+# WHEELDIR holds the streamsan wheel built on a machine with Rust (abi3, any CPython >= 3.9):
+#   maturin build --release --strip --out .device/wheels
+# The GPU machine needs python3 with torch (CUDA), torchvision, timm, transformers, ninja and a
+# C++ compiler (the C++ recorder is built there, once, under /tmp/streamsan-ext); no network: the
+# programs' models are random, nothing is downloaded.
+#
+# Steps (each under `timeout` and a deadline of its own, so every step prints what it has):
+#   1. install the wheel into /tmp/site (PYTHONPATH); at the same time, build the C++ recorder
+#      and compile the torch.compile program once (fills Inductor's on-disk cache for the others);
+#   2. at the same time: streamsan's verdicts with the native recorder, with the Python recorder,
+#      CSAN's (processes of their own: the programs that capture CUDA graphs in a second one),
+#      and the widened runs (REALCODE_RUNS, default 5);
+#   3. alone on the machine: the cost (plain / native / python interleaved, REALCODE_COST_RUNS
+#      rounds, default 3), then CSAN's cost (plain first, then CSAN enabled);
+#   4. the table and the summary (PASS/FAIL per criterion).
+#
+# Environment: OUT (default /tmp/realcode-out), REALCODE_SECONDS (420), REALCODE_RUNS (5),
+# REALCODE_COST_RUNS (3), REALCODE_ONLY (NAME[,NAME...]: only these programs),
+# REALCODE_ALLOW_SKIPS=1 (a program whose library is missing does not fail the summary),
+# REALCODE_COST_SECONDS (80) and REALCODE_CSAN_COST_SECONDS (50): the time kept for step 3.
+#
+# Files under $OUT: realcode.json (every step's results merged), table.md, summary.txt, log.txt
+# (every step's exit status and standard error). Exit status 0 when every criterion passes.
+set -uo pipefail
+
+wheels=${1:?usage: bash tests/python/gpu_realcode.sh WHEELDIR}
+wheels=$(cd "$wheels" && pwd) || exit 2
+top=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$top" || exit 2
+out=${OUT:-/tmp/realcode-out}
+mkdir -p "$out"
+site=${STREAMSAN_SITE:-/tmp/site}
+tmp=$(mktemp -d /tmp/realcode.XXXXXX)
+export STREAMSAN_TORCH_EXT_DIR=${STREAMSAN_TORCH_EXT_DIR:-/tmp/streamsan-ext}
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/realcode-inductor}
+unset STREAMSAN_TORCH_BACKEND STREAMSAN_TORCH_FAKE_DEVICE STREAMSAN_TEST_BACKEND
+log=$out/log.txt
+: >"$log"
+start=$(date +%s)
+deadline=$((start + ${REALCODE_SECONDS:-420}))
+runs=${REALCODE_RUNS:-5}
+cost_runs=${REALCODE_COST_RUNS:-3}
+cost_s=${REALCODE_COST_SECONDS:-80}
+csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-50}
+only=()
+[ -n "${REALCODE_ONLY:-}" ] && only=(--only "$REALCODE_ONLY")
+report=tests/python/realcode_report.py
+
+note() { echo "== $* ($(($(date +%s) - start)) s)" | tee -a "$log"; }
+
+# run NAME LIMIT STDOUT CMD...: CMD under `timeout`, at most until the deadline less RESERVE
+# seconds (kept for the steps after it); an argument @DEADLINE@ becomes the seconds the command
+# has, less a margin, for its own --deadline-seconds. Standard error and the status go to
+# $tmp/NAME.*.
+RESERVE=0
+run() {
+  local name=$1 limit=$2 stdout=$3 left t0 rc arg
+  shift 3
+  left=$((deadline - RESERVE - $(date +%s)))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 15 ]; then
+    echo "$name: not run, no time left" >"$tmp/$name.status"
+    : >"$stdout"
+    return 124
+  fi
+  local cmd=()
+  for arg in "$@"; do
+    [ "$arg" = "@DEADLINE@" ] && arg=$((limit - 10))
+    cmd+=("$arg")
+  done
+  t0=$(date +%s%N)
+  timeout -k 5 "$limit" "${cmd[@]}" >"$stdout" 2>"$tmp/$name.err"
+  rc=$?
+  echo "$name: exit $rc in $((($(date +%s%N) - t0) / 1000000)) ms (limit ${limit}s): ${cmd[*]}" >"$tmp/$name.status"
+  return $rc
+}
+
+# Appends finished steps' status and standard error to the log.
+logged() {
+  local name
+  for name in "$@"; do
+    cat "$tmp/$name.status" >>"$log" 2>/dev/null
+    if [ -s "$tmp/$name.err" ]; then
+      echo "-- $name: standard error (last 300 lines)" >>"$log"
+      tail -n 300 "$tmp/$name.err" >>"$log"
+    fi
+  done
+}
+
+note "machine"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  python3 - <<'PY' 2>&1
+import sys
+print("python", sys.version.split()[0])
+for m in ("torch", "torchvision", "timm", "transformers"):
+    try:
+        mod = __import__(m)
+        print(m, mod.__version__, *(["cuda", mod.version.cuda, "available", mod.cuda.is_available()] if m == "torch" else []))
+    except Exception as e:
+        print(m, "MISSING", type(e).__name__, e)
+PY
+  echo "wheels: $(ls "$wheels")"
+} | tee -a "$log"
+
+note "install the wheel into $site"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$wheels"/*.whl >>"$log" 2>&1 \
+  || echo "pip install failed" | tee -a "$log"
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import streamsan, streamsan.torch; print("streamsan", streamsan.__version__, "from", streamsan.__file__)' 2>&1 | tee -a "$log"
+
+note "build the C++ recorder (in $STREAMSAN_TORCH_EXT_DIR) and compile the torch.compile program once"
+RESERVE=$((cost_s + csan_cost_s + 70)) # the verdicts need a minute at least
+run build 150 "$tmp/build.out" python3 -c 'from streamsan.torch import _native; print(_native.load(verbose=True).__file__)' &
+p_build=$!
+if [ -z "${REALCODE_ONLY:-}" ] || [[ "${REALCODE_ONLY,,}" == *compile* ]]; then
+  run warm 150 "$tmp/warm.out" python3 -c '
+import sys, time
+sys.path.insert(0, "tests/python")
+import realcode
+t = time.perf_counter()
+print("compiled LLM decode right:", realcode.compiled_llm_decode(True, False), "in %.1f s" % (time.perf_counter() - t))
+' &
+  p_warm=$!
+else
+  p_warm=
+fi
+wait $p_build $p_warm
+cat "$tmp/build.out" "$tmp/warm.out" >>"$log" 2>/dev/null
+logged build warm
+
+note "verdicts: native, python, CSAN and the widened runs (at the same time)"
+RESERVE=$((cost_s + csan_cost_s + 10))
+run native 240 "$tmp/native.json" python3 $report streamsan --backend native --deadline-seconds @DEADLINE@ "${only[@]}" &
+p1=$!
+run python 240 "$tmp/python.json" python3 $report streamsan --backend python --deadline-seconds @DEADLINE@ "${only[@]}" &
+p2=$!
+run csan 240 "$tmp/csan.json" python3 $report csan --graphs without --deadline-seconds @DEADLINE@ "${only[@]}" &
+p3=$!
+# the programs that capture CUDA graphs in a CSAN process of their own: a capture that fails
+# under CSAN can leave the process unusable
+run csan-graphs 240 "$tmp/csan-graphs.json" python3 $report csan --graphs only --deadline-seconds @DEADLINE@ "${only[@]}" &
+p5=$!
+run widen 240 "$tmp/widen.json" python3 $report widen --runs "$runs" --deadline-seconds @DEADLINE@ "${only[@]}" &
+p4=$!
+wait $p1 $p2 $p3 $p4 $p5
+logged native python csan csan-graphs widen
+
+note "cost (alone on the machine)"
+RESERVE=$((csan_cost_s + 10))
+run cost "$cost_s" "$tmp/cost.json" python3 $report cost --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
+logged cost
+RESERVE=10
+run csan-cost "$csan_cost_s" "$tmp/csan-cost.json" python3 $report cost --csan --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
+logged csan-cost
+
+note "results"
+python3 - "$tmp" "$out" <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+sys.path.insert(0, "tests/python")
+from realcode_report import load, merge
+
+tmp, out = sys.argv[1:3]
+data = {}
+for name in ("native", "python", "csan", "csan-graphs", "widen", "cost", "csan-cost"):
+    try:
+        merge(data, load([os.path.join(tmp, name + ".json")]))
+    except (OSError, ValueError) as e:
+        print(f"{name}: no result ({type(e).__name__}: {e})")
+with open(os.path.join(out, "realcode.json"), "w") as f:
+    json.dump(data, f, indent=1)
+PY
+python3 $report table "$out/realcode.json" >"$out/table.md" 2>>"$log"
+skips=()
+[ "${REALCODE_ALLOW_SKIPS:-0}" = 1 ] && skips=(--allow-skips)
+python3 $report summary "$out/realcode.json" "${skips[@]}" >"$out/summary.txt" 2>&1
+rc=$?
+{
+  echo
+  cat "$tmp"/*.status
+  echo
+  cat "$out/table.md"
+  echo
+  cat "$out/summary.txt"
+  echo "total: $(($(date +%s) - start)) s"
+} | tee -a "$log"
+rm -rf "$tmp"
+exit $rc

@@ -1,0 +1,806 @@
+"""The real-code suite (tests/python/realcode.py) on a GPU: streamsan's verdicts under both
+recorders, CSAN's, the widened runs and the cost, in one table.
+
+    python tests/python/realcode_report.py streamsan --backend native   > native.json
+    python tests/python/realcode_report.py streamsan --backend python   > python.json
+    python tests/python/realcode_report.py csan                         > csan.json   # its own process
+    python tests/python/realcode_report.py widen --runs 5               > widen.json
+    python tests/python/realcode_report.py cost --runs 3                > cost.json   # plain / native / python
+    python tests/python/realcode_report.py cost --csan --runs 3         > csan-cost.json   # plain, then CSAN
+    python tests/python/realcode_report.py table native.json python.json csan.json widen.json cost.json csan-cost.json
+    python tests/python/realcode_report.py summary FILES… [--allow-skips]
+
+Every subcommand takes `--only NAME[,NAME…]` (exact names, or substrings of names), `--graphs
+all|without|only|last` (the programs that capture CUDA graphs, realcode.CAPTURES: CSAN runs them
+last, since a capture failing under it can leave the process unusable) and
+`--deadline-seconds S`: no program starts once less than a few seconds are left, and at the
+deadline a watchdog prints what was found so far (the program in progress marked "timed out",
+every thread's stack on standard error) and exits; SIGTERM (`timeout`) does the same. Results are
+JSON on standard output, progress lines on standard error. A program that raises is a row with
+its exception, never the end of the run; one whose library is missing (`RuntimeError("needs X")`)
+is a row "skipped: needs X".
+
+Rows: a buggy-and-fixed program has the variants "buggy" and "fixed", a clean program the one
+variant "clean" (run with fixed=True).
+
+- `streamsan`: each variant once under `streamsan.torch.check(raise_on_hazard=False,
+  backend=B)`: errors, kinds, the sites reported (the hazards' `access` sites), whether one is a
+  `# RACE` line of the program (`at_race_line`), the program's own verdict (`result_ok`), seconds,
+  streamsan's warnings, and the report's first 40 lines (`text`) when a clean or fixed variant
+  has errors or a buggy one is not reported at its line. Key `streamsan-BACKEND`.
+- `csan`: `torch.cuda._sanitizer.enable_cuda_sanitizer()` (it cannot be turned off: run it in a
+  process of its own), each variant once: reported or not. Key `csan`.
+- `widen`: each variant `--runs` times with `widen=True`, uninstrumented: how many runs gave a
+  wrong result. Key `widen`.
+- `cost`: per program (its fixed or clean variant), one warm-up run in each mode, then `--runs`
+  rounds of plain / check(native) / check(python), interleaved, all in this one process; the
+  median seconds of each mode and the ratios to plain. `cost --csan`: the plain rounds of every
+  program first, then CSAN enabled and the same rounds under it (key `cost-csan`).
+- `table FILES…`: one markdown table of all of it.
+- `summary FILES…`: a compact grid and a PASS/FAIL line per criterion: every clean program clean
+  (and right) under both recorders; every buggy program reported at a `# RACE` line by both, its
+  fixed variant clean; widened, every buggy variant corrupted at least once and no fixed or clean
+  one ever. A skipped or unmeasured program fails (`--allow-skips`: a skip is a SKIP line). Exit
+  status 0 when every criterion passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+START = time.monotonic()  # the deadline counts from here (imports of torch and the libraries included)
+MIN_LEFT = 4.0  # seconds: a program is not started with less left before the deadline
+TEXT_LINES = 40
+
+
+def _log(msg: str) -> None:
+    print(f"[realcode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+try:  # gpu_report's helpers, where they are
+    from gpu_report import _csan_error, load, merge
+except Exception:  # noqa: BLE001  (a copy of them)
+    def merge(data: dict, more: dict) -> dict:
+        for k, v in more.items():
+            if isinstance(v, dict) and isinstance(data.get(k), dict):
+                data[k].update(v)
+            else:
+                data[k] = v
+        return data
+
+    def load(files: list[str]) -> dict:
+        data: dict = {}
+        for f in files:
+            with open(f) as fh:
+                text = fh.read()
+            try:
+                merge(data, json.loads(text))
+            except ValueError:
+                at = text.find("\n{")
+                if at < 0:
+                    raise
+                merge(data, json.loads(text[at + 1:]))
+        return data
+
+    def _csan_error(e: BaseException):
+        seen = set()
+        while e is not None and id(e) not in seen:
+            if type(e).__name__ == "CUDASanitizerErrors":
+                return e
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return None
+
+
+def _variants(clean: bool) -> list[str]:
+    return ["clean"] if clean else ["buggy", "fixed"]
+
+
+def _skip_reason(e: BaseException):
+    """"needs X" when `e` says a program's library is missing, else None."""
+    if isinstance(e, RuntimeError) and str(e).startswith("needs "):
+        return str(e)[:300]
+    return None
+
+
+def _exc(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:800]
+
+
+def _sync() -> None:
+    try:
+        import torch
+
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _versions() -> dict:
+    out = {"python": sys.version.split()[0]}
+    for mod in ("torch", "torchvision", "timm", "transformers", "streamsan"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception as e:  # noqa: BLE001
+            out[mod] = f"missing ({type(e).__name__})"
+    try:
+        import torch
+
+        out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+class Out:
+    """What a subcommand found so far. Printed once: at its end, or, with what it has, by the
+    watchdog at the deadline or on SIGTERM."""
+
+    def __init__(self, key: str, deadline_seconds: float | None, meta: dict) -> None:
+        self.key = key
+        self.data = {key: {}, f"meta-{key}": dict(meta)}
+        self.rows = self.data[key]
+        self.meta = self.data[f"meta-{key}"]
+        self.t0 = START
+        self.pid = os.getpid()
+        self.deadline = self.t0 + deadline_seconds if deadline_seconds else None
+        self.current: tuple[str, str] | None = None
+        self.lock = threading.Lock()
+        self.printed = False
+        self.snapshot = json.dumps(self.data, indent=1)
+        if self.deadline is not None:
+            threading.Thread(target=self._watchdog, daemon=True).start()
+        try:
+            signal.signal(signal.SIGTERM, lambda *_: self._stop("terminated (SIGTERM)"))
+        except ValueError:  # not the main thread
+            pass
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
+
+    def publish(self) -> None:
+        """Takes a snapshot of the rows: what the watchdog prints should it fire."""
+        self.meta["seconds"] = round(time.monotonic() - self.t0, 2)
+        self.snapshot = json.dumps(self.data, indent=1)
+
+    def emit(self, why: str | None = None) -> bool:
+        with self.lock:
+            if self.printed:
+                return False
+            self.printed = True
+        if why is None:
+            self.publish()
+            text = self.snapshot
+        else:
+            data = json.loads(self.snapshot)
+            data[f"meta-{self.key}"]["stopped"] = why
+            if self.current is not None:
+                name, variant = self.current
+                row = data[self.key].setdefault(name, {})
+                row[variant] = {"exception": f"timed out: {why}", "timed_out": True}
+            text = json.dumps(data, indent=1)
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return True
+
+    def _stop(self, why: str) -> None:
+        if os.getpid() != self.pid:  # a forked DataLoader worker: not ours to report
+            os._exit(1)
+        _log(f"stopping: {why}; in progress: {self.current}")
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except Exception:  # noqa: BLE001
+            pass
+        if self.emit(why):
+            os._exit(3)
+
+    def _watchdog(self) -> None:
+        while True:
+            left = self.left()
+            if left <= 0:
+                break
+            time.sleep(min(left, 1.0))
+        if not self.printed:
+            self._stop(f"deadline of {self.deadline - self.t0:.0f} s reached")
+
+
+def _progs(a, graphs: str | None = None):
+    """(realcode, the programs `a` selects): --only, and --graphs (or `graphs`)."""
+    import realcode
+
+    names = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
+    return realcode, realcode.programs(names or None, graphs or a.graphs)
+
+
+def _not_run(out: Out, name: str, clean: bool, why: str) -> None:
+    row = out.rows.setdefault(name, {"clean_program": clean})
+    for v in _variants(clean):
+        row.setdefault(v, {"not_run": why})
+
+
+# ----------------------------------------------------------------------------------------------
+# streamsan
+
+
+def _sites(hazards: list, field: str = "access") -> list[str]:
+    out = set()
+    for h in hazards:
+        entries = h.get(field)
+        if isinstance(entries, dict):
+            entries = [entries]
+        for a in entries or []:
+            if isinstance(a, dict) and a.get("site"):
+                out.add(a["site"])
+    return sorted(out)
+
+
+def _line_of(site: str, file: str):
+    """The line of `site` ("path:line") when it is in `file` (compared by base name), else None."""
+    if ":" not in site:
+        return None
+    path, line = site.rsplit(":", 1)
+    if not path.endswith(os.path.basename(file)) or not line.isdigit():
+        return None
+    return int(line)
+
+
+def check_variant(realcode, fn, variant: str, backend: str) -> dict:
+    """One run of a variant under streamsan.torch.check: its row."""
+    import streamsan.torch
+
+    lines = realcode.race_lines(fn)
+    t0 = time.perf_counter()
+    res: dict = {}
+    run = streamsan.torch.check(raise_on_hazard=False, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with run:
+                res["result_ok"] = bool(fn(variant != "buggy", False))
+                _sync()
+        except Exception as e:  # noqa: BLE001
+            skip = _skip_reason(e)
+            if skip:
+                return {"skipped": skip}
+            res["exception"] = _exc(e)
+            res["traceback"] = traceback.format_exc()[-3000:]
+            res["result_ok"] = None
+            _sync()
+    res["seconds"] = round(time.perf_counter() - t0, 3)
+    res["backend"] = run.backend
+    notes = []
+    for w in caught:
+        msg = str(w.message)
+        if "streamsan" in msg and msg not in notes:
+            notes.append(msg[:300])
+    if notes:
+        res["streamsan_warnings"] = notes[:8]
+    report = run.report
+    if report is None:
+        res.update({"errors": None, "kinds": [], "sites": [], "at_race_line": False})
+        return res
+    hazards = report.hazards
+    sites = _sites(hazards)
+    at = [_line_of(s, realcode.__file__) for s in sites]
+    res.update({
+        "errors": report.errors,
+        "warnings": report.warnings,
+        "ops": report.ops,
+        "kinds": sorted({h["kind"] for h in hazards}),
+        "sites": sites,
+        "conflict_sites": _sites(hazards, "conflicts")[:8],
+        "at_race_line": any(line in lines for line in at if line is not None),
+        "all_at_race_lines": bool(sites) and all(line in lines for line in at),
+    })
+    wrong = (variant != "buggy" and report.errors) or (variant == "buggy" and not res["at_race_line"]) \
+        or "exception" in res
+    if wrong and (report.errors or report.warnings):
+        text = report.to_text().splitlines()
+        res["text"] = "\n".join(text[:TEXT_LINES]) + (f"\n… ({len(text) - TEXT_LINES} more lines)"
+                                                      if len(text) > TEXT_LINES else "")
+    return res
+
+
+def _brief(r: dict) -> str:
+    if "skipped" in r:
+        return r["skipped"]
+    if "exception" in r:
+        return "RAISED " + r["exception"][:120]
+    if not r.get("errors"):
+        s = "clean"
+    else:
+        s = f"{r['errors']} errors ({', '.join(r['kinds'])}) at {', '.join(x.rsplit(':', 1)[-1] for x in r['sites'][:4])}"
+        s += " [RACE line]" if r.get("at_race_line") else " [not a RACE line]"
+    if r.get("result_ok") is False:
+        s += ", result wrong"
+    return s + f", {r.get('seconds', '?')} s"
+
+
+def run_streamsan(a) -> Out:
+    realcode, progs = _progs(a)
+    out = Out(f"streamsan-{a.backend}", a.deadline_seconds, {"backend": a.backend, **_versions()})
+    for i, (name, fn, clean) in enumerate(progs, 1):
+        row = out.rows.setdefault(name, {"clean_program": clean, "race_lines": sorted(realcode.race_lines(fn))})
+        for variant in _variants(clean):
+            if out.left() < MIN_LEFT:
+                row[variant] = {"not_run": "deadline"}
+                continue
+            out.current = (name, variant)
+            r = check_variant(realcode, fn, variant, a.backend)
+            out.current = None
+            row[variant] = r
+            if r.get("backend"):
+                out.meta["ran"] = r["backend"]
+            out.publish()
+            _log(f"{a.backend} {i}/{len(progs)} {name} [{variant}]: {_brief(r)}")
+            if "skipped" in r:
+                for v in _variants(clean):
+                    row.setdefault(v, {"skipped": r["skipped"]})
+                break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# CSAN
+
+
+def run_csan(a) -> Out:
+    import torch
+    import torch.cuda._sanitizer as csan
+
+    realcode, progs = _progs(a, "last" if a.graphs == "all" else None)
+    out = Out("csan", a.deadline_seconds, _versions())
+    csan.enable_cuda_sanitizer()
+    for i, (name, fn, clean) in enumerate(progs, 1):
+        row = out.rows.setdefault(name, {"clean_program": clean})
+        for variant in _variants(clean):
+            if out.left() < MIN_LEFT:
+                row[variant] = {"not_run": "deadline"}
+                continue
+            out.current = (name, variant)
+            t0 = time.perf_counter()
+            try:
+                ok = fn(variant != "buggy", False)
+                torch.cuda.synchronize()
+                r = {"reported": False, "result_ok": bool(ok)}
+            except Exception as e:  # noqa: BLE001  CUDASanitizerErrors, or the program failing under it
+                skip = _skip_reason(e)
+                reported = _csan_error(e)
+                if reported is None and "CSAN detected a possible data race" in str(e):
+                    reported = e  # raised in an autograd hook: the engine re-raised it as another type
+                if skip and reported is None:
+                    r = {"skipped": skip}
+                else:
+                    r = {"reported": reported is not None, "error": type(e).__name__,
+                         "message": str(reported if reported is not None else e)[:600]}
+                _sync()
+            r["seconds"] = round(time.perf_counter() - t0, 3)
+            out.current = None
+            row[variant] = r
+            out.publish()
+            what = r.get("skipped") or ("reported" if r.get("reported") else f"raised {r['error']}" if r.get("error") else "clean")
+            _log(f"csan {i}/{len(progs)} {name} [{variant}]: {what}, {r['seconds']} s")
+            if "skipped" in r:
+                break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# widened runs
+
+
+def run_widen(a) -> Out:
+    realcode, progs = _progs(a)
+    out = Out("widen", a.deadline_seconds, {"runs": a.runs, **_versions()})
+    for i, (name, fn, clean) in enumerate(progs, 1):
+        row = out.rows.setdefault(name, {"clean_program": clean})
+        for variant in _variants(clean):
+            if out.left() < MIN_LEFT:
+                row[variant] = {"not_run": "deadline"}
+                continue
+            out.current = (name, variant)
+            t0 = time.perf_counter()
+            bad = done = 0
+            r: dict = {}
+            try:
+                for _ in range(a.runs):
+                    if done and out.left() < MIN_LEFT / 2:
+                        r["cut_short"] = "deadline"
+                        break
+                    ok = fn(variant != "buggy", True)
+                    _sync()
+                    done += 1
+                    bad += not ok
+                r.update({"corrupted": bad, "runs": done})
+            except Exception as e:  # noqa: BLE001
+                skip = _skip_reason(e)
+                r = {"skipped": skip} if skip else {"exception": _exc(e), "corrupted": bad, "runs": done,
+                                                     "traceback": traceback.format_exc()[-3000:]}
+                _sync()
+            r["seconds"] = round(time.perf_counter() - t0, 3)
+            out.current = None
+            row[variant] = r
+            out.publish()
+            what = r.get("skipped") or (f"RAISED {r['exception'][:120]}" if "exception" in r else f"{r['corrupted']}/{r['runs']} corrupted")
+            _log(f"widen {i}/{len(progs)} {name} [{variant}]: {what}, {r['seconds']} s")
+            if "skipped" in r:
+                break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# cost
+
+
+def _once(fn, mode: str) -> tuple[float, dict]:
+    """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan)."""
+    import torch
+
+    info: dict = {}
+    t0 = time.perf_counter()
+    if mode in ("plain", "csan"):
+        fn(True, False)
+        torch.cuda.synchronize()
+    else:
+        import streamsan.torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with streamsan.torch.check(raise_on_hazard=False, backend=mode) as run:
+                fn(True, False)
+                torch.cuda.synchronize()
+        info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
+    return time.perf_counter() - t0, info
+
+
+def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None = None,
+               field: str = "seconds") -> None:
+    """Measures `modes` of every program into out.rows[name][field][mode] (interleaved rounds,
+    after one warm-up run each), stopping at `until` (monotonic) or the deadline."""
+    for i, (name, fn, clean) in enumerate(progs, 1):
+        row = out.rows.setdefault(name, {"clean_program": clean})
+        left = out.left() if until is None else min(out.left(), until - time.monotonic())
+        if left < MIN_LEFT:
+            row.setdefault("not_run", []).append(f"{'/'.join(modes)}: deadline")
+            continue
+        samples = {m: [] for m in modes}
+        failed: dict = {}
+        t0 = time.perf_counter()
+        out.current = (name, "cost")
+        for rnd in range(runs + 1):  # round 0 is the warm-up
+            if rnd and (out.left() < MIN_LEFT / 2 or (until is not None and time.monotonic() > until)):
+                row["cut_short"] = True
+                break
+            for m in modes:
+                if m in failed:
+                    continue
+                try:
+                    s, info = _once(fn, m)
+                except Exception as e:  # noqa: BLE001
+                    failed[m] = _skip_reason(e) or _exc(e)
+                    if m == "csan" and _csan_error(e) is not None:
+                        failed[m] = "CSAN reported an error (the run stopped there)"
+                    _sync()
+                    continue
+                if rnd:
+                    samples[m].append(s)
+                if info.get("errors"):
+                    row.setdefault("errors_under_check", {})[m] = info["errors"]
+        out.current = None
+        cell = row.setdefault(field, {})
+        for m in modes:
+            if samples[m]:
+                cell[m] = round(statistics.median(samples[m]), 5)
+                row.setdefault("samples", {})[m] = [round(x, 5) for x in samples[m]]
+        if failed:
+            row.setdefault("failed", {}).update(failed)
+        plain = cell.get("plain")
+        if plain:
+            for m in modes:
+                if m != "plain" and m in cell:
+                    cell[f"{m}_ratio"] = round(cell[m] / plain, 2)
+        out.publish()
+        _log(f"cost {i}/{len(progs)} {name}: " + ", ".join(
+            f"{m} {cell[m] * 1e3:.1f} ms" for m in modes if m in cell)
+             + (f"; failed {failed}" if failed else "") + f" ({time.perf_counter() - t0:.1f} s)")
+
+
+def run_cost(a) -> Out:
+    realcode, progs = _progs(a, "last" if a.csan and a.graphs == "all" else None)
+    if not a.csan:
+        out = Out("cost", a.deadline_seconds, {"runs": a.runs, **_versions()})
+        _cost_rows(out, progs, ["plain", "native", "python"], a.runs)
+        return out
+    import torch.cuda._sanitizer as csan
+
+    out = Out("cost-csan", a.deadline_seconds, {"runs": a.runs, **_versions()})
+    # the plain rounds first (a share of the time), then CSAN, which cannot be turned off
+    share = None if out.deadline is None else time.monotonic() + 0.3 * out.left()
+    _cost_rows(out, progs, ["plain"], a.runs, until=share)
+    csan.enable_cuda_sanitizer()
+    _cost_rows(out, progs, ["csan"], a.runs)
+    for row in out.rows.values():
+        cell = row.get("seconds", {})
+        if cell.get("plain") and cell.get("csan"):
+            cell["csan_ratio"] = round(cell["csan"] / cell["plain"], 2)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# table and summary
+
+
+def _names(data: dict) -> list[str]:
+    """Program names in suite order (realcode's, where importable), then any others seen."""
+    seen: list[str] = []
+    try:
+        import realcode
+
+        seen = list(realcode.BUGS) + list(realcode.CLEAN)
+    except Exception:  # noqa: BLE001  (no torch here: the files' order)
+        pass
+    for k, v in data.items():
+        if isinstance(v, dict) and not k.startswith("meta-"):
+            seen += [n for n in v if n not in seen]
+    present = {n for k, v in data.items() if isinstance(v, dict) and not k.startswith("meta-") for n in v}
+    return [n for n in seen if n in present]
+
+
+def _is_clean(data: dict, name: str) -> bool:
+    for k, v in data.items():
+        if isinstance(v, dict) and not k.startswith("meta-") and isinstance(v.get(name), dict) \
+                and "clean_program" in v[name]:
+            return bool(v[name]["clean_program"])
+    return False
+
+
+def _verdict(r: dict | None, short: bool = False) -> str:
+    if not r:
+        return "?"
+    if "skipped" in r:
+        return "skipped"
+    if "not_run" in r:
+        return "not run"
+    if "exception" in r and r.get("errors") is None:
+        return "RAISED " + r["exception"].split(":")[0]
+    if not r.get("errors"):
+        s = "clean"
+    else:
+        kinds = ",".join(k.replace("data-race", "race").replace("reuse-race", "reuse").replace("unsafe-free", "free")
+                         for k in r.get("kinds", []))
+        lines = ",".join(x.rsplit(":", 1)[-1] for x in r.get("sites", [])[:3])
+        s = f"{kinds} @{lines}" + ("" if short else (" ok" if r.get("at_race_line") else " WRONG LINE"))
+    if "exception" in r:
+        s += " +RAISED"
+    if r.get("result_ok") is False:
+        s += " (result wrong)"
+    return s
+
+
+def _streamsan_cell(row: dict | None, clean: bool) -> str:
+    if not row:
+        return "?"
+    if clean:
+        return _verdict(row.get("clean"), True)
+    return f"buggy: {_verdict(row.get('buggy'))}; fixed: {_verdict(row.get('fixed'))}"
+
+
+def _csan_word(r: dict | None, bad: bool) -> str:
+    if not r:
+        return "?"
+    if "skipped" in r:
+        return "skipped"
+    if "not_run" in r:
+        return "not run"
+    if r.get("reported"):
+        return "reported" if bad else "FALSE ALARM"
+    if r.get("error"):
+        return f"raised {r['error']}"
+    return "missed" if bad else "clean"
+
+
+def _widen_word(r: dict | None) -> str:
+    if not r:
+        return "?"
+    if "skipped" in r:
+        return "skipped"
+    if "not_run" in r:
+        return "not run"
+    if "exception" in r:
+        return f"RAISED after {r.get('corrupted', 0)}/{r.get('runs', 0)}"
+    return f"{r['corrupted']}/{r['runs']}"
+
+
+def _ratio(row: dict | None, field: str, mode: str) -> str:
+    cell = (row or {}).get(field, {})
+    ratio = cell.get(f"{mode}_ratio")
+    if ratio is None:
+        failed = (row or {}).get("failed", {}).get(mode)
+        return "failed" if failed else "?"
+    return f"{ratio:.2f}x"
+
+
+def table(files: list[str]) -> str:
+    data = load(files)
+    native, python = data.get("streamsan-native", {}), data.get("streamsan-python", {})
+    c, w = data.get("csan", {}), data.get("widen", {})
+    cost, ccost = data.get("cost", {}), data.get("cost-csan", {})
+    out = ["| program | streamsan native | streamsan python | CSAN | corrupted widened (buggy/fixed or clean) "
+           "| cost native× | python× | CSAN× | plain ms |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for name in _names(data):
+        clean = _is_clean(data, name)
+        if clean:
+            csan = _csan_word(c.get(name, {}).get("clean"), False)
+            wid = _widen_word(w.get(name, {}).get("clean"))
+        else:
+            csan = f"{_csan_word(c.get(name, {}).get('buggy'), True)} / {_csan_word(c.get(name, {}).get('fixed'), False)}"
+            wid = f"{_widen_word(w.get(name, {}).get('buggy'))} / {_widen_word(w.get(name, {}).get('fixed'))}"
+        plain = (cost.get(name) or {}).get("seconds", {}).get("plain")
+        out.append(f"| {name}{'' if clean else ' (bug)'} | {_streamsan_cell(native.get(name), clean)} "
+                   f"| {_streamsan_cell(python.get(name), clean)} | {csan} | {wid} "
+                   f"| {_ratio(cost.get(name), 'seconds', 'native')} | {_ratio(cost.get(name), 'seconds', 'python')} "
+                   f"| {_ratio(ccost.get(name), 'seconds', 'csan')} | {'?' if plain is None else f'{plain * 1e3:.1f}'} |")
+    return "\n".join(out)
+
+
+def _grid(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for j, r in enumerate(rows):
+        out.append("  ".join(str(x).ljust(wd) for x, wd in zip(r, widths)).rstrip())
+        if j == 0:
+            out.append("  ".join("-" * wd for wd in widths))
+    return "\n".join(out)
+
+
+def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
+    data = {}
+    notes = []
+    for f in files:
+        try:
+            merge(data, load([f]))
+        except (OSError, ValueError) as e:
+            notes.append(f"{f}: unreadable ({e})")
+    checks: list[tuple[str, str]] = []  # (PASS|FAIL|SKIP, what)
+
+    def check(what: str, ok: bool, skipped: str | None = None) -> None:
+        if skipped and allow_skips:
+            checks.append(("SKIP", f"{what} ({skipped})"))
+        else:
+            checks.append(("PASS" if ok and not skipped else "FAIL", what + (f" ({skipped})" if skipped else "")))
+
+    def why_not(r: dict | None) -> str | None:
+        if not r:
+            return "not measured"
+        if "skipped" in r:
+            return r["skipped"]
+        if "not_run" in r:
+            return f"not run: {r['not_run']}"
+        return None
+
+    backends = ("native", "python")
+    for b in backends:
+        if f"streamsan-{b}" not in data:
+            checks.append(("FAIL", f"streamsan {b} recorder: no results"))
+    if "widen" not in data:
+        checks.append(("FAIL", "widened runs: no results"))
+    for m in ("meta-streamsan-native", "meta-streamsan-python", "meta-csan", "meta-widen", "meta-cost", "meta-cost-csan"):
+        if data.get(m, {}).get("stopped"):
+            notes.append(f"{m[5:]} stopped early: {data[m]['stopped']}")
+    head = ["program", "native", "python", "CSAN", "widened", "native x", "python x", "CSAN x"]
+    grid = [head]
+    for name in _names(data):
+        clean = _is_clean(data, name)
+        for b in backends:
+            rows = data.get(f"streamsan-{b}")
+            if rows is None:
+                continue
+            row = rows.get(name, {})
+            if clean:
+                r = row.get("clean")
+                skip = why_not(r)
+                ok = bool(r) and r.get("errors") == 0 and "exception" not in r and r.get("result_ok") is True
+                check(f"{b}: {name}: clean and right ({_verdict(r, True)})", ok, skip)
+            else:
+                bug, fix = row.get("buggy"), row.get("fixed")
+                check(f"{b}: {name}: buggy reported at a # RACE line ({_verdict(bug)})",
+                      bool(bug) and bool(bug.get("errors")) and bool(bug.get("at_race_line")), why_not(bug))
+                check(f"{b}: {name}: fixed clean and right ({_verdict(fix)})",
+                      bool(fix) and fix.get("errors") == 0 and "exception" not in fix and fix.get("result_ok") is True,
+                      why_not(fix))
+        if "widen" in data:
+            wr = data["widen"].get(name, {})
+            if clean:
+                r = wr.get("clean")
+                check(f"widened: {name}: never corrupted ({_widen_word(r)})",
+                      bool(r) and "exception" not in r and r.get("runs", 0) > 0 and r.get("corrupted") == 0, why_not(r))
+            else:
+                bug, fix = wr.get("buggy"), wr.get("fixed")
+                check(f"widened: {name}: buggy corrupted at least once ({_widen_word(bug)})",
+                      bool(bug) and "exception" not in bug and bug.get("corrupted", 0) > 0, why_not(bug))
+                check(f"widened: {name}: fixed never corrupted ({_widen_word(fix)})",
+                      bool(fix) and "exception" not in fix and fix.get("runs", 0) > 0 and fix.get("corrupted") == 0,
+                      why_not(fix))
+        cr = data.get("csan", {}).get(name, {})
+        if clean:
+            cells = [_verdict(data.get("streamsan-native", {}).get(name, {}).get("clean"), True),
+                     _verdict(data.get("streamsan-python", {}).get(name, {}).get("clean"), True),
+                     _csan_word(cr.get("clean"), False), _widen_word(data.get("widen", {}).get(name, {}).get("clean"))]
+        else:
+            sn = data.get("streamsan-native", {}).get(name, {})
+            sp = data.get("streamsan-python", {}).get(name, {})
+            cells = [f"{_verdict(sn.get('buggy'))} | {_verdict(sn.get('fixed'), True)}",
+                     f"{_verdict(sp.get('buggy'))} | {_verdict(sp.get('fixed'), True)}",
+                     f"{_csan_word(cr.get('buggy'), True)} | {_csan_word(cr.get('fixed'), False)}",
+                     f"{_widen_word(data.get('widen', {}).get(name, {}).get('buggy'))} | "
+                     f"{_widen_word(data.get('widen', {}).get(name, {}).get('fixed'))}"]
+        cost, ccost = data.get("cost", {}).get(name), data.get("cost-csan", {}).get(name)
+        grid.append([name[:48] + ("" if clean else " (bug)"), *cells, _ratio(cost, "seconds", "native"),
+                     _ratio(cost, "seconds", "python"), _ratio(ccost, "seconds", "csan")])
+    parts = []
+    if len(grid) > 1:
+        parts.append("real-code suite (verdicts: kinds @lines, buggy | fixed; widened: corrupted/runs; "
+                     "cost: median time under the check / plain)\n" + _grid(grid))
+    if notes:
+        parts.append("\n".join(notes))
+    parts.append("\n".join(f"[{s}] {what}" for s, what in checks))
+    fails = sum(s == "FAIL" for s, _ in checks)
+    passes = sum(s == "PASS" for s, _ in checks)
+    skips = sum(s == "SKIP" for s, _ in checks)
+    parts.append(f"{passes} criteria passed, {fails} failed" + (f", {skips} skipped" if skips else ""))
+    return "\n\n".join(parts), bool(checks) and fails == 0
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=["streamsan", "csan", "widen", "cost", "table", "summary"])
+    p.add_argument("files", nargs="*", help="table/summary: the JSON files of the other subcommands")
+    p.add_argument("--backend", default="native", help="streamsan: native, python or auto")
+    p.add_argument("--runs", type=int, default=None, help="widen: runs per variant (5); cost: rounds (3)")
+    p.add_argument("--csan", action="store_true", help="cost: plain, then under CSAN (its own process)")
+    p.add_argument("--only", default="", help="NAME[,NAME...]: only these programs (exact names or substrings)")
+    p.add_argument("--deadline-seconds", type=float, default=None,
+                   help="stop starting programs near it; at it, print what was found and exit")
+    p.add_argument("--graphs", default="all", choices=["all", "without", "only", "last"],
+                   help="the programs that capture CUDA graphs: with the others (csan: last), without them, "
+                        "only them, or last")
+    p.add_argument("--allow-skips", action="store_true", help="summary: a skipped program does not fail")
+    a = p.parse_args()
+    if a.what == "table":
+        print(table(a.files))
+        return
+    if a.what == "summary":
+        text, ok = summary(a.files, a.allow_skips)
+        print(text)
+        sys.exit(0 if ok else 1)
+    if a.runs is None:
+        a.runs = 5 if a.what == "widen" else 3
+    out = {"streamsan": run_streamsan, "csan": run_csan, "widen": run_widen, "cost": run_cost}[a.what](a)
+    out.emit()
+    sys.stdout.flush()
+    # Leave at once: interpreter teardown with CUDA, NCCL and forked DataLoader workers about can
+    # hang or crash after the results are out.
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The real-code suite (tests/python/realcode.py) on a GPU, by both recorders
+(STREAMSAN_TEST_BACKEND=native or python: one of them): every clean program checks clean and
+computes the right result; every buggy program is reported at one of its `# RACE` lines and its
+fixed variant checks clean. A program whose library is missing is skipped.
+
+`STREAMSAN_REALCODE_ONLY=NAME[,NAME…]` (exact names or substrings) runs only those programs. The
+widened runs, CSAN and the cost are `realcode_report.py`'s (run by `gpu_realcode.sh`)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = [b for b in os.environ.get("STREAMSAN_TEST_BACKEND", "native,python").split(",") if b]
+
+
+def _realcode():
+    import realcode
+
+    return realcode
+
+
+def _cases():
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if importlib.util.find_spec("torch") is None:
+        return ["(torch missing)"]
+    import realcode
+
+    only = [n.strip() for n in os.environ.get("STREAMSAN_REALCODE_ONLY", "").split(",") if n.strip()]
+    return [name for name, _, _ in realcode.programs(only or None)]
+
+
+def _program(realcode, name):
+    if name in realcode.BUGS:
+        return realcode.BUGS[name], False
+    return realcode.CLEAN[name], True
+
+
+def _run(fn, fixed: bool, backend: str):
+    """(the check, the program's result) of one run under streamsan.torch.check."""
+    import streamsan.torch
+
+    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
+        try:
+            ok = fn(fixed, False)
+        except RuntimeError as e:
+            if str(e).startswith("needs "):
+                pytest.skip(str(e))
+            raise
+    return run, ok
+
+
+def _reported_lines(realcode, run) -> set[int]:
+    file = os.path.basename(realcode.__file__)
+    out = set()
+    for h in run.report.hazards:
+        site = (h.get("access") or {}).get("site") or ""
+        path, _, line = site.rpartition(":")
+        if path.endswith(file) and line.isdigit():
+            out.add(int(line))
+    return out
+
+
+@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_realcode_verdicts(gpu, name, backend):
+    realcode = _realcode()
+    fn, clean = _program(realcode, name)
+    run, ok = _run(fn, True, backend)
+    assert run.backend == backend
+    assert run.report.errors == 0, run.report.to_text()
+    assert ok, f"{name}: wrong result under the check (fixed or clean variant)"
+    if clean:
+        return
+    buggy, _ = _run(fn, False, backend)
+    lines = realcode.race_lines(fn)
+    assert buggy.report.errors > 0, f"{name}: the planted bug was not reported"
+    reported = _reported_lines(realcode, buggy)
+    assert reported & lines, (sorted(reported), sorted(lines), buggy.report.to_text())
