@@ -90,8 +90,10 @@ fn cli_snapshots() {
         dir.display(),
         bin.display()
     );
+    // Each case is killed, and fails, past the deadline: no case hangs the suite.
     trycmd::TestCases::new()
         .register_bin("streamsan", &bin)
+        .timeout(std::time::Duration::from_secs(300))
         .case(dir.join("*.toml"))
         .run();
 }

@@ -2,12 +2,20 @@
 //! numbers, control characters in ids, outputs that are links, FIFOs, devices or the input
 //! itself, signals while standard input is spooled, and a reader that closes the pipe.
 //!
-//! Each test runs the binary in a directory of its own under the system's temporary directory.
+//! Each test runs the binary in a directory of its own under the system's temporary directory,
+//! and waits for it with a deadline (`common/child.rs`): a child that hangs is killed and the
+//! test fails.
 
-use std::io::{BufRead, BufReader, Read, Write};
+#[path = "common/child.rs"]
+mod child;
+
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use child::{Running, DEADLINE};
 
 use streamsan::trace::{TraceOp, TraceWriter};
 use streamsan::workload::Pipeline;
@@ -58,12 +66,13 @@ impl Drop for Dir {
 
 fn run(dir: &Dir, args: &[&str]) -> Output {
     let bin = bin().expect("the binary");
-    Command::new(bin)
-        .args(args)
-        .current_dir(&dir.0)
-        .env_remove("NO_COLOR")
-        .output()
-        .expect("streamsan runs")
+    child::output(
+        Command::new(bin)
+            .args(args)
+            .current_dir(&dir.0)
+            .env_remove("NO_COLOR"),
+        Stdio::null(),
+    )
 }
 
 fn stderr(o: &Output) -> String {
@@ -115,7 +124,7 @@ fn an_endless_line_is_bad_input_at_once() {
         &["fix", "/dev/zero"],
     ] {
         let start = Instant::now();
-        let o = Command::new(&bin).args(args).output().expect("runs");
+        let o = child::output(Command::new(&bin).args(args), Stdio::null());
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         assert!(stderr(&o).contains(&want), "{args:?}: {}", stderr(&o));
         assert!(o.stdout.is_empty());
@@ -126,11 +135,10 @@ fn an_endless_line_is_bad_input_at_once() {
         );
     }
     // From standard input.
-    let o = Command::new(&bin)
-        .args(["check", "-"])
-        .stdin(std::fs::File::open("/dev/zero").expect("/dev/zero"))
-        .output()
-        .expect("runs");
+    let o = child::output(
+        Command::new(&bin).args(["check", "-"]),
+        std::fs::File::open("/dev/zero").expect("/dev/zero").into(),
+    );
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains(&format!("<stdin>:1:{}: the line is longer", limit + 1)));
 }
@@ -171,12 +179,14 @@ fn echoed_values_are_clipped_and_escaped() {
 #[test]
 fn bench_with_the_largest_op_count_runs_in_flat_memory() {
     let Some(bin) = bin() else { return };
-    let mut child = Command::new(&bin)
-        .args(["bench", "--ops", "18446744073709551615"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut bench = Running::spawn(
+        Command::new(&bin)
+            .args(["bench", "--ops", "18446744073709551615"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+        "bench --ops u64::MAX",
+    );
     let rss = |pid: u32| -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         status
@@ -185,15 +195,19 @@ fn bench_with_the_largest_op_count_runs_in_flat_memory() {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     };
+    let pid = bench.child().id();
     std::thread::sleep(Duration::from_millis(1500));
-    let first = rss(child.id());
+    let first = rss(pid);
     std::thread::sleep(Duration::from_millis(1500));
-    let second = rss(child.id());
-    let running = child.try_wait().expect("try_wait").is_none();
-    let _ = child.kill();
-    let _ = child.wait();
+    let second = rss(pid);
+    let running = bench.child().try_wait().expect("try_wait").is_none();
+    bench.kill();
     let mut err = String::new();
-    let _ = child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+    let _ = bench
+        .child()
+        .stderr
+        .take()
+        .map(|mut e| std::io::Read::read_to_string(&mut e, &mut err));
     assert!(running, "bench ended: {err}");
     assert!(!err.contains("panicked"), "{err}");
     if first > 0 {
@@ -204,10 +218,10 @@ fn bench_with_the_largest_op_count_runs_in_flat_memory() {
         assert!(second < 200 * 1024, "RSS {second} KB");
     }
     // A finite count still reports what it measured.
-    let o = Command::new(&bin)
-        .args(["bench", "--ops", "5000", "--json"])
-        .output()
-        .expect("runs");
+    let o = child::output(
+        Command::new(&bin).args(["bench", "--ops", "5000", "--json"]),
+        Stdio::null(),
+    );
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
     assert_eq!(v["ops"], 5000);
@@ -306,9 +320,11 @@ fn fifos_and_devices_are_written_in_place() {
     let dir = Dir::new("fifo");
     dir.write("race.jsonl", RACE);
     let fifo = dir.path("pipe");
-    let status = Command::new("mkfifo").arg(&fifo).status();
-    if !status.is_ok_and(|s| s.success()) {
-        println!("skipped: no mkfifo");
+    let path = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(fifo.as_os_str()))
+        .expect("a path without NUL");
+    // SAFETY: `mkfifo` with a NUL-terminated path that lives across the call.
+    if unsafe { libc::mkfifo(path.as_ptr(), 0o600) } != 0 {
+        println!("skipped: mkfifo: {}", std::io::Error::last_os_error());
         return;
     }
     for args in [
@@ -316,9 +332,15 @@ fn fifos_and_devices_are_written_in_place() {
         &["check", "race.jsonl", "-o", "pipe"],
     ] {
         let f = fifo.clone();
-        let reader = std::thread::spawn(move || std::fs::read_to_string(f).unwrap());
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || tx.send(std::fs::read_to_string(f)));
         let o = run(&dir, args);
-        let got = reader.join().unwrap();
+        // The reader blocks until a writer opens the FIFO: bounded, in case none ever does (the
+        // thread is then left blocked, and ends with the test executable).
+        let got = rx
+            .recv_timeout(DEADLINE)
+            .unwrap_or_else(|_| panic!("{args:?}: nothing opened the FIFO: {}", stderr(&o)))
+            .unwrap();
         assert!(
             o.status.code().is_some_and(|c| c <= 1),
             "{args:?}: {}",
@@ -397,17 +419,31 @@ fn the_output_cannot_overwrite_the_input() {
 #[test]
 fn the_spool_is_removed_on_signals() {
     let Some(bin) = bin() else { return };
+    use std::os::unix::process::CommandExt;
     for signal in [libc::SIGINT, libc::SIGTERM] {
         let dir = Dir::new(&format!("signal{signal}"));
-        let mut child = Command::new(&bin)
-            .args(["check", "-"])
+        let mut cmd = Command::new(&bin);
+        cmd.args(["check", "-"])
             .env("TMPDIR", &dir.0)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn");
-        let mut stdin = child.stdin.take().unwrap();
+            .stderr(Stdio::null());
+        // The child gets the default disposition of both signals: ignored ones are inherited
+        // (`nohup`, a non-interactive shell's background job), and streamsan keeps an ignored
+        // signal ignored, as it should.
+        // SAFETY: between fork and exec, only `signal`, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                for s in [libc::SIGINT, libc::SIGTERM] {
+                    if libc::signal(s, libc::SIG_DFL) == libc::SIG_ERR {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = Running::spawn(&mut cmd, format!("check - (signal {signal})"));
+        let mut stdin = child.child().stdin.take().unwrap();
         stdin.write_all(RACE.as_bytes()).unwrap();
         stdin.flush().unwrap();
         // Wait for the spool to appear.
@@ -423,14 +459,42 @@ fn the_spool_is_removed_on_signals() {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // SAFETY: `kill` on the pid of a child of this process.
-        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
-        let status = child.wait().expect("wait");
+        // SAFETY: `kill` on the pid of a child of this process, not yet reaped.
+        assert_eq!(
+            unsafe { libc::kill(child.child().id() as libc::pid_t, signal) },
+            0
+        );
+        let status = child.wait(Duration::from_secs(60));
         drop(stdin);
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(signal), "{status:?}");
         assert_eq!(dir.names(), Vec::<String>::new(), "signal {signal}");
     }
+}
+
+/// The waits above are bounded: a child still running at its deadline is killed and the test
+/// fails, saying so.
+#[cfg(unix)]
+#[test]
+fn a_child_past_its_deadline_is_killed() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut sleeper = Running::spawn(
+        Command::new("sleep").arg("600").stdin(Stdio::null()),
+        "sleep 600",
+    );
+    let start = Instant::now();
+    let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sleeper.wait(Duration::from_millis(200))
+    }))
+    .expect_err("the wait fails at its deadline");
+    let message = failed.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        message.contains("sleep 600: still running after"),
+        "{message}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(60));
+    let status = sleeper.child().try_wait().expect("try_wait");
+    assert_eq!(status.and_then(|s| s.signal()), Some(libc::SIGKILL));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -541,27 +605,36 @@ fn strip_colours(s: &str) -> String {
 /// Runs `args` with `input` as a file, reads one line of standard output and closes it.
 fn head_1(dir: &Dir, args: &[&str]) -> (Option<i32>, String, String) {
     let bin = bin().expect("the binary");
-    let mut child = Command::new(bin)
-        .args(args)
-        .current_dir(&dir.0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    {
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        out.read_line(&mut line).unwrap();
-    }
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    let status = child.wait().unwrap();
-    (status.code(), line, err)
+    let mut child = Running::spawn(
+        Command::new(bin)
+            .args(args)
+            .current_dir(&dir.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+        format!("{args:?}"),
+    );
+    // The pipes are read on threads, so that a child that never writes its line cannot block
+    // the test: the wait below is bounded, and a child killed there closes its pipes.
+    let out = child.child().stdout.take().unwrap();
+    let line = std::thread::spawn(move || {
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line).unwrap();
+        line
+        // Standard output is closed here.
+    });
+    let mut err = child.child().stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).unwrap();
+        s
+    });
+    let status = child.wait(DEADLINE);
+    (
+        status.code(),
+        line.join().expect("the line"),
+        err.join().expect("standard error"),
+    )
 }
 
 #[test]

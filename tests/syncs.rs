@@ -10,6 +10,8 @@
 //!
 //! Fixtures: `tests/conformance/*.jsonl`, embedded at build time (`tests/common/mod.rs`).
 
+#[path = "common/child.rs"]
+mod child;
 #[path = "common/mod.rs"]
 mod fixtures;
 #[path = "../fuzz/common.rs"]
@@ -770,13 +772,14 @@ fn remove_redundant_on_the_example_traces() {
         let input = dir.join(format!("in-{k}.jsonl"));
         let output = dir.join(format!("out-{k}.jsonl"));
         std::fs::write(&input, f.text()).expect("written");
-        let run = std::process::Command::new(&bin)
-            .args(["fix", "--remove-redundant"])
-            .arg(&input)
-            .arg("-o")
-            .arg(&output)
-            .output()
-            .expect("streamsan runs");
+        let run = child::output(
+            std::process::Command::new(&bin)
+                .args(["fix", "--remove-redundant"])
+                .arg(&input)
+                .arg("-o")
+                .arg(&output),
+            std::process::Stdio::null(),
+        );
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(
             run.status.code(),

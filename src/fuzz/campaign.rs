@@ -296,8 +296,9 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
             // and overwrite it; hold the unordered accesses until that write is done. (They come
             // before the free: inserting after it moves none of them.)
             let numbering = numbering_of(program);
+            let outer_held = held;
             let held = |c: &crate::report::Conflict| -> Option<usize> {
-                held(c).map(|op| schedule_op(&numbering, op, c.captured.map(|m| m as usize)))
+                outer_held(c).map(|op| schedule_op(&numbering, op, c.captured.map(|m| m as usize)))
             };
             let unknown = || "the freed buffer's allocation is not in the trace".to_string();
             let name = h.buffer.as_ref().ok_or_else(unknown)?;
@@ -375,10 +376,15 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
             };
             p.insert(at + 1, alloc.into());
             p.insert(at + 2, write.into());
+            // Replayed ops are numbered after the program's ops: after the two inserted here.
+            let numbering = numbering_of(&p);
             let holds: Vec<(usize, usize)> = h
                 .conflicts
                 .iter()
-                .filter_map(held)
+                .filter_map(|c| {
+                    outer_held(c)
+                        .map(|op| schedule_op(&numbering, op, c.captured.map(|m| m as usize)))
+                })
                 .map(|y| (y, at + 2))
                 .collect();
             let mut watch = hazard_buffers(h);

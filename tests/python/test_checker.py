@@ -22,6 +22,7 @@ def lines(path):
 
 
 def cli(*args, **kw):
+    kw.setdefault("timeout", 300)  # no test hangs on a child: past it, killed and failed
     return subprocess.run([sys.executable, "-m", "streamsan", *args], capture_output=True, text=True, **kw)
 
 
@@ -198,5 +199,5 @@ def test_console_script_is_installed():
     exe = shutil.which("streamsan", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("no streamsan script beside this Python (not installed with pip?)")
-    out = subprocess.run([exe, "check", "--format", "json", REUSE], capture_output=True, text=True)
+    out = subprocess.run([exe, "check", "--format", "json", REUSE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 1 and json.loads(out.stdout)["errors"] == 2

@@ -84,7 +84,7 @@ def summary(tmp_path, s, o, m, pytest_tail):
     return subprocess.run(
         [sys.executable, os.path.join(HERE, "gpu_report.py"), "summary", "--suite", str(files["suite"]),
          "--overhead", str(files["overhead"]), "--memory", str(files["memory"]), "--pytest", str(tmp_path / "pytest.txt")],
-        capture_output=True, text=True,
+        capture_output=True, text=True, timeout=300,
     )
 
 

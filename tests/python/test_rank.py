@@ -131,12 +131,13 @@ def test_python_m_streamsan_torch_under_a_torchrun_environment(tmp_path):
     env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND="python",
                RANK="1", WORLD_SIZE="2", LOCAL_RANK="1")
     cmd = [sys.executable, "-m", "streamsan.torch", "--trace", "t.jsonl", str(script)]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 1, out.stderr
     # the report, after the line naming its rank (warnings of the run may come before)
     report = out.stderr[out.stderr.index("streamsan.torch: rank 1 of 2, pid "):]
     assert f"racy.py:{LINE_OF_RANK[1]}" in report and (tmp_path / "t.rank1.jsonl").exists()
-    out = subprocess.run(cmd[:-1] + ["-o", "report.txt", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = subprocess.run(cmd[:-1] + ["-o", "report.txt", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=300)
     assert out.returncode == 1 and "data-race" not in out.stderr, out.stderr
     text = (tmp_path / "report.rank1.txt").read_text()
     assert "data-race" in text and not (tmp_path / "report.txt").exists()

@@ -187,10 +187,14 @@ impl Device {
     }
 
     /// A program run's device: nothing runs until a scheduler steps it, kernels advance
-    /// `chunk_words` words per step, and reads are tagged and observed.
+    /// `chunk_words` words per step, and reads are tagged (on memory that counts its writes) and
+    /// observed.
     pub(crate) fn program(chunk_words: u32) -> Self {
         let mut d = Device::with(Timing::Scheduled, chunk_words, u64::MAX, u64::MAX);
         d.observer = Some(Observer::default());
+        for memory in [MemoryKind::Device, MemoryKind::Pinned, MemoryKind::Managed] {
+            d.arena(memory).count_writes = true;
+        }
         d
     }
 

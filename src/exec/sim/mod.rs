@@ -26,9 +26,11 @@
 //!   cross-stream dependencies met when it was queued (they are forced at issue), so every schedule
 //!   produced is one a GPU could produce, with the spun stream as late as possible.
 //!
-//! Reads by a program run are *tagged*: a buffer reads only what it wrote itself, and a pattern of
-//! its generation elsewhere (see the arena), so that what a program observes does not depend on
-//! whatever earlier owners left in memory — only on races. A session's reads are raw, as a GPU's.
+//! Reads by a program run are *tagged*: a buffer reads only what it wrote itself, and elsewhere a
+//! pattern of its generation and of how many writes those bytes had received (see the arena), so
+//! that what a program observes does not depend on whatever earlier owners left in memory — only
+//! on races, a read racing the writes of another buffer to those bytes included. A session's
+//! reads are raw, as a GPU's.
 
 mod arena;
 mod backend;
