@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real-code suite (tests/python/realcode.py) on a GPU, in one run of at most REALCODE_SECONDS
-# (default 420):
+# (default 480):
 #
 #   bash tests/python/gpu_realcode.sh WHEELDIR
 #
@@ -16,14 +16,20 @@
 #   2. at the same time: streamsan's verdicts with the native recorder, with the Python recorder,
 #      CSAN's (processes of their own: the programs that capture CUDA graphs in a second one),
 #      and the widened runs (REALCODE_RUNS, default 5);
-#   3. alone on the machine: the cost (plain / native / python interleaved, REALCODE_COST_RUNS
-#      rounds, default 3), then CSAN's cost (plain first, then CSAN enabled);
+#   3. alone on the machine: the cost (a warm-up, then plain / native / python interleaved,
+#      REALCODE_COST_RUNS rounds, default 3), then CSAN's cost (plain first, then CSAN enabled, a
+#      warm-up and the rounds); in both, the programs that capture CUDA graphs (realcode.CAPTURES)
+#      last, each in a process of its own;
 #   4. the table and the summary (PASS/FAIL per criterion).
 #
-# Environment: OUT (default /tmp/realcode-out), REALCODE_SECONDS (420), REALCODE_RUNS (5),
+# Environment: OUT (default /tmp/realcode-out), REALCODE_SECONDS (480), REALCODE_RUNS (5),
 # REALCODE_COST_RUNS (3), REALCODE_ONLY (NAME[,NAME...]: only these programs),
 # REALCODE_ALLOW_SKIPS=1 (a program whose library is missing does not fail the summary),
-# REALCODE_COST_SECONDS (80) and REALCODE_CSAN_COST_SECONDS (50): the time kept for step 3.
+# REALCODE_COST_SECONDS (120) and REALCODE_CSAN_COST_SECONDS (150): the time kept for step 3's two
+# parts (each program of realcode.CAPTURES in a process of its own costs its imports and CUDA
+# set-up, 5-20 s; CSAN runs are 10-40 times slower than plain ones). About 45 s go to steps 0-1,
+# 60-120 s to step 2 (bounded by what step 3 keeps, and 240 s); each part of step 3 has what the
+# steps before it left, less what is kept for the steps after it.
 #
 # Files under $OUT: realcode.json (every step's results merged), table.md, summary.txt, log.txt
 # (every step's exit status and standard error). Exit status 0 when every criterion passes.
@@ -44,11 +50,11 @@ unset STREAMSAN_TORCH_BACKEND STREAMSAN_TORCH_FAKE_DEVICE STREAMSAN_TEST_BACKEND
 log=$out/log.txt
 : >"$log"
 start=$(date +%s)
-deadline=$((start + ${REALCODE_SECONDS:-420}))
+deadline=$((start + ${REALCODE_SECONDS:-480}))
 runs=${REALCODE_RUNS:-5}
 cost_runs=${REALCODE_COST_RUNS:-3}
-cost_s=${REALCODE_COST_SECONDS:-80}
-csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-50}
+cost_s=${REALCODE_COST_SECONDS:-120}
+csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-150}
 only=()
 [ -n "${REALCODE_ONLY:-}" ] && only=(--only "$REALCODE_ONLY")
 report=tests/python/realcode_report.py
@@ -153,12 +159,25 @@ p4=$!
 wait $p1 $p2 $p3 $p4 $p5
 logged native python csan csan-graphs widen
 
+# What else runs on the GPU and the host before a cost step (a cost measured while another
+# process computes is not the program's): to the log.
+machine_state() {
+  {
+    echo "-- before $1: load $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null); GPU processes:"
+    nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1
+    nvidia-smi --query-gpu=utilization.gpu,clocks.sm,temperature.gpu --format=csv,noheader 2>&1
+  } >>"$log"
+}
+
 note "cost (alone on the machine)"
+# each cost step has what the steps before it left, less what is kept for the steps after it
 RESERVE=$((csan_cost_s + 10))
-run cost "$cost_s" "$tmp/cost.json" python3 $report cost --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
+machine_state cost
+run cost 600 "$tmp/cost.json" python3 $report cost --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
 logged cost
 RESERVE=10
-run csan-cost "$csan_cost_s" "$tmp/csan-cost.json" python3 $report cost --csan --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
+machine_state csan-cost
+run csan-cost 600 "$tmp/csan-cost.json" python3 $report cost --csan --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${only[@]}"
 logged csan-cost
 
 note "results"

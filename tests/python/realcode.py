@@ -25,11 +25,26 @@ Every program is `fn(fixed: bool, widen: bool) -> bool` and returns whether its 
 A program whose library is missing raises `RuntimeError("needs X")`. Models are random (no
 download anywhere: never `pretrained=True` / `from_pretrained`). `race_lines(fn)` gives the
 `# RACE` lines of a program (and of the helpers it names in `fn.race_helpers`).
+
+`NOTES`: what a run of a program found that is not a synchronization bug (a PyTorch bug it
+measures, for one), keyed by the program function's `__name__`; a runner pops it after each run
+(`take_note(fn)`).
+
+CUDA graph captures here run with Python's cyclic garbage collector paused (`_gc_paused`):
+torch 2.9+'s `torch.cuda.graph` no longer runs `gc.collect()` before capturing
+(`torch.compiler.config.force_cudagraph_gc`, default off), and a graph of an earlier run kept
+alive by a reference cycle (`make_graphed_callables` makes one: the module's `forward` closes over
+the module) and collected in the middle of a capture calls `cudaGraphExecDestroy` during a
+global-mode capture: "operation not permitted when stream is capturing" (CUDAGraph.cpp, `reset`),
+the capture is invalidated and the CUDA RNG is left in capture state for the rest of the process
+("Offset increment outside graph capture encountered unexpectedly"); see pytorch/pytorch#161037.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
 import importlib
 import inspect
 import io
@@ -76,6 +91,33 @@ def _all_close(xs, ys, rel: float = 1e-4) -> bool:
 
 def _finite(values) -> bool:
     return bool(torch.isfinite(torch.stack([v.detach().float() for v in values])).all())
+
+
+NOTES: dict = {}  # program function's __name__ -> a note of its last run (see the module docstring)
+
+
+def take_note(fn):
+    """The note the last run of program `fn` left (and forgets it), or None."""
+    return NOTES.pop(getattr(fn, "__name__", ""), None)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off meanwhile (a CUDA graph capture: see the module
+    docstring); as it was after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _make_graphed(model: nn.Module, sample: torch.Tensor):
+    """`torch.cuda.make_graphed_callables(model, (sample,))`, the collector paused meanwhile."""
+    with _gc_paused():
+        return torch.cuda.make_graphed_callables(model, (sample,))
 
 
 _group = None
@@ -299,6 +341,156 @@ class CudaPrefetcher:
             batch.record_stream(torch.cuda.current_stream())
         self.preload()
         return batch
+
+
+# ----------------------------------------------------------------------------------------------
+# Side streams inside autograd's backward (on its device thread) and inside a custom op
+
+
+_OPS: dict = {}  # name -> torch.library's CustomOpDef (kept: dropping it unregisters the op)
+_OP_STREAMS: dict = {}  # device index -> the side stream of realcode::side_axpb_
+
+
+def _side_axpb_kernel(x: torch.Tensor, a: float, b: float, spin: int) -> None:
+    """realcode::side_axpb_'s CUDA kernel: `x = a * x + b` in place, on a side stream of the op's
+    own that first waits for the current stream (which produced `x`); then the current stream
+    waits for it (whatever comes after reads `x`). `spin` (widened runs): the side stream spins
+    that many cycles before writing."""
+    side = _OP_STREAMS.get(x.device.index)
+    if side is None:
+        side = _OP_STREAMS[x.device.index] = torch.cuda.Stream()
+    cur = torch.cuda.current_stream()
+    side.wait_stream(cur)
+    with torch.cuda.stream(side):
+        if spin:
+            torch.cuda._sleep(spin)
+        x.mul_(a).add_(b)
+    cur.wait_stream(side)
+
+
+def side_axpb_op():
+    """`torch.ops.realcode.side_axpb_(x, a, b, spin)`, a `torch.library.custom_op` mutating `x`
+    whose CUDA implementation is `_side_axpb_kernel` (registered once per process), or
+    RuntimeError("needs …")."""
+    if "side_axpb_" not in _OPS:
+        if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
+            raise RuntimeError("needs torch.library.custom_op (torch >= 2.4)")
+        try:
+            _OPS["side_axpb_"] = torch.ops.realcode.side_axpb_  # registered by another copy of this module
+        except (AttributeError, RuntimeError):
+            _OPS["side_axpb_"] = torch.library.custom_op(
+                "realcode::side_axpb_", _side_axpb_kernel, mutates_args=("x",), device_types="cuda",
+                schema="(Tensor(a!) x, float a, float b, int spin) -> ()")
+    return torch.ops.realcode.side_axpb_
+
+
+class SideStreamGradScale(torch.autograd.Function):
+    """`y = x` forward; backward, on autograd's device thread (whose current stream is the one the
+    forward ran on), scales the incoming gradient by `scale` into a new tensor on the side stream
+    `side`: first `side.wait_stream(current)` (with `wait_first`: the fix of BUGS' variant, which
+    reads the gradient before it is produced), then the current stream waits for the side stream
+    and the new gradient is `record_stream`ed on it (it was allocated on the side stream and is
+    used and freed on the current one). With `axpb` = (a, b, spin), then `realcode::side_axpb_` on
+    the new gradient: a custom op inside the backward, on a side stream of its own."""
+
+    @staticmethod
+    def forward(ctx, x, scale, side, wait_first, axpb):
+        ctx.scale, ctx.side, ctx.wait_first, ctx.axpb = scale, side, wait_first, axpb
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        cur = torch.cuda.current_stream()
+        if ctx.wait_first:
+            ctx.side.wait_stream(cur)
+        with torch.cuda.stream(ctx.side):
+            out = grad * ctx.scale  # RACE
+        cur.wait_stream(ctx.side)
+        out.record_stream(cur)
+        if ctx.axpb is not None:
+            side_axpb_op()(out, *ctx.axpb)
+        return out, None, None, None, None
+
+
+class _GradScaleRef(torch.autograd.Function):
+    """SideStreamGradScale's reference: the same arithmetic on the current stream alone."""
+
+    @staticmethod
+    def forward(ctx, x, scale, ab):
+        ctx.scale, ctx.ab = scale, ab
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = grad * ctx.scale
+        if ctx.ab is not None:
+            out.mul_(ctx.ab[0]).add_(ctx.ab[1])
+        return out, None, None
+
+
+class _SpinInBackward(torch.autograd.Function):
+    """`y = x`; its backward first spins the current stream `cycles` (widened runs): the gradients
+    autograd computes after it (those of the layers before it) are produced late."""
+
+    @staticmethod
+    def forward(ctx, x, cycles):
+        ctx.cycles = cycles
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.cycles:
+            torch.cuda._sleep(ctx.cycles)
+        return grad, None
+
+
+def _side_stream_grad_mlp(wait_first: bool, widen: bool, with_op: bool) -> bool:
+    """An MLP (64-256-10) trained 3 SGD steps with `SideStreamGradScale` (scale 0.5) after its
+    hidden layer; with `with_op`, each batch goes through `realcode::side_axpb_` (0.5 x + 0.25) and
+    the scaled gradient too (2 g + 0, inside the backward). Widened: the default stream spins
+    before it produces each batch, in the backward before it produces the hidden layer's gradient
+    (`_SpinInBackward`), and the custom op's side stream before each write. Right when losses and
+    weights are those of the same MLP computed on the default stream alone (after it: no memory
+    it freed holds a right gradient for a too early read to find)."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        fc1, fc2 = nn.Linear(64, 256), nn.Linear(256, 10)
+    rfc1, rfc2 = copy.deepcopy(fc1), copy.deepcopy(fc2)
+    params = [*fc1.parameters(), *fc2.parameters()]
+    rparams = [*rfc1.parameters(), *rfc2.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1)
+    ropt = torch.optim.SGD(rparams, lr=0.1)
+    op = side_axpb_op() if with_op else None
+    _OP_STREAMS.clear()  # the op's side stream made in this run (under the check, when checked)
+    side = torch.cuda.Stream()
+    spin = SLEEP if widen else 0
+    g = _gen()
+    xs = [torch.randn(32, 64, generator=g).cuda() for _ in range(3)]
+    ys = [torch.randint(0, 10, (32,), generator=g).cuda() for _ in range(3)]
+    losses, rlosses = [], []
+    for x0, y in zip(xs, ys):
+        opt.zero_grad(set_to_none=True)
+        if widen:
+            torch.cuda._sleep(SLEEP)
+        x = x0.clone()
+        if op is not None:
+            op(x, 0.5, 0.25, spin)
+        h = SideStreamGradScale.apply(F.relu(fc1(x)), 0.5, side, wait_first, (2.0, 0.0, spin) if with_op else None)
+        loss = F.cross_entropy(_SpinInBackward.apply(fc2(h), spin), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    for x0, y in zip(xs, ys):
+        ropt.zero_grad(set_to_none=True)
+        x = x0.clone()
+        if op is not None:
+            x.mul_(0.5).add_(0.25)
+        h = _GradScaleRef.apply(F.relu(rfc1(x)), 0.5, (2.0, 0.0) if with_op else None)
+        loss = F.cross_entropy(rfc2(h), y)
+        loss.backward()
+        ropt.step()
+        rlosses.append(loss.detach())
+    return _all_close(losses, rlosses, 1e-5) and _all_close(params, rparams, 1e-5)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -538,48 +730,97 @@ def activation_checkpointing(fixed: bool, widen: bool) -> bool:
     return _close(loss, ref, 1e-5) and _all_close(got, [p.grad for p in model.parameters()], 1e-4)
 
 
-def _graphed_mlp(set_to_none: bool) -> bool:
+def _graphed_mlp_train(xs, ys, set_to_none: bool, widen: bool, eager: bool) -> dict:
+    """An MLP (seed 0) through `make_graphed_callables`, trained one SGD step per batch of `xs`,
+    `ys` with `zero_grad(set_to_none=set_to_none)`; with `eager`, the same MLP without the graphs
+    beside it, step by step. Widened: the default stream spins before each backward (the graphed
+    backward's replay and the gradients' accumulation run late). Returns the losses, the final
+    parameters, and with `eager` the eager MLP's and, per step, the ratio of the graphed MLP's
+    gradients to the eager one's (<g, r> / <r, r> over all parameters, before the step)."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = _mlp()
-    ref = copy.deepcopy(model)
+    ref = copy.deepcopy(model) if eager else None
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    g = _gen()
-    xs = [torch.randn(32, 64, generator=g).cuda() for _ in range(3)]
-    ys = [torch.randint(0, 10, (32,), generator=g).cuda() for _ in range(3)]
-    graphed = torch.cuda.make_graphed_callables(model, (torch.randn(32, 64, device="cuda"),))
-    losses, rlosses = [], []
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1) if eager else None
+    graphed = _make_graphed(model, torch.randn(32, 64, device="cuda"))
+    out: dict = {"losses": [], "rlosses": [], "ratios": []}
     for x, y in zip(xs, ys):
         opt.zero_grad(set_to_none=set_to_none)
         loss = F.cross_entropy(graphed(x), y)
+        if widen:
+            torch.cuda._sleep(SLEEP)
         loss.backward()
+        out["losses"].append(loss.detach())
+        if eager:
+            ropt.zero_grad(set_to_none=set_to_none)
+            rloss = F.cross_entropy(ref(x), y)
+            rloss.backward()
+            out["rlosses"].append(rloss.detach())
+            g = torch.cat([p.grad.flatten() for p in model.parameters()])
+            r = torch.cat([p.grad.flatten() for p in ref.parameters()])
+            out["ratios"].append(float((g * r).sum() / (r * r).sum()))
+            ropt.step()
         opt.step()
-        losses.append(loss.detach())
-        ropt.zero_grad(set_to_none=set_to_none)
-        rloss = F.cross_entropy(ref(x), y)
-        rloss.backward()
-        ropt.step()
-        rlosses.append(rloss.detach())
-    return _close(torch.stack(losses), torch.stack(rlosses), 1e-4) and _all_close(
-        model.parameters(), ref.parameters(), 1e-4)
+    out["params"] = [p.detach().clone() for p in model.parameters()]
+    if eager:
+        out["rparams"] = [p.detach().clone() for p in ref.parameters()]
+    return out
+
+
+def _graphed_batches():
+    g = _gen()
+    xs = [torch.randn(32, 64, generator=g).cuda() for _ in range(3)]
+    ys = [torch.randint(0, 10, (32,), generator=g).cuda() for _ in range(3)]
+    return xs, ys
 
 
 def graphed_mlp_set_to_none(fixed: bool, widen: bool) -> bool:
     """An MLP through `torch.cuda.make_graphed_callables`, trained 3 SGD steps with
-    `zero_grad(set_to_none=True)`; right when losses and weights are those of the eager MLP."""
-    return _graphed_mlp(True)
+    `zero_grad(set_to_none=True)`. Widened: the default stream spins before each backward. Right
+    when losses and weights are those of the eager MLP."""
+    r = _graphed_mlp_train(*_graphed_batches(), set_to_none=True, widen=widen, eager=True)
+    return _all_close(r["losses"], r["rlosses"], 1e-4) and _all_close(r["params"], r["rparams"], 1e-4)
 
 
 def graphed_mlp_zero_grad_in_place(fixed: bool, widen: bool) -> bool:
-    """The same with `zero_grad(set_to_none=False)`: the gradients are zeroed in place and the
-    graphed backward's static gradients accumulated into them."""
-    return _graphed_mlp(False)
+    """The same with `zero_grad(set_to_none=False)`. Here the graphed MLP does NOT train as the
+    eager one does, widened or not, under a checker or not: PyTorch's own bug
+    (pytorch/pytorch#181723), not a synchronization bug. On the first step AccumulateGrad takes
+    the graphed backward's static gradient output itself as `p.grad` (there is none yet);
+    `zero_grad(set_to_none=False)` then zeroes that static buffer in place, the next replay writes
+    the new gradient into it, and AccumulateGrad adds `p.grad` (the same buffer) to itself: from
+    the second step on every gradient is doubled. The program is in the suite because a checker
+    once reported false data races on it (the gradients accumulated into, in place, by the graph's
+    replay and by AccumulateGrad on the default stream).
+
+    So its result is whether it does not depend on timing: a run (widened: the default stream
+    spins before each backward) trains exactly as a second, unwidened run of the same seed and
+    batches does (losses and final weights equal within 1e-6), and its first step, which the bug
+    does not reach, is the eager MLP's (loss within 1e-4, gradient ratio 1). The doubling is
+    measured, not judged: the ratio of the graphed MLP's gradients to the eager MLP's on the
+    second step (2.0 with the bug, 1.0 once PyTorch fixes it) goes to `NOTES`."""
+    xs, ys = _graphed_batches()
+    a = _graphed_mlp_train(xs, ys, set_to_none=False, widen=widen, eager=True)
+    b = _graphed_mlp_train(xs, ys, set_to_none=False, widen=False, eager=False)
+    ratio = a["ratios"][1]
+    if abs(ratio - 2.0) < 1e-3:
+        what = "gradients doubled"
+    elif abs(ratio - 1.0) < 1e-3:
+        what = "gradients right (the bug looks fixed in this PyTorch)"
+    else:
+        what = "gradients off"
+    NOTES[graphed_mlp_zero_grad_in_place.__name__] = {
+        "title": "PyTorch bug #181723", "bug": "pytorch/pytorch#181723", "what": what,
+        "ratio": round(ratio, 4), "widened": bool(widen), "sync_bug": False}
+    same = _all_close(a["losses"], b["losses"], 1e-6) and _all_close(a["params"], b["params"], 1e-6)
+    first = _close(a["losses"][0], a["rlosses"][0], 1e-4) and abs(a["ratios"][0] - 1.0) < 1e-3
+    return same and first
 
 
 def cuda_graph_inference(fixed: bool, widen: bool) -> bool:
     """torchvision ResNet-18 inference captured with `torch.cuda.graph` (warm-up on a side stream
-    first, as PyTorch's docs do), replayed for 3 batches copied into the static input; right
+    first, as PyTorch's docs do; the garbage collector paused during the capture), replayed for 3 batches copied into the static input; right
     when the outputs are the eager model's."""
     tv = _need("torchvision")
     torch.manual_seed(0)
@@ -595,7 +836,7 @@ def cuda_graph_inference(fixed: bool, widen: bool) -> bool:
             model(static_x)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
+    with _gc_paused(), torch.no_grad(), torch.cuda.graph(graph):
         static_y = model(static_x)
     outs = []
     for xb in batches:
@@ -625,8 +866,9 @@ def _compiled_llama():
 def compiled_llm_decode(fixed: bool, widen: bool) -> bool:
     """An LLM decode loop compiled with `torch.compile(mode="reduce-overhead")` (CUDA graph
     trees): a random 2-layer Llama-style model (hidden 128) with a static KV cache, fed a prompt
-    of 4 tokens one at a time, then 8 greedy decode steps. Compiled once per process. Right when its
-    logits are the eager model's on the same tokens."""
+    of 4 tokens one at a time, then 8 greedy decode steps. Compiled once per process; the compiled
+    decode runs with the garbage collector paused (its first calls capture CUDA graphs). Right when
+    its logits are the eager model's on the same tokens."""
     model, step = _compiled_llama()
     prompt = torch.tensor([3, 17, 42, 5], device="cuda").view(-1, 1, 1)  # tokens [1, 1], as argmax's
 
@@ -652,7 +894,8 @@ def compiled_llm_decode(fixed: bool, widen: bool) -> bool:
                 pos += 1
         return toks, torch.stack(logits)
 
-    toks, got = decode(step)
+    with _gc_paused():  # CUDA graph trees capture in the first calls
+        toks, got = decode(step)
     _, want = decode(model, forced=toks)
     return _close(got, want, 1e-3)
 
@@ -786,6 +1029,19 @@ def prefetcher_pinned_randn(fixed: bool, widen: bool) -> bool:
     return _close(torch.stack(seen).cpu(), torch.stack(want), 1e-5)
 
 
+def autograd_side_streams(fixed: bool, widen: bool) -> bool:
+    """The order of ops on autograd's device thread inside nested scopes: an MLP trained 3 steps
+    whose backward runs a custom `torch.autograd.Function` (`SideStreamGradScale`) that scales the
+    gradient on a side stream (`side.wait_stream(current)`, the kernel there, the current stream
+    waiting for it, `record_stream`) and, inside that backward, a `torch.library` custom op
+    (`realcode::side_axpb_`, its CUDA implementation in Python: `wait_stream`, a kernel on a side
+    stream of its own writing its mutated input, `wait_stream` back), which also normalizes each
+    batch in the forward. Widened: the default stream spins before producing each batch and before
+    producing the gradient the backward scales, the op's side stream before each write. Right when
+    losses and weights are those of the same arithmetic on the default stream alone."""
+    return _side_stream_grad_mlp(True, widen, True)
+
+
 CLEAN = {  # those that could hang or take long (fork, NCCL, compilation) last
     "torchvision ResNet-18 training": resnet_training,
     "timm ViT-Tiny training": timm_vit_training,
@@ -801,6 +1057,7 @@ CLEAN = {  # those that could hang or take long (fork, NCCL, compilation) last
     "nanoGPT loop with per-step pinned batches": nanogpt_pinned_batches,
     "double-buffered loader": double_buffered_loader,
     "prefetcher of randn().pin_memory() batches": prefetcher_pinned_randn,
+    "autograd.Function and custom op on side streams": autograd_side_streams,
     "DDP on one NCCL rank": ddp_one_rank,
     "FSDP2 fully_shard on one NCCL rank": fsdp2_one_rank,
     "DataLoader pin_memory num_workers=2": dataloader_pinned_workers2,
@@ -1041,6 +1298,19 @@ def nanogpt_pinned_staging_refilled(fixed: bool, widen: bool) -> bool:
     return torch.equal(torch.stack(seen).cpu(), torch.stack(want))
 
 
+@_race_helpers(SideStreamGradScale)
+def autograd_backward_side_stream_without_wait(fixed: bool, widen: bool) -> bool:
+    """Bug: an MLP trained 3 steps through `SideStreamGradScale`, whose backward, on autograd's
+    device thread, scales the incoming gradient on a side stream without first making the side
+    stream wait for the current stream, where autograd just launched the kernel that produces that
+    gradient: the side stream may read it before it is written. Fix:
+    `side.wait_stream(torch.cuda.current_stream())` first. Widened: the current stream spins in the
+    backward before producing the gradient (`_SpinInBackward`), so the side stream reads memory
+    the gradient is not in yet. Reported: data-race at the side stream's read (the backward's
+    scaling)."""
+    return _side_stream_grad_mlp(fixed, widen, False)
+
+
 def graphed_mlp_batch_before_copy(fixed: bool, widen: bool) -> bool:
     """Bug: an MLP made a CUDA graph by `torch.cuda.make_graphed_callables`, trained on batches
     copied to the GPU on a copy stream; the graphed callable (whose first op copies the batch into
@@ -1053,7 +1323,7 @@ def graphed_mlp_batch_before_copy(fixed: bool, widen: bool) -> bool:
     ref = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    graphed = torch.cuda.make_graphed_callables(model, (torch.randn(32, 64, device="cuda"),))
+    graphed = _make_graphed(model, torch.randn(32, 64, device="cuda"))
     copier = torch.cuda.Stream()
     g = _gen()
     host = [torch.randn(32, 64, generator=g).pin_memory() for _ in range(2)]
@@ -1092,6 +1362,7 @@ BUGS = {
     "nanoGPT loss read from pinned memory before sync": nanogpt_loss_logged_before_sync,
     "checkpoint staged to pinned memory and saved before sync": checkpoint_pinned_without_sync,
     "nanoGPT pinned staging buffer refilled too early": nanogpt_pinned_staging_refilled,
+    "autograd.Function backward on a side stream without wait_stream": autograd_backward_side_stream_without_wait,
     "graphed MLP fed before its copy stream": graphed_mlp_batch_before_copy,
 }
 

@@ -12,13 +12,16 @@ recorders, CSAN's, the widened runs and the cost, in one table.
 
 Every subcommand takes `--only NAME[,NAME…]` (exact names, or substrings of names), `--graphs
 all|without|only|last` (the programs that capture CUDA graphs, realcode.CAPTURES: CSAN runs them
-last, since a capture failing under it can leave the process unusable) and
-`--deadline-seconds S`: no program starts once less than a few seconds are left, and at the
-deadline a watchdog prints what was found so far (the program in progress marked "timed out",
-every thread's stack on standard error) and exits; SIGTERM (`timeout`) does the same. Results are
-JSON on standard output, progress lines on standard error. A program that raises is a row with
-its exception, never the end of the run; one whose library is missing (`RuntimeError("needs X")`)
-is a row "skipped: needs X".
+last, since a capture failing under it can leave the process unusable; cost runs each in a
+process of its own) and `--deadline-seconds S`: no program starts once less than a few seconds
+are left, and at the deadline a watchdog prints what was found so far (the program in progress
+marked "timed out", every thread's stack on standard error) and exits; SIGTERM (`timeout`) does
+the same. Results are JSON on standard output, progress lines on standard error. Before each run
+of a program (outside any timing) a full garbage collection runs, so that what an earlier run left
+in reference cycles (CUDA graphs among it) is freed then and not in the middle of a later capture
+(what the imports made is frozen out of the collector's way first: `gc.freeze`). A program that
+raises is a row with its exception, never the end of the run; one whose library is missing
+(`RuntimeError("needs X")`) is a row "skipped: needs X".
 
 Rows: a buggy-and-fixed program has the variants "buggy" and "fixed", a clean program the one
 variant "clean" (run with fixed=True).
@@ -26,33 +29,50 @@ variant "clean" (run with fixed=True).
 - `streamsan`: each variant once under `streamsan.torch.check(raise_on_hazard=False,
   backend=B)`: errors, kinds, the sites reported (the hazards' `access` sites), whether one is a
   `# RACE` line of the program (`at_race_line`), the program's own verdict (`result_ok`), seconds,
-  streamsan's warnings, and the report's first 40 lines (`text`) when a clean or fixed variant
-  has errors or a buggy one is not reported at its line. Key `streamsan-BACKEND`.
+  streamsan's warnings, the report's first 40 lines (`text`) when a clean or fixed variant has
+  errors or a buggy one is not reported at its line, and what the run left in realcode.NOTES
+  (`note`: a PyTorch bug it measured, for one). Key `streamsan-BACKEND`.
 - `csan`: `torch.cuda._sanitizer.enable_cuda_sanitizer()` (it cannot be turned off: run it in a
   process of its own), each variant once: reported or not. Key `csan`.
 - `widen`: each variant `--runs` times with `widen=True`, uninstrumented: how many runs gave a
-  wrong result. Key `widen`.
-- `cost`: per program (its fixed or clean variant), one warm-up run in each mode, then `--runs`
-  rounds of plain / check(native) / check(python), interleaved, all in this one process; the
-  median seconds of each mode and the ratios to plain. `cost --csan`: the plain rounds of every
-  program first, then CSAN enabled and the same rounds under it (key `cost-csan`).
-- `table FILES…`: one markdown table of all of it.
+  wrong result (and the runs' notes, `note`). Key `widen`.
+- `cost`: per program (its fixed or clean variant), one warm-up run in each mode (`warmup`:
+  first-run costs are not timed), then up to `--runs` rounds of plain / check(native) /
+  check(python), interleaved, each after a garbage collection; the median seconds of each mode
+  and the ratios to plain. A program's rounds stop once its share of the time left is spent (one
+  timed round at least). The programs of realcode.CAPTURES (CUDA graphs, make_graphed_callables,
+  torch.compile) run after the others, each in a process of its own (`cost --only NAME`, its
+  JSON merged; `process`: its exit status and seconds): a capture that fails cannot leave the CUDA
+  RNG or the allocator unusable for the other programs. A mode that raises is `failed` (the
+  program's first exception printed in full on standard error, `tracebacks` in the row).
+  `cost --csan` (key `cost-csan`): the plain warm-up and rounds of every program first, then CSAN
+  imported (the import alone hooks every allocation: plain runs after it are nearly CSAN's) and
+  enabled (it cannot be turned off), and a warm-up and the rounds under it; the CAPTURES programs
+  the same, each in a process of its own; a program CSAN stops is "CSAN failed: …".
+- `table FILES…`: one markdown table of all of it (cost: milliseconds and ratios to plain; a
+  CSAN ratio marked * is to `cost`'s plain seconds), then the notes and what cost did not measure.
 - `summary FILES…`: a compact grid and a PASS/FAIL line per criterion: every clean program clean
   (and right) under both recorders; every buggy program reported at a `# RACE` line by both, its
   fixed variant clean; widened, every buggy variant corrupted at least once and no fixed or clean
-  one ever. A skipped or unmeasured program fails (`--allow-skips`: a skip is a SKIP line). Exit
-  status 0 when every criterion passes.
+  one ever. Under each FAIL of a clean (or fixed) variant, why in one line: the first hazard's
+  first line of the report (`text`), else its exception. The notes (a PyTorch bug a program
+  measured: "PyTorch bug #181723: gradients doubled (ratio 2.00), the same widened or not; not a
+  synchronization bug") and the programs cost did not measure are listed before the criteria. A
+  skipped or unmeasured program fails (`--allow-skips`: a skip is a SKIP line). Exit status 0
+  when every criterion passes.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import json
 import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -130,6 +150,12 @@ def _sync() -> None:
         pass
 
 
+def _collect() -> None:
+    """A full garbage collection, between programs (never in a timed run): what an earlier run left
+    in reference cycles (CUDA graphs among it) goes now, not in the middle of a later capture."""
+    gc.collect()
+
+
 def _versions() -> dict:
     out = {"python": sys.version.split()[0]}
     for mod in ("torch", "torchvision", "timm", "transformers", "streamsan"):
@@ -159,9 +185,14 @@ class Out:
         self.pid = os.getpid()
         self.deadline = self.t0 + deadline_seconds if deadline_seconds else None
         self.current: tuple[str, str] | None = None
+        self.child: subprocess.Popen | None = None  # a program run in a process of its own (cost)
         self.lock = threading.Lock()
         self.printed = False
         self.snapshot = json.dumps(self.data, indent=1)
+        # what is alive now (torch and the libraries, imported) is never garbage: out of the
+        # collector's way, so that the collections between programs and rounds are quick
+        gc.collect()
+        gc.freeze()
         if self.deadline is not None:
             threading.Thread(target=self._watchdog, daemon=True).start()
         try:
@@ -201,6 +232,12 @@ class Out:
         if os.getpid() != self.pid:  # a forked DataLoader worker: not ours to report
             os._exit(1)
         _log(f"stopping: {why}; in progress: {self.current}")
+        child = self.child
+        if child is not None and child.poll() is None:
+            try:
+                child.kill()
+            except OSError:
+                pass
         try:
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         except Exception:  # noqa: BLE001
@@ -263,6 +300,8 @@ def check_variant(realcode, fn, variant: str, backend: str) -> dict:
     import streamsan.torch
 
     lines = realcode.race_lines(fn)
+    realcode.take_note(fn)
+    _collect()
     t0 = time.perf_counter()
     res: dict = {}
     run = streamsan.torch.check(raise_on_hazard=False, backend=backend)
@@ -282,6 +321,9 @@ def check_variant(realcode, fn, variant: str, backend: str) -> dict:
             _sync()
     res["seconds"] = round(time.perf_counter() - t0, 3)
     res["backend"] = run.backend
+    note = realcode.take_note(fn)
+    if note is not None:
+        res["note"] = note
     notes = []
     for w in caught:
         msg = str(w.message)
@@ -372,6 +414,7 @@ def run_csan(a) -> Out:
                 row[variant] = {"not_run": "deadline"}
                 continue
             out.current = (name, variant)
+            _collect()
             t0 = time.perf_counter()
             try:
                 ok = fn(variant != "buggy", False)
@@ -416,15 +459,21 @@ def run_widen(a) -> Out:
             t0 = time.perf_counter()
             bad = done = 0
             r: dict = {}
+            notes: list = []
+            realcode.take_note(fn)
             try:
                 for _ in range(a.runs):
                     if done and out.left() < MIN_LEFT / 2:
                         r["cut_short"] = "deadline"
                         break
+                    _collect()
                     ok = fn(variant != "buggy", True)
                     _sync()
                     done += 1
                     bad += not ok
+                    note = realcode.take_note(fn)
+                    if note is not None:
+                        notes.append(note)
                 r.update({"corrupted": bad, "runs": done})
             except Exception as e:  # noqa: BLE001
                 skip = _skip_reason(e)
@@ -432,6 +481,8 @@ def run_widen(a) -> Out:
                                                      "traceback": traceback.format_exc()[-3000:]}
                 _sync()
             r["seconds"] = round(time.perf_counter() - t0, 3)
+            if notes:  # the last run's note, with every run's ratio
+                r["note"] = {**notes[-1], "ratios": [n.get("ratio") for n in notes]}
             out.current = None
             row[variant] = r
             out.publish()
@@ -467,45 +518,76 @@ def _once(fn, mode: str) -> tuple[float, dict]:
     return time.perf_counter() - t0, info
 
 
+def _fail_text(e: BaseException, mode: str) -> str:
+    if mode == "csan":
+        if _csan_error(e) is not None or "CSAN detected a possible data race" in str(e):
+            return "CSAN failed: it reported a data race (the run stopped there)"
+        return "CSAN failed: " + _exc(e)
+    return _skip_reason(e) or _exc(e)
+
+
 def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None = None,
-               field: str = "seconds") -> None:
-    """Measures `modes` of every program into out.rows[name][field][mode] (interleaved rounds,
-    after one warm-up run each), stopping at `until` (monotonic) or the deadline."""
-    for i, (name, fn, clean) in enumerate(progs, 1):
+               field: str = "seconds", freeze_after_warmup: bool = False) -> None:
+    """Measures `modes` of every program of `progs` into out.rows[name][field][mode]: a warm-up
+    run in each mode first (its seconds under "warmup": first-run costs, cuDNN's and cuBLAS's
+    set-up, lazy imports, compilation), then up to `runs` rounds of the modes interleaved, each a
+    timed run after a garbage collection. A program's rounds stop once its share of the time left
+    (until `until`, monotonic, or the deadline; the share is that time over the programs left) is
+    spent, after one timed round at least. The first exception of each program is printed in full
+    on standard error."""
+    for i, (name, fn, clean) in enumerate(progs):
         row = out.rows.setdefault(name, {"clean_program": clean})
-        left = out.left() if until is None else min(out.left(), until - time.monotonic())
-        if left < MIN_LEFT:
+        end = min(out.deadline if out.deadline is not None else math.inf, until if until is not None else math.inf)
+        left = end - time.monotonic()
+        if out.left() < MIN_LEFT or left <= 0:
             row.setdefault("not_run", []).append(f"{'/'.join(modes)}: deadline")
             continue
-        samples = {m: [] for m in modes}
+        share = left / (len(progs) - i)
+        samples: dict = {m: [] for m in modes}
+        warm: dict = {}
         failed: dict = {}
-        t0 = time.perf_counter()
+        t0 = time.monotonic()
         out.current = (name, "cost")
         for rnd in range(runs + 1):  # round 0 is the warm-up
-            if rnd and (out.left() < MIN_LEFT / 2 or (until is not None and time.monotonic() > until)):
-                row["cut_short"] = True
-                break
+            if rnd:
+                now = time.monotonic()
+                if out.left() < MIN_LEFT / 2:
+                    row["cut_short"] = "deadline"
+                    break
+                if rnd > 1 and now - t0 > share:
+                    row["cut_short"] = f"its share of the time ({share:.1f} s) spent"
+                    break
+            _collect()
             for m in modes:
                 if m in failed:
                     continue
                 try:
                     s, info = _once(fn, m)
                 except Exception as e:  # noqa: BLE001
-                    failed[m] = _skip_reason(e) or _exc(e)
-                    if m == "csan" and _csan_error(e) is not None:
-                        failed[m] = "CSAN reported an error (the run stopped there)"
+                    failed[m] = _fail_text(e, m)
+                    tb = traceback.format_exc()
+                    row.setdefault("tracebacks", {})[m] = tb[-3000:]
+                    if len(failed) == 1:
+                        _log(f"cost {name} [{m}] raised (its first exception here, in full):\n{tb}")
                     _sync()
                     continue
                 if rnd:
                     samples[m].append(s)
+                else:
+                    warm[m] = round(s, 5)
                 if info.get("errors"):
                     row.setdefault("errors_under_check", {})[m] = info["errors"]
+            if rnd == 0 and freeze_after_warmup:
+                gc.collect()  # the warm-up's imports (torchvision, Dynamo) out of the collector's way
+                gc.freeze()
         out.current = None
         cell = row.setdefault(field, {})
         for m in modes:
             if samples[m]:
                 cell[m] = round(statistics.median(samples[m]), 5)
                 row.setdefault("samples", {})[m] = [round(x, 5) for x in samples[m]]
+        if warm:
+            row.setdefault("warmup", {}).update(warm)
         if failed:
             row.setdefault("failed", {}).update(failed)
         plain = cell.get("plain")
@@ -514,29 +596,121 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                 if m != "plain" and m in cell:
                     cell[f"{m}_ratio"] = round(cell[m] / plain, 2)
         out.publish()
-        _log(f"cost {i}/{len(progs)} {name}: " + ", ".join(
-            f"{m} {cell[m] * 1e3:.1f} ms" for m in modes if m in cell)
-             + (f"; failed {failed}" if failed else "") + f" ({time.perf_counter() - t0:.1f} s)")
+        _log(f"cost {i + 1}/{len(progs)} {name}: " + ", ".join(
+            f"{m} {cell[m] * 1e3:.1f} ms (warm-up {warm[m] * 1e3:.0f} ms, {len(samples[m])} rounds)"
+            for m in modes if m in cell)
+             + (f"; failed {failed}" if failed else "") + f" ({time.monotonic() - t0:.1f} s)")
+
+
+# seconds kept for each program of realcode.CAPTURES, run in a process of its own (its imports, its
+# CUDA context, a warm-up and the rounds), by the subcommand's key (at most half the time left is
+# kept for them all; the last, torch.compile's, takes what is left)
+CHILD_SECONDS = {"cost": 10.0, "cost-csan": 14.0}
+
+
+def _first_json(text: str):
+    """The first JSON document in `text` (what a child printed on standard output), or None."""
+    for at in [0] + [i + 1 for i, c in enumerate(text) if c == "\n" and text[i + 1:i + 2] == "{"]:
+        try:
+            return json.JSONDecoder().raw_decode(text[at:].lstrip())[0]
+        except ValueError:
+            continue
+    return None
+
+
+def _cost_child(out: Out, a, name: str, clean: bool, later: int) -> None:
+    """The cost of program `name` measured by `realcode_report.py cost --only NAME` in a process of
+    its own (a capture failing there cannot take other programs with it), its row merged into
+    out.rows; `later` programs still to run after it keep CHILD_SECONDS each."""
+    row = out.rows.setdefault(name, {"clean_program": clean})
+    seconds = None
+    if out.deadline is not None:
+        left = out.left() - MIN_LEFT
+        seconds = max(left / (later + 1), left - later * CHILD_SECONDS[out.key])
+        if seconds < 2 * MIN_LEFT:
+            row.setdefault("not_run", []).append("deadline")
+            return
+    cmd = [sys.executable, os.path.abspath(__file__), "cost", "--only", name, "--runs", str(a.runs), "--child"]
+    if a.csan:
+        cmd.append("--csan")
+    if seconds is not None:
+        cmd += ["--deadline-seconds", f"{seconds:.0f}"]
+    _log(f"cost {name}: in a process of its own" + (f" (at most {seconds:.0f} s)" if seconds else ""))
+    t0 = time.monotonic()
+    out.current = (name, "cost")
+    stdout = ""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # standard error: ours
+        out.child = proc
+        try:
+            stdout, _ = proc.communicate(timeout=None if seconds is None else seconds + 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, _ = proc.communicate()
+        rc = proc.returncode
+    except OSError as e:
+        rc = f"not started: {e}"
+    finally:
+        out.child = None
+        out.current = None
+    data = _first_json(stdout or "")
+    got = data.get(out.key, {}).get(name) if isinstance(data, dict) else None
+    if not isinstance(got, dict):
+        row.setdefault("failed", {})["process"] = f"its process (exit {rc}) printed no results"
+    else:
+        for k, v in got.items():
+            if isinstance(v, dict) and isinstance(row.get(k), dict):
+                row[k].update(v)
+            else:
+                row[k] = v
+        stopped = data.get(f"meta-{out.key}", {}).get("stopped")
+        if stopped:
+            row["process_stopped"] = stopped
+    row["process"] = {"exit": rc, "seconds": round(time.monotonic() - t0, 2)}
+    out.publish()
 
 
 def run_cost(a) -> Out:
-    realcode, progs = _progs(a, "last" if a.csan and a.graphs == "all" else None)
+    """`cost` and `cost --csan`: the programs of realcode.CAPTURES each in a process of its own,
+    after the others (unless this is such a process, `--child`)."""
+    realcode, progs = _progs(a)
+    key = "cost-csan" if a.csan else "cost"
+    meta = {"runs": a.runs, **({"child": True} if a.child else _versions())}
+    try:
+        meta["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    out = Out(key, a.deadline_seconds, meta)
+    out.meta["start_seconds"] = round(time.monotonic() - START, 2)  # imports, CUDA not yet
+    if a.child:
+        own, kids = progs, []
+    else:
+        own = [p for p in progs if p[1] not in realcode.CAPTURES]
+        kids = [p for p in progs if p[1] in realcode.CAPTURES]
+    end = None
+    if out.deadline is not None:
+        end = out.deadline - min(len(kids) * CHILD_SECONDS[key], 0.5 * out.left())
     if not a.csan:
-        out = Out("cost", a.deadline_seconds, {"runs": a.runs, **_versions()})
-        _cost_rows(out, progs, ["plain", "native", "python"], a.runs)
-        return out
-    import torch.cuda._sanitizer as csan
+        _cost_rows(out, own, ["plain", "native", "python"], a.runs, until=end, freeze_after_warmup=a.child)
+    elif own:
+        # the plain rounds first (a quarter of the time at most), then CSAN, which cannot be
+        # turned off. Not even imported before: importing torch.cuda._sanitizer makes its dispatch
+        # mode, which turns on PyTorch's GPU trace and hooks every allocation, free, event and
+        # synchronization (a Python call each, a stack trace per allocation) though the mode is not
+        # entered: "plain" runs after the import are nearly as slow as CSAN's.
+        plain_end = None if end is None else time.monotonic() + 0.25 * (end - time.monotonic())
+        _cost_rows(out, own, ["plain"], a.runs, until=plain_end, freeze_after_warmup=a.child)
+        import torch.cuda._sanitizer as csan
 
-    out = Out("cost-csan", a.deadline_seconds, {"runs": a.runs, **_versions()})
-    # the plain rounds first (a share of the time), then CSAN, which cannot be turned off
-    share = None if out.deadline is None else time.monotonic() + 0.3 * out.left()
-    _cost_rows(out, progs, ["plain"], a.runs, until=share)
-    csan.enable_cuda_sanitizer()
-    _cost_rows(out, progs, ["csan"], a.runs)
-    for row in out.rows.values():
-        cell = row.get("seconds", {})
-        if cell.get("plain") and cell.get("csan"):
-            cell["csan_ratio"] = round(cell["csan"] / cell["plain"], 2)
+        csan.enable_cuda_sanitizer()
+        _cost_rows(out, own, ["csan"], a.runs, until=end)
+    for j, (name, _fn, clean) in enumerate(kids):
+        _cost_child(out, a, name, clean, len(kids) - j - 1)
+    if a.csan:
+        for row in out.rows.values():
+            cell = row.get("seconds", {})
+            if cell.get("plain") and cell.get("csan"):
+                cell["csan_ratio"] = round(cell["csan"] / cell["plain"], 2)
     return out
 
 
@@ -625,13 +799,83 @@ def _widen_word(r: dict | None) -> str:
     return f"{r['corrupted']}/{r['runs']}"
 
 
-def _ratio(row: dict | None, field: str, mode: str) -> str:
+def _ratio(row: dict | None, field: str, mode: str, base: float | None = None) -> str:
+    """`mode`'s ratio to plain in a cost row; without one, to `base` (plain seconds measured
+    elsewhere), marked *."""
     cell = (row or {}).get(field, {})
     ratio = cell.get(f"{mode}_ratio")
+    if ratio is None and base and cell.get(mode):
+        return f"{cell[mode] / base:.2f}x*"
     if ratio is None:
-        failed = (row or {}).get("failed", {}).get(mode)
-        return "failed" if failed else "?"
+        failed = (row or {}).get("failed", {})
+        return "failed" if failed.get(mode) or failed.get("process") else "?"
     return f"{ratio:.2f}x"
+
+
+def _ms(row: dict | None, mode: str, base: float | None = None) -> str:
+    """A cost row's median milliseconds of `mode`, with its ratio to plain (or to `base`, *)."""
+    cell = (row or {}).get("seconds", {})
+    v = cell.get(mode)
+    if v is None:
+        failed = (row or {}).get("failed", {})
+        return "failed" if failed.get(mode) or failed.get("process") else "?"
+    if mode == "plain":
+        return f"{v * 1e3:.1f}"
+    return f"{v * 1e3:.1f} ({_ratio(row, 'seconds', mode, base)})"
+
+
+def _plain(row: dict | None):
+    return (row or {}).get("seconds", {}).get("plain")
+
+
+def _note_text(data: dict, name: str) -> str | None:
+    """The notes the program's runs left (realcode.NOTES), as one line: what was measured, its
+    ratio unwidened (streamsan's runs) and widened, and whether it is a synchronization bug."""
+    base, plain, wide = None, [], []
+    for key, rows in data.items():
+        if key.startswith("meta-") or not isinstance(rows, dict) or not isinstance(rows.get(name), dict):
+            continue
+        for variant in ("clean", "buggy", "fixed"):
+            r = rows[name].get(variant)
+            note = r.get("note") if isinstance(r, dict) else None
+            if not isinstance(note, dict):
+                continue
+            base = base or note
+            ratios = note.get("ratios") or [note.get("ratio")]
+            (wide if key == "widen" or note.get("widened") else plain).extend(x for x in ratios if x is not None)
+    if base is None:
+        return None
+    text = f"{base.get('title', 'note')}: {base.get('what', '')}".rstrip(": ")
+    allr = plain + wide
+    if allr:
+        same = max(allr) - min(allr) <= 1e-3
+        if same:
+            text += f" (ratio {allr[0]:.2f})"
+            if plain and wide:
+                text += ", the same widened or not"
+        else:
+            fmt = lambda xs: "/".join(f"{x:.2f}" for x in sorted(set(xs)))  # noqa: E731
+            text += f" (ratio {fmt(plain) or '?'} unwidened, {fmt(wide) or '?'} widened)"
+    if base.get("sync_bug") is False:
+        text += "; not a synchronization bug"
+    return text
+
+
+def _first_hazard(r: dict | None) -> str | None:
+    """Why a clean (or fixed) variant failed, in one line: the first hazard's first line of the
+    report's text, else the exception, else the wrong result."""
+    if not r:
+        return None
+    for line in (r.get("text") or "").splitlines():
+        if line.startswith(("error[", "warning[")):
+            return line[:300]
+    if r.get("exception"):
+        return "raised " + r["exception"].splitlines()[0][:300]
+    if r.get("errors"):
+        return f"{r['errors']} errors ({', '.join(r.get('kinds', []))}) at {', '.join(r.get('sites', [])[:3])}"
+    if r.get("result_ok") is False:
+        return "the program's own check of its result failed"
+    return None
 
 
 def table(files: list[str]) -> str:
@@ -640,8 +884,9 @@ def table(files: list[str]) -> str:
     c, w = data.get("csan", {}), data.get("widen", {})
     cost, ccost = data.get("cost", {}), data.get("cost-csan", {})
     out = ["| program | streamsan native | streamsan python | CSAN | corrupted widened (buggy/fixed or clean) "
-           "| cost native× | python× | CSAN× | plain ms |",
+           "| plain ms | native ms (×) | python ms (×) | CSAN ms (×) |",
            "|---|---|---|---|---|---|---|---|---|"]
+    notes, failures, starred = [], [], False
     for name in _names(data):
         clean = _is_clean(data, name)
         if clean:
@@ -650,11 +895,24 @@ def table(files: list[str]) -> str:
         else:
             csan = f"{_csan_word(c.get(name, {}).get('buggy'), True)} / {_csan_word(c.get(name, {}).get('fixed'), False)}"
             wid = f"{_widen_word(w.get(name, {}).get('buggy'))} / {_widen_word(w.get(name, {}).get('fixed'))}"
-        plain = (cost.get(name) or {}).get("seconds", {}).get("plain")
+        crow, ccrow = cost.get(name), ccost.get(name)
+        csan_ms = _ms(ccrow, "csan", _plain(crow))
+        starred = starred or "*" in csan_ms
         out.append(f"| {name}{'' if clean else ' (bug)'} | {_streamsan_cell(native.get(name), clean)} "
                    f"| {_streamsan_cell(python.get(name), clean)} | {csan} | {wid} "
-                   f"| {_ratio(cost.get(name), 'seconds', 'native')} | {_ratio(cost.get(name), 'seconds', 'python')} "
-                   f"| {_ratio(ccost.get(name), 'seconds', 'csan')} | {'?' if plain is None else f'{plain * 1e3:.1f}'} |")
+                   f"| {_ms(crow, 'plain')} | {_ms(crow, 'native')} | {_ms(crow, 'python')} | {csan_ms} |")
+        note = _note_text(data, name)
+        if note:
+            notes.append(f"- {name}: {note}")
+        for what, row in (("cost", crow), ("CSAN cost", ccrow)):
+            for mode, why in ((row or {}).get("failed") or {}).items():
+                failures.append(f"- {name}: {what} {mode}: {str(why).splitlines()[0][:200]}")
+    if starred:
+        out.append("\n\\* CSAN's ratio to `cost`'s plain seconds (its own process measured none).")
+    if notes:
+        out.append("\nNotes:\n" + "\n".join(notes))
+    if failures:
+        out.append("\nCost not measured:\n" + "\n".join(failures))
     return "\n".join(out)
 
 
@@ -676,13 +934,13 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
             merge(data, load([f]))
         except (OSError, ValueError) as e:
             notes.append(f"{f}: unreadable ({e})")
-    checks: list[tuple[str, str]] = []  # (PASS|FAIL|SKIP, what)
+    checks: list[tuple[str, str, str | None]] = []  # (PASS|FAIL|SKIP, what, why: shown under a FAIL)
 
-    def check(what: str, ok: bool, skipped: str | None = None) -> None:
+    def check(what: str, ok: bool, skipped: str | None = None, why: str | None = None) -> None:
         if skipped and allow_skips:
-            checks.append(("SKIP", f"{what} ({skipped})"))
+            checks.append(("SKIP", f"{what} ({skipped})", None))
         else:
-            checks.append(("PASS" if ok and not skipped else "FAIL", what + (f" ({skipped})" if skipped else "")))
+            checks.append(("PASS" if ok and not skipped else "FAIL", what + (f" ({skipped})" if skipped else ""), why))
 
     def why_not(r: dict | None) -> str | None:
         if not r:
@@ -696,9 +954,9 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
     backends = ("native", "python")
     for b in backends:
         if f"streamsan-{b}" not in data:
-            checks.append(("FAIL", f"streamsan {b} recorder: no results"))
+            checks.append(("FAIL", f"streamsan {b} recorder: no results", None))
     if "widen" not in data:
-        checks.append(("FAIL", "widened runs: no results"))
+        checks.append(("FAIL", "widened runs: no results", None))
     for m in ("meta-streamsan-native", "meta-streamsan-python", "meta-csan", "meta-widen", "meta-cost", "meta-cost-csan"):
         if data.get(m, {}).get("stopped"):
             notes.append(f"{m[5:]} stopped early: {data[m]['stopped']}")
@@ -715,14 +973,14 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
                 r = row.get("clean")
                 skip = why_not(r)
                 ok = bool(r) and r.get("errors") == 0 and "exception" not in r and r.get("result_ok") is True
-                check(f"{b}: {name}: clean and right ({_verdict(r, True)})", ok, skip)
+                check(f"{b}: {name}: clean and right ({_verdict(r, True)})", ok, skip, _first_hazard(r))
             else:
                 bug, fix = row.get("buggy"), row.get("fixed")
                 check(f"{b}: {name}: buggy reported at a # RACE line ({_verdict(bug)})",
                       bool(bug) and bool(bug.get("errors")) and bool(bug.get("at_race_line")), why_not(bug))
                 check(f"{b}: {name}: fixed clean and right ({_verdict(fix)})",
                       bool(fix) and fix.get("errors") == 0 and "exception" not in fix and fix.get("result_ok") is True,
-                      why_not(fix))
+                      why_not(fix), _first_hazard(fix))
         if "widen" in data:
             wr = data["widen"].get(name, {})
             if clean:
@@ -751,17 +1009,32 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
                      f"{_widen_word(data.get('widen', {}).get(name, {}).get('fixed'))}"]
         cost, ccost = data.get("cost", {}).get(name), data.get("cost-csan", {}).get(name)
         grid.append([name[:48] + ("" if clean else " (bug)"), *cells, _ratio(cost, "seconds", "native"),
-                     _ratio(cost, "seconds", "python"), _ratio(ccost, "seconds", "csan")])
+                     _ratio(cost, "seconds", "python"), _ratio(ccost, "seconds", "csan", _plain(cost))])
+        note = _note_text(data, name)
+        if note:
+            notes.append(f"note: {name}: {note}")
+        for key, row, modes in (("cost", cost, ("plain", "native", "python")), ("cost-csan", ccost, ("plain", "csan"))):
+            missing = [m for m in modes if m not in ((row or {}).get("seconds") or {})]
+            if key in data and missing:
+                failed = (row or {}).get("failed") or {}
+                why = "; ".join(f"{m}: {str(v).splitlines()[0][:160]}" for m, v in failed.items())
+                why = why or ", ".join((row or {}).get("not_run") or []) or "not measured"
+                notes.append(f"{key}: {name}: no {'/'.join(missing)} seconds ({why})")
     parts = []
     if len(grid) > 1:
         parts.append("real-code suite (verdicts: kinds @lines, buggy | fixed; widened: corrupted/runs; "
                      "cost: median time under the check / plain)\n" + _grid(grid))
     if notes:
         parts.append("\n".join(notes))
-    parts.append("\n".join(f"[{s}] {what}" for s, what in checks))
-    fails = sum(s == "FAIL" for s, _ in checks)
-    passes = sum(s == "PASS" for s, _ in checks)
-    skips = sum(s == "SKIP" for s, _ in checks)
+    lines = []
+    for st, what, why in checks:
+        lines.append(f"[{st}] {what}")
+        if st == "FAIL" and why:
+            lines.append(f"       first: {why}")
+    parts.append("\n".join(lines))
+    fails = sum(c[0] == "FAIL" for c in checks)
+    passes = sum(c[0] == "PASS" for c in checks)
+    skips = sum(c[0] == "SKIP" for c in checks)
     parts.append(f"{passes} criteria passed, {fails} failed" + (f", {skips} skipped" if skips else ""))
     return "\n\n".join(parts), bool(checks) and fails == 0
 
@@ -783,6 +1056,7 @@ def main() -> None:
                    help="the programs that capture CUDA graphs: with the others (csan: last), without them, "
                         "only them, or last")
     p.add_argument("--allow-skips", action="store_true", help="summary: a skipped program does not fail")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # cost: one program, spawned by cost
     a = p.parse_args()
     if a.what == "table":
         print(table(a.files))

@@ -4,7 +4,8 @@ computes the right result; every buggy program is reported at one of its `# RACE
 fixed variant checks clean. A program whose library is missing is skipped.
 
 `STREAMSAN_REALCODE_ONLY=NAME[,NAME…]` (exact names or substrings) runs only those programs. The
-widened runs, CSAN and the cost are `realcode_report.py`'s (run by `gpu_realcode.sh`)."""
+widened runs, CSAN and the cost are `realcode_report.py`'s (run by `gpu_realcode.sh`, which covers
+these verdicts too: `gpu_all.sh` leaves this file out of its pytest run, too long for its limit)."""
 
 from __future__ import annotations
 
