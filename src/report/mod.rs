@@ -10,6 +10,7 @@ use crate::trace::Site;
 
 mod plan;
 mod sarif;
+pub mod syncs;
 mod text;
 
 pub use plan::{After, Earlier, FixPlan, Wait};
@@ -412,7 +413,7 @@ pub struct Report {
     /// With the synchronization analysis (`check --syncs`): a verdict on every synchronization
     /// op, in op order (trace format, "Synchronization analysis").
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub syncs: Option<Vec<crate::analysis::syncs::SyncVerdict>>,
+    pub syncs: Option<Vec<syncs::SyncVerdict>>,
 }
 
 impl Report {

@@ -554,7 +554,7 @@ fn redundant_sync_rule() -> Rule {
 
 /// A note for a redundant synchronization op, at its site.
 fn redundant_sync(
-    v: &crate::analysis::syncs::SyncVerdict,
+    v: &super::syncs::SyncVerdict,
     clean: bool,
     trace: Option<&ArtifactLocation>,
 ) -> SarifResult {

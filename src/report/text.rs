@@ -513,7 +513,7 @@ pub fn render_text(report: &Report, opts: &TextOptions) -> String {
     let p = Paint(opts.color);
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     if let Some(syncs) = &report.syncs {
-        s.push_str(&crate::analysis::syncs::render_text(
+        s.push_str(&super::syncs::render_text(
             syncs,
             report.is_clean(),
         ));
