@@ -25,9 +25,9 @@ impl Checker {
                 (Some(g), gen.size(), gen.memory)
             }
             Some(Name::External(g)) => (Some(g), None, MemoryKind::Device),
-            Some(Name::Freed(f)) => {
-                let f = &self.freed[f as usize];
-                (None, Some(f.size), f.memory)
+            Some(n @ (Name::Freed(_) | Name::Forgotten)) => {
+                let (size, memory) = self.freed_size(&r.buffer, n).expect("a freed name");
+                (None, Some(size), memory)
             }
             None => (None, None, MemoryKind::Device),
         };

@@ -97,7 +97,7 @@ impl Checker {
     pub(crate) fn live_generation(&self, name: &Id) -> Option<&Generation> {
         match self.lookup(name)? {
             Name::Live(g) | Name::External(g) => self.gens[g.0 as usize].as_ref(),
-            Name::Freed(_) => None,
+            Name::Freed(_) | Name::Forgotten => None,
         }
     }
 

@@ -160,7 +160,7 @@ struct BodyBuf {
     gen: Option<GenId>,
     /// Once freed (not a pool buffer): the free's op, participant and site. Its launches use
     /// freed memory.
-    freed: Option<(u64, Participant, Option<Arc<Site>>)>,
+    freed: Option<FreedBy>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -367,7 +367,7 @@ impl Graphs {
         for (graph, buf) in self.refs.remove(&g).unwrap_or_default() {
             let gr = &mut self.graphs[graph as usize];
             let b = &mut gr.bufs[buf as usize];
-            b.freed = Some((i, by, site.clone()));
+            b.freed = Some(FreedBy::Op(i, by, site.clone()));
             if !gr.ended {
                 // The generation's slot is free for another buffer now: in this capture, the
                 // freed name denotes the same buffer of the body.

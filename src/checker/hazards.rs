@@ -178,23 +178,26 @@ impl Checker {
                 }
             });
             let freed = match (&group[0].freed, self.lookup(name)) {
-                (Some((op, by, site)), _) => Some((*op, *by, site.clone())),
+                (Some(f), _) => Some(f.clone()),
                 (None, Some(Name::Freed(f))) => {
-                    let f = &self.freed[f as usize];
-                    Some((f.free_op, f.free_by, f.free_site.clone()))
+                    let f = self.freed(f);
+                    Some(FreedBy::Op(f.free_op, f.free_by, f.free_site.clone()))
                 }
+                (None, Some(Name::Forgotten)) => Some(FreedBy::Forgotten),
                 _ => None,
             };
+            // A free whose details are forgotten is named as such: the report says what is
+            // known (the name was freed), not at which op.
             let (free_op, notes) = match freed {
-                Some((op, by, site)) => (
-                    op,
+                Some(FreedBy::Op(op, by, site)) => (
+                    Some(op),
                     vec![OpNote {
                         what: format!("{name} freed here by {}", self.order.name(by)),
                         op,
                         site,
                     }],
                 ),
-                None => (0, vec![]),
+                Some(FreedBy::Forgotten) | None => (None, vec![]),
             };
             let plan = match &replay {
                 Some(r) => FixPlan::FreeAfterReplays {
@@ -267,6 +270,7 @@ pub(super) fn conflict_of(
 
 /// The latest op of each participant among `accesses` (for a replay's participant, the latest
 /// captured op of its latest launch: [`Access::order_key`]).
+#[inline]
 pub(super) fn latest_ops<'a>(
     accesses: impl Iterator<Item = &'a Access>,
 ) -> Vec<(Participant, (u64, u32))> {
@@ -282,6 +286,7 @@ pub(super) fn latest_ops<'a>(
 }
 
 /// Whether `a` is an access of its participant's latest op in `latest`.
+#[inline]
 pub(super) fn is_latest(latest: &[(Participant, (u64, u32))], a: &Access) -> bool {
     latest
         .iter()

@@ -177,7 +177,7 @@ impl Checker {
             // An external buffer that a graph's body names stays with the graph.
             Some(Name::External(old)) if !self.gen(old).is_captured() => self.drop_gen(old),
             // The name is allocated again: what remained of the freed one is no longer needed.
-            Some(Name::Freed(f)) => self.freed_slots.push(f),
+            Some(Name::Freed(f)) => self.release_freed(f),
             _ => {}
         }
         Ok(())
@@ -185,14 +185,18 @@ impl Checker {
 
     /// With `addr`: device memory that reappears on another stream than the one that last freed
     /// it went back to the driver and was allocated again, which synchronizes the device.
+    #[inline(never)]
     pub(super) fn reappear(&mut self, i: u64, start: u64, end: u64, owner: Participant) {
         let mut sync = false;
         let mut overlapped = Vec::new();
-        for (&s, &(e, p)) in self.freed_by.range(..end) {
-            if e > start {
-                sync |= p != owner;
-                overlapped.push((s, e, p));
+        // The ranges are disjoint: walking down from `end`, the first that ends at or below
+        // `start` ends the overlaps.
+        for (&s, &(e, p)) in self.freed_by.range(..end).rev() {
+            if e <= start {
+                break;
             }
+            sync |= p != owner;
+            overlapped.push((s, e, p));
         }
         for (s, e, p) in overlapped {
             self.freed_by.remove(&s);
@@ -210,6 +214,122 @@ impl Checker {
         }
     }
 
+    /// With `addr`: device bytes `[start, end)`, free of any other range of `freed_by`, were
+    /// freed by `by`. Ranges that touch and were freed by the same participant are one: a loop
+    /// that frees ever new addresses keeps one range.
+    #[inline(never)]
+    fn freed_by_insert(&mut self, mut start: u64, mut end: u64, by: Participant) {
+        if let Some((&s, &(e, p))) = self.freed_by.range(..start).next_back() {
+            if e == start && p == by {
+                self.freed_by.remove(&s);
+                start = s;
+            }
+        }
+        if let Some(&(e, p)) = self.freed_by.get(&end) {
+            if p == by {
+                self.freed_by.remove(&end);
+                end = e;
+            }
+        }
+        self.freed_by.insert(start, (end, by));
+    }
+
+    /// `invalid-free`: the free at op `i` of `buffer`, which `bound` says is not live.
+    #[cold]
+    #[inline(never)]
+    fn invalid_free(
+        &mut self,
+        i: u64,
+        buffer: &Id,
+        named: Option<Participant>,
+        bound: Option<Name>,
+        site: Option<Arc<Site>>,
+    ) {
+        let (why, by, bytes, notes) = match bound {
+            None => (
+                "was never allocated".to_string(),
+                named.unwrap_or(Participant::HOST),
+                None,
+                vec![],
+            ),
+            Some(Name::External(_)) => (
+                "is external: it was used without an alloc, so this trace does not own it"
+                    .to_string(),
+                named.unwrap_or(Participant::HOST),
+                None,
+                vec![],
+            ),
+            Some(Name::Freed(f)) => {
+                let f = self.freed(f);
+                (
+                    format!("was already freed at op {}", f.free_op),
+                    named.unwrap_or(if f.memory == MemoryKind::Device {
+                        f.owner
+                    } else {
+                        Participant::HOST
+                    }),
+                    Some(f.size),
+                    vec![OpNote {
+                        what: "first freed here".into(),
+                        op: f.free_op,
+                        site: f.free_site.clone(),
+                    }],
+                )
+            }
+            Some(Name::Forgotten) => {
+                // Its free is forgotten: what is known is that it was freed.
+                let r = self.residue(buffer);
+                (
+                    "was already freed, at an op no longer kept".to_string(),
+                    named.unwrap_or(if r.memory == MemoryKind::Device {
+                        r.owner
+                    } else {
+                        Participant::HOST
+                    }),
+                    Some(r.size),
+                    vec![],
+                )
+            }
+            Some(Name::Live(_)) => unreachable!(),
+        };
+        let participant = self.order.name(by).to_string();
+        let plan = FixPlan::RemoveFree {
+            buffer: buffer.to_string(),
+            at: i,
+            why,
+        };
+        self.hazards.push(Hazard {
+            kind: HazardKind::InvalidFree,
+            severity: HazardKind::InvalidFree.severity(),
+            op: i,
+            buffer: Some(buffer.to_string()),
+            pattern: None,
+            access: Some(AccessRef {
+                op: i,
+                participant: participant.clone(),
+                access: AccessKind::Free,
+                offset: 0,
+                bytes,
+                site,
+                captured: None,
+            }),
+            conflicts: vec![],
+            free: None,
+            fix: Some(plan.sentence()),
+            detail: Detail {
+                op_name: "free",
+                label: None,
+                event: None,
+                participant,
+                notes,
+                why: Vec::new(),
+                replay: None,
+                plan: Some(plan),
+            },
+            confirmation: None,
+        });
+    }
+
     pub(super) fn free(
         &mut self,
         i: u64,
@@ -225,75 +345,7 @@ impl Checker {
         let g = match self.lookup(buffer) {
             Some(Name::Live(g)) => g,
             other => {
-                let (why, by, bytes, notes) = match other {
-                    None => (
-                        "was never allocated".to_string(),
-                        named.unwrap_or(Participant::HOST),
-                        None,
-                        vec![],
-                    ),
-                    Some(Name::External(_)) => (
-                        "is external: it was used without an alloc, so this trace does not own it"
-                            .to_string(),
-                        named.unwrap_or(Participant::HOST),
-                        None,
-                        vec![],
-                    ),
-                    Some(Name::Freed(f)) => {
-                        let f = &self.freed[f as usize];
-                        (
-                            format!("was already freed at op {}", f.free_op),
-                            named.unwrap_or(if f.memory == MemoryKind::Device {
-                                f.owner
-                            } else {
-                                Participant::HOST
-                            }),
-                            Some(f.size),
-                            vec![OpNote {
-                                what: "first freed here".into(),
-                                op: f.free_op,
-                                site: f.free_site.clone(),
-                            }],
-                        )
-                    }
-                    Some(Name::Live(_)) => unreachable!(),
-                };
-                let participant = self.order.name(by).to_string();
-                let plan = FixPlan::RemoveFree {
-                    buffer: buffer.to_string(),
-                    at: i,
-                    why,
-                };
-                self.hazards.push(Hazard {
-                    kind: HazardKind::InvalidFree,
-                    severity: HazardKind::InvalidFree.severity(),
-                    op: i,
-                    buffer: Some(buffer.to_string()),
-                    pattern: None,
-                    access: Some(AccessRef {
-                        op: i,
-                        participant: participant.clone(),
-                        access: AccessKind::Free,
-                        offset: 0,
-                        bytes,
-                        site,
-                        captured: None,
-                    }),
-                    conflicts: vec![],
-                    free: None,
-                    fix: Some(plan.sentence()),
-                    detail: Detail {
-                        op_name: "free",
-                        label: None,
-                        event: None,
-                        participant,
-                        notes,
-                        why: Vec::new(),
-                        replay: None,
-                        plan: Some(plan),
-                    },
-                    confirmation: None,
-                });
+                self.invalid_free(i, buffer, named, other, site);
                 return Ok(());
             }
         };
@@ -410,7 +462,7 @@ impl Checker {
             if self.addr_mode == Some(true) {
                 self.live[memory.index()].remove(&a);
                 if memory == MemoryKind::Device {
-                    self.freed_by.insert(a, (a + size, by));
+                    self.freed_by_insert(a, a + size, by);
                 }
             } else {
                 // The model handed this block out, so giving it back cannot fail.
@@ -456,21 +508,5 @@ impl Checker {
         };
         self.bind_freed(buffer, g, freed);
         Ok(())
-    }
-
-    /// Binds the name of generation `g`, freed now, to what remains of it.
-    pub(super) fn bind_freed(&mut self, buffer: &Id, g: GenId, freed: FreedName) {
-        let slot = match self.freed_slots.pop() {
-            Some(s) => {
-                self.freed[s as usize] = freed;
-                s
-            }
-            None => {
-                self.freed.push(freed);
-                self.freed.len() as u32 - 1
-            }
-        };
-        // The name is live here, so it is in the table: replace it in place.
-        self.rebind(buffer, Some(Name::Live(g)), Name::Freed(slot));
     }
 }

@@ -31,6 +31,7 @@ mod forget;
 mod graphs;
 mod hazards;
 mod memory;
+mod names;
 #[cfg(test)]
 mod tests;
 
@@ -39,6 +40,7 @@ pub(crate) use fixes::fewest_record_streams;
 use fixes::*;
 use forget::*;
 use hazards::*;
+use names::*;
 
 /// Bad input found while checking an op: the trace is not a valid program.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -54,50 +56,14 @@ pub struct CheckError {
     pub expected: Option<String>,
 }
 
-/// What a buffer name refers to now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Name {
-    Live(GenId),
-    External(GenId),
-    /// Freed: the slot of what remains of it in [`Checker::freed`]'s table.
-    Freed(u32),
-}
-
-/// Buffer names and what they refer to. A name is stored once, by the generation or the freed
-/// record it refers to: the table keys it by its hash, and a name whose hash another name took
-/// first goes to `clash` (a million live buffers would otherwise pay for each name twice).
-#[derive(Clone, Debug, Default)]
-struct Names {
-    by_hash: HashMap<u64, Name>,
-    clash: HashMap<Id, Name>,
-}
-
-fn name_hash(name: &Id) -> u64 {
-    use std::hash::BuildHasher;
-    #[cfg(test)]
-    if tests::WEAK_NAME_HASH.with(|w| w.get()) {
-        // Every name of one length clashes: the tests' way to reach `Names::clash`.
-        return name.as_str().len() as u64;
-    }
-    rustc_hash::FxBuildHasher.hash_one(name)
-}
-
-/// What remains of a freed name: enough to report use-after-free and invalid-free.
+/// The free behind a use after free, as far as the checker still knows it.
 #[derive(Clone, Debug)]
-struct FreedName {
-    name: Id,
-    size: u64,
-    memory: MemoryKind,
-    owner: Participant,
-    free_op: u64,
-    free_by: Participant,
-    free_site: Option<Arc<Site>>,
-    /// A pool buffer's generation, which outlives its free ([`NO_GEN`] for other buffers).
-    pool_gen: u32,
+enum FreedBy {
+    /// The free's op, participant and site.
+    Op(u64, Participant, Option<Arc<Site>>),
+    /// A free whose details the checker no longer keeps (see the `names` module).
+    Forgotten,
 }
-
-/// [`FreedName::pool_gen`] of a buffer that is not a pool buffer.
-const NO_GEN: u32 = u32::MAX;
 
 /// The free behind a reuse race: its op, its site and the freed buffer.
 #[derive(Clone, Debug)]
@@ -134,9 +100,9 @@ struct UseAfterFree {
     kind: Option<AccessKind>,
     offset: u64,
     end: u64,
-    /// The free (op, participant, site), when the name's current binding does not tell it (a
-    /// graph replay's buffer, whose name may be allocated again since).
-    freed: Option<(u64, Participant, Option<Arc<Site>>)>,
+    /// The free, when the name's current binding does not tell it (a graph replay's buffer,
+    /// whose name may be allocated again since).
+    freed: Option<FreedBy>,
 }
 
 /// Counters of the checker's state, for benchmarks and memory tests.
@@ -157,6 +123,12 @@ pub struct Stats {
     /// Clock components stored by the happens-before state (every participant's clock and every
     /// event's capture; shared storage counted once).
     pub clock_entries: usize,
+    /// Freed names that keep the details of their free (at most
+    /// [`Checker::keep_free_details`]'s number, besides the freed pool buffers of CUDA graphs).
+    pub freed_names: usize,
+    /// Entries that keep the freed names whose details are forgotten: one per run of numbered
+    /// names (`b0`, `b1`, … freed alike are one run), one per other name.
+    pub forgotten_names: usize,
 }
 
 impl Stats {
@@ -170,6 +142,8 @@ impl Stats {
             history: self.history.max(other.history),
             hazards: self.hazards.max(other.hazards),
             clock_entries: self.clock_entries.max(other.clock_entries),
+            freed_names: self.freed_names.max(other.freed_names),
+            forgotten_names: self.forgotten_names.max(other.forgotten_names),
         }
     }
 }
@@ -229,9 +203,6 @@ pub struct Checker {
     gens: Vec<Option<Generation>>,
     free_slots: Vec<u32>,
     names: Names,
-    /// What remains of freed names, by slot (see [`Name::Freed`]), and the slots free for reuse.
-    freed: Vec<FreedName>,
-    freed_slots: Vec<u32>,
     graveyard: Graveyard,
     device: DeviceCachingAllocator<ModelMemory>,
     pinned: HostCachingAllocator<ModelMemory>,
@@ -296,8 +267,6 @@ impl Checker {
             gens: Vec::new(),
             free_slots: Vec::new(),
             names: Names::default(),
-            freed: Vec::new(),
-            freed_slots: Vec::new(),
             graveyard: Graveyard::new(limits.small_freed_pages),
             device: DeviceCachingAllocator::new(ModelMemory::of(MemoryKind::Device)),
             pinned: HostCachingAllocator::new(ModelMemory::of(MemoryKind::Pinned)),
@@ -332,6 +301,7 @@ impl Checker {
 
     /// Counters of the current state.
     pub fn stats(&self) -> Stats {
+        let (freed_names, forgotten_names) = self.names.counts();
         Stats {
             ops: self.ops,
             participants: self.order.participants(),
@@ -340,6 +310,8 @@ impl Checker {
             history: self.history,
             hazards: self.hazards.len(),
             clock_entries: self.order.clock_entries(),
+            freed_names,
+            forgotten_names,
         }
     }
 
@@ -495,8 +467,8 @@ impl Checker {
                         }
                     }
                     Some(Name::External(_)) => {}
-                    Some(Name::Freed(f)) => {
-                        let end = self.freed[f as usize].size;
+                    Some(n @ (Name::Freed(_) | Name::Forgotten)) => {
+                        let end = self.freed_size(buffer, n).map_or(0, |(size, _)| size);
                         self.uaf.clear();
                         self.uaf.push(UseAfterFree {
                             name: buffer.clone(),
@@ -700,41 +672,6 @@ impl Checker {
 
     fn gen(&self, g: GenId) -> &Generation {
         self.gens[g.0 as usize].as_ref().expect("generation in use")
-    }
-
-    /// The name a binding refers to.
-    fn name_of(&self, n: Name) -> Option<&Id> {
-        match n {
-            Name::Live(g) | Name::External(g) => {
-                self.gens[g.0 as usize].as_ref().map(|gen| &gen.name)
-            }
-            Name::Freed(f) => self.freed.get(f as usize).map(|f| &f.name),
-        }
-    }
-
-    /// What `name` refers to now.
-    fn lookup(&self, name: &Id) -> Option<Name> {
-        match self.names.by_hash.get(&name_hash(name)) {
-            None => None,
-            Some(&n) if self.name_of(n) == Some(name) => Some(n),
-            Some(_) => self.names.clash.get(name).copied(),
-        }
-    }
-
-    /// Binds `name`, which refers to `cur` now, to `new`.
-    fn rebind(&mut self, name: &Id, cur: Option<Name>, new: Name) {
-        use std::collections::hash_map::Entry;
-        match self.names.by_hash.entry(name_hash(name)) {
-            Entry::Vacant(v) => {
-                v.insert(new);
-            }
-            Entry::Occupied(mut o) if cur == Some(*o.get()) => {
-                o.insert(new);
-            }
-            Entry::Occupied(_) => {
-                self.names.clash.insert(name.clone(), new);
-            }
-        }
     }
 
     fn new_external(&mut self, name: &Id) -> GenId {

@@ -116,3 +116,30 @@ fn limits_change_no_report() {
         }
     }
 }
+
+fn report_keeping(ops: &[TraceOp], keep: usize) -> String {
+    let mut c = Checker::new();
+    c.keep_free_details(keep);
+    for op in ops {
+        if c.check(op).is_err() {
+            break;
+        }
+    }
+    c.finish().to_json()
+}
+
+/// Forgetting freed names takes them out of the table: names whose hashes clash with them move
+/// into their place and resolve as before.
+#[test]
+fn clashing_name_hashes_when_forgetting() {
+    for seed in 0..40 {
+        let ops = program(seed);
+        for keep in [0, 1, 3] {
+            let plain = report_keeping(&ops, keep);
+            WEAK_NAME_HASH.with(|w| w.set(true));
+            let weak = report_keeping(&ops, keep);
+            WEAK_NAME_HASH.with(|w| w.set(false));
+            assert_eq!(plain, weak, "seed {seed}, keep {keep}");
+        }
+    }
+}

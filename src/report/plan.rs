@@ -47,8 +47,8 @@ pub enum FixPlan {
     MoveFree {
         /// The buffer.
         buffer: String,
-        /// Its free.
-        free: u64,
+        /// Its free (`None`: a free so long before that the checker no longer keeps its op).
+        free: Option<u64>,
         /// The use.
         before: u64,
     },
@@ -57,8 +57,8 @@ pub enum FixPlan {
     FreeAfterReplays {
         /// The buffer.
         buffer: String,
-        /// Its free.
-        free: u64,
+        /// Its free (`None`: a free so long before that the checker no longer keeps its op).
+        free: Option<u64>,
         /// The graph.
         graph: String,
         /// The captured op that names the buffer.

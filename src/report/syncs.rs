@@ -234,4 +234,3 @@ fn error_list(errors: &[ErrorKey]) -> String {
     }
     s
 }
-

@@ -322,7 +322,8 @@ pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
             free,
             before,
         } => format!(
-            "{buffer} was freed at op {free}: move that free after op {before}, or allocate {buffer} again before using it"
+            "{buffer} was freed at {}: move that free after op {before}, or allocate {buffer} again before using it",
+            free_at(*free)
         ),
         FixPlan::FreeAfterReplays {
             buffer,
@@ -330,7 +331,8 @@ pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
             graph,
             captured,
         } => format!(
-            "{buffer} was freed at op {free} while graph {graph} still uses it (captured at op {captured}): free it only after the graph's last launch, or capture the graph again"
+            "{buffer} was freed at {} while graph {graph} still uses it (captured at op {captured}): free it only after the graph's last launch, or capture the graph again",
+            free_at(*free)
         ),
         FixPlan::RemoveFree { buffer, at, why } => {
             format!("remove the free of {buffer} at op {at}: the buffer {why}")
@@ -342,6 +344,14 @@ pub(crate) fn fix_sentence(plan: &FixPlan) -> String {
         } => format!(
             "record event {event} on the stream whose work {waiter} must wait for before op {before}; this wait has no effect"
         ),
+    }
+}
+
+/// Where a buffer was freed: its op, or, for a free whose op the checker no longer keeps, that.
+fn free_at(op: Option<u64>) -> String {
+    match op {
+        Some(op) => format!("op {op}"),
+        None => "an op no longer kept".to_string(),
     }
 }
 
@@ -513,10 +523,7 @@ pub fn render_text(report: &Report, opts: &TextOptions) -> String {
     let p = Paint(opts.color);
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     if let Some(syncs) = &report.syncs {
-        s.push_str(&super::syncs::render_text(
-            syncs,
-            report.is_clean(),
-        ));
+        s.push_str(&super::syncs::render_text(syncs, report.is_clean()));
     }
     if report.hazards.is_empty() {
         let _ = writeln!(

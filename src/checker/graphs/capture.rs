@@ -355,13 +355,19 @@ impl Checker {
             Some(Name::Live(gen)) => (BufKey::Gen(gen), self.gen(gen).size(), None),
             Some(Name::External(gen)) => (BufKey::Gen(gen), None, None),
             Some(Name::Freed(f)) => {
-                let f = &self.freed[f as usize];
+                let f = self.freed(f);
                 if f.pool_gen != NO_GEN {
                     (BufKey::Gen(GenId(f.pool_gen)), Some(f.size), None)
                 } else {
-                    let freed = (f.free_op, f.free_by, f.free_site.clone());
+                    let freed = FreedBy::Op(f.free_op, f.free_by, f.free_site.clone());
                     (BufKey::Freed(f.name.clone()), Some(f.size), Some(freed))
                 }
+            }
+            // Pool buffers are never forgotten.
+            Some(Name::Forgotten) => {
+                let size = self.residue(&r.buffer).size;
+                let freed = FreedBy::Forgotten;
+                (BufKey::Freed(r.buffer.clone()), Some(size), Some(freed))
             }
             None => {
                 let gen = self.new_external(&r.buffer);
