@@ -91,39 +91,7 @@ def _log(msg: str) -> None:
     print(f"[realcode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-try:  # gpu_report's helpers, where they are
-    from gpu_report import _csan_error, load, merge
-except Exception:  # noqa: BLE001  (a copy of them)
-    def merge(data: dict, more: dict) -> dict:
-        for k, v in more.items():
-            if isinstance(v, dict) and isinstance(data.get(k), dict):
-                data[k].update(v)
-            else:
-                data[k] = v
-        return data
-
-    def load(files: list[str]) -> dict:
-        data: dict = {}
-        for f in files:
-            with open(f) as fh:
-                text = fh.read()
-            try:
-                merge(data, json.loads(text))
-            except ValueError:
-                at = text.find("\n{")
-                if at < 0:
-                    raise
-                merge(data, json.loads(text[at + 1:]))
-        return data
-
-    def _csan_error(e: BaseException):
-        seen = set()
-        while e is not None and id(e) not in seen:
-            if type(e).__name__ == "CUDASanitizerErrors":
-                return e
-            seen.add(id(e))
-            e = e.__cause__ or e.__context__
-        return None
+from gpu_report import _csan_error, load, merge  # noqa: E402  (the suite report's helpers)
 
 
 def _variants(clean: bool) -> list[str]:
