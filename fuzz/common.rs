@@ -653,6 +653,7 @@ impl Decoder<'_> {
             stream,
             memory,
             addr,
+            pool: None,
         });
     }
 

@@ -102,6 +102,7 @@ impl Pipeline {
                 stream: Some(stream(b % streams)),
                 memory: MemoryKind::Device,
                 addr: None,
+                pool: None,
             });
             push(Op::Launch {
                 stream: stream(b % streams),
@@ -148,6 +149,7 @@ impl Pipeline {
                 stream: Some(stream(s)),
                 memory: MemoryKind::Device,
                 addr: None,
+                pool: None,
             });
             temps[slot] = Some((tmp.clone(), s));
             let k = rng.next_u64();
@@ -310,6 +312,7 @@ impl Shape {
             stream: Some(stream.clone()),
             memory: MemoryKind::Device,
             addr: None,
+            pool: None,
         };
         let free = |buffer: &Id| Op::Free {
             buffer: buffer.clone(),
@@ -443,6 +446,7 @@ fn graph_replays(replays: u64, push: &mut impl FnMut(Op)) {
         stream: (memory == MemoryKind::Device).then(|| stream.clone()),
         memory,
         addr: None,
+        pool: None,
     };
     let free = |buffer: &Id| Op::Free {
         buffer: buffer.clone(),

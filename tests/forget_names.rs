@@ -19,6 +19,7 @@ fn alloc(buffer: &str, bytes: u64, stream: &str, addr: Option<u64>) -> TraceOp {
         stream: Some(stream.into()),
         memory: MemoryKind::Device,
         addr,
+        pool: None,
     }
     .into()
 }
@@ -320,12 +321,14 @@ fn renamed(ops: &[TraceOp], f: &impl Fn(&Id) -> Id) -> Vec<TraceOp> {
                     stream,
                     memory,
                     addr,
+                    pool,
                 } => Op::Alloc {
                     buffer: f(buffer),
                     bytes: *bytes,
                     stream: stream.clone(),
                     memory: *memory,
                     addr: *addr,
+                    pool: pool.clone(),
                 },
                 Op::Free { buffer, stream } => Op::Free {
                     buffer: f(buffer),

@@ -134,6 +134,7 @@ fn parse_op(line: &str) -> Op {
                 Some(m) => panic!("memory {m}"),
             },
             addr: v.get("addr").and_then(|a| a.as_u64()),
+            pool: opt("pool"),
         },
         "free" => Op::Free {
             buffer: s("buffer"),
@@ -447,6 +448,9 @@ fn long_search_for_disagreements() {
         .unwrap_or(0);
     let mut with_launches = 0u64;
     let mut replay_hazards = 0u64;
+    // Programs with an allocation into a named pool outside a capture, and those of them with a
+    // reuse race.
+    let (mut named_pools, mut named_pool_reuse) = (0u64, 0u64);
     let mut seen = HashSet::new();
     let mut rejected = 0;
     let mut disagreements = 0;
@@ -474,9 +478,16 @@ fn long_search_for_disagreements() {
         if ops.iter().any(|o| matches!(o.op, Op::GraphLaunch { .. })) {
             with_launches += 1;
         }
+        let named = ops
+            .iter()
+            .any(|o| matches!(o.op, Op::Alloc { pool: Some(_), .. }));
+        named_pools += u64::from(named);
         if let Ok(hs) = oracle_keys(&ops) {
             if hs.iter().any(|h| h.4.is_some() || !h.5.is_empty()) {
                 replay_hazards += 1;
+            }
+            if named && hs.iter().any(|h| h.1 == HazardKind::ReuseRace) {
+                named_pool_reuse += 1;
             }
             let kinds: HashSet<HazardKind> = hs.iter().map(|h| h.1).collect();
             for k in kinds {
@@ -505,6 +516,9 @@ fn long_search_for_disagreements() {
     println!("programs with each hazard kind: {by_kind:?}");
     println!(
         "programs with a graph_launch: {with_launches}; with a hazard of a replay: {replay_hazards}"
+    );
+    println!(
+        "programs with an allocation into a named pool: {named_pools}; with a reuse race: {named_pool_reuse}"
     );
     println!(
         "{cases} cases, {disagreements} disagreements ({} distinct minimised), {rejected} rejected",

@@ -67,6 +67,7 @@ fn program(rng: &mut Rng, len: usize) -> Vec<TraceOp> {
                         stream: Some(stream),
                         memory: MemoryKind::Device,
                         addr: None,
+                        pool: None,
                     });
                     live.push(name);
                 }

@@ -122,6 +122,7 @@ fn recorded_like(seed: u64, len: usize) -> Vec<TraceOp> {
                     stream: Some(stream),
                     memory,
                     addr: Some(0x7f3a_0000_0000 + slot * 1024),
+                    pool: None,
                 });
                 live.push((name, size));
                 freed.retain(|n| *n != name);

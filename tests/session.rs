@@ -330,6 +330,7 @@ fn parse_line(line: &str) -> TraceOp {
                 Some(_) => MemoryKind::Managed,
             },
             addr: v.get("addr").and_then(Value::as_u64),
+            pool: opt_id("pool"),
         },
         "free" => Op::Free {
             buffer: id("buffer"),

@@ -16,7 +16,9 @@
 //! # Pools
 //!
 //! Device memory allocated on a capturing stream comes from the capture's pool
-//! ([`GraphPools`]). Such a *pool buffer* is a generation that outlives its free: the name is
+//! ([`GraphPools`]), and so does device memory whose `alloc` names a pool outside a capture (its
+//! allocation is a use, as for a plain buffer, and its accesses are ordinary ones). Such a *pool
+//! buffer* is a generation that outlives its free: the name is
 //! freed (a later op that names it is `use-after-free`), the block goes back to the pool, and the
 //! generation stays, since the graph's replays keep accessing its bytes. Every access to a pool
 //! buffer is checked against the history of every other buffer of its pool that held any of its
@@ -229,6 +231,37 @@ impl Graphs {
         Some(self.graphs[g as usize].pool)
     }
 
+    /// The name of the graph `p` is capturing, if it is.
+    pub(super) fn capture_graph_name(&self, p: Participant) -> Option<&Id> {
+        let &(g, _) = self.capturing.get(&p)?;
+        Some(&self.graphs[g as usize].name)
+    }
+
+    /// The name of pool `p`.
+    pub(super) fn pool_name(&self, p: PoolIndex) -> Option<&Id> {
+        self.pool_names
+            .iter()
+            .find(|(_, &q)| q == p)
+            .map(|(n, _)| n)
+    }
+
+    /// The pool named `name` (a graph's default pool is named after the graph), if it exists.
+    pub(super) fn pool_named(&self, name: &Id) -> Option<PoolIndex> {
+        self.pool_names.get(name).copied()
+    }
+
+    /// The pool named `name`, made now (empty) if no graph or allocation has named it yet.
+    pub(super) fn pool_or_add(&mut self, name: &Id) -> PoolIndex {
+        if let Some(&q) = self.pool_names.get(name) {
+            return q;
+        }
+        let q = self.pools.add();
+        self.pool_buffers.push(BTreeMap::new());
+        self.pool_longest.push(0);
+        self.pool_names.insert(name.clone(), q);
+        q
+    }
+
     /// The captured op of [`Access::captured`] `captured`.
     pub(super) fn captured_op(&self, captured: u32) -> Option<&CapturedOp> {
         captured
@@ -259,11 +292,7 @@ impl Graphs {
                 break;
             }
             if Some(p) != pool {
-                let pool_name = self
-                    .pool_names
-                    .iter()
-                    .find(|(_, &q)| q == p)
-                    .map_or_else(String::new, |(n, _)| n.to_string());
+                let pool_name = self.pool_name(p).map_or_else(String::new, Id::to_string);
                 return Err(format!(
                     "device memory [{a:#x}, {end:#x}) overlaps [{s:#x}, {e:#x}), which graph pool \"{pool_name}\" holds"
                 ));

@@ -12,6 +12,7 @@ impl Checker {
         stream: Option<&Id>,
         memory: MemoryKind,
         addr: Option<u64>,
+        pool: Option<&Id>,
         site: Option<Arc<Site>>,
     ) -> Result<(), CheckError> {
         let cur = self.lookup(buffer);
@@ -28,10 +29,44 @@ impl Checker {
             MemoryKind::Device => stream_p.unwrap_or(Order::DEFAULT),
             _ => Participant::HOST,
         };
-        // Device memory allocated on a capturing stream comes from the capture's pool.
-        let pool = match memory {
+        // Device memory allocated on a capturing stream comes from the capture's pool (and is
+        // not a use: nothing runs at capture); outside a capture, from the pool the alloc names.
+        let captured = match memory {
             MemoryKind::Device => self.graphs.capture_pool(owner),
             _ => None,
+        };
+        if let Some(name) = pool {
+            if memory != MemoryKind::Device {
+                return Err(Self::err(
+                    i,
+                    Field::Pool,
+                    format!(
+                        "a graph memory pool holds device memory only, and this allocation is of {} memory",
+                        memory.as_str()
+                    ),
+                    Some("no \"pool\" on a pinned or managed allocation"),
+                ));
+            }
+            if let Some(c) = captured.filter(|&c| self.graphs.pool_named(name) != Some(c)) {
+                let graph = self.graphs.capture_graph_name(owner).cloned();
+                let capture_pool = self.graphs.pool_name(c).cloned();
+                let (graph, capture_pool) =
+                    (graph.unwrap_or_default(), capture_pool.unwrap_or_default());
+                return Err(Self::err(
+                    i,
+                    Field::Pool,
+                    format!(
+                        "stream \"{}\" is capturing graph \"{graph}\", whose allocations come from pool \"{capture_pool}\", not \"{name}\"",
+                        self.order.name(owner)
+                    ),
+                    Some("the capture's pool, or no \"pool\""),
+                ));
+            }
+        }
+        let pool = match (captured, pool) {
+            (Some(c), _) => Some(c),
+            (None, Some(name)) => Some(self.graphs.pool_or_add(name)),
+            (None, None) => None,
         };
         let mut base = None;
         if bytes > 0 {
@@ -120,11 +155,11 @@ impl Checker {
             }
         }
         // The allocation is a use: a write of the whole buffer by the owner, at the epoch of
-        // the owner's latest access (time 0, before everything, if it has none). A pool
-        // buffer's is not (nothing runs at capture).
+        // the owner's latest access (time 0, before everything, if it has none). A capture's
+        // is not (nothing runs at capture); a pool's outside a capture is.
         let epoch = self.order.clock(owner).epoch(owner);
         let mut accesses = self.spare_vec();
-        if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 && pool.is_none() {
+        if bytes > 0 && memory == MemoryKind::Device && epoch.time > 0 && captured.is_none() {
             accesses.push(Access {
                 op: i,
                 time: epoch.time,
@@ -138,6 +173,7 @@ impl Checker {
             });
         }
         self.history += accesses.len();
+        let used = !accesses.is_empty();
         // Only the bytes that hold tombstones now can race with freed buffers: while this buffer
         // lives, no other buffer is freed on its bytes.
         let (reuse, reuse_large) = match base {
@@ -165,6 +201,10 @@ impl Checker {
                 .add_pool_buffer(p, g, buffer, base, bytes, i, addr_mode);
             if let Some(gen) = self.gens[g.0 as usize].as_mut() {
                 gen.set_pool(pg);
+            }
+            if used {
+                // The allocation's use is the first access of its history.
+                self.graphs.pool_access(pg, owner);
             }
         }
         // Recorded addresses are checked for overlaps; the model's never overlap.

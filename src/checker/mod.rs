@@ -184,7 +184,7 @@ impl Default for Limits {
 /// let mut checker = Checker::new();
 /// let ops = [
 ///     Op::Alloc { buffer: "a".into(), bytes: 4096, stream: Some("s1".into()),
-///                 memory: Default::default(), addr: None },
+///                 memory: Default::default(), addr: None, pool: None },
 ///     Op::Launch { stream: "s1".into(), name: None, reads: vec![],
 ///                  writes: vec![Region::whole("a")] },
 ///     Op::Launch { stream: "s2".into(), name: None, reads: vec![Region::whole("a")],
@@ -454,7 +454,17 @@ impl Checker {
                 stream,
                 memory,
                 addr,
-            } => self.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr, site)?,
+                pool,
+            } => self.alloc(
+                i,
+                buffer,
+                *bytes,
+                stream.as_ref(),
+                *memory,
+                *addr,
+                pool.as_ref(),
+                site,
+            )?,
             Op::Free { buffer, stream } => self.free(i, buffer, stream.as_ref(), site)?,
             Op::RecordStream { buffer, stream } => {
                 let p = self.order.stream(stream);

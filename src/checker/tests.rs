@@ -33,6 +33,7 @@ fn program(seed: u64) -> Vec<TraceOp> {
                     stream: Some(stream),
                     memory: MemoryKind::Device,
                     addr: None,
+                    pool: None,
                 }
             }
             1 => {

@@ -26,7 +26,8 @@
 //!   share a pool get overlapping temporaries exactly as the checker's model says. A free of a pool
 //!   buffer returns its block to the pool (a buffer with `record_stream` streams is held back until
 //!   no capture of the pool is underway): nothing is freed on the device, and the graph's replays
-//!   keep accessing the bytes.
+//!   keep accessing the bytes. An `alloc` with `pool` outside a capture takes its block from
+//!   that pool the same way (and is a pool buffer like the capture's), but it runs.
 
 use std::collections::HashMap;
 
@@ -163,12 +164,7 @@ impl Graphs {
                 "graph {graph} begins on a stream that is already capturing"
             ));
         }
-        let pool_name = pool.unwrap_or(graph).clone();
-        let pools = &mut self.pools;
-        let pool = *self
-            .pool_names
-            .entry(pool_name)
-            .or_insert_with(|| pools.add());
+        let pool = self.pool_or_add(pool.unwrap_or(graph));
         self.pools.begin_capture(pool);
         let g = self.graphs.len();
         self.graphs.push(Graph {
@@ -248,10 +244,36 @@ impl Graphs {
         }
     }
 
-    /// The pool named `name`, if a capture named it.
-    #[allow(dead_code)] // for the GPU runner
+    /// The pool named `name`, if a capture or an allocation named it.
     pub(crate) fn pool(&self, name: &Id) -> Option<PoolIndex> {
         self.pool_names.get(name).copied()
+    }
+
+    /// The pool named `name`, made now (empty) if nothing named it yet.
+    pub(crate) fn pool_or_add(&mut self, name: &Id) -> PoolIndex {
+        let pools = &mut self.pools;
+        *self
+            .pool_names
+            .entry(name.clone())
+            .or_insert_with(|| pools.add())
+    }
+
+    /// The pool an allocation of device memory owned by `owner` comes from: the capture's when
+    /// `owner` is capturing (`named`, if given, must be that pool), else the pool `named`, if
+    /// given (made now if nothing named it yet). `Ok(None)`: the plain device allocator.
+    pub(crate) fn alloc_pool(
+        &mut self,
+        owner: StreamKey,
+        named: Option<&Id>,
+    ) -> Result<Option<PoolIndex>, String> {
+        match (self.capture_pool(owner), named) {
+            (Some(c), Some(name)) if self.pool(name) != Some(c) => Err(format!(
+                "an allocation into pool {name} on a stream that captures into another pool"
+            )),
+            (Some(c), _) => Ok(Some(c)),
+            (None, Some(name)) => Ok(Some(self.pool_or_add(name))),
+            (None, None) => Ok(None),
+        }
     }
 }
 

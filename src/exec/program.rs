@@ -14,8 +14,9 @@
 //!   `alloc`, as the trace format says.
 //! - **CUDA graphs** ([`super::graphs`]): which streams are capturing, the captured bodies with
 //!   their regions resolved, the replay participants, and the graph memory pools: device memory
-//!   allocated on a capturing stream comes from the capture's pool, and a free of a pool buffer
-//!   returns its block to the pool instead of the device.
+//!   allocated on a capturing stream comes from the capture's pool (outside a capture, from the
+//!   pool its `alloc` names, if any), and a free of a pool buffer returns its block to the pool
+//!   instead of the device.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -276,6 +277,7 @@ impl Resolver {
         stream: Option<&Id>,
         memory: MemoryKind,
         addr: Option<u64>,
+        pool: Option<&Id>,
         backend: &mut dyn Backend,
     ) -> Result<(u32, u64), ExecError> {
         let owner = match stream {
@@ -283,9 +285,19 @@ impl Resolver {
             None => 0,
         };
         let placed = addr.filter(|_| bytes > 0);
-        // Device memory allocated on a capturing stream comes from the capture's pool.
-        let pool = match (memory, stream) {
-            (MemoryKind::Device, Some(_)) => self.graphs.capture_pool(owner),
+        // Device memory allocated on a capturing stream comes from the capture's pool; outside
+        // a capture, from the pool the alloc names.
+        let pool = match memory {
+            MemoryKind::Device => self
+                .graphs
+                .alloc_pool(owner, pool)
+                .map_err(|e| self.unsupported(op, e))?,
+            _ if pool.is_some() => {
+                return Err(self.unsupported(
+                    op,
+                    format!("{buffer}: a graph pool holds device memory only"),
+                ))
+            }
             _ => None,
         };
         if let (Some(p), None) = (pool, placed) {

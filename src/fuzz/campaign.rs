@@ -234,13 +234,14 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
                     stream,
                     memory,
                     addr,
+                    pool,
                 } = &program[a].op
                 else {
                     continue;
                 };
                 let tmp = Id::from(format!("{buffer}.previous"));
                 // With addresses given, the temporary takes the allocation's own bytes (they are
-                // free just before it).
+                // free just before it); from the same pool, when the allocation names one.
                 let ops = [
                     Op::Alloc {
                         buffer: tmp.clone(),
@@ -248,6 +249,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
                         stream: stream.clone(),
                         memory: *memory,
                         addr: *addr,
+                        pool: pool.clone(),
                     },
                     Op::Launch {
                         stream: Id::from(c.participant.clone()),
@@ -352,6 +354,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
                         stream: Some(Id::from(by.clone())),
                         memory,
                         addr,
+                        pool: None,
                     },
                     Op::Launch {
                         stream: Id::from(by),
@@ -368,6 +371,7 @@ pub fn provocation(program: &[TraceOp], h: &Hazard) -> Result<Provocation, Strin
                         stream: None,
                         memory,
                         addr,
+                        pool: None,
                     },
                     Op::HostWrite {
                         buffer: Region::whole(fresh),
@@ -430,6 +434,7 @@ fn reuse_in_program(
                 memory: m,
                 addr: Some(a),
                 stream,
+                ..
             } if *m == memory && *a < end && start < a.saturating_add(*bytes) => {
                 Some((k, buffer.clone(), stream.clone()))
             }

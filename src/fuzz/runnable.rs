@@ -191,6 +191,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
                 stream,
                 memory,
                 addr,
+                pool,
             } => {
                 if let Some(Name::Live(_)) = names.get(buffer) {
                     return Err(format!("op {i}: buffer {buffer} is already allocated"));
@@ -203,7 +204,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
                         format!("op {i}: an allocation without addr in a trace with addr")
                     })?)
                 } else {
-                    model.allocate(i, *bytes, &owner, *memory)?
+                    model.allocate(i, *bytes, &owner, *memory, pool.as_ref())?
                 };
                 buffers.push(Buffer {
                     memory: *memory,
@@ -347,6 +348,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
             stream: Some(Id::from(DEFAULT_STREAM)),
             memory: MemoryKind::Device,
             addr: Some(addr),
+            pool: None,
         }));
     }
     let shift = program.len() as u64;
@@ -383,6 +385,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
                 buffer,
                 stream,
                 memory,
+                pool,
                 ..
             } => {
                 let b = alloc_of[&i];
@@ -393,6 +396,7 @@ pub fn runnable(trace: &[TraceOp]) -> Result<Runnable, String> {
                     stream: stream.clone(),
                     memory: *memory,
                     addr: (bytes > 0).then_some(addr),
+                    pool: pool.clone(),
                 }
             }
             Op::Free { stream, .. } if invalid_free.contains(&i) => match stream {
@@ -568,13 +572,17 @@ impl Model {
         bytes: u64,
         owner: &Id,
         memory: MemoryKind,
+        pool: Option<&Id>,
     ) -> Result<Option<u64>, String> {
         let key = self.key(owner);
-        if let Some(p) = self
-            .graphs
-            .capture_pool(key)
-            .filter(|_| memory == MemoryKind::Device)
-        {
+        let pool = match memory {
+            MemoryKind::Device => self
+                .graphs
+                .alloc_pool(key, pool)
+                .map_err(|e| format!("op {i}: {e}"))?,
+            _ => None,
+        };
+        if let Some(p) = pool {
             let block = self
                 .graphs
                 .pools

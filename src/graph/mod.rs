@@ -525,13 +525,17 @@ impl DepGraph {
                 bytes,
                 stream,
                 memory,
+                pool,
                 ..
             } => {
-                let on = match (memory, stream) {
+                let mut on = match (memory, stream) {
                     (crate::trace::MemoryKind::Device, Some(s)) => format!(" on {s}"),
                     (crate::trace::MemoryKind::Device, None) => " on default".to_string(),
                     (m, _) => format!(" ({})", m.as_str()),
                 };
+                if let Some(p) = pool {
+                    on.push_str(&format!(" from pool {p}"));
+                }
                 (
                     HOST_LANE,
                     format!("alloc {buffer}{on}"),

@@ -99,6 +99,16 @@ impl Builder {
         Ok(())
     }
 
+    /// Makes the pool named `name` (empty) if it does not exist yet.
+    pub(super) fn named_pool(&mut self, name: &str) {
+        let space = self.space.clone();
+        self.g.pools.entry(name.to_owned()).or_insert_with(|| Pool {
+            alloc: DeviceCachingAllocator::new(space),
+            capturing: 0,
+            held: Vec::new(),
+        });
+    }
+
     pub(super) fn pool_allocate(
         &mut self,
         pool: &str,
@@ -309,16 +319,10 @@ impl Builder {
             return Err("graph_begin of a graph already captured".into());
         }
         let pool = pool.unwrap_or(graph).as_str().to_owned();
-        let space = self.space.clone();
-        self.g
-            .pools
-            .entry(pool.clone())
-            .or_insert_with(|| Pool {
-                alloc: DeviceCachingAllocator::new(space),
-                capturing: 0,
-                held: Vec::new(),
-            })
-            .capturing += 1;
+        self.named_pool(&pool);
+        if let Some(p) = self.g.pools.get_mut(&pool) {
+            p.capturing += 1;
+        }
         self.g.graphs.insert(
             graph.as_str().to_owned(),
             Graph {

@@ -43,7 +43,9 @@
 //!   exit), with edges from the launch to the entry, from the previous launch's exit of the same
 //!   graph to the entry, from the entry to every captured op, along each captured stream,
 //!   from a captured record to its waits, and from every captured op to the exit, which the
-//!   launch stream's next op follows. Nodes are ordered by creation, not by op index.
+//!   launch stream's next op follows. Nodes are ordered by creation, not by op index. An `alloc`
+//!   that names a `pool` outside a capture takes its block from that pool and makes a pool buffer
+//!   like a capture's, but its allocation is a use as for a plain buffer.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -176,7 +178,7 @@ struct Buffer {
     /// only after an event recorded there completes, so every access with a path to one of
     /// these ops happens before every access to memory that reuses the buffer's bytes.
     recorded_at_free: Vec<usize>,
-    /// The graph pool of a buffer allocated on a capturing stream.
+    /// The graph pool of a pool buffer: allocated on a capturing stream, or into a named pool.
     pool: Option<String>,
 }
 
@@ -543,7 +545,8 @@ impl Builder {
                 stream,
                 memory,
                 addr,
-            } => self.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr)?,
+                pool,
+            } => self.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr, pool.as_ref())?,
             Op::Free { buffer, stream } => self.free(i, buffer, stream.as_ref())?,
             Op::RecordStream { buffer, stream } => {
                 self.host_op(i);
@@ -667,6 +670,7 @@ impl Builder {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn alloc(
         &mut self,
         i: usize,
@@ -675,6 +679,7 @@ impl Builder {
         stream: Option<&Id>,
         memory: MemoryKind,
         addr: Option<u64>,
+        named_pool: Option<&Id>,
     ) -> Result<(), String> {
         self.host_op(i);
         let name = buffer.as_str();
@@ -684,10 +689,25 @@ impl Builder {
         let owner_id = stream.cloned().unwrap_or_else(|| Id::from(DEFAULT_STREAM));
         let key = self.stream(&owner_id)?.key;
         let owner = owner_id.as_str().to_owned();
-        // Device memory allocated on a capturing stream comes from the capture's pool.
-        let pool = match memory {
+        // Device memory allocated on a capturing stream comes from the capture's pool; outside
+        // a capture, from the pool the alloc names (device memory only).
+        let capture = match memory {
             MemoryKind::Device => self.capture_pool(&owner),
             _ => None,
+        };
+        let pool = match (capture.clone(), named_pool) {
+            (_, Some(_)) if memory != MemoryKind::Device => {
+                return Err("a pool for memory other than device memory".into())
+            }
+            (Some(c), Some(p)) if c != p.as_str() => {
+                return Err("a pool other than the capture's on a capturing stream".into())
+            }
+            (Some(c), _) => Some(c),
+            (None, Some(p)) => {
+                self.named_pool(p.as_str());
+                Some(p.as_str().to_owned())
+            }
+            (None, None) => None,
         };
         let base = if bytes == 0 {
             None
@@ -759,8 +779,8 @@ impl Builder {
             pool: pool.clone(),
         });
         self.names.insert(name.to_owned(), Name::Live(b));
-        // A pool buffer's allocation is not a use: nothing runs at capture.
-        if bytes > 0 && pool.is_none() {
+        // A capture's allocation is not a use: nothing runs at capture.
+        if bytes > 0 && capture.is_none() {
             let (participant, at) = if device {
                 (owner.clone(), self.streams[&owner].last_work)
             } else {

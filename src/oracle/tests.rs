@@ -9,6 +9,7 @@ fn alloc(buffer: &str, bytes: u64, stream: &str) -> Op {
         stream: Some(stream.into()),
         memory: MemoryKind::Device,
         addr: None,
+        pool: None,
     }
 }
 
@@ -19,6 +20,7 @@ fn alloc_at(buffer: &str, bytes: u64, stream: &str, addr: u64) -> Op {
         stream: Some(stream.into()),
         memory: MemoryKind::Device,
         addr: Some(addr),
+        pool: None,
     }
 }
 
@@ -29,6 +31,7 @@ fn pinned(buffer: &str, bytes: u64) -> Op {
         stream: None,
         memory: MemoryKind::Pinned,
         addr: None,
+        pool: None,
     }
 }
 

@@ -91,8 +91,9 @@ pub fn arb_op() -> impl Strategy<Value = Op> {
         arb_u64(),
         prop::option::of(arb_stream()),
         arb_memory(),
+        prop::option::of(arb_id()),
     )
-        .prop_flat_map(|(buffer, bytes, stream, memory)| {
+        .prop_flat_map(|(buffer, bytes, stream, memory, pool)| {
             let addr = prop::option::of(0..=u64::MAX - bytes);
             addr.prop_map(move |addr| Op::Alloc {
                 buffer: buffer.clone(),
@@ -100,6 +101,7 @@ pub fn arb_op() -> impl Strategy<Value = Op> {
                 stream: stream.clone(),
                 memory,
                 addr,
+                pool: pool.clone(),
             })
         });
     prop_oneof![

@@ -28,6 +28,11 @@ pub enum Op {
         memory: MemoryKind,
         /// The address a recorded program actually got, instead of the model's choice.
         addr: Option<u64>,
+        /// The CUDA graph memory pool the device memory comes from outside a capture (PyTorch's
+        /// allocations routed to a graph's private pool, as cudagraph trees do in their
+        /// warm-up), in the namespace of [`Op::GraphBegin`]'s `pool`; `None`: the plain device
+        /// allocator, or on a capturing stream the capture's pool.
+        pool: Option<Id>,
     },
     /// `free`: a caching free (no stream) or a stream-ordered free on `stream`.
     Free {
@@ -431,6 +436,7 @@ mod tests {
                 stream: Some(id("s1")),
                 memory: MemoryKind::Device,
                 addr: None,
+                pool: None,
             },
             Op::Free {
                 buffer: id("b1"),
@@ -580,6 +586,7 @@ mod tests {
             stream: None,
             memory: MemoryKind::Pinned,
             addr: None,
+            pool: None,
         };
         assert_eq!(alloc.stream(), None);
         // Queries synchronize only when they reported completion.

@@ -172,7 +172,7 @@ pub(crate) enum Need {
     /// The op must have it.
     Required,
     /// It may be absent, and its absence means something of its own (the `stream` of an
-    /// `alloc` or a `free`, `addr`, a launch's `name`).
+    /// `alloc` or a `free`, `addr`, `pool`, a launch's `name`).
     Optional,
     /// Absent means its default: `device` 0, `blocking` false, `memory` device, no `reads` or
     /// `writes`. The writer leaves it out at its default.
@@ -259,6 +259,7 @@ const FIELDS: [&[FieldSpec]; 21] = [
         opt(K::Stream, T::Stream),
         dflt(K::Memory, T::Memory),
         opt(K::Addr, T::Integer),
+        opt(K::Pool, T::Pool),
     ],
     // free
     &[req(K::Buffer, T::Buffer), opt(K::Stream, T::Stream)],
@@ -464,6 +465,7 @@ impl Op {
             (Op::Alloc { stream, .. }, K::Stream) => V::Id(stream.as_ref()?),
             (Op::Alloc { memory, .. }, K::Memory) => V::Memory(*memory),
             (Op::Alloc { addr, .. }, K::Addr) => V::Int((*addr)?),
+            (Op::Alloc { pool, .. }, K::Pool) => V::Id(pool.as_ref()?),
             (Op::Free { buffer, .. }, K::Buffer) => V::Id(buffer),
             (Op::Free { stream, .. }, K::Stream) => V::Id(stream.as_ref()?),
             (Op::RecordStream { buffer, .. }, K::Buffer) => V::Id(buffer),

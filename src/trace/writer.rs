@@ -231,6 +231,7 @@ mod tests {
             stream: None,
             memory: MemoryKind::Device,
             addr: None,
+            pool: None,
         };
         assert_eq!(line(op), r#"{"op":"alloc","buffer":"a","bytes":4096}"#);
         let op = Op::Alloc {
@@ -239,11 +240,26 @@ mod tests {
             stream: Some(Id::from("default")),
             memory: MemoryKind::Managed,
             addr: Some(u64::MAX),
+            pool: None,
         };
         assert_eq!(
             line(op),
             r#"{"op":"alloc","buffer":"a","bytes":0,"stream":"default","memory":"managed","addr":18446744073709551615}"#
         );
+        // `pool` comes last, after `addr`, and only when given.
+        let op = Op::Alloc {
+            buffer: Id::from("t"),
+            bytes: 512,
+            stream: Some(Id::from("s")),
+            memory: MemoryKind::Device,
+            addr: None,
+            pool: Some(Id::from("g")),
+        };
+        assert_eq!(
+            line(op.clone()),
+            r#"{"op":"alloc","buffer":"t","bytes":512,"stream":"s","pool":"g"}"#
+        );
+        assert_eq!(parse_line(&line(op.clone())).unwrap().unwrap().0.op, op);
         let op = Op::Launch {
             stream: Id::from("s"),
             name: None,

@@ -1,7 +1,7 @@
 //! Random well-formed programs for the property tests (the oracle agreement test's generator):
 //! allocations, frees and accesses on several streams and memory kinds, event and host
 //! synchronization, and CUDA graph captures with forks and joins, shared pools and replays on
-//! several streams.
+//! several streams, and allocations into named graph pools outside captures.
 
 #![allow(dead_code)]
 
@@ -482,9 +482,19 @@ impl Program {
             _ => self.stream(),
         });
         // Device memory allocated on a capturing stream comes from the capture's pool.
-        let pool = stream
+        let captured = stream
             .as_ref()
             .is_some_and(|s| self.g.capture_of(s.as_str()).is_some());
+        // Outside a capture, device memory now and then comes from a named graph pool (as in
+        // PyTorch's warm-ups): with addr always `p`, whose slots it then takes.
+        let named = (self.g.enabled && memory == MemoryKind::Device && !captured)
+            .then(|| self.rng.chance(4))
+            .filter(|&n| n)
+            .map(|_| match self.addr_mode {
+                true => Id::from("p"),
+                false => Id::from(*self.rng.pick(&["p", "g0", "g1"])),
+            });
+        let pool = captured || named.is_some();
         let class = if pool { 3 } else { slot_class(memory) };
         let empty = self.rng.chance(16);
         let (bytes, slot) = if self.addr_mode {
@@ -537,6 +547,7 @@ impl Program {
             stream: field,
             memory,
             addr,
+            pool: named,
         });
         self.live.insert(
             name,

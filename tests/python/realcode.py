@@ -1373,23 +1373,89 @@ CAPTURES = {graphed_mlp_batch_before_copy, graphed_mlp_set_to_none, graphed_mlp_
             cuda_graph_inference, compiled_llm_decode}
 
 
+# The suites: "realcode" (the programs of this file), "compiled" (tests/python/realcode_compiled.py:
+# torch.compile and user Triton kernels; it imports this module, so it is imported on first use)
+# and "all" (both, this file's first; a program of both, compiled_llm_decode, once).
+SUITES = ("realcode", "compiled", "all")
+
+
+def _compiled_suite():
+    """The module realcode_compiled (beside this file)."""
+    try:
+        return importlib.import_module("realcode_compiled")
+    except ModuleNotFoundError as e:
+        if e.name != "realcode_compiled":
+            raise
+        import os
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        return importlib.import_module("realcode_compiled")
+
+
+def _suite_parts(suite: str) -> list[tuple[dict, dict]]:
+    """[(buggy-and-fixed programs, clean programs)] of `suite`, in suite order."""
+    if suite == "realcode":
+        return [(BUGS, CLEAN)]
+    if suite in ("compiled", "all"):
+        rc = _compiled_suite()
+        compiled = (rc.COMPILED_BUGS, rc.COMPILED_CLEAN)
+        return [compiled] if suite == "compiled" else [(BUGS, CLEAN), compiled]
+    raise ValueError(f"unknown suite {suite!r}: expected {', '.join(SUITES)}")
+
+
+def captures(suite: str = "all") -> set:
+    """The programs of `suite` that capture CUDA graphs: CAPTURES, and realcode_compiled's
+    COMPILED_CAPTURES unless `suite` is "realcode"."""
+    if suite == "realcode":
+        return set(CAPTURES)
+    return set(CAPTURES) | set(_compiled_suite().COMPILED_CAPTURES)
+
+
+def compiled_programs() -> set:
+    """The program functions of the compiled suite (compiled_llm_decode among them), or an empty
+    set when realcode_compiled cannot be imported."""
+    try:
+        rc = _compiled_suite()
+    except Exception:  # noqa: BLE001
+        return set()
+    return set(rc.COMPILED_BUGS.values()) | set(rc.COMPILED_CLEAN.values())
+
+
+def suite_of(fn) -> str:
+    """"compiled" for a program of the compiled suite (it compiles: torch.compile or a Triton
+    kernel; runners warm it up first), else "realcode"."""
+    return "compiled" if fn in compiled_programs() else "realcode"
+
+
 def program_sets(which: str = "all") -> tuple[dict, dict]:
-    """(buggy-and-fixed programs, clean programs): "all", "bugs" (no clean ones) or "clean"."""
+    """(buggy-and-fixed programs, clean programs): "all", "bugs" (no clean ones) or "clean" of
+    this file's suite, or "compiled" (realcode_compiled's COMPILED_BUGS and COMPILED_CLEAN)."""
     if which == "all":
         return BUGS, CLEAN
     if which == "bugs":
         return BUGS, {}
     if which == "clean":
         return {}, CLEAN
-    raise ValueError(f"unknown program set {which!r}: expected all, bugs or clean")
+    if which == "compiled":
+        return _suite_parts("compiled")[0]
+    raise ValueError(f"unknown program set {which!r}: expected all, bugs, clean or compiled")
 
 
-def programs(only=None, graphs: str = "all") -> list[tuple[str, object, bool]]:
-    """[(name, fn, clean)] of every program, or of those named in `only` (each an exact name, or
-    else every program whose name contains it, case-insensitively; no match raises ValueError).
-    `graphs`: "all", "without" (no program of CAPTURES), "only" (those alone) or "last" (all,
+def programs(only=None, graphs: str = "all", suite: str = "realcode") -> list[tuple[str, object, bool]]:
+    """[(name, fn, clean)] of every program of `suite` (SUITES: "realcode", this file's, "compiled"
+    or "all"), or of those named in `only` (each an exact name, or else every program whose name
+    contains it, case-insensitively; no match raises ValueError). `graphs`: "all", "without" (no
+    program that captures CUDA graphs: `captures(suite)`), "only" (those alone) or "last" (all,
     those last)."""
-    out = [(n, f, False) for n, f in BUGS.items()] + [(n, f, True) for n, f in CLEAN.items()]
+    out, have = [], set()
+    for bugs, clean in _suite_parts(suite):
+        for progs, is_clean in ((bugs, False), (clean, True)):
+            for n, f in progs.items():
+                if f not in have:
+                    have.add(f)
+                    out.append((n, f, is_clean))
+    caps = captures(suite)
     if only:
         picked = []
         for want in only:
@@ -1400,11 +1466,11 @@ def programs(only=None, graphs: str = "all") -> list[tuple[str, object, bool]]:
             picked += [p for p in hits if p not in picked]
         out = picked
     if graphs == "without":
-        return [p for p in out if p[1] not in CAPTURES]
+        return [p for p in out if p[1] not in caps]
     if graphs == "only":
-        return [p for p in out if p[1] in CAPTURES]
+        return [p for p in out if p[1] in caps]
     if graphs == "last":
-        return [p for p in out if p[1] not in CAPTURES] + [p for p in out if p[1] in CAPTURES]
+        return [p for p in out if p[1] not in caps] + [p for p in out if p[1] in caps]
     if graphs != "all":
         raise ValueError(f"unknown graphs={graphs!r}: expected all, without, only or last")
     return out

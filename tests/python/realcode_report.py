@@ -1,6 +1,8 @@
-"""The real-code suite (tests/python/realcode.py) on a GPU: streamsan's verdicts under both
-recorders, CSAN's, the widened runs and the cost, in one table.
+"""The real-code suite (tests/python/realcode.py, and the compiled suite of
+tests/python/realcode_compiled.py) on a GPU: streamsan's verdicts under both recorders, CSAN's,
+the widened runs and the cost, in one table.
 
+    python tests/python/realcode_report.py warm --jobs 4                > warm.json   # compile once
     python tests/python/realcode_report.py streamsan --backend native   > native.json
     python tests/python/realcode_report.py streamsan --backend python   > python.json
     python tests/python/realcode_report.py csan                         > csan.json   # its own process
@@ -10,8 +12,11 @@ recorders, CSAN's, the widened runs and the cost, in one table.
     python tests/python/realcode_report.py table native.json python.json csan.json widen.json cost.json csan-cost.json
     python tests/python/realcode_report.py summary FILES… [--allow-skips]
 
-Every subcommand takes `--only NAME[,NAME…]` (exact names, or substrings of names), `--graphs
-all|without|only|last` (the programs that capture CUDA graphs, realcode.CAPTURES: CSAN runs them
+Every subcommand takes `--set realcode|compiled|all` (the suite: realcode.py's programs, the
+compiled ones of realcode_compiled.py, or both; default all, a program of both once), `--only
+NAME[,NAME…]` (exact names, or substrings of names), `--graphs all|without|only|last` (the
+programs that capture CUDA graphs, realcode.captures(): realcode.CAPTURES and
+realcode_compiled.COMPILED_CAPTURES; CSAN runs them
 last, since a capture failing under it can leave the process unusable; cost runs each in a
 process of its own) and `--deadline-seconds S`: no program starts once less than a few seconds
 are left, and at the deadline a watchdog prints what was found so far (the program in progress
@@ -24,14 +29,28 @@ raises is a row with its exception, never the end of the run; one whose library 
 (`RuntimeError("needs X")`) is a row "skipped: needs X".
 
 Rows: a buggy-and-fixed program has the variants "buggy" and "fixed", a clean program the one
-variant "clean" (run with fixed=True).
+variant "clean" (run with fixed=True); `suite` says which suite it is of ("compiled": it
+compiles, torch.compile or a Triton kernel).
+
+Compiled programs: the C++ recorder sees the compiled code (Inductor's Triton kernels, CUDA graph
+trees); the Python recorder and CSAN run it eagerly (Dynamo leaves a frame uncompiled while a
+TorchDispatchMode is active): their verdicts on a compiled program are of its eager program, and
+their cost is an eager run's against the compiled plain one. Their cost goal: the C++ recorder
+at most COST_GOAL (1.3) times plain, shown beside the ratio (not a criterion).
+
+- `warm`: each selected program of the compiled suite (realcode.suite_of) run once, fixed,
+  uninstrumented, spread over `--jobs` processes (each a `warm --child` of its share): it fills
+  Inductor's and Triton's on-disk caches, so that the processes after it load what this one
+  compiled. Seconds and result per program. Key `warm`.
 
 - `streamsan`: each variant once under `streamsan.torch.check(raise_on_hazard=False,
   backend=B)`: errors, kinds, the sites reported (the hazards' `access` sites), whether one is a
   `# RACE` line of the program (`at_race_line`), the program's own verdict (`result_ok`), seconds,
   streamsan's warnings, the report's first 40 lines (`text`) when a clean or fixed variant has
   errors or a buggy one is not reported at its line, and what the run left in realcode.NOTES
-  (`note`: a PyTorch bug it measured, for one). Key `streamsan-BACKEND`.
+  (`note`: a PyTorch bug it measured, for one); `triton_launches`, the Triton kernel launches the
+  recorder saw (`run.stats()["recorder_triton_launches"]`, None where the recorder does not count
+  them). Key `streamsan-BACKEND`.
 - `csan`: `torch.cuda._sanitizer.enable_cuda_sanitizer()` (it cannot be turned off: run it in a
   process of its own), each variant once: reported or not. Key `csan`.
 - `widen`: each variant `--runs` times with `widen=True`, uninstrumented: how many runs gave a
@@ -50,14 +69,16 @@ variant "clean" (run with fixed=True).
   enabled (it cannot be turned off), and a warm-up and the rounds under it; the CAPTURES programs
   the same, each in a process of its own; a program CSAN stops is "CSAN failed: …".
 - `table FILES…`: one markdown table of all of it (cost: milliseconds and ratios to plain; a
-  CSAN ratio marked * is to `cost`'s plain seconds), then the notes and what cost did not measure.
+  CSAN ratio marked * is to `cost`'s plain seconds; Triton launches the C++ recorder saw, "-"
+  when unknown; the cost goal of compiled programs), then the notes and what cost did not measure.
 - `summary FILES…`: a compact grid and a PASS/FAIL line per criterion: every clean program clean
   (and right) under both recorders; every buggy program reported at a `# RACE` line by both, its
   fixed variant clean; widened, every buggy variant corrupted at least once and no fixed or clean
   one ever. Under each FAIL of a clean (or fixed) variant, why in one line: the first hazard's
   first line of the report (`text`), else its exception. The notes (a PyTorch bug a program
   measured: "PyTorch bug #181723: gradients doubled (ratio 2.00), the same widened or not; not a
-  synchronization bug") and the programs cost did not measure are listed before the criteria. A
+  synchronization bug"), the programs cost did not measure and the compiled programs' cost goal
+  (met or not: not a criterion) are listed before the criteria. A
   skipped or unmeasured program fails (`--allow-skips`: a skip is a SKIP line). Exit status 0
   when every criterion passes.
 """
@@ -85,6 +106,8 @@ sys.path.insert(0, HERE)
 START = time.monotonic()  # the deadline counts from here (imports of torch and the libraries included)
 MIN_LEFT = 4.0  # seconds: a program is not started with less left before the deadline
 TEXT_LINES = 40
+SUITES = ("realcode", "compiled", "all")  # realcode.SUITES (that module needs torch)
+COST_GOAL = 1.3  # the compiled programs' cost goal: the C++ recorder at most this times plain
 
 
 def _log(msg: str) -> None:
@@ -154,6 +177,7 @@ class Out:
         self.deadline = self.t0 + deadline_seconds if deadline_seconds else None
         self.current: tuple[str, str] | None = None
         self.child: subprocess.Popen | None = None  # a program run in a process of its own (cost)
+        self.children: list = []  # processes of ours running at the same time (warm's)
         self.lock = threading.Lock()
         self.printed = False
         self.snapshot = json.dumps(self.data, indent=1)
@@ -200,12 +224,12 @@ class Out:
         if os.getpid() != self.pid:  # a forked DataLoader worker: not ours to report
             os._exit(1)
         _log(f"stopping: {why}; in progress: {self.current}")
-        child = self.child
-        if child is not None and child.poll() is None:
-            try:
-                child.kill()
-            except OSError:
-                pass
+        for child in [self.child, *self.children]:
+            if child is not None and child.poll() is None:
+                try:
+                    child.kill()
+                except OSError:
+                    pass
         try:
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         except Exception:  # noqa: BLE001
@@ -224,11 +248,18 @@ class Out:
 
 
 def _progs(a, graphs: str | None = None):
-    """(realcode, the programs `a` selects): --only, and --graphs (or `graphs`)."""
+    """(realcode, the programs `a` selects): --set, --only, and --graphs (or `graphs`)."""
     import realcode
 
     names = [n.strip() for n in a.only.split(",") if n.strip()] if a.only else None
-    return realcode, realcode.programs(names or None, graphs or a.graphs)
+    progs = realcode.programs(names or None, graphs or a.graphs, suite=a.suite)
+    realcode.compiled_programs()  # realcode_compiled (and triton) imported now: before any check or CSAN
+    return realcode, progs
+
+
+def _row(out: Out, realcode, name: str, fn, clean: bool, **more) -> dict:
+    """out.rows[name], made with what every subcommand's row says: clean or not, and its suite."""
+    return out.rows.setdefault(name, {"clean_program": clean, "suite": realcode.suite_of(fn), **more})
 
 
 def _not_run(out: Out, name: str, clean: bool, why: str) -> None:
@@ -263,11 +294,23 @@ def _line_of(site: str, file: str):
     return int(line)
 
 
+def _triton_launches(run):
+    """The Triton launches the check's recorder saw, or None where it does not count them."""
+    try:
+        n = run.stats().get("recorder_triton_launches")
+    except Exception:  # noqa: BLE001
+        return None
+    return n if isinstance(n, int) else None
+
+
 def check_variant(realcode, fn, variant: str, backend: str) -> dict:
     """One run of a variant under streamsan.torch.check: its row."""
+    import inspect
+
     import streamsan.torch
 
     lines = realcode.race_lines(fn)
+    file = inspect.getsourcefile(fn) or realcode.__file__  # its `# RACE` lines are all in its file
     realcode.take_note(fn)
     _collect()
     t0 = time.perf_counter()
@@ -289,6 +332,7 @@ def check_variant(realcode, fn, variant: str, backend: str) -> dict:
             _sync()
     res["seconds"] = round(time.perf_counter() - t0, 3)
     res["backend"] = run.backend
+    res["triton_launches"] = _triton_launches(run)
     note = realcode.take_note(fn)
     if note is not None:
         res["note"] = note
@@ -305,7 +349,7 @@ def check_variant(realcode, fn, variant: str, backend: str) -> dict:
         return res
     hazards = report.hazards
     sites = _sites(hazards)
-    at = [_line_of(s, realcode.__file__) for s in sites]
+    at = [_line_of(s, file) for s in sites]
     res.update({
         "errors": report.errors,
         "warnings": report.warnings,
@@ -337,6 +381,8 @@ def _brief(r: dict) -> str:
         s += " [RACE line]" if r.get("at_race_line") else " [not a RACE line]"
     if r.get("result_ok") is False:
         s += ", result wrong"
+    if r.get("triton_launches") is not None:
+        s += f", {r['triton_launches']} Triton launches"
     return s + f", {r.get('seconds', '?')} s"
 
 
@@ -344,7 +390,7 @@ def run_streamsan(a) -> Out:
     realcode, progs = _progs(a)
     out = Out(f"streamsan-{a.backend}", a.deadline_seconds, {"backend": a.backend, **_versions()})
     for i, (name, fn, clean) in enumerate(progs, 1):
-        row = out.rows.setdefault(name, {"clean_program": clean, "race_lines": sorted(realcode.race_lines(fn))})
+        row = _row(out, realcode, name, fn, clean, race_lines=sorted(realcode.race_lines(fn)))
         for variant in _variants(clean):
             if out.left() < MIN_LEFT:
                 row[variant] = {"not_run": "deadline"}
@@ -376,7 +422,7 @@ def run_csan(a) -> Out:
     out = Out("csan", a.deadline_seconds, _versions())
     csan.enable_cuda_sanitizer()
     for i, (name, fn, clean) in enumerate(progs, 1):
-        row = out.rows.setdefault(name, {"clean_program": clean})
+        row = _row(out, realcode, name, fn, clean)
         for variant in _variants(clean):
             if out.left() < MIN_LEFT:
                 row[variant] = {"not_run": "deadline"}
@@ -418,7 +464,7 @@ def run_widen(a) -> Out:
     realcode, progs = _progs(a)
     out = Out("widen", a.deadline_seconds, {"runs": a.runs, **_versions()})
     for i, (name, fn, clean) in enumerate(progs, 1):
-        row = out.rows.setdefault(name, {"clean_program": clean})
+        row = _row(out, realcode, name, fn, clean)
         for variant in _variants(clean):
             if out.left() < MIN_LEFT:
                 row[variant] = {"not_run": "deadline"}
@@ -458,6 +504,96 @@ def run_widen(a) -> Out:
             _log(f"widen {i}/{len(progs)} {name} [{variant}]: {what}, {r['seconds']} s")
             if "skipped" in r:
                 break
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# warm: the compiled suite compiled once, before the processes that check and time it
+
+
+def _warm_one(out: Out, realcode, name: str, fn, clean: bool) -> None:
+    """One uninstrumented run of program `fn` (its fixed or clean variant) into out.rows."""
+    row = _row(out, realcode, name, fn, clean)
+    variant = _variants(clean)[-1]
+    if out.left() < MIN_LEFT:
+        row[variant] = {"not_run": "deadline"}
+        return
+    out.current = (name, variant)
+    _collect()
+    t0 = time.perf_counter()
+    r: dict = {}
+    try:
+        r["result_ok"] = bool(fn(True, False))
+        _sync()
+    except Exception as e:  # noqa: BLE001
+        skip = _skip_reason(e)
+        r = {"skipped": skip} if skip else {"exception": _exc(e), "traceback": traceback.format_exc()[-3000:]}
+        _sync()
+    r["seconds"] = round(time.perf_counter() - t0, 2)
+    realcode.take_note(fn)
+    out.current = None
+    row[variant] = r
+    out.publish()
+    what = r.get("skipped") or (f"RAISED {r['exception'][:160]}" if "exception" in r
+                                else "result right" if r["result_ok"] else "result WRONG")
+    _log(f"warm {name}: {what}, {r['seconds']} s")
+
+
+# rough compile times of the compiled suite's programs, relative (a name's substring -> weight; 1
+# else): warm's processes get shares of about the same weight
+WARM_WEIGHTS = {"ResNet": 6, "nanoGPT": 3, "AMP": 3, "ViT": 2, "SDPA": 2, "LLM decode": 2, "gpt-fast": 2}
+
+
+def _warm_shares(progs: list, jobs: int) -> list:
+    """`progs` in `jobs` shares of about the same weight (WARM_WEIGHTS), heaviest first."""
+    def weight(p):
+        return max([w for k, w in WARM_WEIGHTS.items() if k.lower() in p[0].lower()] or [1])
+
+    shares: list = [[] for _ in range(jobs)]
+    loads = [0] * jobs
+    for p in sorted(progs, key=weight, reverse=True):
+        j = loads.index(min(loads))
+        shares[j].append(p)
+        loads[j] += weight(p)
+    return [sh for sh in shares if sh]
+
+
+def run_warm(a) -> Out:
+    """`warm`: the selected programs of the compiled suite once each, in `--jobs` processes."""
+    realcode, progs = _progs(a)
+    progs = [p for p in progs if realcode.suite_of(p[1]) == "compiled"]
+    out = Out("warm", a.deadline_seconds, {"jobs": a.jobs, **({"child": True} if a.child else _versions())})
+    jobs = max(1, min(a.jobs, len(progs)))
+    if a.child or jobs == 1:
+        for name, fn, clean in progs:
+            _warm_one(out, realcode, name, fn, clean)
+        return out
+    procs = []
+    for share in _warm_shares(progs, jobs):
+        cmd = [sys.executable, os.path.abspath(__file__), "warm", "--child", "--set", a.suite,
+               "--only", ",".join(n for n, _, _ in share)]
+        if out.deadline is not None:
+            cmd += ["--deadline-seconds", f"{max(out.left() - MIN_LEFT, 1.0):.0f}"]
+        _log(f"warm: {len(share)} programs in a process of their own: {', '.join(n for n, _, _ in share)}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # standard error: ours
+        out.children.append(proc)
+        procs.append((share, proc))
+    for share, proc in procs:
+        try:
+            stdout, _ = proc.communicate(timeout=None if out.deadline is None else max(out.left(), 1.0) + 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, _ = proc.communicate()
+        data = _first_json(stdout or "")
+        got = data.get("warm", {}) if isinstance(data, dict) else {}
+        for name, fn, clean in share:
+            if isinstance(got.get(name), dict):
+                out.rows[name] = got[name]
+            else:
+                row = _row(out, realcode, name, fn, clean)
+                why = f"its process (exit {proc.returncode}) printed no results"
+                row.setdefault(_variants(clean)[-1], {"exception": why})
+        out.publish()
     return out
 
 
@@ -570,10 +706,16 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
              + (f"; failed {failed}" if failed else "") + f" ({time.monotonic() - t0:.1f} s)")
 
 
-# seconds kept for each program of realcode.CAPTURES, run in a process of its own (its imports, its
+# seconds kept for each program of realcode.captures(), run in a process of its own (its imports, its
 # CUDA context, a warm-up and the rounds), by the subcommand's key (at most half the time left is
-# kept for them all; the last, torch.compile's, takes what is left)
+# kept for them all; the last, torch.compile's, takes what is left); a program of the compiled suite
+# is kept CHILD_COMPILE_SECONDS more (Dynamo traces it again in its process, Inductor loads it)
 CHILD_SECONDS = {"cost": 10.0, "cost-csan": 14.0}
+CHILD_COMPILE_SECONDS = 12.0
+
+
+def _child_seconds(key: str, suite: str) -> float:
+    return CHILD_SECONDS[key] + (CHILD_COMPILE_SECONDS if suite == "compiled" else 0.0)
 
 
 def _first_json(text: str):
@@ -586,19 +728,21 @@ def _first_json(text: str):
     return None
 
 
-def _cost_child(out: Out, a, name: str, clean: bool, later: int) -> None:
+def _cost_child(out: Out, a, name: str, clean: bool, mine: float, later: float) -> None:
     """The cost of program `name` measured by `realcode_report.py cost --only NAME` in a process of
     its own (a capture failing there cannot take other programs with it), its row merged into
-    out.rows; `later` programs still to run after it keep CHILD_SECONDS each."""
+    out.rows; it is kept `mine` seconds (`_child_seconds`), the programs still to run after it
+    `later` seconds in all: it has its share of the time left, or all but theirs if more."""
     row = out.rows.setdefault(name, {"clean_program": clean})
     seconds = None
     if out.deadline is not None:
         left = out.left() - MIN_LEFT
-        seconds = max(left / (later + 1), left - later * CHILD_SECONDS[out.key])
+        seconds = max(left * mine / (mine + later), left - later)
         if seconds < 2 * MIN_LEFT:
             row.setdefault("not_run", []).append("deadline")
             return
-    cmd = [sys.executable, os.path.abspath(__file__), "cost", "--only", name, "--runs", str(a.runs), "--child"]
+    cmd = [sys.executable, os.path.abspath(__file__), "cost", "--only", name, "--runs", str(a.runs), "--child",
+           "--set", a.suite]
     if a.csan:
         cmd.append("--csan")
     if seconds is not None:
@@ -639,9 +783,10 @@ def _cost_child(out: Out, a, name: str, clean: bool, later: int) -> None:
 
 
 def run_cost(a) -> Out:
-    """`cost` and `cost --csan`: the programs of realcode.CAPTURES each in a process of its own,
+    """`cost` and `cost --csan`: the programs of realcode.captures() each in a process of its own,
     after the others (unless this is such a process, `--child`)."""
     realcode, progs = _progs(a)
+    caps = realcode.captures(a.suite)
     key = "cost-csan" if a.csan else "cost"
     meta = {"runs": a.runs, **({"child": True} if a.child else _versions())}
     try:
@@ -650,14 +795,17 @@ def run_cost(a) -> Out:
         pass
     out = Out(key, a.deadline_seconds, meta)
     out.meta["start_seconds"] = round(time.monotonic() - START, 2)  # imports, CUDA not yet
+    for name, fn, clean in progs:
+        _row(out, realcode, name, fn, clean)
     if a.child:
         own, kids = progs, []
     else:
-        own = [p for p in progs if p[1] not in realcode.CAPTURES]
-        kids = [p for p in progs if p[1] in realcode.CAPTURES]
+        own = [p for p in progs if p[1] not in caps]
+        kids = [p for p in progs if p[1] in caps]
+    kept = [_child_seconds(key, realcode.suite_of(fn)) for _, fn, _ in kids]
     end = None
     if out.deadline is not None:
-        end = out.deadline - min(len(kids) * CHILD_SECONDS[key], 0.5 * out.left())
+        end = out.deadline - min(sum(kept), 0.5 * out.left())
     if not a.csan:
         _cost_rows(out, own, ["plain", "native", "python"], a.runs, until=end, freeze_after_warmup=a.child)
     elif own:
@@ -673,7 +821,7 @@ def run_cost(a) -> Out:
         csan.enable_cuda_sanitizer()
         _cost_rows(out, own, ["csan"], a.runs, until=end)
     for j, (name, _fn, clean) in enumerate(kids):
-        _cost_child(out, a, name, clean, len(kids) - j - 1)
+        _cost_child(out, a, name, clean, kept[j], sum(kept[j + 1:]))
     if a.csan:
         for row in out.rows.values():
             cell = row.get("seconds", {})
@@ -692,7 +840,7 @@ def _names(data: dict) -> list[str]:
     try:
         import realcode
 
-        seen = list(realcode.BUGS) + list(realcode.CLEAN)
+        seen = [n for n, _, _ in realcode.programs(suite="all")]
     except Exception:  # noqa: BLE001  (no torch here: the files' order)
         pass
     for k, v in data.items():
@@ -700,6 +848,45 @@ def _names(data: dict) -> list[str]:
             seen += [n for n in v if n not in seen]
     present = {n for k, v in data.items() if isinstance(v, dict) and not k.startswith("meta-") for n in v}
     return [n for n in seen if n in present]
+
+
+def _is_compiled(data: dict, name: str) -> bool:
+    """Whether `name` is a program of the compiled suite (its rows' `suite`, else realcode's)."""
+    for k, v in data.items():
+        if isinstance(v, dict) and not k.startswith("meta-") and isinstance(v.get(name), dict) \
+                and "suite" in v[name]:
+            return v[name]["suite"] == "compiled"
+    try:
+        import realcode
+
+        return any(n == name and realcode.suite_of(f) == "compiled" for n, f, _ in realcode.programs(suite="all"))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _triton_word(r: dict | None) -> str:
+    n = (r or {}).get("triton_launches")
+    return "-" if n is None else str(n)
+
+
+def _triton_cell(row: dict | None, clean: bool) -> str:
+    """The Triton launches the native recorder saw, per variant ("-": unknown)."""
+    if not row:
+        return "-"
+    if clean:
+        return _triton_word(row.get("clean"))
+    return f"{_triton_word(row.get('buggy'))} / {_triton_word(row.get('fixed'))}"
+
+
+def _goal(row: dict | None, compiled: bool) -> str:
+    """A compiled program's cost goal (the C++ recorder at most COST_GOAL times plain): "met",
+    "NOT met" or "unmeasured"; "" for the others (no goal)."""
+    if not compiled:
+        return ""
+    ratio = (row or {}).get("seconds", {}).get("native_ratio")
+    if ratio is None:
+        return "unmeasured"
+    return "met" if ratio <= COST_GOAL else "NOT met"
 
 
 def _is_clean(data: dict, name: str) -> bool:
@@ -852,11 +1039,15 @@ def table(files: list[str]) -> str:
     c, w = data.get("csan", {}), data.get("widen", {})
     cost, ccost = data.get("cost", {}), data.get("cost-csan", {})
     out = ["| program | streamsan native | streamsan python | CSAN | corrupted widened (buggy/fixed or clean) "
-           "| plain ms | native ms (×) | python ms (×) | CSAN ms (×) |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    notes, failures, starred = [], [], False
+           "| Triton launches (native) | plain ms | native ms (×) | python ms (×) | CSAN ms (×) "
+           f"| cost goal (compiled: native ≤ {COST_GOAL}×) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes, failures, starred, any_compiled = [], [], False, False
     for name in _names(data):
         clean = _is_clean(data, name)
+        compiled = _is_compiled(data, name)
+        any_compiled = any_compiled or compiled
+        eager = " (eager)" if compiled else ""
         if clean:
             csan = _csan_word(c.get(name, {}).get("clean"), False)
             wid = _widen_word(w.get(name, {}).get("clean"))
@@ -866,9 +1057,12 @@ def table(files: list[str]) -> str:
         crow, ccrow = cost.get(name), ccost.get(name)
         csan_ms = _ms(ccrow, "csan", _plain(crow))
         starred = starred or "*" in csan_ms
-        out.append(f"| {name}{'' if clean else ' (bug)'} | {_streamsan_cell(native.get(name), clean)} "
-                   f"| {_streamsan_cell(python.get(name), clean)} | {csan} | {wid} "
-                   f"| {_ms(crow, 'plain')} | {_ms(crow, 'native')} | {_ms(crow, 'python')} | {csan_ms} |")
+        out.append(f"| {name}{'' if clean else ' (bug)'}{' †' if compiled else ''} "
+                   f"| {_streamsan_cell(native.get(name), clean)} "
+                   f"| {_streamsan_cell(python.get(name), clean)}{eager} | {csan}{eager} | {wid} "
+                   f"| {_triton_cell(native.get(name), clean)} "
+                   f"| {_ms(crow, 'plain')} | {_ms(crow, 'native')} | {_ms(crow, 'python')}{eager} | {csan_ms}{eager} "
+                   f"| {_goal(crow, compiled)} |")
         note = _note_text(data, name)
         if note:
             notes.append(f"- {name}: {note}")
@@ -877,6 +1071,12 @@ def table(files: list[str]) -> str:
                 failures.append(f"- {name}: {what} {mode}: {str(why).splitlines()[0][:200]}")
     if starred:
         out.append("\n\\* CSAN's ratio to `cost`'s plain seconds (its own process measured none).")
+    if any_compiled:
+        out.append("\n† compiled (tests/python/realcode_compiled.py): the C++ recorder checks the compiled code "
+                   "(Inductor's Triton kernels, CUDA graph trees); the Python recorder and CSAN run it eagerly "
+                   "(Dynamo leaves a frame uncompiled while a TorchDispatchMode is active): \"(eager)\" verdicts "
+                   "are of the eager program, and their cost is an eager run's against the compiled plain one. "
+                   f"Cost goal: the C++ recorder at most {COST_GOAL}× plain.")
     if notes:
         out.append("\nNotes:\n" + "\n".join(notes))
     if failures:
@@ -925,28 +1125,34 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
             checks.append(("FAIL", f"streamsan {b} recorder: no results", None))
     if "widen" not in data:
         checks.append(("FAIL", "widened runs: no results", None))
-    for m in ("meta-streamsan-native", "meta-streamsan-python", "meta-csan", "meta-widen", "meta-cost", "meta-cost-csan"):
+    for m in ("meta-warm", "meta-streamsan-native", "meta-streamsan-python", "meta-csan", "meta-widen", "meta-cost",
+              "meta-cost-csan"):
         if data.get(m, {}).get("stopped"):
             notes.append(f"{m[5:]} stopped early: {data[m]['stopped']}")
-    head = ["program", "native", "python", "CSAN", "widened", "native x", "python x", "CSAN x"]
+    head = ["program", "native", "python", "CSAN", "widened", "triton", "native x", "goal", "python x", "CSAN x"]
     grid = [head]
+    goals: dict = {"met": [], "NOT met": [], "unmeasured": []}
+    any_compiled = False
     for name in _names(data):
         clean = _is_clean(data, name)
+        compiled = _is_compiled(data, name)
+        any_compiled = any_compiled or compiled
         for b in backends:
             rows = data.get(f"streamsan-{b}")
             if rows is None:
                 continue
             row = rows.get(name, {})
+            who = f"{b} (eager)" if compiled and b == "python" else b
             if clean:
                 r = row.get("clean")
                 skip = why_not(r)
                 ok = bool(r) and r.get("errors") == 0 and "exception" not in r and r.get("result_ok") is True
-                check(f"{b}: {name}: clean and right ({_verdict(r, True)})", ok, skip, _first_hazard(r))
+                check(f"{who}: {name}: clean and right ({_verdict(r, True)})", ok, skip, _first_hazard(r))
             else:
                 bug, fix = row.get("buggy"), row.get("fixed")
-                check(f"{b}: {name}: buggy reported at a # RACE line ({_verdict(bug)})",
+                check(f"{who}: {name}: buggy reported at a # RACE line ({_verdict(bug)})",
                       bool(bug) and bool(bug.get("errors")) and bool(bug.get("at_race_line")), why_not(bug))
-                check(f"{b}: {name}: fixed clean and right ({_verdict(fix)})",
+                check(f"{who}: {name}: fixed clean and right ({_verdict(fix)})",
                       bool(fix) and fix.get("errors") == 0 and "exception" not in fix and fix.get("result_ok") is True,
                       why_not(fix), _first_hazard(fix))
         if "widen" in data:
@@ -976,7 +1182,12 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
                      f"{_widen_word(data.get('widen', {}).get(name, {}).get('buggy'))} | "
                      f"{_widen_word(data.get('widen', {}).get(name, {}).get('fixed'))}"]
         cost, ccost = data.get("cost", {}).get(name), data.get("cost-csan", {}).get(name)
-        grid.append([name[:48] + ("" if clean else " (bug)"), *cells, _ratio(cost, "seconds", "native"),
+        goal = _goal(cost, compiled)
+        if compiled and "cost" in data:
+            goals[goal].append(f"{name} ({_ratio(cost, 'seconds', 'native')})")
+        grid.append([name[:48] + ("" if clean else " (bug)") + (" †" if compiled else ""), *cells,
+                     _triton_cell(data.get("streamsan-native", {}).get(name), clean),
+                     _ratio(cost, "seconds", "native"), goal,
                      _ratio(cost, "seconds", "python"), _ratio(ccost, "seconds", "csan", _plain(cost))])
         note = _note_text(data, name)
         if note:
@@ -990,8 +1201,20 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
                 notes.append(f"{key}: {name}: no {'/'.join(missing)} seconds ({why})")
     parts = []
     if len(grid) > 1:
-        parts.append("real-code suite (verdicts: kinds @lines, buggy | fixed; widened: corrupted/runs; "
-                     "cost: median time under the check / plain)\n" + _grid(grid))
+        legend = ("real-code suite (verdicts: kinds @lines, buggy | fixed; widened: corrupted/runs; triton: the "
+                  "Triton launches the native recorder saw, buggy / fixed, - unknown; cost: median time under the "
+                  "check / plain)")
+        if any_compiled:
+            legend += (f"\n† compiled (realcode_compiled.py): the native recorder checks the compiled code; the "
+                       "python recorder and CSAN run it eagerly (Dynamo leaves a frame uncompiled while a "
+                       "TorchDispatchMode is active), so their verdicts and costs on it are the eager program's "
+                       f"(\"python (eager)\" below); goal: native at most {COST_GOAL}x plain (not a criterion)")
+        parts.append(legend + "\n" + _grid(grid))
+    if any(goals.values()):
+        lines = [f"cost goal of the compiled programs (native at most {COST_GOAL}x plain; not a criterion): "
+                 f"{len(goals['met'])} met, {len(goals['NOT met'])} not met, {len(goals['unmeasured'])} unmeasured"]
+        lines += [f"  {what}: {', '.join(names)}" for what, names in goals.items() if names and what != "met"]
+        notes.append("\n".join(lines))
     if notes:
         parts.append("\n".join(notes))
     lines = []
@@ -1012,12 +1235,15 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=["streamsan", "csan", "widen", "cost", "table", "summary"])
+    p.add_argument("what", choices=["warm", "streamsan", "csan", "widen", "cost", "table", "summary"])
     p.add_argument("files", nargs="*", help="table/summary: the JSON files of the other subcommands")
     p.add_argument("--backend", default="native", help="streamsan: native, python or auto")
     p.add_argument("--runs", type=int, default=None, help="widen: runs per variant (5); cost: rounds (3)")
     p.add_argument("--csan", action="store_true", help="cost: plain, then under CSAN (its own process)")
+    p.add_argument("--set", dest="suite", default="all", choices=SUITES,
+                   help="the suite: realcode.py's programs, realcode_compiled.py's, or both (all)")
     p.add_argument("--only", default="", help="NAME[,NAME...]: only these programs (exact names or substrings)")
+    p.add_argument("--jobs", type=int, default=4, help="warm: processes compiling at the same time (4)")
     p.add_argument("--deadline-seconds", type=float, default=None,
                    help="stop starting programs near it; at it, print what was found and exit")
     p.add_argument("--graphs", default="all", choices=["all", "without", "only", "last"],
@@ -1035,7 +1261,8 @@ def main() -> None:
         sys.exit(0 if ok else 1)
     if a.runs is None:
         a.runs = 5 if a.what == "widen" else 3
-    out = {"streamsan": run_streamsan, "csan": run_csan, "widen": run_widen, "cost": run_cost}[a.what](a)
+    out = {"warm": run_warm, "streamsan": run_streamsan, "csan": run_csan, "widen": run_widen,
+           "cost": run_cost}[a.what](a)
     out.emit()
     sys.stdout.flush()
     # Leave at once: interpreter teardown with CUDA, NCCL and forked DataLoader workers about can

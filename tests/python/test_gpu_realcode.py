@@ -1,7 +1,10 @@
 """The real-code suite (tests/python/realcode.py) on a GPU, by both recorders
 (STREAMSAN_TEST_BACKEND=native or python: one of them): every clean program checks clean and
 computes the right result; every buggy program is reported at one of its `# RACE` lines and its
-fixed variant checks clean. A program whose library is missing is skipped.
+fixed variant checks clean. A program whose library is missing is skipped. The compiled suite
+(tests/python/realcode_compiled.py: torch.compile, CUDA graph trees, user Triton kernels) the
+same, in `test_compiled_verdicts` (the Python recorder runs compiled code eagerly: its verdict is
+of the eager program).
 
 `STREAMSAN_REALCODE_ONLY=NAME[,NAME…]` (exact names or substrings) runs only those programs. The
 widened runs, CSAN and the cost are `realcode_report.py`'s (run by `gpu_realcode.sh`, which covers
@@ -24,7 +27,7 @@ def _realcode():
     return realcode
 
 
-def _cases():
+def _cases(suite: str = "realcode"):
     import importlib.util
     import sys
 
@@ -34,13 +37,23 @@ def _cases():
     import realcode
 
     only = [n.strip() for n in os.environ.get("STREAMSAN_REALCODE_ONLY", "").split(",") if n.strip()]
-    return [name for name, _, _ in realcode.programs(only or None)]
+    try:
+        return [name for name, _, _ in realcode.programs(only or None, suite=suite)]
+    except ValueError:  # STREAMSAN_REALCODE_ONLY names none of this suite's programs
+        return []
 
 
 def _program(realcode, name):
     if name in realcode.BUGS:
         return realcode.BUGS[name], False
     return realcode.CLEAN[name], True
+
+
+def _compiled_program(name):
+    bugs, clean = _realcode().program_sets("compiled")
+    if name in bugs:
+        return bugs[name], False
+    return clean[name], True
 
 
 def _run(fn, fixed: bool, backend: str):
@@ -57,8 +70,9 @@ def _run(fn, fixed: bool, backend: str):
     return run, ok
 
 
-def _reported_lines(realcode, run) -> set[int]:
-    file = os.path.basename(realcode.__file__)
+def _reported_lines(realcode, run, path=None) -> set[int]:
+    """The lines of `path` (realcode.py by default) the hazards' accesses were reported at."""
+    file = os.path.basename(path or realcode.__file__)
     out = set()
     for h in run.report.hazards:
         site = (h.get("access") or {}).get("site") or ""
@@ -84,3 +98,25 @@ def test_realcode_verdicts(gpu, name, backend):
     assert buggy.report.errors > 0, f"{name}: the planted bug was not reported"
     reported = _reported_lines(realcode, buggy)
     assert reported & lines, (sorted(reported), sorted(lines), buggy.report.to_text())
+
+
+@pytest.mark.parametrize("name", _cases("compiled"))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_verdicts(gpu, name, backend):
+    """The compiled suite as test_realcode_verdicts, the buggy variant first, as realcode_report
+    runs it: the first call of a compiled function in the process compiles it, and for
+    mode="reduce-overhead" warms cudagraph trees up, inside that variant's check."""
+    import inspect
+
+    realcode = _realcode()
+    fn, clean = _compiled_program(name)
+    if not clean:
+        buggy, _ = _run(fn, False, backend)
+        lines = realcode.race_lines(fn)
+        assert buggy.report.errors > 0, f"{name}: the planted bug was not reported"
+        reported = _reported_lines(realcode, buggy, inspect.getsourcefile(fn))
+        assert reported & lines, (sorted(reported), sorted(lines), buggy.report.to_text())
+    run, ok = _run(fn, True, backend)
+    assert run.backend == backend
+    assert run.report.errors == 0, run.report.to_text()
+    assert ok, f"{name}: wrong result under the check (fixed or clean variant)"

@@ -644,15 +644,10 @@ def test_graphs_are_named_after_their_capture_site():
     assert [b["pool"] for b in begins] == ["pool of " + b["graph"] for b in begins]
 
 
-def test_native_pool_allocations_outside_a_capture_are_warned():
-    """The C++ recorder's tracker sees which allocations come from a graph pool or a MemPool:
-    outside a recorded capture (torch.cuda.use_mem_pool, cudagraph trees) they are written as
-    plain allocations, and the check warns; inside one they are the capture's pool buffers."""
+def _native_run_or_skip(**kw):
     from conftest import torch_or_skip
 
     torch_or_skip()
-    import warnings
-
     import streamsan.torch
     from streamsan.torch import _native
 
@@ -660,19 +655,61 @@ def test_native_pool_allocations_outside_a_capture_are_warned():
         _native.load()
     except RuntimeError as e:
         pytest.skip(str(e))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True)
-        with run:
-            b, ops = run._recorder.backend, run._recorder.graphs
-            g = CUDAGraph()
-            ops.capture_begin(g, None, 0xCA, 0)
-            b.fake_trace(True, 1 << 40, 4096, 0xCA, pool=True)  # a pool buffer of the capture
-            g.capture_end()
-            ops.capture_end(g, g.pool())
-            assert run.stats()["recorder_pool_allocations_outside_capture"] == 0
-            b.fake_trace(True, 2 << 40, 4096, 0, pool=True)  # use_mem_pool-style
-            b.fake_trace(True, 3 << 40, 4096, 0)  # plain
-            assert run.stats()["recorder_pool_allocations_outside_capture"] == 1
+    return streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, **kw)
+
+
+def test_native_pool_allocations_outside_a_capture_name_their_pool(tmp_path):
+    """The C++ recorder's tracker sees which pool each allocation comes from. Inside a recorded
+    capture the checker puts it in the capture's pool; outside one (cudagraph trees' warm-up under
+    `_use_cuda_memory_pool_manager`, `torch.cuda.use_mem_pool`) the `alloc` names its pool: a
+    graph_pool_handle() seen first in an allocation is "pool (A, B)", and a later capture given
+    the same handle captures into that same pool; a pool the graph recorder named first keeps
+    its name."""
+    path = tmp_path / "t.jsonl"
+    run = _native_run_or_skip(trace=path)
+    with run:
+        b, ops = run._recorder.backend, run._recorder.graphs
+        b.fake_trace(True, 1 << 40, 4096, 0xCB, pool=(0, 7))  # warm-up: before any capture
+        g = CUDAGraph()
+        ops.capture_begin(g, (0, 7), 0xCA, 0)  # a capture given the same handle
+        b.fake_trace(True, 2 << 40, 4096, 0xCA, pool=(0, 7))  # in the capture: the checker's
+        g.capture_end()
+        ops.capture_end(g, g.pool())
+        h = CUDAGraph()
+        ops.capture_begin(h, (0, 9), 0xCA, 0)  # a handle the graph recorder names first
+        h.capture_end()
+        ops.capture_end(h, h.pool())
+        b.fake_trace(True, 3 << 40, 4096, 0xCB, pool=(0, 9))
+        b.fake_trace(True, 4 << 40, 4096, 0xCB)  # plain
+        assert run.stats()["recorder_pool_allocations_outside_capture"] == 2
     assert run.report.errors == 0, run.report.to_text()
-    assert [str(w.message) for w in caught if "outside a capture" in str(w.message)], [str(w.message) for w in caught]
+    allocs = [json.loads(x) for x in path.read_text().splitlines() if '"alloc"' in x]
+    begins = [json.loads(x) for x in path.read_text().splitlines() if '"graph_begin"' in x]
+    assert [a.get("pool") for a in allocs] == ["pool (0, 7)", None, "pool 1", None]
+    assert [x["pool"] for x in begins] == ["pool (0, 7)", "pool 1"]
+
+
+def test_native_warm_up_frees_into_their_pool_are_not_unsafe(tmp_path):
+    """A pool buffer allocated outside a capture (cudagraph trees' warm-up) and read by another
+    stream goes back to its pool when freed, not to its stream: only a later allocation in that
+    pool can take it, and that reuse is what is checked. The same program with a plain
+    allocation is an unsafe free (the block goes back to the owning stream, which has not
+    waited for the reader)."""
+    import torch
+
+    verdicts = {}
+    for pool in ((0, 7), (0, 0)):
+        run = _native_run_or_skip(trace=tmp_path / f"t{pool[1]}.jsonl")
+        with run:
+            ext = run._recorder.backend.ext
+            ext.set_active(False)
+            t = torch.ones(1024)
+            ext.set_active(True)
+            base = t.untyped_storage().data_ptr()
+            ext.set_fake_stream(0xCB)
+            run._recorder.backend.fake_trace(True, base, t.untyped_storage().nbytes(), 0xCB, pool=pool)
+            ext.set_fake_stream(0xCC)
+            t.sum()  # another stream reads it, unordered with the owner
+            run._recorder.backend.fake_trace(False, base, 0, 0xCB)
+        verdicts[pool] = sorted(h["kind"] for h in run.report.hazards)
+    assert verdicts == {(0, 7): [], (0, 0): ["unsafe-free"]}, verdicts

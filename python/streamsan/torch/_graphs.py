@@ -80,9 +80,16 @@ class GraphOps:
         warn: Callable[[str, str], None],
         site: Callable[[], Optional[str]] = lambda: None,
         on_captures: Callable[[int], None] = lambda n: None,
+        known_pool: Callable[[tuple], Optional[str]] = lambda key: None,
+        on_pool: Callable[[tuple, str], None] = lambda key, name: None,
     ) -> None:
         self.emit = emit
         self.on_captures = on_captures  # told the number of captures in progress when it changes
+        # The allocator's pool ids: `known_pool(key)` is the quoted name the backend already gave
+        # the pool with that id (an allocation into it outside a capture came first: cudagraph
+        # trees' warm-up), `on_pool(key, name)` tells the backend the name given here.
+        self.known_pool = known_pool
+        self.on_pool = on_pool
         self.stream_id = stream_id
         self.warn = warn
         self.site = site
@@ -119,9 +126,23 @@ class GraphOps:
             return json.dumps(f"pool of {json.loads(graph_name)}")
         name = self.pools.get(key)
         if name is None:
-            self.pool_count += 1
-            name = self.pools[key] = json.dumps(f"pool {self.pool_count}")
+            try:
+                name = self.known_pool(key) if key[0] != "object" else None
+            except Exception:
+                name = None
+            if name is None:
+                self.pool_count += 1
+                name = json.dumps(f"pool {self.pool_count}")
+            self.pools[key] = name
+            self._told(key, name)
         return name
+
+    def _told(self, key: tuple, name: str) -> None:
+        if key and key[0] != "object":
+            try:
+                self.on_pool(key, name)
+            except Exception as e:  # the pool's warm-up allocations stay plain ones
+                self.warn("graph-error", f"could not name a CUDA graph pool: {type(e).__name__}: {e}")
 
     # -- events
     def capture_begin(self, graph: Any, pool: Any, stream: int, device: int) -> None:
@@ -160,6 +181,7 @@ class GraphOps:
         key = pool_key(handle)
         if key is not None and key not in self.pools:
             self.pools[key] = g.pool
+            self._told(key, g.pool)
 
     def capture_failed(self, graph: Any) -> None:
         """`graph`'s capture_end raised: CUDA ended the capture without a graph."""

@@ -96,6 +96,43 @@ def _stdlib_dirs() -> tuple[str, list[str]]:
     return std, inside
 
 
+def _internal_dirs() -> list[str]:
+    """Folders of code outside torch that is not the user's: Triton's package and the files
+    Inductor generates (its cache directory, `TORCHINDUCTOR_CACHE_DIR` or the default)."""
+    import importlib.util
+
+    dirs = []
+    try:
+        spec = importlib.util.find_spec("triton")
+        for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+            dirs.append(os.path.abspath(loc) + os.sep)
+    except (ImportError, ValueError):
+        pass
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not cache:
+        # Inductor's default (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir),
+        # computed here so that the check does not import Inductor.
+        import getpass
+        import re
+        import tempfile
+
+        try:
+            user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+            cache = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+        except Exception:
+            cache = None
+    if cache:
+        dirs.append(os.path.abspath(cache) + os.sep)
+    return dirs
+
+
+def _rewritten_codes() -> Any:
+    """Dynamo's map from the code objects it rewrote to the user's, or None while Dynamo is not
+    imported (then it rewrote nothing): a rewritten frame calls the compiled code, and the
+    user's line is the frame that called it."""
+    return getattr(sys.modules.get("torch._dynamo.utils"), "orig_code_map", None)
+
+
 class Sites:
     def __init__(self) -> None:
         import torch
@@ -103,8 +140,21 @@ class Sites:
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.own_dir = _PKG_DIR + os.sep
         self.stdlib_dir, self.libraries = _stdlib_dirs()
+        self.internal_dirs = tuple(_internal_dirs())
+        self.rewritten: Any = None
         self.cwd = os.getcwd().rstrip(os.sep) + os.sep
         self.cache: dict[Any, Optional[str]] = {}
+
+    def is_rewritten(self, code) -> bool:
+        """Whether `code` is a frame Dynamo rewrote, or one of its resume functions."""
+        if code.co_name.startswith("torch_dynamo_resume_in_"):
+            return True
+        if self.rewritten is None:
+            self.rewritten = _rewritten_codes()
+        try:
+            return self.rewritten is not None and code in self.rewritten
+        except Exception:
+            return False
 
     def shown(self, code) -> Optional[str]:
         try:
@@ -117,6 +167,9 @@ class Sites:
             or f.startswith(self.own_dir)
             or (self.stdlib_dir and f.startswith(self.stdlib_dir) and not f.startswith(tuple(self.libraries)))
             or f.startswith("<frozen ")
+            or f.startswith("<eval_with_key>")
+            or (self.internal_dirs and f.startswith(self.internal_dirs))
+            or self.is_rewritten(code)
         ):
             shown = None
         else:
@@ -229,7 +282,7 @@ class PythonBackend:
         self.spare_names = {False: collections.deque(), True: collections.deque()}  # by pinned
         self.fake_pinned: set[int] = set()  # tests: CPU storages standing for pinned memory
         self.local = threading.local()
-        self.counts = {"external_accesses": 0, "bad_regions": 0}
+        self.counts = {"external_accesses": 0, "bad_regions": 0, "triton_launches": 0}
         self.mode = None
 
     @property
@@ -664,6 +717,38 @@ class PythonBackend:
             self._maybe_flush()
         return out
 
+    def record_kernel(self, name: str, stream: int, device: int, accesses: list) -> bool:
+        """A kernel launched outside the dispatcher (a Triton kernel) on the raw stream `stream`,
+        with `accesses` = [(tensor, read, write)]: a `launch` of its regions, after the host ops
+        the op around it issued before it."""
+        used: list[_Access] = []
+        for t, read, write in accesses:
+            if not (read or write):
+                continue
+            a = self.region(t, bool(write))
+            if a is None:
+                continue
+            dup = next((u for u in used if u.base == a.base and u.offset == a.offset and u.bytes == a.bytes), None)
+            if dup is not None:
+                dup.write = dup.write or a.write
+                continue
+            used.append(a)
+        site = self.sites.quoted(3)
+        with self.mu:
+            self.issued_before()
+            self.counts["triton_launches"] += 1
+            used = [a for a in used if self.resolve(a, site)]
+            reads = ",".join(self.put(a) for a in used if not a.write)
+            writes = ",".join(self.put(a) for a in used if a.write)
+            line = '{"op":"launch","stream":%s,"name":%s' % (self.stream_id(stream, device), _q(name))
+            if reads:
+                line += ',"reads":[' + reads + "]"
+            if writes:
+                line += ',"writes":[' + writes + "]"
+            self.batch.append(line + _site(site))
+            self._maybe_flush()
+        return True
+
     def current_stream(self, device: int) -> int:
         if self.fake_device:
             return self.fake_stream
@@ -718,6 +803,8 @@ class NativeBackend:
         self.ext.reset()
         if hasattr(self.ext, "set_stdlib_dir"):
             self.ext.set_stdlib_dir(self.sites.stdlib_dir, self.sites.libraries)
+        if hasattr(self.ext, "set_internal"):
+            self.ext.set_internal(list(self.sites.internal_dirs), self.sites.rewritten)
         self.host_op = self.ext.host_op
         self.host_access = self.ext.host_access
         self.name_stream = self.ext.name_stream
@@ -725,6 +812,7 @@ class NativeBackend:
         self.drain = self.ext.drain
         self.fake_pin = self.ext.fake_pin
         self.fake_trace = self.ext.fake_trace
+        self.record_kernel = self.ext.record_kernel
         self.on_alloc = None
         self.on_free = None
 
@@ -1047,18 +1135,39 @@ class Recorder:
         self._compiled_before = self._compiled_frames()
         from ._graphs import GraphOps
 
-        captures = getattr(getattr(self.backend, "ext", None), "set_captures", None)
+        ext = getattr(self.backend, "ext", None)
+        captures = getattr(ext, "set_captures", None)
+        pool_name = getattr(ext, "pool_name", None)
+        set_pool_name = getattr(ext, "set_pool_name", None)
         self.graphs = GraphOps(
             self._graph_op,
             self.backend.stream_id,
             self.warn,
             lambda: self.sites.site(1),
             captures if captures is not None else (lambda n: None),
+            (lambda key: pool_name(int(key[0]), int(key[1]))) if pool_name is not None else (lambda key: None),
+            (lambda key, name: set_pool_name(int(key[0]), int(key[1]), name))
+            if set_pool_name is not None
+            else (lambda key, name: None),
         )
         self.graph_hooks_missing: list[str] = []
+        self.triton: Any = None  # the Triton launch hooks while the check runs
 
     def _graph_op(self, partial: str) -> None:
         self.backend.host_op(partial)
+
+    def _on_kernel(self, name: str, stream: int, accesses: list, kind: str) -> None:
+        """A Triton kernel launch (Inductor's or the user's) that the hooks saw: a `launch` on
+        its stream with each tensor argument's regions read and/or written."""
+        if not self.on or _active is not self:
+            return
+        device = None
+        for t, _, _ in accesses:
+            dev = getattr(t, "device", None)
+            if dev is not None and dev.type == "cuda":
+                device = dev.index or 0
+                break
+        self.backend.record_kernel(name, int(stream), self.device() if device is None else device, accesses)
 
     def device(self) -> int:
         try:
@@ -1093,6 +1202,7 @@ class Recorder:
             _active = self
         _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
         self.patches = _install_patches(self)
+        self._install_triton()
         if self.graph_hooks_missing:
             self.warn(
                 "graph-hooks",
@@ -1109,10 +1219,25 @@ class Recorder:
         self.on = True
         self.backend.start()
 
+    def _install_triton(self) -> None:
+        """Hooks Triton's launches (see _triton) where Triton is installed."""
+        if not self.torch.cuda.is_available() and not getattr(self.backend, "fake_device", False):
+            return
+        try:
+            from ._triton import TritonHooks
+
+            hooks = TritonHooks(on_error=lambda message: self.warn("triton-error", message))
+            if hooks.install(self._on_kernel):
+                self.triton = hooks
+        except Exception as e:  # the check goes on without Triton's launches, and says so
+            self.warn("triton-error", f"could not hook Triton's kernel launches: {type(e).__name__}: {e}")
+
     def stop(self) -> None:
         global _active
         self.backend.stop()
         self.on = False
+        if self.triton is not None:
+            self.triton.uninstall()
         if self.patches is not None:
             self.patches.restore()
         data = self.backend.drain()
@@ -1128,19 +1253,13 @@ class Recorder:
                 "some accesses touched device memory allocated before the check began: they are "
                 "checked for races, not for allocator reuse",
             )
-        if c.get("pool_allocations_outside_capture"):
-            self.warn(
-                "pool-outside-capture",
-                f"{c['pool_allocations_outside_capture']} allocations went to a CUDA graph pool or a "
-                "torch.cuda.MemPool outside a capture (torch.cuda.use_mem_pool, cudagraph trees): "
-                "they are checked as plain allocations, not as pool buffers",
-            )
-        if self._compiled_frames() > self._compiled_before:
+        if self._compiled_frames() > self._compiled_before and self.triton is None:
             self.warn(
                 "compile",
-                "torch.compile'd code ran: the Triton kernels it generates bypass the dispatcher "
-                "and are not recorded (only its calls into aten are)",
+                "torch.compile'd code ran but Triton's launches could not be hooked: the Triton "
+                "kernels it generates are not recorded (only its calls into aten are)",
             )
+        self.triton = None
         if self.error is not None:
             e, self.error = self.error, None
             raise e

@@ -508,17 +508,7 @@ impl Checker {
                 Some("a new graph name"),
             ));
         }
-        let pool_name = pool.unwrap_or(graph);
-        let pool = match self.graphs.pool_names.get(pool_name) {
-            Some(&q) => q,
-            None => {
-                let q = self.graphs.pools.add();
-                self.graphs.pool_buffers.push(BTreeMap::new());
-                self.graphs.pool_longest.push(0);
-                self.graphs.pool_names.insert(pool_name.clone(), q);
-                q
-            }
-        };
+        let pool = self.graphs.pool_or_add(pool.unwrap_or(graph));
         self.graphs.pools.begin_capture(pool);
         let g = self.graphs.graphs.len() as u32;
         self.graphs.graphs.push(Graph {

@@ -38,8 +38,9 @@
 //!   on one of its events) are issued as usual and captured by the driver, with their checksums
 //!   and a `spin_at` delay each; `graph_end` is `cuStreamEndCapture` and
 //!   `cuGraphInstantiate`; `graph_launch` is `cuGraphLaunch` on the launch's stream. Allocations
-//!   during a capture come from the graph pools of the resolver ([`crate::exec`]'s `graphs`),
-//!   laid out in device memory reserved for them before the run. Events recorded in a capture are
+//!   during a capture, and those that name a `pool` outside one, come from the graph pools of the
+//!   resolver ([`crate::exec`]'s `graphs`), laid out in device memory reserved for them before
+//!   the run. Events recorded in a capture are
 //!   made anew at its end (they count as never recorded afterwards). A `record_stream` fence of
 //!   memory a captured op touches is waited for by every launch of the graph (a capturing stream
 //!   cannot wait on an event recorded outside its capture).
@@ -322,6 +323,12 @@ fn segments_needed(program: &[TraceOp]) -> (Vec<u64>, Vec<u64>) {
                 memory: MemoryKind::Device,
                 ..
             } if capturing.contains_key(s) => {}
+            // Memory of a graph pool, named outside a capture.
+            Op::Alloc {
+                memory: MemoryKind::Device,
+                pool: Some(_),
+                ..
+            } => {}
             Op::Alloc {
                 buffer,
                 bytes,
@@ -380,12 +387,14 @@ fn placed_extents(program: &[TraceOp]) -> [u64; 3] {
 
 /// Device memory a run reserves for graph pools: enough for every device allocation of the
 /// program to map a segment of its own (an upper bound of what the pools ask for); 0 without
-/// graphs.
+/// graphs or allocations that name a pool.
 fn pool_bytes_needed(program: &[TraceOp]) -> u64 {
-    if !program
-        .iter()
-        .any(|t| matches!(t.op, Op::GraphBegin { .. }))
-    {
+    if !program.iter().any(|t| {
+        matches!(
+            t.op,
+            Op::GraphBegin { .. } | Op::Alloc { pool: Some(_), .. }
+        )
+    }) {
         return 0;
     }
     program
@@ -796,6 +805,7 @@ mod tests {
                 stream: None,
                 memory: MemoryKind::Pinned,
                 addr: Some(base + 8),
+                pool: None,
             }
             .into(),
             Op::Alloc {
@@ -804,6 +814,7 @@ mod tests {
                 stream: None,
                 memory: MemoryKind::Pinned,
                 addr: Some(base),
+                pool: None,
             }
             .into(),
         ];

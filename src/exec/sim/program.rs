@@ -184,6 +184,7 @@ impl Run<'_> {
                 stream,
                 memory,
                 addr,
+                pool,
             } => {
                 if *bytes / 4 > MAX_WORDS {
                     return Err(names.unsupported(
@@ -210,8 +211,16 @@ impl Run<'_> {
                         ));
                     }
                 }
-                let (gen, addr) =
-                    names.alloc(i, buffer, *bytes, stream.as_ref(), *memory, *addr, dev)?;
+                let (gen, addr) = names.alloc(
+                    i,
+                    buffer,
+                    *bytes,
+                    stream.as_ref(),
+                    *memory,
+                    *addr,
+                    pool.as_ref(),
+                    dev,
+                )?;
                 dev.track(gen, addr, *bytes);
                 Issued::Done
             }

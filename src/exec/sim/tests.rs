@@ -262,6 +262,7 @@ fn talloc(b: &str, words: u64, s: &str) -> TOp {
         stream: Some(s.into()),
         memory: MemoryKind::Device,
         addr: None,
+        pool: None,
     }
 }
 

@@ -484,6 +484,7 @@ impl<D: Decisions> Builder<D> {
             stream: stream.map(stream_name),
             memory,
             addr: None,
+            pool: None,
         });
         if self.cfg.initialize {
             let whole = Region::whole(buffer_name(slot));

@@ -155,9 +155,13 @@ impl Validator {
                 stream,
                 memory,
                 addr,
+                pool,
             } => {
                 if addr.is_some() {
                     return Err("addr given".into());
+                }
+                if pool.is_some() {
+                    return Err("pool given".into());
                 }
                 if self.bufs.get(buffer).is_some_and(|b| b.live) {
                     return Err(format!("buffer {buffer} is live"));

@@ -508,6 +508,7 @@ impl Worker {
                         stream: stream.map(|s| self.stream(s)),
                         memory,
                         addr,
+                        pool: None,
                     },
                     site,
                 )

@@ -76,12 +76,14 @@ impl<'a> Scanner<'a> {
                 if let Some(addr) = addr {
                     addr.checked_add(bytes)?;
                 }
+                let pool = self.field(Key::Pool, spans, Self::fast_id)?;
                 Op::Alloc {
                     buffer,
                     bytes,
                     stream,
                     memory,
                     addr,
+                    pool,
                 }
             }
             Kind::Free => Op::Free {

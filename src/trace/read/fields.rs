@@ -191,6 +191,7 @@ pub(super) fn build(kind: Kind, f: &mut Fields, obj: usize) -> Scan<TraceOp> {
                 stream: f.stream.take(),
                 memory: f.memory.unwrap_or_default(),
                 addr: f.addr,
+                pool: f.pool.take(),
             }
         }
         Kind::Free => Op::Free {

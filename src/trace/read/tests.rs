@@ -86,6 +86,7 @@ fn every_op_with_every_field() {
     let lines = [
         r#"{"op":"stream_create","stream":"s","device":1,"blocking":true,"site":"a.rs:1"}"#,
         r#"{"op":"alloc","buffer":"a","bytes":16,"stream":"s","memory":"pinned","addr":4096}"#,
+        r#"{"op":"alloc","buffer":"t","bytes":16,"stream":"s","addr":8192,"pool":"p"}"#,
         r#"{"op":"free","buffer":"a","stream":"s"}"#,
         r#"{"op":"record_stream","buffer":"a","stream":"s"}"#,
         r#"{"op":"copy","stream":"s","src":"a","dst":{"buffer":"b","offset":8}}"#,
@@ -120,8 +121,33 @@ fn every_op_with_every_field() {
             bytes: 16,
             stream: None,
             memory: MemoryKind::Device,
-            addr: None
+            addr: None,
+            pool: None,
         }
+    );
+    assert_eq!(
+        op(r#"{"op":"alloc","buffer":"t","bytes":16,"stream":"s","pool":"p"}"#).op,
+        Op::Alloc {
+            buffer: Id::from("t"),
+            bytes: 16,
+            stream: Some(Id::from("s")),
+            memory: MemoryKind::Device,
+            addr: None,
+            pool: Some(Id::from("p")),
+        }
+    );
+    // Any order of the fields, the general scanner's: the same op, `pool` located.
+    let line = r#"{"pool":"p","op":"alloc","bytes":16,"buffer":"t","stream":"s"}"#;
+    assert_eq!(
+        general(line).map(|o| o.map(|(op, _)| op.op)),
+        Ok(Some(
+            op(r#"{"op":"alloc","buffer":"t","bytes":16,"stream":"s","pool":"p"}"#).op
+        ))
+    );
+    assert_eq!(spans(line).locate(Field::Pool), (1, 9));
+    assert_eq!(
+        spans(r#"{"op":"alloc","buffer":"t","bytes":16,"pool":"p"}"#).locate(Field::Pool),
+        (1, 46)
     );
     assert_eq!(
         op(r#"{"op":"device_sync"}"#).op,

@@ -38,6 +38,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
@@ -201,11 +202,21 @@ struct State {
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
   std::vector<std::string> libraries;   // site-packages folders inside stdlib_dir: not stdlib
+  // Folders of code that is not the user's though outside torch: Triton's package, the files
+  // Inductor generates (its cache).
+  std::vector<std::string> internal_dirs;
+  // Dynamo's map from the code it rewrote to the user's (torch._dynamo.utils.orig_code_map):
+  // a rewritten frame calls the compiled code; the user's line is the frame that called it.
+  py::object rewritten_codes;
   std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, quoted file)
   uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
   // Allocations into a graph pool or a MemPool while no capture was recorded in progress
-  // (torch.cuda.use_mem_pool, cudagraph trees): written as plain allocations.
+  // (torch.cuda.use_mem_pool, cudagraph trees' warm-up): written with the pool's name.
   uint64_t pool_allocations_outside_capture = 0;
+  // Pool names by the allocator's id of the pool (quoted): those the graph recorder named (it
+  // tells them here), and those first seen in an allocation, named "pool (A, B)" after the id.
+  std::map<std::pair<int64_t, int64_t>, std::string> pool_names;
+  uint64_t triton_launches = 0;  // kernel launches recorded through record_kernel
   std::atomic<int> captures{0};  // CUDA graph captures in progress (set from Python)
   std::vector<std::string> notices;
   bool tracker_attached = false;
@@ -261,7 +272,41 @@ bool internal_file(const std::string& f) {
     }
     return true;
   }
-  return f.compare(0, 8, "<frozen ") == 0;
+  for (const auto& dir : S->internal_dirs) {
+    if (f.compare(0, dir.size(), dir) == 0) return true;
+  }
+  // FX's generated modules (`<eval_with_key>.N`), Python's frozen modules.
+  return f.compare(0, 8, "<frozen ") == 0 || f.compare(0, 15, "<eval_with_key>") == 0;
+}
+
+// Whether `code` is a frame Dynamo rewrote (it calls the compiled code) or one of its resume
+// functions; GIL held.
+bool rewritten_by_dynamo(PyCodeObject* code) {
+  PyObject* name = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_name");
+  bool resume = false;
+  if (name && PyUnicode_Check(name)) {
+    const char* s = PyUnicode_AsUTF8(name);
+    resume = s && std::strncmp(s, "torch_dynamo_resume_in_", 23) == 0;
+  }
+  Py_XDECREF(name);
+  PyErr_Clear();
+  if (resume) return true;
+  if (!S->rewritten_codes || S->rewritten_codes.is_none()) {
+    // Dynamo imported since: its map (a module not imported has rewritten nothing).
+    PyObject* name = PyUnicode_FromString("torch._dynamo.utils");
+    PyObject* mod = name ? PyImport_GetModule(name) : nullptr;
+    Py_XDECREF(name);
+    if (mod) {
+      PyObject* map = PyObject_GetAttrString(mod, "orig_code_map");
+      if (map) S->rewritten_codes = py::reinterpret_steal<py::object>(map);
+      Py_DECREF(mod);
+    }
+    PyErr_Clear();
+    if (!S->rewritten_codes || S->rewritten_codes.is_none()) return false;
+  }
+  int in = PySequence_Contains(S->rewritten_codes.ptr(), reinterpret_cast<PyObject*>(code));
+  if (in < 0) PyErr_Clear();
+  return in == 1;
 }
 
 // The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
@@ -282,7 +327,7 @@ std::string user_site() {
       }
       Py_XDECREF(fn);
       PyErr_Clear();
-      bool internal = internal_file(file);
+      bool internal = internal_file(file) || rewritten_by_dynamo(code);
       // Keep the code object alive: its address is the cache key.
       Py_INCREF(code);
       std::string shown = file;
@@ -526,7 +571,8 @@ std::string new_name(Mem mem) {
 }
 
 void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
-               const std::string& site, c10::StorageImpl* impl = nullptr) {
+               const std::string& site, c10::StorageImpl* impl = nullptr,
+               const std::string* pool = nullptr) {
   auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
   // Memory handed out again: what still overlaps it was freed (pinned memory's frees are not
   // traced; they are inferred here).
@@ -558,6 +604,10 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   if (mem == Mem::Device) {
     S->batch += ",\"stream\":";
     S->batch += stream;
+    if (pool) {
+      S->batch += ",\"pool\":";
+      S->batch += *pool;
+    }
   } else {
     S->batch += ",\"memory\":\"pinned\"";
   }
@@ -924,18 +974,33 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 // ---------------------------------------------------------------------------------------------
 // The allocator's trace tracker (allocator lock held: no GIL here)
 
-// An allocation or a free of the caching allocator (`pool`: an allocation from a graph pool or
-// a MemPool); `mu` held.
+// The quoted name of the pool with the allocator's id `id`; `mu` held.
+const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
+  auto it = S->pool_names.find(id);
+  if (it != S->pool_names.end()) return it->second;
+  std::string name = "pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+  return S->pool_names.emplace(id, jstr(name)).first->second;
+}
+
+// An allocation or a free of the caching allocator (`pool`: the id of the graph pool or MemPool
+// the allocation comes from, {0, 0} for none); `mu` held. An allocation into a pool outside a
+// capture (cudagraph trees' warm-up, torch.cuda.use_mem_pool) names its pool: its block goes
+// back to that pool, not to the stream's. During a capture the checker puts the capture's
+// allocations in the capture's pool itself.
 void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device,
-            bool pool) {
+            std::pair<int64_t, int64_t> pool) {
   // The allocator runs on the thread that allocates or frees: what that thread issued before
   // (an event wait inside an enclosing op) comes first. Only the innermost frame holds host ops.
   if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
   if (alloc) {
     if (size == 0) return;
-    if (pool && S->captures.load(std::memory_order_relaxed) == 0) S->pool_allocations_outside_capture++;
+    const std::string* pool_name = nullptr;
+    if ((pool.first != 0 || pool.second != 0) && S->captures.load(std::memory_order_relaxed) == 0) {
+      S->pool_allocations_outside_capture++;
+      pool_name = &pool_name_of(pool);
+    }
     std::string name = stream_name(stream, device);
-    new_alloc(addr, size, Mem::Device, name, cur_site);
+    new_alloc(addr, size, Mem::Device, name, cur_site, nullptr, pool_name);
   } else {
     auto it = S->device_bufs.find(addr);
     if (it == S->device_bufs.end()) return;  // allocated before the check began
@@ -949,7 +1014,7 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
   std::lock_guard<std::mutex> g(S->mu);
   traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
-         e.mempool_.first != 0 || e.mempool_.second != 0);
+         {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1011,6 +1076,16 @@ void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libr
   S->libraries = libraries;
 }
 
+// Code outside torch that is not the user's either (`dirs`: folder prefixes), and Dynamo's map
+// of rewritten code (or None).
+void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
+  std::lock_guard<std::mutex> g(S->mu);
+  for (auto& kv : S->code_cache) Py_DECREF(kv.first);
+  S->code_cache.clear();
+  S->internal_dirs = dirs;
+  S->rewritten_codes = rewritten;
+}
+
 // Starts a new check: forgets every buffer, name and counter.
 void reset() {
   std::lock_guard<std::mutex> g(S->mu);
@@ -1026,6 +1101,8 @@ void reset() {
   S->last_site = "null";
   S->external_accesses = S->foreign_threads = S->bad_regions = 0;
   S->pool_allocations_outside_capture = 0;
+  S->pool_names.clear();
+  S->triton_launches = 0;
   S->captures.store(0);
 }
 
@@ -1054,11 +1131,83 @@ std::string stream_id(uint64_t raw, int device) {
 void set_fake_stream(uint64_t raw) { S->fake_stream = raw; }
 
 // Tests: an allocation (`alloc`) or a free of the caching allocator, as its tracker reports them
-// (`pool`: from a graph pool or a MemPool).
-void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, bool pool) {
+// (`pool`: the id of the graph pool or MemPool it comes from; (0, 0) for none).
+void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream,
+                std::pair<int64_t, int64_t> pool) {
   if (!S->fake_device) return;
   std::lock_guard<std::mutex> g(S->mu);
   traced(alloc, addr, size, stream, 0, pool);
+}
+
+// The graph recorder named the pool with the allocator's id (a, b): allocations into it outside
+// a capture are written with that name.
+void set_pool_name(int64_t a, int64_t b, const std::string& quoted) {
+  std::lock_guard<std::mutex> g(S->mu);
+  S->pool_names[{a, b}] = quoted;
+}
+
+// The quoted name already given to the pool with id (a, b), or None.
+py::object pool_name(int64_t a, int64_t b) {
+  std::lock_guard<std::mutex> g(S->mu);
+  auto it = S->pool_names.find({a, b});
+  if (it == S->pool_names.end()) return py::none();
+  return py::str(it->second);
+}
+
+// A kernel launched outside the dispatcher (a Triton kernel: Inductor's or the user's), on the
+// raw stream `stream` of `device`, named `name`, with `accesses` = [(tensor, read, write)].
+// Written like a nested op: after the host ops its enclosing op issued before it, and an
+// enclosing op (a custom op around the kernel) does not write these regions again. GIL held.
+bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
+  if (!S->active.load(std::memory_order_relaxed)) return false;
+  std::vector<Access> all;
+  Frame scratch;
+  for (py::handle item : accesses) {
+    auto tup = item.cast<py::tuple>();
+    if (tup.size() != 3) continue;
+    py::object obj = tup[0];
+    if (!THPVariable_Check(obj.ptr())) continue;
+    const at::Tensor& t = THPVariable_Unpack(obj.ptr());
+    bool write = tup[2].cast<bool>();
+    bool read = tup[1].cast<bool>();
+    if (!read && !write) continue;
+    Access a;
+    if (!region_of(t, write, a)) continue;
+    bool merged = false;
+    for (Access& b : all) {
+      if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
+        b.write = b.write || a.write;
+        merged = true;
+        break;
+      }
+    }
+    if (!merged) all.push_back(std::move(a));
+  }
+  std::string site = op_site();
+  std::string stream_q;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
+    S->triton_launches++;
+    std::vector<Access*> used;
+    for (Access& a : all) {
+      if (resolve(a, site)) used.push_back(&a);
+    }
+    std::string& out = S->batch;
+    out += "{\"op\":\"launch\",\"stream\":";
+    out += stream_name(stream, static_cast<c10::DeviceIndex>(device));
+    out += ",\"name\":";
+    out += jstr(name);
+    put_regions(out, ",\"reads\":", used, false);
+    put_regions(out, ",\"writes\":", used, true);
+    put_site(out, site);
+    if (!frames.empty()) {
+      Frame& parent = frames.back();
+      for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
+    }
+  }
+  maybe_flush();
+  return true;
 }
 
 // Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned block
@@ -1120,6 +1269,7 @@ py::dict counters() {
   d["foreign_threads"] = S->foreign_threads;
   d["bad_regions"] = S->bad_regions;
   d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
+  d["triton_launches"] = S->triton_launches;
   d["live_device_buffers"] = S->device_bufs.size();
   d["live_pinned_buffers"] = S->pinned_bufs.size();
   d["tracker"] = S->tracker_attached;
@@ -1135,6 +1285,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("configure", &configure);
   m.def("set_active", &set_active);
   m.def("set_stdlib_dir", &set_stdlib_dir);
+  m.def("set_internal", &set_internal);
   m.def("reset", &reset);
   m.def("drain", &drain);
   m.def("name_stream", &name_stream);
@@ -1142,7 +1293,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_fake_stream", &set_fake_stream);
   m.def("fake_pin", &fake_pin);
   m.def("fake_trace", &fake_trace, py::arg("alloc"), py::arg("addr"), py::arg("size"), py::arg("stream"),
-        py::arg("pool") = false);
+        py::arg("pool") = std::pair<int64_t, int64_t>{0, 0});
+  m.def("set_pool_name", &set_pool_name);
+  m.def("pool_name", &pool_name);
+  m.def("record_kernel", &record_kernel);
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);

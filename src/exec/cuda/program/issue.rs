@@ -59,6 +59,7 @@ impl Run<'_> {
                 stream,
                 memory,
                 addr,
+                pool,
             } => {
                 if bytes % 4 != 0 {
                     return Err(unsupported(
@@ -73,6 +74,7 @@ impl Run<'_> {
                     stream.as_ref(),
                     *memory,
                     *addr,
+                    pool.as_ref(),
                     &mut self.dev,
                 )?;
             }

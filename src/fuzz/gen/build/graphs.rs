@@ -105,6 +105,7 @@ impl<D: Decisions> Builder<D> {
                 stream: Some(stream_name(origin)),
                 memory: MemoryKind::Device,
                 addr: None,
+                pool: None,
             });
             self.emit(Op::Memset {
                 stream: stream_name(origin),
@@ -165,6 +166,7 @@ impl<D: Decisions> Builder<D> {
                         stream: Some(stream_name(origin)),
                         memory: MemoryKind::Device,
                         addr: None,
+                        pool: None,
                     });
                     self.emit(Op::Memset {
                         stream: stream_name(origin),
