@@ -455,15 +455,20 @@ impl Resolver {
                 fences.push(f);
             }
         }
+        let to = match stream {
+            Some(s) => Some(self.stream(op, s, backend)?),
+            None => None,
+        };
         if let Some(p) = b.pool {
             // Back to the pool, held back during a capture of it if record_stream named streams:
             // nothing is freed on the device, and the graph's replays keep the bytes. What the
-            // record_stream streams did by now is ordered before every reuse of the block.
+            // record_stream streams did by now is ordered before every reuse of the block. A
+            // stream-ordered free gives the block to its stream, as the checker's model does.
             if b.size > 0 {
                 if !b.placed {
                     self.graphs
                         .pools
-                        .free(p, b.addr, b.owner, hold)
+                        .free(p, b.addr, to.unwrap_or(b.owner), hold)
                         .map_err(|e| self.unsupported(op, format!("freeing {buffer}: {e}")))?;
                 }
                 if !fences.is_empty() {
@@ -477,10 +482,6 @@ impl Resolver {
             }
             return Ok(Issued::Done);
         }
-        let to = match stream {
-            Some(s) => Some(self.stream(op, s, backend)?),
-            None => None,
-        };
         if b.size > 0 {
             if b.placed && b.memory == MemoryKind::Device {
                 self.freed_to

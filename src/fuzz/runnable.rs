@@ -614,7 +614,9 @@ impl Model {
     ) -> Result<(), String> {
         let owner = self.owners.remove(&addr).map(|(_, s)| s);
         if let Some(p) = self.pooled.remove(&addr) {
-            let key = self.key(&owner.unwrap_or_else(|| Id::from(DEFAULT_STREAM)));
+            // A stream-ordered free gives the block to its stream, as the checker's model does.
+            let to = stream.cloned().or(owner);
+            let key = self.key(&to.unwrap_or_else(|| Id::from(DEFAULT_STREAM)));
             return self
                 .graphs
                 .pools
