@@ -693,3 +693,27 @@ def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
         assert run.report.errors == 0, run.report.to_text()
     else:
         assert sites(run) == {("data-race", line_of("SAVE"))}
+
+
+def test_a_build_killed_midway_does_not_hang_later_loads():
+    # torch's build lock (`lock` in the build directory, created exclusively) stays behind when a
+    # build is killed (a timeout); a later load must not wait for it forever.
+    torch_or_skip()
+    from streamsan.torch import _native
+
+    try:
+        _native.load()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    directory = _native.build_dir()
+    with open(os.path.join(directory, "lock"), "w"):
+        pass
+    code = "from streamsan.torch import _native; print(_native.load().__name__)"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the load waited for the leftover lock")
+    finally:
+        if os.path.exists(os.path.join(directory, "lock")):
+            os.remove(os.path.join(directory, "lock"))
+    assert done.returncode == 0, done.stderr

@@ -87,6 +87,54 @@ def build_dir() -> str:
     return d
 
 
+BUILD_WAIT_SECONDS = 900  # the longest a process waits for another one building the recorder
+
+
+class _BuildLock:
+    """One build at a time per build directory, held with `flock` (released by the kernel when
+    its process dies, however it dies). torch's own lock (`lock`, a file created exclusively)
+    stays behind when a build is killed, and every later load then waits for it forever: under
+    this lock no other process of ours is building, so a `lock` found there is such a leftover
+    and is removed. The wait is bounded (BUILD_WAIT_SECONDS)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.file = None
+
+    def __enter__(self) -> "_BuildLock":
+        import time
+
+        try:
+            import fcntl
+        except ImportError:  # no flock: torch's lock alone
+            return self
+        self.file = open(os.path.join(self.directory, "streamsan-build.lock"), "w")
+        deadline = time.monotonic() + BUILD_WAIT_SECONDS
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.file.close()
+                    self.file = None
+                    raise RuntimeError(
+                        f"another process has been building the C++ recorder in {self.directory} "
+                        f"for over {BUILD_WAIT_SECONDS} s"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            os.remove(os.path.join(self.directory, "lock"))
+        except FileNotFoundError:
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()  # releases the flock
+            self.file = None
+
+
 def load(verbose: bool = False):
     """The extension module, built if needed; raises on failure (the message says why)."""
     global _module, _error
@@ -110,16 +158,18 @@ def load(verbose: bool = False):
 
             lib = os.path.join(os.path.dirname(torch.__file__), "lib")
             _ninja_on_path()
-            mod = cpp_extension.load(
-                name=_name(),
-                sources=[SOURCE],
-                build_directory=build_dir(),
-                extra_include_paths=_cuda_includes(),
-                extra_cflags=["-O2", "-DNDEBUG", _cxx_standard()],
-                extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
-                with_cuda=False,
-                verbose=verbose,
-            )
+            directory = build_dir()
+            with _BuildLock(directory):
+                mod = cpp_extension.load(
+                    name=_name(),
+                    sources=[SOURCE],
+                    build_directory=directory,
+                    extra_include_paths=_cuda_includes(),
+                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard()],
+                    extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
+                    with_cuda=False,
+                    verbose=verbose,
+                )
         _module = mod
         return mod
     except BaseException as e:  # a failed compiler run raises several kinds
