@@ -16,7 +16,7 @@ use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use streamsan::analysis::syncs::{SyncChecker, SyncConfig};
+use streamsan::analysis::run::{CheckRun, RecheckError, TraceFile};
 use streamsan::graph::Picture;
 use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
 use streamsan::trace::{parse_line_bytes, ParseError, TraceReader};
@@ -34,85 +34,17 @@ pyo3::create_exception!(
      (`NAME:LINE:COLUMN: what was wrong; expected …`), as `streamsan check` prints it."
 );
 
-/// The checker of a `Checker`: plain, or with the synchronization analysis (`syncs=True`).
-enum Engine {
-    Plain(Box<streamsan::Checker>),
-    Syncs(Box<SyncChecker>),
-}
-
-impl Engine {
-    fn new(syncs: bool, kept: bool) -> Engine {
-        if !syncs {
-            return Engine::Plain(Box::default());
-        }
-        // Without the ops kept nothing could re-check an op: no what-if is given up.
-        let config = if kept {
-            SyncConfig::default()
-        } else {
-            SyncConfig {
-                max_live: usize::MAX,
-                max_host: usize::MAX,
-            }
-        };
-        Engine::Syncs(Box::new(SyncChecker::with_config(
-            streamsan::Checker::new(),
-            config,
-        )))
-    }
-
-    fn checker(&self) -> &streamsan::Checker {
-        match self {
-            Engine::Plain(c) => c,
-            Engine::Syncs(s) => s.checker(),
-        }
-    }
-
-    fn check(&mut self, op: &streamsan::trace::TraceOp) -> Result<(), streamsan::CheckError> {
-        match self {
-            Engine::Plain(c) => c.check(op).map(|_| ()),
-            Engine::Syncs(s) => s.check(op).map(|_| ()),
-        }
-    }
-
-    /// The report, with the verdicts on the synchronization ops when analysed; the ops the
-    /// analysis left to a re-check are re-checked from `kept`.
-    fn finish(self, kept: Option<&Path>, name: &str) -> Result<streamsan::Report, String> {
-        let s = match self {
-            Engine::Plain(c) => return Ok((*c).finish()),
-            Engine::Syncs(s) => s,
-        };
-        let mut outcome = s.finish();
-        if !outcome.undecided.is_empty() {
-            let Some(path) = kept else {
-                return Err(format!(
-                    "{name}: the ops were not kept: {} synchronization ops cannot be re-checked",
-                    outcome.undecided.len()
-                ));
-            };
-            streamsan::analysis::syncs::resolve(&mut outcome, |skipped, real| {
-                let f = File::open(path)
-                    .map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
-                let mut reader =
-                    TraceReader::new(BufReader::with_capacity(1 << 16, f), name.to_string());
-                let mut failed = None;
-                let ops = std::iter::from_fn(|| match reader.next_op() {
-                    Ok(Some((op, _))) => Some(op),
-                    Ok(None) => None,
-                    Err(e) => {
-                        failed = Some(e.to_string());
-                        None
-                    }
-                });
-                let found = streamsan::analysis::syncs::recheck(ops, skipped, real)
-                    .map_err(|e| format!("{name}: op {}: {e}", e.op))?;
-                match failed {
-                    Some(e) => Err(e),
-                    None => Ok(found),
-                }
-            })?;
-        }
-        Ok(outcome.into_report())
-    }
+/// Ends a check: the report, with the verdicts on the synchronization ops when analysed; the
+/// ops the analysis left to a re-check are re-checked from `kept`.
+fn finish_run(run: CheckRun, kept: Option<&Path>, name: &str) -> Result<streamsan::Report, String> {
+    run.finish(kept.map(|path| TraceFile::new(path, name)))
+        .map_err(|e| match e {
+            RecheckError::NotKept { undecided } => format!(
+                "{name}: the ops were not kept: {undecided} synchronization ops cannot be re-checked"
+            ),
+            RecheckError::Read(e) => e.to_string(),
+            RecheckError::Check(e) => format!("{name}: op {}: {e}", e.op),
+        })
 }
 
 /// Where the ops of a check are kept, to explain its hazards and draw it afterwards.
@@ -287,7 +219,7 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
 /// synchronization ops were needed, what each prevents, and which were redundant.
 #[pyclass(module = "streamsan._streamsan")]
 struct Checker {
-    checker: Option<Engine>,
+    checker: Option<CheckRun>,
     /// Lines pushed so far (the line number of bad-input messages).
     lines: u64,
     name: String,
@@ -299,7 +231,7 @@ struct Checker {
 }
 
 impl Checker {
-    fn checker(&mut self) -> PyResult<&mut Engine> {
+    fn checker(&mut self) -> PyResult<&mut CheckRun> {
         self.checker
             .as_mut()
             .ok_or_else(|| PyValueError::new_err("this Checker has finished"))
@@ -318,7 +250,7 @@ impl Checker {
         };
         let checker = self.checker()?;
         let before = checker.checker().hazards().len();
-        if let Err(e) = checker.check(&op) {
+        if let Err(e) = checker.check(&op).map(|_| ()) {
             let at = spans.locate(e.field);
             let err = ParseError::at(
                 self.name.clone(),
@@ -397,7 +329,7 @@ impl Checker {
             } => path.display().to_string(),
             _ => "<ops>".to_string(),
         });
-        let engine = Engine::new(syncs, matches!(kept, Kept::File { .. }));
+        let engine = CheckRun::new(syncs, matches!(kept, Kept::File { .. }));
         Ok(Checker {
             checker: Some(engine),
             lines: 0,
@@ -514,7 +446,7 @@ impl Checker {
             d.set_item("graveyard", s.graveyard)?;
             d.set_item("history", s.history)?;
             d.set_item("hazards", s.hazards)?;
-            if let Engine::Syncs(a) = c {
+            if let Some(a) = c.analysis() {
                 let (live, tombstones, _) = a.memory();
                 d.set_item("syncs_live_whatifs", live)?;
                 d.set_item("syncs_tombstones", tombstones)?;
@@ -571,7 +503,7 @@ impl Checker {
         let kept_path = source.as_ref().map(|f| f.path.clone());
         let name = self.name.clone();
         let report = py
-            .detach(|| checker.finish(kept_path.as_deref(), &name))
+            .detach(|| finish_run(checker, kept_path.as_deref(), &name))
             .map_err(PyValueError::new_err)?;
         let mut r = Report {
             report,
@@ -798,21 +730,21 @@ fn check_trace(py: Python<'_>, path: PathBuf, explain: bool, syncs: bool) -> PyR
         let f = File::open(&path).map_err(|e| (true, format!("{name}: cannot open: {e}")))?;
         let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), name.clone());
         // The file can be read again: a re-check can decide what the analysis gives up.
-        let mut checker = Engine::new(syncs, true);
+        let mut checker = CheckRun::new(syncs, true);
         loop {
             let (op, spans) = match reader.next_op() {
                 Ok(Some(x)) => x,
                 Ok(None) => break,
                 Err(e) => return Err((false, e.to_string())),
             };
-            if let Err(e) = checker.check(&op) {
+            if let Err(e) = checker.check(&op).map(|_| ()) {
                 let at = spans.locate(e.field);
                 let err = ParseError::at(name.clone(), at, e.message, e.expected.as_deref());
                 return Err((false, err.to_string()));
             }
         }
         let implicit = checker.checker().implicit_syncs().to_vec();
-        let report = checker.finish(Some(&path), &name).map_err(|e| (false, e))?;
+        let report = finish_run(checker, Some(&path), &name).map_err(|e| (false, e))?;
         let mut r = Report {
             report,
             name: name.clone(),

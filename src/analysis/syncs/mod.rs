@@ -311,28 +311,65 @@ where
     I::Item: std::borrow::Borrow<TraceOp>,
 {
     use std::borrow::Borrow;
-    let mut checkers: Vec<Checker> = skipped.iter().map(|_| Checker::new()).collect();
-    let mut found: Vec<BTreeSet<ErrorKey>> = skipped.iter().map(|_| BTreeSet::new()).collect();
-    for (i, op) in ops.into_iter().enumerate() {
-        let op = op.borrow();
-        for (k, c) in checkers.iter_mut().enumerate() {
-            if skipped[k] == i as u64 {
+    let mut variants = Variants::new(skipped, real);
+    for op in ops {
+        variants.check(op.borrow())?;
+    }
+    Ok(variants.found())
+}
+
+/// The walk of [`recheck`], op by op: one checker per skipped op.
+pub(crate) struct Variants<'a> {
+    skipped: &'a [u64],
+    real: &'a BTreeSet<ErrorKey>,
+    checkers: Vec<Checker>,
+    found: Vec<BTreeSet<ErrorKey>>,
+    /// The index of the next op.
+    next: u64,
+}
+
+impl<'a> Variants<'a> {
+    /// At the start of the trace.
+    pub(crate) fn new(skipped: &'a [u64], real: &'a BTreeSet<ErrorKey>) -> Self {
+        Variants {
+            skipped,
+            real,
+            checkers: skipped.iter().map(|_| Checker::new()).collect(),
+            found: skipped.iter().map(|_| BTreeSet::new()).collect(),
+            next: 0,
+        }
+    }
+
+    /// Checks the next op in every variant (the one that skips it, skips it).
+    pub(crate) fn check(&mut self, op: &TraceOp) -> Result<(), CheckError> {
+        let i = self.next;
+        self.next += 1;
+        for (k, c) in self.checkers.iter_mut().enumerate() {
+            if self.skipped[k] == i {
                 c.skip();
                 continue;
             }
             for h in c.check(op)? {
                 if h.is_error() {
                     let key = ErrorKey::of(h);
-                    if !real.contains(&key) {
-                        found[k].insert(key);
+                    if !self.real.contains(&key) {
+                        self.found[k].insert(key);
                     }
                 }
             }
             // Keep the checkers small: the hazards were looked at.
             let _ = c.take_hazards();
         }
+        Ok(())
     }
-    Ok(found.into_iter().map(|s| s.into_iter().collect()).collect())
+
+    /// For each skipped op, the errors its variant adds, sorted.
+    pub(crate) fn found(self) -> Vec<Vec<ErrorKey>> {
+        self.found
+            .into_iter()
+            .map(|s| s.into_iter().collect())
+            .collect()
+    }
 }
 
 /// The definition run as written: for each synchronization op, the trace is checked again with

@@ -71,7 +71,7 @@ pub(crate) fn check(
         input
     };
     let mut reader = TraceReader::new(input, name.clone());
-    let mut checker = CheckRun::new(syncs);
+    let mut checker = CheckRun::new(syncs, true);
     // With --confirm the program is kept, to run it.
     let mut program = Vec::new();
     loop {
@@ -102,7 +102,7 @@ pub(crate) fn check(
         Some(_) => None,
         None => rereadable(file).then(|| Source::File(file.clone())),
     };
-    let mut report = checker.finish(again.as_ref(), &name)?;
+    let mut report = finish_check(checker, again.as_ref(), &name)?;
     if let Some((backend, attempts)) = confirm {
         confirm_hazards(&program, &mut report, backend, attempts)?;
     }

@@ -148,6 +148,13 @@ impl Source {
                 .map_err(|e| CliError::Io(format!("{}: cannot open: {e}", path.display()))),
         }
     }
+
+    /// The trace to read again for the re-check of the synchronization analysis.
+    pub(crate) fn reread<'a>(&'a self, name: &'a str) -> streamsan::analysis::run::TraceFile<'a> {
+        match self {
+            Source::File(path) => streamsan::analysis::run::TraceFile::new(path, name),
+        }
+    }
 }
 
 /// Whether two paths name the same file (also through links).

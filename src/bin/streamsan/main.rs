@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use streamsan::analysis::run::CheckRun;
 use streamsan::output::{OutputFile, TempFile};
 use streamsan::report::{render_text, TextOptions};
 use streamsan::text::{escape, for_terminal};

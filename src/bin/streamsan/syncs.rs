@@ -1,69 +1,17 @@
 //! `check --syncs` and `fix --remove-redundant`: the synchronization analysis.
 
 use super::*;
+use streamsan::analysis::run::{RecheckError, RereadError};
 
-/// The checker of `check`: plain, or with the synchronization analysis (`--syncs`).
-pub(crate) enum CheckRun {
-    Plain(Box<Checker>),
-    Syncs(Box<streamsan::analysis::syncs::SyncChecker>),
-}
-
-impl CheckRun {
-    pub(crate) fn new(syncs: bool) -> Self {
-        if syncs {
-            CheckRun::Syncs(Box::default())
-        } else {
-            CheckRun::Plain(Box::default())
-        }
-    }
-
-    /// Checks an op; returns the number of hazards it raised.
-    pub(crate) fn check(&mut self, op: &TraceOp) -> Result<usize, CheckError> {
-        match self {
-            CheckRun::Plain(c) => c.check(op).map(|h| h.len()),
-            CheckRun::Syncs(c) => c.check(op).map(|h| h.len()),
-        }
-    }
-
-    /// For `bench`: with the analysis, the number of synchronization ops, how many were needed
-    /// (those left to a re-check counted as redundant), and the analysis's counters.
-    pub(crate) fn finish_syncs(
-        self,
-    ) -> Option<(usize, usize, streamsan::analysis::syncs::SyncStats)> {
-        match self {
-            CheckRun::Plain(_) => None,
-            CheckRun::Syncs(c) => {
-                let o = c.finish();
-                let needed = o.syncs.iter().filter(|s| s.needed).count();
-                Some((o.syncs.len(), needed, o.stats))
-            }
-        }
-    }
-
-    pub(crate) fn checker(&self) -> &Checker {
-        match self {
-            CheckRun::Plain(c) => c,
-            CheckRun::Syncs(c) => c.checker(),
-        }
-    }
-
-    pub(crate) fn ops(&self) -> u64 {
-        self.checker().ops()
-    }
-
-    /// Ends the walk: the report, with a verdict on every synchronization op when analysed. The
-    /// few ops the analysis leaves to a re-check are decided by walking `source` again.
-    pub(crate) fn finish(
-        self,
-        source: Option<&Source>,
-        name: &str,
-    ) -> Result<streamsan::Report, CliError> {
-        let c = match self {
-            CheckRun::Plain(c) => return Ok((*c).finish()),
-            CheckRun::Syncs(c) => c,
-        };
-        let stats = c.stats();
-        let mut outcome = c.finish();
+/// Ends the walk of `check`: the report, with a verdict on every synchronization op when
+/// analysed. The few ops the analysis leaves to a re-check are decided by walking `source`
+/// again.
+pub(crate) fn finish_check(
+    run: CheckRun,
+    source: Option<&Source>,
+    name: &str,
+) -> Result<streamsan::Report, CliError> {
+    if let Some(stats) = run.analysis().map(|a| a.stats()) {
         tracing::info!(
             unchanged = stats.unchanged,
             whatifs = stats.whatifs,
@@ -72,34 +20,16 @@ impl CheckRun {
             probes = stats.probes,
             "synchronization analysis"
         );
-        if !outcome.undecided.is_empty() {
-            let Some(source) = source else {
-                return Err(CliError::Io(format!(
-                    "{name}: cannot walk the trace a second time to decide {} synchronization ops",
-                    outcome.undecided.len()
-                )));
-            };
-            streamsan::analysis::syncs::resolve(&mut outcome, |skipped, real| {
-                let mut reader = TraceReader::new(source.open()?, name.to_string());
-                let mut failed = None;
-                let ops = std::iter::from_fn(|| match reader.next_op() {
-                    Ok(Some((op, _))) => Some(op),
-                    Ok(None) => None,
-                    Err(e) => {
-                        failed = Some(CliError::BadInput(e.to_string()));
-                        None
-                    }
-                });
-                let found = streamsan::analysis::syncs::recheck(ops, skipped, real)
-                    .map_err(|e| CliError::Io(format!("{name}: op {}: {e}", e.op)))?;
-                match failed {
-                    Some(e) => Err(e),
-                    None => Ok(found),
-                }
-            })?;
-        }
-        Ok(outcome.into_report())
     }
+    run.finish(source.map(|s| s.reread(name)))
+        .map_err(|e| match e {
+            RecheckError::NotKept { undecided } => CliError::Io(format!(
+                "{name}: cannot walk the trace a second time to decide {undecided} synchronization ops"
+            )),
+            RecheckError::Read(e @ RereadError::Open { .. }) => CliError::Io(e.to_string()),
+            RecheckError::Read(e) => CliError::BadInput(e.to_string()),
+            RecheckError::Check(e) => CliError::Io(format!("{name}: op {}: {e}", e.op)),
+        })
 }
 
 /// `fix --remove-redundant`: writes the trace without the synchronization ops that are

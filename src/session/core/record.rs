@@ -19,7 +19,7 @@ use std::panic::Location;
 
 use super::error::SessionError;
 use super::region::Region;
-use crate::analysis::syncs::{SyncChecker, SyncConfig};
+use crate::analysis::run::CheckRun;
 use crate::checker::{CheckError, Checker};
 use crate::trace::{self, Id, MemoryKind, Op, Site, TraceOp, DEFAULT_STREAM};
 
@@ -342,10 +342,9 @@ impl Recorder {
 
 /// The checker thread's state.
 pub(crate) struct Worker {
-    checker: Checker,
-    /// With [`SessionConfig::syncs`](super::SessionConfig::syncs): the checker with the
-    /// synchronization analysis (then `checker` is unused).
-    syncs: Option<Box<SyncChecker>>,
+    /// The checker, with the synchronization analysis under
+    /// [`SessionConfig::syncs`](super::SessionConfig::syncs).
+    run: CheckRun,
     pub(crate) trace: Option<Vec<TraceOp>>,
     /// The first op the checker rejected; checking stops there (later op indices would shift).
     pub(crate) error: Option<CheckError>,
@@ -366,19 +365,8 @@ fn set<T: Clone>(v: &mut Vec<T>, index: usize, value: T, fill: T) {
 impl Worker {
     fn new(keep_trace: bool, syncs: bool) -> Worker {
         Worker {
-            checker: Checker::new(),
-            syncs: syncs.then(|| {
-                // Without the trace kept, no what-if may be given up: nothing could re-check.
-                let config = if keep_trace {
-                    SyncConfig::default()
-                } else {
-                    SyncConfig {
-                        max_live: usize::MAX,
-                        max_host: usize::MAX,
-                    }
-                };
-                Box::new(SyncChecker::with_config(Checker::new(), config))
-            }),
+            // Without the trace kept, no what-if may be given up: nothing could re-check.
+            run: CheckRun::new(syncs, keep_trace),
             trace: keep_trace.then(Vec::new),
             error: None,
             streams: vec![Id::from(DEFAULT_STREAM)],
@@ -391,25 +379,16 @@ impl Worker {
 
     /// The checker (the real one, with the analysis).
     pub(crate) fn checker(&self) -> &Checker {
-        match &self.syncs {
-            Some(s) => s.checker(),
-            None => &self.checker,
-        }
+        self.run.checker()
     }
 
     /// Ends the run: the report, with the verdicts on the synchronizations when analysed (the
-    /// few the analysis left to a re-check decided by re-checking the kept trace).
+    /// few the analysis left to a re-check decided by re-checking the kept trace; without it,
+    /// or where the re-check fails, they stay provisional).
     pub(crate) fn finish_report(&mut self) -> crate::Report {
-        let Some(s) = self.syncs.take() else {
-            return std::mem::take(&mut self.checker).finish();
-        };
-        let mut outcome = s.finish();
-        if let Some(trace) = &self.trace {
-            let _ = crate::analysis::syncs::resolve(&mut outcome, |skipped, real| {
-                crate::analysis::syncs::recheck(trace, skipped, real)
-            });
-        }
-        outcome.into_report()
+        let mut end = std::mem::take(&mut self.run).end();
+        let _ = end.recheck(self.trace.as_deref());
+        end.into_report()
     }
 
     fn site(&mut self, loc: Loc) -> Option<Site> {
@@ -663,11 +642,7 @@ impl Worker {
             site: self.site(loc),
         };
         if self.error.is_none() {
-            let checked = match &mut self.syncs {
-                Some(s) => s.check(&op).map(|_| ()),
-                None => self.checker.check(&op).map(|_| ()),
-            };
-            if let Err(e) = checked {
+            if let Err(e) = self.run.check(&op).map(|_| ()) {
                 tracing::error!(op = e.op, error = %e, "the checker rejected a recorded op");
                 self.error = Some(e);
             }

@@ -1,0 +1,435 @@
+//! A check from the first op to the report: the plain [`Checker`], or the checker with the
+//! synchronization analysis ([`SyncChecker`]), finished with a re-check of the synchronization
+//! ops whose what-if the analysis gave up ([`syncs::recheck`](super::syncs::recheck)), which
+//! completes their verdicts.
+//!
+//! [`CheckRun`] takes the ops one at a time; [`CheckRun::finish`] makes the report. Where the
+//! analysis gave a what-if up (beyond [`SyncConfig`]'s limits, or where CUDA graphs decide), the
+//! ops are read again from a [`Reread`]: the ops kept in memory (`&[TraceOp]`), or a trace file
+//! ([`TraceFile`]: the input itself, or a copy of it spooled while it was read).
+//!
+//! ```
+//! use streamsan::analysis::run::{CheckRun, TraceFile};
+//! use streamsan::trace::TraceReader;
+//!
+//! let trace = r#"
+//! {"op":"alloc","buffer":"a","bytes":4096,"stream":"s1"}
+//! {"op":"launch","stream":"s1","writes":["a"]}
+//! {"op":"event_record","event":"e","stream":"s1"}
+//! {"op":"event_wait","stream":"s2","event":"e"}
+//! {"op":"launch","stream":"s2","reads":["a"]}
+//! "#;
+//! let mut reader = TraceReader::new(trace.as_bytes(), "example");
+//! let mut run = CheckRun::new(true, false);
+//! while let Some((op, _)) = reader.next_op().unwrap() {
+//!     run.check(&op).unwrap();
+//! }
+//! // Nothing to read again: the ops were not kept (and no what-if was given up).
+//! let report = run.finish(None::<TraceFile>).unwrap();
+//! assert!(report.is_clean());
+//! let syncs = report.syncs.unwrap();
+//! // The wait orders the read after the write.
+//! assert!(syncs[0].needed);
+//! ```
+
+use std::fs::File;
+use std::io::BufReader;
+use std::ops::ControlFlow;
+use std::path::Path;
+
+use crate::analysis::syncs::{resolve, SyncChecker, SyncConfig, SyncOutcome, Variants};
+use crate::checker::{CheckError, Checker};
+use crate::report::{Hazard, Report};
+use crate::trace::{ParseError, TraceOp, TraceReader};
+
+/// Where a run reads its ops again, from the first, to re-check the synchronization ops whose
+/// what-if the analysis gave up.
+pub trait Reread {
+    /// Why the ops could not be read again.
+    type Error;
+
+    /// Hands every op to `each`, from the first, in order, and stops early where `each` breaks.
+    /// Called once per walk of the re-check (32 ops are decided per walk).
+    fn reread(
+        &mut self,
+        each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
+    ) -> Result<(), Self::Error>;
+}
+
+/// The ops kept in memory.
+impl Reread for &[TraceOp] {
+    type Error = std::convert::Infallible;
+
+    fn reread(
+        &mut self,
+        each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
+    ) -> Result<(), Self::Error> {
+        for op in self.iter() {
+            if each(op).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A trace file (JSON Lines), opened and read again for each walk.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceFile<'a> {
+    path: &'a Path,
+    name: &'a str,
+}
+
+impl<'a> TraceFile<'a> {
+    /// The trace at `path`; `name` is how the located messages of bad input name it.
+    pub fn new(path: &'a Path, name: &'a str) -> Self {
+        TraceFile { path, name }
+    }
+}
+
+/// Why a [`TraceFile`] could not be read again.
+#[derive(Debug, thiserror::Error)]
+pub enum RereadError {
+    /// The file could not be opened.
+    #[error("{}: cannot open: {error}", path.display())]
+    Open {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// A line is not valid (the file changed since it was checked).
+    #[error("{0}")]
+    Read(ParseError),
+}
+
+impl Reread for TraceFile<'_> {
+    type Error = RereadError;
+
+    fn reread(
+        &mut self,
+        each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
+    ) -> Result<(), RereadError> {
+        let f = File::open(self.path).map_err(|error| RereadError::Open {
+            path: self.path.to_path_buf(),
+            error,
+        })?;
+        let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), self.name);
+        while let Some((op, _)) = reader.next_op().map_err(RereadError::Read)? {
+            if each(&op).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why a run's report could not be completed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecheckError<E> {
+    /// The analysis gave up the what-ifs of `undecided` synchronization ops, and there is
+    /// nothing to read the ops from again.
+    #[error("the ops were not kept: {undecided} synchronization ops cannot be re-checked")]
+    NotKept {
+        /// How many synchronization ops are left undecided.
+        undecided: usize,
+    },
+    /// Reading the ops again failed.
+    #[error("{0}")]
+    Read(E),
+    /// The checker rejected an op read again (the ops are not those that were checked).
+    #[error("op {op}: {0}", op = .0.op)]
+    Check(CheckError),
+}
+
+/// The checker of a run.
+#[derive(Clone)]
+enum Engine {
+    Plain(Box<Checker>),
+    Syncs(Box<SyncChecker>),
+}
+
+/// A check, op by op: the plain [`Checker`], or the checker with the synchronization analysis.
+/// [`finish`](Self::finish) makes the report, with a verdict on every synchronization op when
+/// analysed.
+#[derive(Clone)]
+pub struct CheckRun {
+    engine: Engine,
+}
+
+impl Default for CheckRun {
+    /// A plain run.
+    fn default() -> Self {
+        Self::plain()
+    }
+}
+
+impl CheckRun {
+    /// A run with the synchronization analysis when `syncs`. `rereadable` says whether its ops
+    /// can be read again at the end (a [`Reread`]): without, no what-if is given up for
+    /// [`SyncConfig`]'s limits, so only CUDA graphs leave ops to a re-check.
+    pub fn new(syncs: bool, rereadable: bool) -> Self {
+        if !syncs {
+            return Self::plain();
+        }
+        Self::with_syncs(if rereadable {
+            SyncConfig::default()
+        } else {
+            SyncConfig {
+                max_live: usize::MAX,
+                max_host: usize::MAX,
+            }
+        })
+    }
+
+    /// A run of the plain checker.
+    pub fn plain() -> Self {
+        CheckRun {
+            engine: Engine::Plain(Box::default()),
+        }
+    }
+
+    /// A run with the synchronization analysis, under `config`.
+    pub fn with_syncs(config: SyncConfig) -> Self {
+        CheckRun {
+            engine: Engine::Syncs(Box::new(SyncChecker::with_config(Checker::new(), config))),
+        }
+    }
+
+    /// Checks the next op, as [`Checker::check`] does; returns the hazards it raised.
+    pub fn check(&mut self, op: &TraceOp) -> Result<&[Hazard], CheckError> {
+        match &mut self.engine {
+            Engine::Plain(c) => c.check(op),
+            Engine::Syncs(c) => c.check(op),
+        }
+    }
+
+    /// The checker (with the analysis, the real one): its hazards, counters and state so far.
+    pub fn checker(&self) -> &Checker {
+        match &self.engine {
+            Engine::Plain(c) => c,
+            Engine::Syncs(c) => c.checker(),
+        }
+    }
+
+    /// The number of ops checked so far.
+    pub fn ops(&self) -> u64 {
+        self.checker().ops()
+    }
+
+    /// The analysis, when the run has it: its counters ([`SyncChecker::stats`]) and memory.
+    pub fn analysis(&self) -> Option<&SyncChecker> {
+        match &self.engine {
+            Engine::Plain(_) => None,
+            Engine::Syncs(c) => Some(c),
+        }
+    }
+
+    /// Ends the run without re-checking anything: see [`RunEnd`].
+    pub fn end(self) -> RunEnd {
+        RunEnd {
+            ending: match self.engine {
+                Engine::Plain(c) => Ending::Plain(c),
+                Engine::Syncs(c) => Ending::Syncs(Box::new(c.finish())),
+            },
+        }
+    }
+
+    /// Ends the run: the report, with a verdict on every synchronization op when analysed. The
+    /// ops whose what-if was given up are decided by re-checking the ops read from `again`;
+    /// without it, that is an error ([`RecheckError::NotKept`]).
+    pub fn finish<A: Reread>(self, again: Option<A>) -> Result<Report, RecheckError<A::Error>> {
+        let mut end = self.end();
+        end.recheck(again)?;
+        Ok(end.into_report())
+    }
+}
+
+/// How a run ended.
+enum Ending {
+    /// The plain checker, its report not made yet.
+    Plain(Box<Checker>),
+    /// The analysis's outcome.
+    Syncs(Box<SyncOutcome>),
+}
+
+/// A run whose ops are all checked, before the re-check that completes the verdicts
+/// ([`recheck`](Self::recheck)) and the report ([`into_report`](Self::into_report)).
+pub struct RunEnd {
+    ending: Ending,
+}
+
+impl RunEnd {
+    /// With the analysis, its outcome so far: the verdicts of the ops still undecided are
+    /// provisional ([`SyncOutcome::syncs`]).
+    pub fn analysis(&self) -> Option<&SyncOutcome> {
+        match &self.ending {
+            Ending::Plain(_) => None,
+            Ending::Syncs(o) => Some(o),
+        }
+    }
+
+    /// How many synchronization ops a re-check has still to decide.
+    pub fn undecided(&self) -> usize {
+        self.analysis().map_or(0, |o| o.undecided.len())
+    }
+
+    /// Decides the undecided synchronization ops by re-checking the ops read from `again`,
+    /// 32 per walk. Nothing to decide is no error, with or without `again`. On an error, the
+    /// ops decided by the walks before stay decided, the others keep their provisional
+    /// verdicts; without `again` (and ops to decide) nothing changes.
+    pub fn recheck<A: Reread>(&mut self, again: Option<A>) -> Result<(), RecheckError<A::Error>> {
+        let Ending::Syncs(outcome) = &mut self.ending else {
+            return Ok(());
+        };
+        if outcome.undecided.is_empty() {
+            return Ok(());
+        }
+        let Some(mut again) = again else {
+            return Err(RecheckError::NotKept {
+                undecided: outcome.undecided.len(),
+            });
+        };
+        resolve(outcome, |skipped, real| {
+            let mut variants = Variants::new(skipped, real);
+            let mut failed = None;
+            again
+                .reread(&mut |op| match variants.check(op) {
+                    Ok(()) => ControlFlow::Continue(()),
+                    Err(e) => {
+                        failed = Some(e);
+                        ControlFlow::Break(())
+                    }
+                })
+                .map_err(RecheckError::Read)?;
+            match failed {
+                Some(e) => Err(RecheckError::Check(e)),
+                None => Ok(variants.found()),
+            }
+        })
+    }
+
+    /// The report, with the verdicts on the synchronization ops when analysed (those still
+    /// undecided provisional: `needed` where an error was found already).
+    pub fn into_report(self) -> Report {
+        match self.ending {
+            Ending::Plain(c) => (*c).finish(),
+            Ending::Syncs(o) => o.into_report(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::syncs::brute_force;
+
+    /// A trace whose second wait's what-if is given up at the second `graph_launch` (the
+    /// launch stream's clock differs there): one op left to the re-check.
+    const GRAPH: &str = r#"
+{"op":"alloc","buffer":"x","bytes":4096,"stream":"s1"}
+{"op":"alloc","buffer":"y","bytes":4096,"stream":"s1"}
+{"op":"alloc","buffer":"src","bytes":4096,"stream":"s2"}
+{"op":"graph_begin","graph":"g","stream":"s1"}
+{"op":"launch","stream":"s1","name":"step","reads":["x"],"writes":["y"]}
+{"op":"graph_end","graph":"g"}
+{"op":"graph_launch","graph":"g","stream":"s1"}
+{"op":"event_record","event":"e","stream":"s1"}
+{"op":"event_wait","stream":"s2","event":"e"}
+{"op":"copy","stream":"s2","src":"src","dst":"x"}
+{"op":"event_record","event":"e2","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"e2"}
+{"op":"graph_launch","graph":"g","stream":"s1"}
+"#;
+
+    fn ops(text: &str) -> Vec<TraceOp> {
+        let mut reader = TraceReader::new(text.as_bytes(), "t");
+        let mut ops = Vec::new();
+        while let Some((op, _)) = reader.next_op().expect("a valid trace") {
+            ops.push(op);
+        }
+        ops
+    }
+
+    fn run(ops: &[TraceOp], syncs: bool, rereadable: bool) -> CheckRun {
+        let mut run = CheckRun::new(syncs, rereadable);
+        for op in ops {
+            run.check(op).expect("a valid op");
+        }
+        run
+    }
+
+    #[test]
+    fn the_recheck_completes_the_verdicts() {
+        let ops = ops(GRAPH);
+        let (report, syncs) = brute_force(&ops).expect("a valid trace");
+        let end = run(&ops, true, true).end();
+        assert_eq!(end.undecided(), 1);
+        let plain = run(&ops, false, true)
+            .finish(Some(&ops[..]))
+            .expect("no re-check");
+        assert_eq!(plain.syncs, None);
+        assert_eq!(plain.to_json(), report.to_json());
+        let analysed = run(&ops, true, true)
+            .finish(Some(&ops[..]))
+            .expect("re-checked");
+        assert_eq!(analysed.syncs.as_ref(), Some(&syncs));
+        assert!(analysed.syncs.iter().flatten().all(|s| s.needed));
+        // From a file, as from memory.
+        let path = std::env::temp_dir().join(format!(
+            "streamsan-run-test-{}-{:?}.jsonl",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::write(&path, GRAPH).expect("a temporary file");
+        let from_file = run(&ops, true, true).finish(Some(TraceFile::new(&path, "t")));
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(from_file.expect("re-checked").syncs, Some(syncs));
+    }
+
+    #[test]
+    fn what_cannot_be_rechecked_is_an_error() {
+        let ops = ops(GRAPH);
+        let e = run(&ops, true, false)
+            .finish(None::<&[TraceOp]>)
+            .expect_err("nothing to read again");
+        assert!(matches!(e, RecheckError::NotKept { undecided: 1 }));
+        assert_eq!(
+            e.to_string(),
+            "the ops were not kept: 1 synchronization ops cannot be re-checked"
+        );
+        // Nothing left undecided: nothing to read again is no error.
+        let clean = ops[..7].to_vec();
+        let report = run(&clean, true, false).finish(None::<&[TraceOp]>);
+        assert!(report.expect("decided").syncs.is_some_and(|s| s.is_empty()));
+        // A file that is gone.
+        let path = std::path::Path::new("/nonexistent/streamsan-run-test.jsonl");
+        let e = run(&ops, true, true)
+            .finish(Some(TraceFile::new(path, "t")))
+            .expect_err("no file");
+        assert!(matches!(e, RecheckError::Read(RereadError::Open { .. })));
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: cannot open: ", path.display())));
+        // Ops that are not those checked: the checker rejects them.
+        let other = self::ops(r#"{"op":"graph_end","graph":"g"}"#);
+        let e = run(&ops, true, true)
+            .finish(Some(&other[..]))
+            .expect_err("other ops");
+        let RecheckError::Check(c) = &e else {
+            panic!("expected a check error, not {e}");
+        };
+        assert_eq!(e.to_string(), format!("op {}: {c}", c.op));
+    }
+
+    #[test]
+    fn a_failed_recheck_leaves_the_verdicts_provisional() {
+        let ops = ops(GRAPH);
+        let mut end = run(&ops, true, true).end();
+        let provisional = end.analysis().map(|o| o.syncs.clone());
+        let other = self::ops(r#"{"op":"graph_end","graph":"g"}"#);
+        assert!(end.recheck(Some(&other[..])).is_err());
+        assert_eq!(end.undecided(), 0);
+        assert_eq!(end.into_report().syncs, provisional);
+    }
+}
