@@ -33,7 +33,12 @@ class Report:
     def syncs_by_site(self) -> list[dict[str, Any]] | None: ...
 
 class Checker:
-    """Checks ops as they come: the trace format's checker, in process."""
+    """Checks ops as they come: the trace format's checker, in process.
+
+    `threaded=True` checks on a thread of the checker's own: `push_lines` queues its text (at
+    most `queue_bytes` bytes wait; a full queue makes the caller wait) and returns the hazards
+    found since the previous call; bad input is raised by the next call after the thread met it
+    (`push_lines`, `push`, `drain` or `finish`); `drain()` waits for the thread to catch up."""
 
     def __init__(
         self,
@@ -41,9 +46,18 @@ class Checker:
         explain: bool = True,
         name: str | None = None,
         syncs: bool = False,
+        threaded: bool = False,
+        queue_bytes: int = 64 << 20,
+        # For streamsan's own tests: the thread sleeps `_delay` seconds before each batch, and
+        # panics on batch `_panic_at` (from 0).
+        _delay: float = 0.0,
+        _panic_at: int | None = None,
     ) -> None: ...
     def push(self, op: Op) -> list[dict[str, Any]]: ...
     def push_lines(self, text: str | bytes) -> list[dict[str, Any]]: ...
+    def drain(self) -> list[dict[str, Any]]: ...
+    @property
+    def threaded(self) -> bool: ...
     @property
     def ops(self) -> int: ...
     @property

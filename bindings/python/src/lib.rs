@@ -7,19 +7,26 @@
 //! message the command line prints. Nothing here panics across the boundary: every error a user
 //! can cause is a Python exception.
 
+use std::borrow::Cow;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use streamsan::analysis::run::{CheckRun, RecheckError, TraceFile};
 use streamsan::graph::Picture;
 use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
-use streamsan::trace::{parse_line_bytes, ParseError, TraceReader};
+use streamsan::trace::{ParseError, TraceReader};
+
+mod worker;
+use worker::{lock, Core, LineError, Options, Refused, Shared};
 
 /// The command line, compiled from the same source as the `streamsan` binary.
 #[allow(dead_code)]
@@ -217,67 +224,141 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
 /// `name`: how bad-input messages and the text report name the ops' source. `syncs`: also run
 /// the synchronization analysis (`streamsan check --syncs`): the report then says which
 /// synchronization ops were needed, what each prevents, and which were redundant.
-#[pyclass(module = "streamsan._streamsan")]
+///
+/// `threaded`: check on a thread of the checker's own, beside the caller. `push_lines` then only
+/// copies its text into a queue of at most `queue_bytes` bytes (64 MiB; a larger text is taken
+/// alone) and returns at once; it waits, with the GIL released, only while the queue is full.
+/// The thread checks the lines in the order they were pushed, through the same code, so the
+/// report is the synchronous one. What changes is when things come back:
+///
+/// - `push_lines` returns the hazards the thread has found since the previous call (possibly
+///   none yet: they come with a later call); `drain()` waits for the thread to catch up and
+///   returns the rest. Every hazard is returned once, in the order found.
+/// - bad input (`TraceError`, the same message) is raised by the next `push_lines`, `push`,
+///   `drain` or `finish` after the thread met it, not by the call that pushed it; the ops
+///   before the bad line stay checked, the rest of its text is dropped, and later texts are
+///   checked. A `finish` that raises it leaves the Checker open: `finish` again for the report.
+/// - `push` waits for its op to be checked: it returns the hazards not returned yet, its own
+///   among them, and raises its own bad input.
+/// - `ops`, `hazards` and `stats()` answer from the thread's latest state: what it has checked
+///   so far (`drain()` first for everything pushed); `stats()` also has `queue_bytes` (bytes
+///   pushed and not checked yet) and `queue_peak_bytes`.
+/// - if the thread panics, the next call raises `RuntimeError` and the check ends.
+///
+/// A Checker that goes away unfinished drops what is left in its queue; its thread ends.
+#[pyclass(module = "streamsan._streamsan", frozen)]
 struct Checker {
-    checker: Option<CheckRun>,
-    /// Lines pushed so far (the line number of bad-input messages).
-    lines: u64,
+    /// The queue, the thread's findings and the checker itself.
+    shared: Arc<Shared>,
+    /// The checker's thread, while it runs.
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Where the ops are kept; taken by `finish`.
+    kept: Mutex<Kept>,
     name: String,
-    kept: Kept,
-    out: Option<BufWriter<File>>,
-    /// The first error writing the kept ops; the kept file is then incomplete.
-    write_error: Option<String>,
-    line: String,
+}
+
+/// The error of a refused batch.
+fn refused(r: Refused) -> PyErr {
+    match r {
+        Refused::Finished => finished(),
+        Refused::Dead(why) => PyRuntimeError::new_err(why),
+    }
+}
+
+fn finished() -> PyErr {
+    PyValueError::new_err("this Checker has finished")
 }
 
 impl Checker {
-    fn checker(&mut self) -> PyResult<&mut CheckRun> {
-        self.checker
-            .as_mut()
-            .ok_or_else(|| PyValueError::new_err("this Checker has finished"))
+    /// Whether a thread checks the pushed lines; raises if no more may be pushed.
+    fn open(&self) -> PyResult<bool> {
+        let s = lock(&self.shared.state);
+        if let Some(why) = &s.dead {
+            return Err(PyRuntimeError::new_err(why.clone()));
+        }
+        if s.closed || s.finished {
+            return Err(finished());
+        }
+        Ok(s.threaded)
     }
 
-    /// Checks one line (without its line end); returns the number of hazards found before it.
-    fn check_line(&mut self, line: &[u8]) -> PyResult<Option<usize>> {
-        self.checker()?;
-        self.lines += 1;
-        let number = self.lines;
-        let parsed = parse_line_bytes(line)
-            .map_err(|e| TraceError::new_err(e.at_line(self.name.clone(), number).to_string()))?;
-        let Some((op, spans)) = parsed else {
-            self.keep(line);
-            return Ok(None);
+    /// Checks `text` on this thread (a synchronous Checker), with the GIL held as the ops are
+    /// checked in the order the callers come; what it found joins what is to be handed out.
+    fn check_here(&self, text: &[u8]) -> PyResult<()> {
+        let (found, r) = {
+            let mut core = lock(&self.shared.core);
+            let from = core.found();
+            let r = core.check_lines(text, &|| false);
+            (core.hazards_from(from), r)
         };
-        let checker = self.checker()?;
-        let before = checker.checker().hazards().len();
-        if let Err(e) = checker.check(&op).map(|_| ()) {
-            let at = spans.locate(e.field);
-            let err = ParseError::at(
-                self.name.clone(),
-                (number, at.1),
-                e.message,
-                e.expected.as_deref(),
-            );
-            return Err(TraceError::new_err(err.to_string()));
-        }
-        self.keep(line);
-        Ok(Some(before))
-    }
-
-    fn keep(&mut self, line: &[u8]) {
-        if let Some(out) = self.out.as_mut() {
-            let r = out.write_all(line).and_then(|_| out.write_all(b"\n"));
-            if let Err(e) = r {
-                self.write_error = Some(e.to_string());
-                self.out = None;
+        let mut s = lock(&self.shared.state);
+        s.found.extend(found);
+        match r {
+            Ok(()) => Ok(()),
+            Err(LineError::Bad(message)) => {
+                s.errors.push_back(message);
+                Ok(())
             }
+            Err(LineError::Finished) => Err(finished()),
         }
     }
 
-    fn new_hazards<'py>(&self, py: Python<'py>, from: usize) -> PyResult<Bound<'py, PyList>> {
-        match self.checker.as_ref() {
-            Some(c) => hazards_to_py(py, &c.checker().hazards()[from..]),
-            None => PyList::new(py, Vec::<Bound<'py, PyAny>>::new()),
+    /// Hands over what was found: raises the first error not raised yet (the hazards stay for
+    /// the next call), else returns the hazards not returned yet.
+    fn handed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let found = {
+            let mut s = lock(&self.shared.state);
+            if let Some(message) = s.errors.pop_front() {
+                return Err(TraceError::new_err(message));
+            }
+            std::mem::take(&mut s.found)
+        };
+        hazards_to_py(py, &found)
+    }
+
+    /// Checks `text` (one op or many lines), or queues a copy of it for the checker's thread
+    /// (`wait`: and waits until the thread has checked it).
+    fn take(&self, py: Python<'_>, text: &[u8], wait: bool) -> PyResult<()> {
+        if self.open()? {
+            self.shared.push(py, text.to_vec()).map_err(refused)?;
+            if wait {
+                self.shared.catch_up(py)?;
+            }
+            Ok(())
+        } else {
+            self.check_here(text)
+        }
+    }
+
+    /// Reads the core with the GIL released (the checker's thread may be in a batch).
+    fn read<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&Core) -> R + Send) -> R {
+        py.detach(|| f(&lock(&self.shared.core)))
+    }
+
+    /// Stops and joins the checker's thread once the queue is closed: what it queued is
+    /// checked first.
+    fn join(&self, py: Python<'_>) {
+        let handle = lock(&self.thread).take();
+        if let Some(handle) = handle {
+            py.detach(|| {
+                self.shared.wait_exit(None);
+                let _ = handle.join();
+            });
+        }
+    }
+}
+
+impl Drop for Checker {
+    fn drop(&mut self) {
+        let handle = lock(&self.thread).take();
+        worker::stop(&self.shared, handle);
+        // A temporary copy of the ops that no report took goes with the Checker.
+        if let Kept::File {
+            path,
+            temporary: true,
+        } = &*lock(&self.kept)
+        {
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -285,13 +366,32 @@ impl Checker {
 #[pymethods]
 impl Checker {
     #[new]
-    #[pyo3(signature = (trace = None, explain = true, name = None, syncs = false))]
+    #[pyo3(signature = (
+        trace = None,
+        explain = true,
+        name = None,
+        syncs = false,
+        threaded = false,
+        queue_bytes = 64 << 20,
+        _delay = 0.0,
+        _panic_at = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         trace: Option<PathBuf>,
         explain: bool,
         name: Option<String>,
         syncs: bool,
+        threaded: bool,
+        queue_bytes: usize,
+        _delay: f64,
+        _panic_at: Option<u64>,
     ) -> PyResult<Self> {
+        if !(_delay.is_finite() && _delay >= 0.0) {
+            return Err(PyValueError::new_err(
+                "_delay: a number of seconds, 0 or more",
+            ));
+        }
         let (kept, out) = match trace {
             Some(path) => {
                 let f = File::create(&path).map_err(|e| {
@@ -329,27 +429,33 @@ impl Checker {
             } => path.display().to_string(),
             _ => "<ops>".to_string(),
         });
-        let engine = CheckRun::new(syncs, matches!(kept, Kept::File { .. }));
-        Ok(Checker {
-            checker: Some(engine),
+        let core = Core {
+            run: Some(CheckRun::new(syncs, matches!(kept, Kept::File { .. }))),
             lines: 0,
-            name,
-            kept,
+            name: name.clone(),
             out,
             write_error: None,
-            line: String::new(),
+        };
+        let options = threaded.then(|| Options {
+            bound: queue_bytes,
+            delay: Duration::from_secs_f64(_delay),
+            panic_at: _panic_at,
+        });
+        let (shared, thread) = Shared::start(core, options);
+        Ok(Checker {
+            shared,
+            thread: Mutex::new(thread),
+            kept: Mutex::new(kept),
+            name,
         })
     }
 
     /// Checks one op — a dict as the trace format has it, or one JSON line (str or bytes) — and
-    /// returns the hazards it raised, as dicts of the JSON report. Raises `TraceError` on bad
-    /// input (the op is then not checked).
-    fn push<'py>(
-        &mut self,
-        py: Python<'py>,
-        op: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let before = if let Ok(b) = op.cast::<PyBytes>() {
+    /// returns the hazards it raised (and those found before it not returned yet, on a threaded
+    /// Checker), as dicts of the JSON report. Raises `TraceError` on bad input (the op is then
+    /// not checked).
+    fn push<'py>(&self, py: Python<'py>, op: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+        let line: Cow<'_, [u8]> = if let Ok(b) = op.cast::<PyBytes>() {
             let bytes = b.as_bytes();
             let bytes = bytes.strip_suffix(b"\n").unwrap_or(bytes);
             let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
@@ -358,7 +464,7 @@ impl Checker {
                     "push takes one op; use push_lines for several lines",
                 ));
             }
-            self.check_line(bytes)?
+            bytes.into()
         } else if let Ok(s) = op.cast::<PyString>() {
             let s = s.to_cow()?;
             let line = s.strip_suffix('\n').unwrap_or(&s);
@@ -368,30 +474,27 @@ impl Checker {
                     "push takes one op; use push_lines for several lines",
                 ));
             }
-            self.check_line(line.as_bytes())?
+            line.as_bytes().to_vec().into()
         } else if op.is_instance_of::<PyDict>() {
-            let mut line = std::mem::take(&mut self.line);
-            line.clear();
-            let r = write_json(op, &mut line, 0).and_then(|_| self.check_line(line.as_bytes()));
-            self.line = line;
-            r?
+            let mut line = String::new();
+            write_json(op, &mut line, 0)?;
+            line.into_bytes().into()
         } else {
             return Err(PyTypeError::new_err(format!(
                 "push takes an op as a dict or a JSON line (str or bytes), not {}",
                 op.get_type().name()?
             )));
         };
-        match before {
-            Some(from) => self.new_hazards(py, from),
-            None => PyList::new(py, Vec::<Bound<'py, PyAny>>::new()),
-        }
+        self.take(py, &line, true)?;
+        self.handed(py)
     }
 
     /// Checks JSON Lines (str or bytes; blank and `#` lines are skipped) and returns the hazards
     /// they raised. On bad input, the ops before the bad line stay checked, the rest is dropped,
-    /// and `TraceError` is raised.
+    /// and `TraceError` is raised. Threaded: queues the lines and returns the hazards found
+    /// since the previous call; bad input is raised by a later call (see the class).
     fn push_lines<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         text: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
@@ -399,7 +502,7 @@ impl Checker {
         let bytes: &[u8] = if let Ok(b) = text.cast::<PyBytes>() {
             b.as_bytes()
         } else if let Ok(s) = text.cast::<PyString>() {
-            owned = s.to_cow()?.into_owned();
+            owned = s.to_cow()?;
             owned.as_bytes()
         } else {
             return Err(PyTypeError::new_err(format!(
@@ -407,50 +510,79 @@ impl Checker {
                 text.get_type().name()?
             )));
         };
-        let from = self.checker()?.checker().hazards().len();
-        let mut rest = bytes;
-        while !rest.is_empty() {
-            let (line, next) = match rest.iter().position(|&c| c == b'\n') {
-                Some(i) => (&rest[..i], &rest[i + 1..]),
-                None => (rest, &rest[rest.len()..]),
-            };
-            let line = line.strip_suffix(b"\r").unwrap_or(line);
-            self.check_line(line)?;
-            rest = next;
+        self.take(py, bytes, false)?;
+        self.handed(py)
+    }
+
+    /// Waits until every op pushed so far is checked and returns the hazards not returned yet
+    /// (none on a synchronous Checker, unless bad input cut a call short); raises the first
+    /// error not raised yet.
+    fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        if let Some(why) = lock(&self.shared.state).dead.clone() {
+            return Err(PyRuntimeError::new_err(why));
         }
-        self.new_hazards(py, from)
+        self.shared.catch_up(py)?;
+        if let Some(why) = lock(&self.shared.state).dead.clone() {
+            return Err(PyRuntimeError::new_err(why));
+        }
+        self.handed(py)
+    }
+
+    /// Whether a thread of the checker's own checks the ops (see the class).
+    #[getter]
+    fn threaded(&self) -> bool {
+        lock(&self.shared.state).threaded
     }
 
     /// The number of ops checked so far.
     #[getter]
-    fn ops(&self) -> u64 {
-        self.checker.as_ref().map_or(0, |c| c.checker().ops())
+    fn ops(&self, py: Python<'_>) -> u64 {
+        self.read(py, |c| c.run.as_ref().map_or(0, |r| r.ops()))
     }
 
     /// Every hazard found so far, as dicts of the JSON report.
     #[getter]
     fn hazards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        self.new_hazards(py, 0)
+        let all = self.read(py, |c| c.hazards_from(0));
+        hazards_to_py(py, &all)
     }
 
     /// Counters of the checker's state (what it keeps in memory): `ops`, `participants`,
-    /// `generations`, `graveyard`, `history` (access entries kept) and `hazards`. Empty once
-    /// finished. For memory measurements of long runs.
+    /// `generations`, `graveyard`, `history` (access entries kept) and `hazards`; threaded,
+    /// also `queue_bytes` and `queue_peak_bytes`. Empty once finished. For memory measurements
+    /// of long runs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
-        if let Some(c) = self.checker.as_ref() {
-            let s = c.checker().stats();
-            d.set_item("ops", s.ops)?;
-            d.set_item("participants", s.participants)?;
-            d.set_item("generations", s.generations)?;
-            d.set_item("graveyard", s.graveyard)?;
-            d.set_item("history", s.history)?;
-            d.set_item("hazards", s.hazards)?;
-            if let Some(a) = c.analysis() {
-                let (live, tombstones, _) = a.memory();
-                d.set_item("syncs_live_whatifs", live)?;
-                d.set_item("syncs_tombstones", tombstones)?;
-            }
+        let counters = self.read(py, |c| {
+            c.run.as_ref().map(|r| {
+                let s = r.checker().stats();
+                let syncs = r.analysis().map(|a| {
+                    let (live, tombstones, _) = a.memory();
+                    (live, tombstones)
+                });
+                (s, syncs)
+            })
+        });
+        let Some((s, syncs)) = counters else {
+            return Ok(d);
+        };
+        d.set_item("ops", s.ops)?;
+        d.set_item("participants", s.participants)?;
+        d.set_item("generations", s.generations)?;
+        d.set_item("graveyard", s.graveyard)?;
+        d.set_item("history", s.history)?;
+        d.set_item("hazards", s.hazards)?;
+        if let Some((live, tombstones)) = syncs {
+            d.set_item("syncs_live_whatifs", live)?;
+            d.set_item("syncs_tombstones", tombstones)?;
+        }
+        let queue = {
+            let s = lock(&self.shared.state);
+            s.threaded.then_some((s.bytes, s.peak))
+        };
+        if let Some((bytes, peak)) = queue {
+            d.set_item("queue_bytes", bytes)?;
+            d.set_item("queue_peak_bytes", peak)?;
         }
         Ok(d)
     }
@@ -458,29 +590,75 @@ impl Checker {
     /// Whether `finish` was called.
     #[getter]
     fn finished(&self) -> bool {
-        self.checker.is_none()
+        lock(&self.shared.state).finished
     }
 
     /// Ends the check and returns the `Report` (with its hazards explained when the ops were
-    /// kept). The Checker takes no ops afterwards.
-    fn finish(&mut self, py: Python<'_>) -> PyResult<Report> {
-        let Some(checker) = self.checker.take() else {
-            return Err(PyValueError::new_err("this Checker has finished"));
+    /// kept). The Checker takes no ops afterwards. Threaded: waits for the thread to check
+    /// every op pushed; raises the first error not raised yet instead (see the class).
+    fn finish(&self, py: Python<'_>) -> PyResult<Report> {
+        let threaded = {
+            let s = lock(&self.shared.state);
+            s.threaded && s.dead.is_none() && !s.closed && !s.finished
         };
-        if let Some(out) = self.out.take() {
+        if threaded {
+            self.shared.catch_up(py)?;
+        }
+        {
+            let mut s = lock(&self.shared.state);
+            if let Some(why) = s.dead.clone() {
+                s.closed = true;
+                s.finished = true;
+                drop(s);
+                self.join(py);
+                return Err(PyRuntimeError::new_err(why));
+            }
+            if s.closed || s.finished {
+                return Err(finished());
+            }
+            if let Some(message) = s.errors.pop_front() {
+                return Err(TraceError::new_err(message));
+            }
+            s.closed = true;
+        }
+        self.shared.close();
+        self.join(py);
+        {
+            // What the thread met after the wait above (ops pushed meanwhile by other threads).
+            let mut s = lock(&self.shared.state);
+            if let Some(why) = s.dead.clone() {
+                s.finished = true;
+                return Err(PyRuntimeError::new_err(why));
+            }
+            if let Some(message) = s.errors.pop_front() {
+                // The thread has ended: the Checker goes on synchronously.
+                s.closed = false;
+                s.threaded = false;
+                return Err(TraceError::new_err(message));
+            }
+            s.finished = true;
+        }
+        let (checker, out, mut write_error) = py.detach(|| {
+            let mut core = lock(&self.shared.core);
+            (core.run.take(), core.out.take(), core.write_error.take())
+        });
+        let Some(checker) = checker else {
+            return Err(finished());
+        };
+        if let Some(out) = out {
             if let Err(e) = out
                 .into_inner()
                 .map_err(|e| e.into_error())
                 .and_then(|mut f| f.flush())
             {
-                self.write_error.get_or_insert(e.to_string());
+                write_error.get_or_insert(e.to_string());
             }
         }
-        let kept = std::mem::replace(&mut self.kept, Kept::Nothing);
+        let kept = std::mem::replace(&mut *lock(&self.kept), Kept::Nothing);
         let source = match kept {
             Kept::File { path, temporary } => {
                 let file = KeptFile { path, temporary };
-                match &self.write_error {
+                match &write_error {
                     None => Some(file),
                     Some(e) => {
                         let what = if temporary {

@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 from typing import Any, Optional, Union
 
-from .. import Checker, HazardError, Report
+from .. import Checker, HazardError, Report, TraceError
 from ._rank import Rank
 
 __all__ = ["Rank", "Run", "check", "note_host_read", "note_host_write", "record"]
@@ -58,6 +58,14 @@ class Run:
     Under torchrun, `rank` is this process's `Rank` (else None) and `trace` is this rank's path
     (see `streamsan.torch._rank.path_for`), set when the check starts.
 
+    `threaded`: check on a thread of the checker's own, beside the program (the default; False,
+    or STREAMSAN_CHECK_THREAD=0 when `threaded` is not given, checks each batch of ops on the
+    thread that hands it over). The program waits for the checker only when it has fallen more
+    than 64 MiB of ops behind; the report is the same. Bad input from the recorder is raised at
+    exit either way (as the recorder's error); `hazards` (the hazards found so far, in the order
+    found) then fills as the checker's thread catches up, and is complete after exit; `stats()`
+    is the checker's state as far as it has checked.
+
     `syncs`: also run the synchronization analysis: when the check ends, `syncs` holds one
     sentence per call site that synchronized (redundant sites first: "wait_stream at
     train.py:52 made a stream wait 200 times; none was needed"), printed on standard error
@@ -76,6 +84,7 @@ class Run:
         check: bool = True,
         syncs: bool = False,
         print_syncs: bool = True,
+        threaded: Optional[bool] = None,
         _fake_device: bool = False,
     ) -> None:
         if not check and trace is None:
@@ -88,6 +97,9 @@ class Run:
         self.checking = check
         self.analyse_syncs = syncs
         self.print_syncs = print_syncs
+        if threaded is None:
+            threaded = os.environ.get("STREAMSAN_CHECK_THREAD", "1") != "0"
+        self.threaded = threaded
         self.syncs: list[str] = []
         # For streamsan's own tests: CPU tensors stand for device memory.
         self.fake_device = _fake_device or os.environ.get("STREAMSAN_TORCH_FAKE_DEVICE") == "1"
@@ -118,9 +130,11 @@ class Run:
 
     def stats(self) -> dict[str, Any]:
         """What the check holds now: the checker's counters (`history`: access entries kept,
-        `generations`, `graveyard`, `participants`, `ops`, `hazards`), and the recorder's
-        (`recorder_live_device_buffers`, `recorder_live_pinned_buffers`, …). For memory
-        measurements of long runs: ops still in the recorder's batch are not counted yet."""
+        `generations`, `graveyard`, `participants`, `ops`, `hazards`; on the checker's thread,
+        as far as it has checked, with `queue_bytes`, the ops handed to it and not checked yet,
+        and `queue_peak_bytes`), and the recorder's (`recorder_live_device_buffers`,
+        `recorder_live_pinned_buffers`, …). For memory measurements of long runs: ops still in
+        the recorder's batch are not counted yet."""
         out: dict[str, Any] = {}
         if self._checker is not None and not self._checker.finished:
             out.update(self._checker.stats())
@@ -140,7 +154,11 @@ class Run:
                 "<streamsan.torch>" if self.rank is None else f"<streamsan.torch rank {self.rank.rank}>"
             )
             self._checker = Checker(
-                trace=self.trace, explain=self.explain, name=name, syncs=self.analyse_syncs
+                trace=self.trace,
+                explain=self.explain,
+                name=name,
+                syncs=self.analyse_syncs,
+                threaded=self.threaded,
             )
         else:
             self._file = open(self.trace, "wb")
@@ -153,14 +171,32 @@ class Run:
             raise
         return self
 
+    def _end_check(self) -> Optional[BaseException]:
+        """Waits for the checker to check every op, takes the hazards not returned yet, and
+        makes the report. Returns the first error of bad input not raised yet (a threaded
+        checker raises it after the batch that had it), to be raised as the recorder's."""
+        error: Optional[BaseException] = None
+        while True:
+            try:
+                self.hazards.extend(self._checker.drain())
+                break
+            except TraceError as e:  # one per call, in order; the hazards stay for the next
+                if error is None:
+                    error = e
+        self.report = self._checker.finish()
+        return error
+
     def __exit__(self, exc_type, exc, tb) -> None:
+        error: Optional[BaseException] = None
         try:
             self._recorder.stop()
         finally:
             if self._file is not None:
                 self._file.close()
             if self._checker is not None:
-                self.report = self._checker.finish()
+                error = self._end_check()
+        if error is not None:
+            raise error
         if self.report is not None and self.analyse_syncs:
             from .._syncs import describe
 
@@ -188,6 +224,7 @@ def check(
     backend: str = "auto",
     syncs: bool = False,
     print_syncs: bool = True,
+    threaded: Optional[bool] = None,
 ) -> Run:
     """Checks the program inside the `with` block as it runs; see `Run`."""
     return Run(
@@ -197,6 +234,7 @@ def check(
         backend=backend,
         syncs=syncs,
         print_syncs=print_syncs,
+        threaded=threaded,
     )
 
 

@@ -1,0 +1,496 @@
+//! The checker beside the program: the JSON Lines a `Checker` is handed go into a queue bounded
+//! by bytes, and a thread of the checker's own parses and checks them, in the order they were
+//! handed, through the same [`Core`] a synchronous `Checker` uses on the caller's thread.
+//!
+//! The caller only copies its batch into the queue: it waits (with the GIL released) only when
+//! the queue is full, that is when the checker has fallen behind by more than the bound, so the
+//! program's memory stays flat however far ahead it runs. Batches are admitted in the order
+//! their callers entered (a ticket taken with the GIL held), so two threads that hand batches
+//! over in turn keep their order even when one of them had to wait for room.
+//!
+//! What the thread finds comes back through [`State`]: the hazards not handed out yet, the
+//! errors of bad input not raised yet (each raised once, in order, by the caller's next call),
+//! and why the thread died if it panicked. Every wait ends when the thread makes progress, has
+//! stopped, or has died; the thread never touches Python.
+//!
+//! Locks: `state` is held briefly by everyone, never while waiting for anything but its
+//! condition variables; `core` is held by whoever checks (the thread, or the caller of a
+//! synchronous `Checker`, who holds the GIL and waits for nothing) and by the readers of the
+//! counters, who release the GIL first. Nobody takes the GIL while holding either.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use streamsan::analysis::run::CheckRun;
+use streamsan::trace::{parse_line_bytes, ParseError};
+use streamsan::Hazard;
+
+/// Locks `m`, whether or not a panic poisoned it: what it guards stays memory-safe, and a dead
+/// thread is reported by [`State::dead`].
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Why a line was not checked.
+pub(crate) enum LineError {
+    /// The check has finished.
+    Finished,
+    /// Bad input: the located message (`NAME:LINE:COLUMN: …`) of `TraceError`.
+    Bad(String),
+}
+
+/// What a check holds while ops come: the checker, the number of lines read, the copy of the
+/// ops kept to explain the report. Whoever checks has it: the checker's thread, or the caller's.
+pub(crate) struct Core {
+    /// The run; `None` once finished.
+    pub(crate) run: Option<CheckRun>,
+    /// Lines read so far (the line number of bad-input messages).
+    pub(crate) lines: u64,
+    /// How bad-input messages name the ops' source.
+    pub(crate) name: String,
+    /// Where the checked lines are copied, if they are kept.
+    pub(crate) out: Option<BufWriter<File>>,
+    /// The first error writing the kept ops; the kept file is then incomplete.
+    pub(crate) write_error: Option<String>,
+}
+
+impl Core {
+    /// Checks one line (without its line end); returns the number of hazards found before it,
+    /// or `None` for a blank or comment line. On bad input the op is not checked.
+    pub(crate) fn check_line(&mut self, line: &[u8]) -> Result<Option<usize>, LineError> {
+        if self.run.is_none() {
+            return Err(LineError::Finished);
+        }
+        self.lines += 1;
+        let number = self.lines;
+        let parsed = parse_line_bytes(line)
+            .map_err(|e| LineError::Bad(e.at_line(self.name.clone(), number).to_string()))?;
+        let Some((op, spans)) = parsed else {
+            self.keep(line);
+            return Ok(None);
+        };
+        let Some(run) = self.run.as_mut() else {
+            return Err(LineError::Finished);
+        };
+        let before = run.checker().hazards().len();
+        if let Err(e) = run.check(&op).map(|_| ()) {
+            let at = spans.locate(e.field);
+            let err = ParseError::at(
+                self.name.clone(),
+                (number, at.1),
+                e.message,
+                e.expected.as_deref(),
+            );
+            return Err(LineError::Bad(err.to_string()));
+        }
+        self.keep(line);
+        Ok(Some(before))
+    }
+
+    /// Checks JSON Lines (blank and `#` lines skipped) up to the first bad line, whose error is
+    /// returned: the ops before it stay checked, the rest of `text` is dropped. Stops early,
+    /// without an error, once `stop` says so.
+    pub(crate) fn check_lines(
+        &mut self,
+        text: &[u8],
+        stop: &dyn Fn() -> bool,
+    ) -> Result<(), LineError> {
+        let mut rest = text;
+        while !rest.is_empty() {
+            if stop() {
+                return Ok(());
+            }
+            let (line, next) = match rest.iter().position(|&c| c == b'\n') {
+                Some(i) => (&rest[..i], &rest[i + 1..]),
+                None => (rest, &rest[rest.len()..]),
+            };
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            self.check_line(line)?;
+            rest = next;
+        }
+        Ok(())
+    }
+
+    /// The number of hazards found so far.
+    pub(crate) fn found(&self) -> usize {
+        self.run.as_ref().map_or(0, |r| r.checker().hazards().len())
+    }
+
+    /// The hazards found from the `from`th on.
+    pub(crate) fn hazards_from(&self, from: usize) -> Vec<Hazard> {
+        self.run
+            .as_ref()
+            .map_or_else(Vec::new, |r| r.checker().hazards()[from..].to_vec())
+    }
+
+    fn keep(&mut self, line: &[u8]) {
+        if let Some(out) = self.out.as_mut() {
+            let r = out.write_all(line).and_then(|_| out.write_all(b"\n"));
+            if let Err(e) = r {
+                self.write_error = Some(e.to_string());
+                self.out = None;
+            }
+        }
+    }
+}
+
+/// What the callers and the checker's thread share about the queue and what the thread found.
+pub(crate) struct State {
+    /// Whether a thread checks the batches (else the caller checks them on its own thread).
+    pub(crate) threaded: bool,
+    /// No more batches are taken: the check is finishing. The thread ends once the queue is
+    /// empty.
+    pub(crate) closed: bool,
+    /// The report was made.
+    pub(crate) finished: bool,
+    queue: VecDeque<Vec<u8>>,
+    /// Bytes of the batches in the queue and of the one being checked.
+    pub(crate) bytes: usize,
+    /// The most `bytes` ever were.
+    pub(crate) peak: usize,
+    /// The queue's bound in bytes (a larger batch is taken alone).
+    bound: usize,
+    /// Tickets handed to callers, in the order they entered.
+    tickets: u64,
+    /// Batches admitted to the queue (the holder of ticket `admitted` goes next).
+    admitted: u64,
+    /// Batches the thread has checked.
+    checked: u64,
+    /// Hazards found and not handed out yet, in the order found.
+    pub(crate) found: Vec<Hazard>,
+    /// Errors of bad input not raised yet, in the order found.
+    pub(crate) errors: VecDeque<String>,
+    /// Why the thread died (it panicked): the check cannot go on.
+    pub(crate) dead: Option<String>,
+    /// The thread has ended (or never started).
+    exited: bool,
+}
+
+impl State {
+    /// Whether every batch admitted so far has been checked (or never will be).
+    fn caught_up(&self) -> bool {
+        self.checked == self.admitted || self.exited
+    }
+}
+
+/// Options of the checker's thread; `delay` and `panic_at` are for streamsan's own tests.
+pub(crate) struct Options {
+    /// The queue's bound in bytes.
+    pub(crate) bound: usize,
+    /// The thread sleeps this long before each batch.
+    pub(crate) delay: Duration,
+    /// The thread panics on this batch (counted from 0).
+    pub(crate) panic_at: Option<u64>,
+}
+
+/// Why a batch was not taken.
+pub(crate) enum Refused {
+    /// The check is finishing or finished.
+    Finished,
+    /// The thread died; why.
+    Dead(String),
+}
+
+/// The queue, the thread's findings and the [`Core`], shared by the callers and the thread.
+pub(crate) struct Shared {
+    /// The check itself.
+    pub(crate) core: Mutex<Core>,
+    /// The queue and what the thread found.
+    pub(crate) state: Mutex<State>,
+    /// The thread waits here for batches.
+    work: Condvar,
+    /// Callers wait here for room, for their turn, for the thread to catch up or to end.
+    progress: Condvar,
+    /// Set when the Checker goes away: the thread drops what is left and ends.
+    abort: AtomicBool,
+    delay: Duration,
+    panic_at: Option<u64>,
+}
+
+/// How long a caller waiting for the thread sleeps between looks at Python's signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// How long dropping a Checker waits for its thread to end before leaving it behind.
+const DROP_WAIT: Duration = Duration::from_secs(2);
+
+impl Shared {
+    /// A check whose batches the caller checks on its own thread (`options`: `None`) or a
+    /// thread does. Ends synchronous when the thread cannot be started (with a warning).
+    pub(crate) fn start(
+        core: Core,
+        options: Option<Options>,
+    ) -> (Arc<Shared>, Option<JoinHandle<()>>) {
+        let threaded = options.is_some();
+        let options = options.unwrap_or(Options {
+            bound: usize::MAX,
+            delay: Duration::ZERO,
+            panic_at: None,
+        });
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            state: Mutex::new(State {
+                threaded,
+                closed: false,
+                finished: false,
+                queue: VecDeque::new(),
+                bytes: 0,
+                peak: 0,
+                bound: options.bound,
+                tickets: 0,
+                admitted: 0,
+                checked: 0,
+                found: Vec::new(),
+                errors: VecDeque::new(),
+                dead: None,
+                exited: !threaded,
+            }),
+            work: Condvar::new(),
+            progress: Condvar::new(),
+            abort: AtomicBool::new(false),
+            delay: options.delay,
+            panic_at: options.panic_at,
+        });
+        if !threaded {
+            return (shared, None);
+        }
+        let worker = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name("streamsan-checker".into())
+            .spawn(move || run(&worker));
+        match spawned {
+            Ok(handle) => (shared, Some(handle)),
+            Err(e) => {
+                eprintln!(
+                    "streamsan: cannot start the checker's thread: {e}; checking on the \
+                     caller's thread"
+                );
+                let mut s = lock(&shared.state);
+                s.threaded = false;
+                s.exited = true;
+                drop(s);
+                (shared, None)
+            }
+        }
+    }
+
+    /// Why no batch can be taken now, if so.
+    fn refused(s: &State) -> Option<Refused> {
+        if let Some(why) = &s.dead {
+            Some(Refused::Dead(why.clone()))
+        } else if s.closed || s.finished {
+            Some(Refused::Finished)
+        } else if s.exited {
+            Some(Refused::Dead("the checker's thread has stopped".into()))
+        } else {
+            None
+        }
+    }
+
+    /// Hands `batch` to the thread: returns as soon as it is in the queue. Waits, with the GIL
+    /// released, only while the queue is full or callers that entered before have not handed
+    /// theirs over yet.
+    pub(crate) fn push(&self, py: pyo3::Python<'_>, batch: Vec<u8>) -> Result<(), Refused> {
+        let len = batch.len();
+        let mut s = lock(&self.state);
+        if let Some(r) = Self::refused(&s) {
+            return Err(r);
+        }
+        let ticket = s.tickets;
+        s.tickets += 1;
+        if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound) {
+            self.admit(&mut s, batch);
+            return Ok(());
+        }
+        drop(s);
+        py.detach(|| {
+            let mut s = lock(&self.state);
+            loop {
+                if let Some(r) = Self::refused(&s) {
+                    return Err(r);
+                }
+                if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound)
+                {
+                    self.admit(&mut s, batch);
+                    return Ok(());
+                }
+                s = self.progress.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+        })
+    }
+
+    fn admit(&self, s: &mut State, batch: Vec<u8>) {
+        s.bytes += batch.len();
+        s.peak = s.peak.max(s.bytes);
+        s.queue.push_back(batch);
+        s.admitted += 1;
+        self.work.notify_one();
+        // The next ticket's holder may be waiting for its turn.
+        self.progress.notify_all();
+    }
+
+    /// Waits, with the GIL released, until the thread has checked every batch admitted so far
+    /// (or has ended). Python's signals are looked at while waiting: a `KeyboardInterrupt`
+    /// ends the wait, and changes nothing.
+    pub(crate) fn catch_up(&self, py: pyo3::Python<'_>) -> pyo3::PyResult<()> {
+        loop {
+            let done = py.detach(|| {
+                let s = lock(&self.state);
+                if s.caught_up() {
+                    return true;
+                }
+                let (s, _) = self
+                    .progress
+                    .wait_timeout(s, SIGNAL_POLL)
+                    .unwrap_or_else(|p| p.into_inner());
+                s.caught_up()
+            });
+            if done {
+                return Ok(());
+            }
+            py.check_signals()?;
+        }
+    }
+
+    /// Closes the queue: the thread checks what is in it, then ends.
+    pub(crate) fn close(&self) {
+        lock(&self.state).closed = true;
+        self.work.notify_all();
+        self.progress.notify_all();
+    }
+
+    /// Waits until the thread has ended, at most `limit` (`None`: as long as it takes to check
+    /// what is queued). Returns whether it has.
+    pub(crate) fn wait_exit(&self, limit: Option<Duration>) -> bool {
+        let until = limit.map(|l| Instant::now() + l);
+        let mut s = lock(&self.state);
+        loop {
+            if s.exited {
+                return true;
+            }
+            match until {
+                None => s = self.progress.wait(s).unwrap_or_else(|p| p.into_inner()),
+                Some(until) => {
+                    let now = Instant::now();
+                    if now >= until {
+                        return false;
+                    }
+                    s = self
+                        .progress
+                        .wait_timeout(s, until - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
+    }
+
+    /// Tells the thread to drop what is left and end.
+    pub(crate) fn abort(&self) {
+        self.abort.store(true, Ordering::Relaxed);
+        self.close();
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Relaxed)
+    }
+
+    /// The thread's loop: takes batches in order and checks them until the queue is closed
+    /// and empty, or the Checker goes away.
+    fn serve(&self) {
+        loop {
+            let (number, batch) = {
+                let mut s = lock(&self.state);
+                loop {
+                    if self.aborted() {
+                        return;
+                    }
+                    if let Some(b) = s.queue.pop_front() {
+                        break (s.checked, b);
+                    }
+                    if s.closed {
+                        return;
+                    }
+                    s = self.work.wait(s).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            self.pause();
+            if self.panic_at == Some(number) {
+                panic!("a panic of the checker's thread, asked for by a test (batch {number})");
+            }
+            let (found, error) = {
+                let mut core = lock(&self.core);
+                let from = core.found();
+                let r = core.check_lines(&batch, &|| self.aborted());
+                (core.hazards_from(from), r.err())
+            };
+            let mut s = lock(&self.state);
+            s.bytes -= batch.len();
+            s.checked += 1;
+            s.found.extend(found);
+            match error {
+                Some(LineError::Bad(message)) => s.errors.push_back(message),
+                Some(LineError::Finished) | None => {}
+            }
+            drop(s);
+            self.progress.notify_all();
+        }
+    }
+
+    /// The test hook `delay`: sleeps before a batch, in slices, as long as not aborted.
+    fn pause(&self) {
+        let until = Instant::now() + self.delay;
+        while !self.aborted() {
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            std::thread::sleep((until - now).min(Duration::from_millis(10)));
+        }
+    }
+}
+
+/// Marks the thread ended when it returns or unwinds, and wakes every waiter.
+struct Exit<'a>(&'a Shared);
+
+impl Drop for Exit<'_> {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.state);
+        s.exited = true;
+        s.queue.clear();
+        s.bytes = 0;
+        drop(s);
+        self.0.progress.notify_all();
+        self.0.work.notify_all();
+    }
+}
+
+/// The checker's thread: serves the queue; a panic is caught and kept in [`State::dead`].
+fn run(shared: &Shared) {
+    let _exit = Exit(shared);
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| shared.serve())) {
+        let message = payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic".into());
+        lock(&shared.state).dead = Some(format!(
+            "the checker's thread panicked: {message}; the check is incomplete"
+        ));
+    }
+}
+
+/// Ends a Checker's thread when the Checker goes away: it drops what is left, and is joined if it
+/// ends within [`DROP_WAIT`], else left behind (it holds no Python object and ends by itself).
+pub(crate) fn stop(shared: &Shared, handle: Option<JoinHandle<()>>) {
+    shared.abort();
+    let Some(handle) = handle else { return };
+    if shared.wait_exit(Some(DROP_WAIT)) {
+        let _ = handle.join();
+    }
+}
