@@ -509,6 +509,12 @@ fn the_fix_sentence_and_the_fix_are_one_plan() {
             include_str!("conformance/graph-temp-freed-in-capture.jsonl"),
             "in the capture of graph g, call record_stream(t1, s2) before its free at op 8",
         ),
+        (
+            // The conflict is a replay launched after the free: record_stream at the free
+            // cannot order it (nor can the owner's record_stream), a wait can.
+            include_str!("conformance/graph-pool-warmup-after-replay.jsonl"),
+            "record an event on s1 after op 5 and make s2 wait on it before op 7",
+        ),
     ] {
         let f = graph(text);
         let h = &f.before.hazards[0];

@@ -63,10 +63,12 @@ pub(super) fn race_plan_on(
     if kind == HazardKind::ReuseRace && record_stream {
         if let Some(f) = free {
             // record_stream is the allocator's own fix when every earlier access is by a stream
-            // other than the old buffer's owner; otherwise order the access directly.
-            let recordable = conflicts
-                .iter()
-                .all(|c| c.participant != crate::trace::HOST && c.access != AccessKind::Alloc);
+            // other than the old buffer's owner, issued before the free (it orders the work a
+            // stream issued up to the free: not a graph's replay launched after it); otherwise
+            // order the access directly.
+            let recordable = conflicts.iter().all(|c| {
+                c.participant != crate::trace::HOST && c.access != AccessKind::Alloc && c.op < f.op
+            });
             if recordable && conflicts.iter().all(|c| c.buffer == f.buffer) {
                 let candidates: Vec<After> = wait
                     .after
