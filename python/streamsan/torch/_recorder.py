@@ -488,6 +488,28 @@ class PythonBackend:
     def put(a: _Access) -> str:
         return '{"buffer":%s,"offset":%d,"bytes":%d}' % (a.name, a.offset, a.bytes)
 
+    @staticmethod
+    def merge_region(used: list, a: _Access) -> None:
+        """Adds `a` unless its region is listed already (then written when either writes): each
+        region of an op once."""
+        dup = next((u for u in used if u.base == a.base and u.offset == a.offset and u.bytes == a.bytes), None)
+        if dup is not None:
+            dup.write = dup.write or a.write
+        else:
+            used.append(a)
+
+    def launch_line(self, sid: str, name: str, used: list, site: str) -> str:
+        """A kernel's `launch` on `sid` named `name` (both quoted) with the regions of `used`
+        (resolved)."""
+        reads = ",".join(self.put(a) for a in used if not a.write)
+        writes = ",".join(self.put(a) for a in used if a.write)
+        line = '{"op":"launch","stream":%s,"name":%s' % (sid, name)
+        if reads:
+            line += ',"reads":[' + reads + "]"
+        if writes:
+            line += ',"writes":[' + writes + "]"
+        return line + _site(site)
+
     def on_alloc(self, ptr: int) -> None:
         torch = self.torch
         try:
@@ -656,11 +678,7 @@ class PythonBackend:
                 return out
             used: list[_Access] = []
             for a in ins + outs:
-                dup = next((u for u in used if u.base == a.base and u.offset == a.offset and u.bytes == a.bytes), None)
-                if dup is not None:
-                    dup.write = dup.write or a.write
-                    continue
-                used.append(a)
+                self.merge_region(used, a)
             used = [a for a in used if self.resolve(a, site)]
             if info.kind == "record_stream":
                 for a in used:
@@ -683,19 +701,12 @@ class PythonBackend:
                     lines.extend(pending[split:])
                     split = len(pending)
                 if used and frame["any_device"]:
-                    reads = ",".join(self.put(a) for a in used if not a.write)
-                    writes = ",".join(self.put(a) for a in used if a.write)
-                    line = '{"op":"launch","stream":%s,"name":%s' % (sid, info.name)
-                    if reads:
-                        line += ',"reads":[' + reads + "]"
-                    if writes:
-                        line += ',"writes":[' + writes + "]"
-                    lines.append(line + _site(site))
+                    lines.append(self.launch_line(sid, info.name, used, site))
                     # A value the host takes from device memory and waits for (`.item()`,
                     # `.cpu()`, `print(t)`): a copy into host memory, the synchronization, and
                     # the host's read of what was copied — the sync is what makes the value
                     # there, needed by construction.
-                    host_value = not writes and any(p.startswith(_HOST_SYNCS) for p in pending[split:])
+                    host_value = not any(a.write for a in used) and any(p.startswith(_HOST_SYNCS) for p in pending[split:])
                     if host_value:
                         lines.append(
                             '{"op":"launch","stream":%s,"name":%s,"writes":[%s]%s'
@@ -723,29 +734,15 @@ class PythonBackend:
         the op around it issued before it."""
         used: list[_Access] = []
         for t, read, write in accesses:
-            if not (read or write):
-                continue
-            a = self.region(t, bool(write))
-            if a is None:
-                continue
-            dup = next((u for u in used if u.base == a.base and u.offset == a.offset and u.bytes == a.bytes), None)
-            if dup is not None:
-                dup.write = dup.write or a.write
-                continue
-            used.append(a)
+            a = self.region(t, bool(write)) if (read or write) else None
+            if a is not None:
+                self.merge_region(used, a)
         site = self.sites.quoted(3)
         with self.mu:
             self.issued_before()
             self.counts["triton_launches"] += 1
             used = [a for a in used if self.resolve(a, site)]
-            reads = ",".join(self.put(a) for a in used if not a.write)
-            writes = ",".join(self.put(a) for a in used if a.write)
-            line = '{"op":"launch","stream":%s,"name":%s' % (self.stream_id(stream, device), _q(name))
-            if reads:
-                line += ',"reads":[' + reads + "]"
-            if writes:
-                line += ',"writes":[' + writes + "]"
-            self.batch.append(line + _site(site))
+            self.batch.append(self.launch_line(self.stream_id(stream, device), _q(name), used, site))
             self._maybe_flush()
         return True
 

@@ -784,6 +784,30 @@ void put_regions(std::string& out, const char* key, const std::vector<Access*>& 
   if (!first) out += ']';
 }
 
+// Adds `a` to `all` unless its region is there already (then that one is written when either
+// writes): each region of an op once.
+void merge_region(std::vector<Access>& all, Access&& a) {
+  for (Access& b : all) {
+    if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
+      b.write = b.write || a.write;
+      return;
+    }
+  }
+  all.push_back(std::move(a));
+}
+
+// A kernel's `launch` on `stream` (quoted), named `name` (quoted), with its regions.
+void put_launch(std::string& out, const std::string& stream, const std::string& name,
+                const std::vector<Access*>& used, const std::string& site) {
+  out += "{\"op\":\"launch\",\"stream\":";
+  out += stream;
+  out += ",\"name\":";
+  out += name;
+  put_regions(out, ",\"reads\":", used, false);
+  put_regions(out, ",\"writes\":", used, true);
+  put_site(out, site);
+}
+
 // Host ops of a frame that ends without writing anything of its own go to its parent, or out.
 void pass_pending(Frame& fr, Frame* parent) {
   if (fr.pending.empty()) return;
@@ -849,17 +873,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     // given twice (`x.add_(x)`), is one access, written when any of them writes.
     std::vector<Access> all;
     all.reserve(fr.accesses.size() + outs.size());
-    auto merge = [&all](Access&& a) {
-      for (Access& b : all) {
-        if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
-          b.write = b.write || a.write;
-          return;
-        }
-      }
-      all.push_back(std::move(a));
-    };
-    for (Access& a : fr.accesses) merge(std::move(a));
-    for (Access& o : outs) merge(std::move(o));
+    for (Access& a : fr.accesses) merge_region(all, std::move(a));
+    for (Access& o : outs) merge_region(all, std::move(o));
     if (info.kind == Kind::RecordStream) {
       for (Access& a : all) {
         if (!resolve(a, site) || !a.buf) continue;
@@ -899,13 +914,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
       }
       if (!used.empty() && fr.any_device) {
         // Work on a stream: kernels, and copies to and from pinned memory.
-        out += "{\"op\":\"launch\",\"stream\":";
-        out += stream_id;
-        out += ",\"name\":";
-        out += info.name;
-        put_regions(out, ",\"reads\":", used, false);
-        put_regions(out, ",\"writes\":", used, true);
-        put_site(out, site);
+        put_launch(out, stream_id, info.name, used, site);
         // A value the host takes from device memory and waits for (`.item()`, `.cpu()`,
         // `print(t)`): a copy into host memory, the synchronization, and the host's read of
         // what was copied — the sync is what makes the value there, needed by construction.
@@ -1161,7 +1170,6 @@ py::object pool_name(int64_t a, int64_t b) {
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
   if (!S->active.load(std::memory_order_relaxed)) return false;
   std::vector<Access> all;
-  Frame scratch;
   for (py::handle item : accesses) {
     auto tup = item.cast<py::tuple>();
     if (tup.size() != 3) continue;
@@ -1172,16 +1180,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     bool read = tup[1].cast<bool>();
     if (!read && !write) continue;
     Access a;
-    if (!region_of(t, write, a)) continue;
-    bool merged = false;
-    for (Access& b : all) {
-      if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
-        b.write = b.write || a.write;
-        merged = true;
-        break;
-      }
-    }
-    if (!merged) all.push_back(std::move(a));
+    if (region_of(t, write, a)) merge_region(all, std::move(a));
   }
   std::string site = op_site();
   std::string stream_q;
@@ -1193,14 +1192,8 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     for (Access& a : all) {
       if (resolve(a, site)) used.push_back(&a);
     }
-    std::string& out = S->batch;
-    out += "{\"op\":\"launch\",\"stream\":";
-    out += stream_name(stream, static_cast<c10::DeviceIndex>(device));
-    out += ",\"name\":";
-    out += jstr(name);
-    put_regions(out, ",\"reads\":", used, false);
-    put_regions(out, ",\"writes\":", used, true);
-    put_site(out, site);
+    put_launch(S->batch, stream_name(stream, static_cast<c10::DeviceIndex>(device)), jstr(name),
+               used, site);
     if (!frames.empty()) {
       Frame& parent = frames.back();
       for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
