@@ -18,6 +18,7 @@ file, or both.
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import os
 import sys
@@ -98,7 +99,13 @@ def _stdlib_dirs() -> tuple[str, list[str]]:
 
 def _internal_dirs() -> list[str]:
     """Folders of code outside torch that is not the user's: Triton's package and the files
-    Inductor generates (its cache directory, `TORCHINDUCTOR_CACHE_DIR` or the default)."""
+    Inductor generates (its cache directory, `TORCHINDUCTOR_CACHE_DIR` or the default). Looked
+    up once per process and cache directory (each check makes its `Sites`)."""
+    return list(_internal_dirs_for(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _internal_dirs_for(cache: str) -> tuple[str, ...]:
     import importlib.util
 
     dirs = []
@@ -108,7 +115,6 @@ def _internal_dirs() -> list[str]:
             dirs.append(os.path.abspath(loc) + os.sep)
     except (ImportError, ValueError):
         pass
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not cache:
         # Inductor's default (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir),
         # computed here so that the check does not import Inductor.
@@ -120,10 +126,10 @@ def _internal_dirs() -> list[str]:
             user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
             cache = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
         except Exception:
-            cache = None
+            cache = ""
     if cache:
         dirs.append(os.path.abspath(cache) + os.sep)
-    return dirs
+    return tuple(dirs)
 
 
 def _rewritten_codes() -> Any:
