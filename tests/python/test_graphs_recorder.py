@@ -695,8 +695,9 @@ def test_native_warm_up_frees_into_their_pool_are_not_unsafe(tmp_path):
     pool can take it, and that reuse is what is checked. The same program with a plain
     allocation is an unsafe free (the block goes back to the owning stream, which has not
     waited for the reader)."""
-    import torch
+    from conftest import torch_or_skip
 
+    torch = torch_or_skip()
     verdicts = {}
     for pool in ((0, 7), (0, 0)):
         run = _native_run_or_skip(trace=tmp_path / f"t{pool[1]}.jsonl")
