@@ -3,6 +3,7 @@
     python tests/python/bench_overhead.py all          # every mode, each in its own process
     python tests/python/bench_overhead.py run MODE WORKLOAD [--backend B]
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
+    python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), and
 `streams`, a two-stream launch-bound loop (in-place adds on two streams ordered by wait_stream).
@@ -119,6 +120,88 @@ def run(mode: str, workload: str, backend: str, iters: int) -> dict:
     return res
 
 
+PROFILE = {"observe": "observe", "stages": "1"}  # paired's profiling modes: STREAMSAN_PROFILE
+
+
+def _block(step, iters: int) -> float:
+    import torch
+
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def paired(workload: str, iters: int, rounds: int = 5) -> dict:
+    """Plain and checked in one process, interleaved: each round a plain block of `iters`
+    iterations, then the same block under a check of its own (entered and finished in the timing:
+    its set-up and report are part of the cost), then under a check whose recorder observes only
+    (STREAMSAN_PROFILE=observe: called at every op, recording nothing) and one with its stages
+    timed (STREAMSAN_PROFILE=1). Microseconds per iteration, the median of `rounds` rounds after a
+    warm-up of each; the stages of the median timed round, per iteration."""
+    import torch
+
+    import streamsan.torch
+
+    step = WORKLOADS[workload]()
+
+    def checked(mode: str):
+        old = os.environ.pop("STREAMSAN_PROFILE", None)
+        if mode in PROFILE:
+            os.environ["STREAMSAN_PROFILE"] = PROFILE[mode]
+        try:
+            t0 = time.perf_counter()
+            with streamsan.torch.check(raise_on_hazard=False, backend="native") as r:
+                for _ in range(iters):
+                    step()
+                torch.cuda.synchronize()
+                stats = r.stats()
+            us = (time.perf_counter() - t0) / iters * 1e6
+        finally:
+            os.environ.pop("STREAMSAN_PROFILE", None)
+            if old is not None:
+                os.environ["STREAMSAN_PROFILE"] = old
+        return us, r, stats
+
+    for _ in range(20):
+        step()
+    torch.cuda.synchronize()
+    modes = ["plain", "streamsan", "observe", "stages"]
+    samples: dict = {m: [] for m in modes}
+    stages, errors = [], set()
+    for rnd in range(rounds + 1):
+        for m in modes:
+            if m == "plain":
+                us = _block(step, iters)
+            else:
+                us, r, stats = checked(m)
+                if m != "observe":
+                    errors.add(r.report.errors)
+                if m == "stages" and rnd:
+                    stages.append({k[len("recorder_profile_"):]: v for k, v in stats.items()
+                                   if k.startswith("recorder_profile_")}
+                                  | {k: stats[k] for k in ("checker_busy_seconds", "queue_waited_seconds") if k in stats})
+            if rnd:
+                samples[m].append(us)
+    med = {m: statistics.median(v) for m, v in samples.items()}
+    stages.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
+    prof = stages[len(stages) // 2] if stages else {}
+    per_iter = {k[: -len("_seconds")]: round(v / iters * 1e6, 2) for k, v in prof.items() if k.endswith("_seconds")}
+    return {
+        "workload": workload,
+        "iters": iters,
+        "rounds": rounds,
+        "us": {m: round(v, 1) for m, v in med.items()},
+        "ratio": {m: round(med[m] / med["plain"], 3) for m in modes if m != "plain"},
+        "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
+        "stages_us_per_iter": per_iter,
+        "ops_per_iter": round(prof.get("ops", 0) / iters, 1),
+        "callbacks_per_iter": round(prof.get("callbacks", 0) / iters, 1),
+        "errors": sorted(errors),
+    }
+
+
 def _vm() -> dict:
     """Resident and peak resident memory of this process, MiB."""
     out = {}
@@ -196,7 +279,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["all", "run", "memory"])
+    p.add_argument("what", choices=["all", "run", "memory", "paired"])
     p.add_argument("mode", nargs="?")
     p.add_argument("workload", nargs="?")
     p.add_argument("--backend", default="auto")
@@ -210,6 +293,9 @@ def main() -> None:
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
+        return
+    if a.what == "paired":
+        print(json.dumps(paired(a.mode or "mlp", a.iters)))
         return
     if a.what == "memory":
         print(json.dumps(memory(a.steps, a.backend, a.sync_every, a.device, a.max_rss_mib, a.max_seconds)))

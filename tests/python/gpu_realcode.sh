@@ -25,8 +25,8 @@
 #   2. at the same time: streamsan's verdicts with the native recorder, with the Python recorder,
 #      CSAN's (processes of their own: the programs that capture CUDA graphs in a second one),
 #      and the widened runs (REALCODE_RUNS, default 5);
-#   3. alone on the machine: the cost (a warm-up, then plain / native / python interleaved,
-#      REALCODE_COST_RUNS rounds, default 3), then CSAN's cost (plain first, then CSAN enabled, a
+#   3. alone on the machine: the cost (a warm-up, then plain / native interleaved, REALCODE_COST_RUNS
+#      rounds, default 3; then the Python recorder's rounds: it turns on torch's GPU trace for good), then CSAN's cost (plain first, then CSAN enabled, a
 #      warm-up and the rounds); in both, the programs that capture CUDA graphs (realcode.captures():
 #      realcode.CAPTURES, realcode_compiled.COMPILED_CAPTURES) last, each in a process of its own;
 #   4. the table and the summary (PASS/FAIL per criterion; for the compiled programs, the Triton
@@ -37,7 +37,10 @@
 #
 # Environment: OUT (default /tmp/realcode-out), REALCODE_SET (all, realcode or compiled: the
 # suites), REALCODE_SECONDS (480 / 560 / 570 by suite), REALCODE_RUNS (5), REALCODE_COST_RUNS (3),
-# REALCODE_ONLY (NAME[,NAME...]: only these programs), REALCODE_ALLOW_SKIPS=1 (a program whose
+# REALCODE_ONLY (NAME[,NAME...]: only these programs), REALCODE_PROFILE=1 (the cost step also
+# times the C++ recorder observing only and with its stages timed: `cost --profile`, the table's
+# "Where the time goes"), REALCODE_PYTHON_COST=0 (the cost step without the Python recorder),
+# REALCODE_ALLOW_SKIPS=1 (a program whose
 # library is missing does not fail the summary), REALCODE_WARM_JOBS (4) and
 # REALCODE_COMPILE_THREADS (4: Inductor's compile workers per warm process),
 # REALCODE_COST_SECONDS (120 / 150 / 150) and REALCODE_CSAN_COST_SECONDS (150 / 110 / 150): the
@@ -191,7 +194,10 @@ note "cost (alone on the machine)"
 # each cost step has what the steps before it left, less what is kept for the steps after it
 RESERVE=$((csan_cost_s + 10))
 machine_state cost
-run cost 600 "$tmp/cost.json" python3 $report cost --runs "$cost_runs" --deadline-seconds @DEADLINE@ "${sets[@]}" "${only[@]}"
+cost_flags=()
+[ "${REALCODE_PROFILE:-0}" = 1 ] && cost_flags+=(--profile)
+[ "${REALCODE_PYTHON_COST:-1}" = 0 ] && cost_flags+=(--no-python)
+run cost 600 "$tmp/cost.json" python3 $report cost --runs "$cost_runs" "${cost_flags[@]}" --deadline-seconds @DEADLINE@ "${sets[@]}" "${only[@]}"
 logged cost
 RESERVE=10
 machine_state csan-cost

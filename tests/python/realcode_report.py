@@ -56,9 +56,14 @@ at most COST_GOAL (1.3) times plain, shown beside the ratio (not a criterion).
 - `widen`: each variant `--runs` times with `widen=True`, uninstrumented: how many runs gave a
   wrong result (and the runs' notes, `note`). Key `widen`.
 - `cost`: per program (its fixed or clean variant), one warm-up run in each mode (`warmup`:
-  first-run costs are not timed), then up to `--runs` rounds of plain / check(native) /
-  check(python), interleaved, each after a garbage collection; the median seconds of each mode
-  and the ratios to plain. A program's rounds stop once its share of the time left is spent (one
+  first-run costs are not timed), then up to `--runs` rounds of plain / check(native),
+  interleaved, each after a garbage collection; the median seconds of each mode and the ratios to
+  plain. Then the same for check(python) (`--no-python`: not), after every program's plain and
+  native rounds: the Python recorder turns on torch's own GPU trace, which cannot be turned off
+  (a Python call at every allocation and free from then on, plain runs included). `--profile`:
+  the interleaved rounds also run the C++ recorder observing only (STREAMSAN_PROFILE=observe:
+  called, recording nothing) and with its stages timed (STREAMSAN_PROFILE=1); the median round's
+  stages are the row's `profile`, shown by `table` ("Where the time goes"). A program's rounds stop once its share of the time left is spent (one
   timed round at least). The programs of realcode.CAPTURES (CUDA graphs, make_graphed_callables,
   torch.compile) run after the others, each in a process of its own (`cost --only NAME`, its
   JSON merged; `process`: its exit status and seconds): a capture that fails cannot leave the CUDA
@@ -601,25 +606,51 @@ def run_warm(a) -> Out:
 # cost
 
 
+# The profiling modes of `cost --profile`: the C++ recorder with STREAMSAN_PROFILE set to this
+# (`observe`: its callbacks return at once, nothing is recorded: the cost of being called at all;
+# `1`: each stage's time counted, Run.stats()'s recorder_profile_*)
+PROFILE_MODES = {"native-observe": "observe", "native-stages": "1"}
+
+
 def _once(fn, mode: str) -> tuple[float, dict]:
-    """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan)."""
+    """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan, or a
+    PROFILE_MODES one)."""
     import torch
 
     info: dict = {}
-    t0 = time.perf_counter()
     if mode in ("plain", "csan"):
+        t0 = time.perf_counter()
         fn(True, False)
         torch.cuda.synchronize()
-    else:
-        import streamsan.torch
+        return time.perf_counter() - t0, info
+    import streamsan.torch
 
+    backend = "native" if mode in PROFILE_MODES else mode
+    old = os.environ.pop("STREAMSAN_PROFILE", None)
+    if mode in PROFILE_MODES:
+        os.environ["STREAMSAN_PROFILE"] = PROFILE_MODES[mode]
+    try:
+        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with streamsan.torch.check(raise_on_hazard=False, backend=mode) as run:
+            with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
                 fn(True, False)
                 torch.cuda.synchronize()
-        info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
-    return time.perf_counter() - t0, info
+                stats = run.stats() if mode in PROFILE_MODES else {}
+        seconds = time.perf_counter() - t0
+    finally:
+        os.environ.pop("STREAMSAN_PROFILE", None)
+        if old is not None:
+            os.environ["STREAMSAN_PROFILE"] = old
+    if mode == "native-observe":
+        return seconds, info  # nothing was checked: no verdict
+    info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
+    if mode == "native-stages":
+        info["profile"] = {k[len("recorder_profile_"):]: v for k, v in stats.items() if k.startswith("recorder_profile_")}
+        for k in ("checker_busy_seconds", "queue_waited_seconds", "ops"):
+            if k in stats:
+                info["profile"][k if k != "ops" else "checked_ops"] = stats[k]
+    return seconds, info
 
 
 def _fail_text(e: BaseException, mode: str) -> str:
@@ -648,6 +679,7 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
             continue
         share = left / (len(progs) - i)
         samples: dict = {m: [] for m in modes}
+        profiles: list = []
         warm: dict = {}
         failed: dict = {}
         t0 = time.monotonic()
@@ -677,6 +709,8 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                     continue
                 if rnd:
                     samples[m].append(s)
+                    if "profile" in info:
+                        profiles.append(info["profile"])
                 else:
                     warm[m] = round(s, 5)
                 if info.get("errors"):
@@ -692,6 +726,10 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                 row.setdefault("samples", {})[m] = [round(x, 5) for x in samples[m]]
         if warm:
             row.setdefault("warmup", {}).update(warm)
+        if profiles:  # the stages of the median round (by the recorder's total)
+            profiles.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
+            row["profile"] = {k: round(v, 6) if isinstance(v, float) else v
+                              for k, v in profiles[len(profiles) // 2].items()}
         if failed:
             row.setdefault("failed", {}).update(failed)
         plain = cell.get("plain")
@@ -745,6 +783,10 @@ def _cost_child(out: Out, a, name: str, clean: bool, mine: float, later: float) 
            "--set", a.suite]
     if a.csan:
         cmd.append("--csan")
+    if getattr(a, "profile", False):
+        cmd.append("--profile")
+    if getattr(a, "no_python", False):
+        cmd.append("--no-python")
     if seconds is not None:
         cmd += ["--deadline-seconds", f"{seconds:.0f}"]
     _log(f"cost {name}: in a process of its own" + (f" (at most {seconds:.0f} s)" if seconds else ""))
@@ -807,7 +849,16 @@ def run_cost(a) -> Out:
     if out.deadline is not None:
         end = out.deadline - min(sum(kept), 0.5 * out.left())
     if not a.csan:
-        _cost_rows(out, own, ["plain", "native", "python"], a.runs, until=end, freeze_after_warmup=a.child)
+        # The Python recorder last: it turns on torch's own GPU trace, which cannot be turned off
+        # (a Python call at every allocation and free from then on, plain runs included); the C++
+        # recorder puts back what it found.
+        modes = ["plain", "native"] + (list(PROFILE_MODES) if a.profile else [])
+        python_end = end
+        if not a.no_python and end is not None:
+            end = time.monotonic() + 0.75 * (end - time.monotonic())
+        _cost_rows(out, own, modes, a.runs, until=end, freeze_after_warmup=a.child)
+        if not a.no_python:
+            _cost_rows(out, own, ["python"], a.runs, until=python_end)
     elif own:
         # the plain rounds first (a quarter of the time at most), then CSAN, which cannot be
         # turned off. Not even imported before: importing torch.cuda._sanitizer makes its dispatch
@@ -1081,6 +1132,49 @@ def table(files: list[str]) -> str:
         out.append("\nNotes:\n" + "\n".join(notes))
     if failures:
         out.append("\nCost not measured:\n" + "\n".join(failures))
+    prof = profile_table(cost)
+    if prof:
+        out.append("\n" + prof)
+    return "\n".join(out)
+
+
+PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover")
+
+
+def profile_table(cost: dict) -> str:
+    """Where the C++ recorder's time goes (`cost --profile`): per program, plain and checked
+    milliseconds, the recorder called but recording nothing (`observe`), and the stages' time of
+    one run with them timed (the median round), in milliseconds and in microseconds per op
+    written; the checker's own thread's time (off the program's thread) and the time the program
+    waited for it."""
+    rows = [(n, r) for n, r in cost.items() if isinstance(r, dict) and r.get("profile")]
+    if not rows:
+        return ""
+    head = ("| program | plain ms | checked ms (×) | observe only ms (×) | ops | "
+            + " | ".join(f"{st} ms (µs/op)" for st in PROFILE_STAGES)
+            + " | checker thread ms | program waited ms |")
+    out = ["Where the time goes (C++ recorder; `cost --profile`: STREAMSAN_PROFILE=observe and =1, one run "
+           "each round, the median round's stages):", "", head, "|" + "---|" * (head.count("|") - 1)]
+    for name, r in rows:
+        sec, p = r.get("seconds") or {}, r["profile"]
+        ops = p.get("ops") or 0
+
+        def stage(k: str) -> str:
+            v = p.get(f"{k}_seconds")
+            if v is None:
+                return "-"
+            per = f" ({v / ops * 1e6:.2f})" if ops else ""
+            return f"{v * 1e3:.1f}{per}"
+
+        def ms(m: str) -> str:
+            v, base = sec.get(m), sec.get("plain")
+            if v is None:
+                return "-"
+            return f"{v * 1e3:.1f}" + (f" ({v / base:.2f}×)" if base and m != "plain" else "")
+
+        out.append(f"| {name} | {ms('plain')} | {ms('native')} | {ms('native-observe')} | {ops} | "
+                   + " | ".join(stage(k) for k in PROFILE_STAGES)
+                   + f" | {p.get('checker_busy_seconds', 0) * 1e3:.1f} | {p.get('queue_waited_seconds', 0) * 1e3:.1f} |")
     return "\n".join(out)
 
 
@@ -1240,6 +1334,9 @@ def main() -> None:
     p.add_argument("--backend", default="native", help="streamsan: native, python or auto")
     p.add_argument("--runs", type=int, default=None, help="widen: runs per variant (5); cost: rounds (3)")
     p.add_argument("--csan", action="store_true", help="cost: plain, then under CSAN (its own process)")
+    p.add_argument("--profile", action="store_true",
+                   help="cost: also the C++ recorder observing only and with its stages timed (STREAMSAN_PROFILE)")
+    p.add_argument("--no-python", action="store_true", help="cost: not the Python recorder")
     p.add_argument("--set", dest="suite", default="all", choices=SUITES,
                    help="the suite: realcode.py's programs, realcode_compiled.py's, or both (all)")
     p.add_argument("--only", default="", help="NAME[,NAME...]: only these programs (exact names or substrings)")

@@ -242,7 +242,8 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
 ///   among them, and raises its own bad input.
 /// - `ops`, `hazards` and `stats()` answer from the thread's latest state: what it has checked
 ///   so far (`drain()` first for everything pushed); `stats()` also has `queue_bytes` (bytes
-///   pushed and not checked yet) and `queue_peak_bytes`.
+///   pushed and not checked yet), `queue_peak_bytes`, `checker_busy_seconds` (the thread's time
+///   parsing and checking) and `queue_waited_seconds` (callers' time waiting for room).
 /// - if the thread panics, the next call raises `RuntimeError` and the check ends.
 ///
 /// A Checker that goes away unfinished drops what is left in its queue; its thread ends.
@@ -578,11 +579,14 @@ impl Checker {
         }
         let queue = {
             let s = lock(&self.shared.state);
-            s.threaded.then_some((s.bytes, s.peak))
+            s.threaded
+                .then_some((s.bytes, s.peak, s.busy.as_secs_f64(), s.waited.as_secs_f64()))
         };
-        if let Some((bytes, peak)) = queue {
+        if let Some((bytes, peak, busy, waited)) = queue {
             d.set_item("queue_bytes", bytes)?;
             d.set_item("queue_peak_bytes", peak)?;
+            d.set_item("checker_busy_seconds", busy)?;
+            d.set_item("queue_waited_seconds", waited)?;
         }
         Ok(d)
     }

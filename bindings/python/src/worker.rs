@@ -170,6 +170,11 @@ pub(crate) struct State {
     pub(crate) dead: Option<String>,
     /// The thread has ended (or never started).
     exited: bool,
+    /// Time the thread spent parsing and checking batches.
+    pub(crate) busy: Duration,
+    /// Time callers spent waiting for room in the queue or for their turn (the program held
+    /// back by the checker).
+    pub(crate) waited: Duration,
 }
 
 impl State {
@@ -249,6 +254,8 @@ impl Shared {
                 errors: VecDeque::new(),
                 dead: None,
                 exited: !threaded,
+                busy: Duration::ZERO,
+                waited: Duration::ZERO,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
@@ -308,14 +315,17 @@ impl Shared {
             return Ok(());
         }
         drop(s);
+        let since = Instant::now();
         py.detach(|| {
             let mut s = lock(&self.state);
             loop {
                 if let Some(r) = Self::refused(&s) {
+                    s.waited += since.elapsed();
                     return Err(r);
                 }
                 if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound)
                 {
+                    s.waited += since.elapsed();
                     self.admit(&mut s, batch);
                     return Ok(());
                 }
@@ -423,6 +433,7 @@ impl Shared {
             if self.panic_at == Some(number) {
                 panic!("a panic of the checker's thread, asked for by a test (batch {number})");
             }
+            let since = Instant::now();
             let (found, error) = {
                 let mut core = lock(&self.core);
                 let from = core.found();
@@ -430,6 +441,7 @@ impl Shared {
                 (core.hazards_from(from), r.err())
             };
             let mut s = lock(&self.state);
+            s.busy += since.elapsed();
             s.bytes -= batch.len();
             s.checked += 1;
             s.found.extend(found);

@@ -261,6 +261,7 @@ class PythonBackend:
     """Records ops with a TorchDispatchMode (the same ops as the C++ recorder writes)."""
 
     name = "python"
+    native_syncs = False  # syncs come from torch.cuda._gpu_trace's Python callbacks
 
     def __init__(self, rec: "Recorder", fake_device: bool = False) -> None:
         import torch
@@ -818,19 +819,46 @@ class NativeBackend:
         self.record_kernel = self.ext.record_kernel
         self.on_alloc = None
         self.on_free = None
+        # Events, waits and syncs straight from c10's GPU trace, in C++ (where this torch's
+        # interface is supported), else from torch.cuda._gpu_trace's Python callbacks.
+        self.native_syncs = bool(getattr(self.ext, "native_syncs", lambda: False)())
+        self.gpu_trace_replaced = False
+        self.profiling = _profile_mode()
 
     @property
     def counters(self) -> dict:
-        return self.ext.counters()
+        c = dict(self.ext.counters())
+        c["native_syncs"] = self.native_syncs
+        if self.profiling is not None and hasattr(self.ext, "profile"):
+            c.update({f"profile_{k}": v for k, v in self.ext.profile().items()})
+        return c
 
     def start(self) -> None:
         self.ext.install(self.cuda)
+        if self.profiling is not None and hasattr(self.ext, "set_profile"):
+            self.ext.set_profile(True, self.profiling == "observe")
+        if self.native_syncs:
+            self.ext.install_gpu_trace()
         self.ext.set_active(True)
 
     def stop(self) -> None:
         self.ext.set_active(False)
+        if self.native_syncs and not self.ext.uninstall_gpu_trace():
+            self.gpu_trace_replaced = True
+        if self.profiling is not None and hasattr(self.ext, "set_profile"):
+            self.ext.set_profile(False, False)
         # Off the dispatcher: no RecordFunction cost once the check is over.
         self.ext.uninstall()
+
+
+def _profile_mode() -> str | None:
+    """STREAMSAN_PROFILE: `1` counts the C++ recorder's time per stage (Run.stats():
+    `recorder_profile_*`); `observe` also makes its callbacks return at once, recording nothing
+    (the cost of being called at all: nothing is checked)."""
+    v = os.environ.get("STREAMSAN_PROFILE", "").strip().lower()
+    if v in ("", "0", "no", "off", "false"):
+        return None
+    return "observe" if v == "observe" else "stages"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -843,34 +871,34 @@ def _ev(e: int) -> str:
 
 def _cb_record(event: int, stream: int) -> None:
     r = _active
-    if r is not None and r.on:
+    if r is not None and r.on and not r.backend.native_syncs:
         b = r.backend
         b.host_op('{"op":"event_record","event":%s,"stream":%s' % (_ev(event), b.stream_id(stream, r.device())))
 
 
 def _cb_wait(event: int, stream: int) -> None:
     r = _active
-    if r is not None and r.on:
+    if r is not None and r.on and not r.backend.native_syncs:
         b = r.backend
         b.host_op('{"op":"event_wait","stream":%s,"event":%s' % (b.stream_id(stream, r.device()), _ev(event)))
 
 
 def _cb_event_sync(event: int) -> None:
     r = _active
-    if r is not None and r.on:
+    if r is not None and r.on and not r.backend.native_syncs:
         r.backend.host_op('{"op":"event_sync","event":%s' % _ev(event))
 
 
 def _cb_stream_sync(stream: int) -> None:
     r = _active
-    if r is not None and r.on:
+    if r is not None and r.on and not r.backend.native_syncs:
         b = r.backend
         b.host_op('{"op":"stream_sync","stream":%s' % b.stream_id(stream, r.device()))
 
 
 def _cb_device_sync() -> None:
     r = _active
-    if r is not None and r.on:
+    if r is not None and r.on and not r.backend.native_syncs:
         r.backend.host_op('{"op":"device_sync","device":%d' % r.device())
 
 
@@ -1203,7 +1231,8 @@ class Recorder:
             if _active is not None:
                 raise RuntimeError("streamsan.torch: a check or record is already running in this process")
             _active = self
-        _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
+        if not getattr(self.backend, "native_syncs", False):
+            _register_callbacks(allocations=isinstance(self.backend, PythonBackend))
         self.patches = _install_patches(self)
         self._install_triton()
         if self.graph_hooks_missing:
@@ -1250,6 +1279,13 @@ class Recorder:
             if _active is self:
                 _active = None
         c = self.backend.counters
+        if getattr(self.backend, "gpu_trace_replaced", False):
+            self.warn(
+                "gpu-trace",
+                "torch's GPU trace was activated during the check (torch.cuda._sanitizer, or "
+                "torch._C._activate_gpu_trace()): the events, waits and synchronizations issued "
+                "after that were not recorded",
+            )
         if c.get("external_accesses"):
             self.warn(
                 "external",

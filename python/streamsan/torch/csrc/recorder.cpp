@@ -33,11 +33,22 @@
 #include <ATen/record_function.h>
 #include <c10/core/Stream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/core/impl/GPUTrace.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <frameobject.h>
+#include <torch/version.h>
+
+// The GPU trace hook (events, waits, synchronizations) is written against the interpreter
+// interface of the torch versions listed here; elsewhere they come from Python's callbacks.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+#define STREAMSAN_GPU_TRACE 1
+#include <torch/csrc/PyInterpreter.h>
+#endif
 
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -91,6 +102,14 @@ std::string jstr(const std::string& s) {
   out += '"';
   return out;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Sites
+
+// A quoted `"file:line"`, or `null`. Sites are interned (see `site_text`): a Site stays valid
+// for the life of the process, so ops carry a pointer, not a copy.
+using Site = const std::string*;
+const std::string* const kNullSite = new std::string("null");
 
 // ---------------------------------------------------------------------------------------------
 // What is known about allocations
@@ -164,7 +183,7 @@ struct Frame {
   std::string collective_stream;  // a collective's stream, once a wait named it (quoted)
   bool non_blocking = false;
   bool any_device = false;
-  std::string site = "null";  // quoted, or null
+  Site site = kNullSite;
   c10::DeviceIndex device = 0;
   uint64_t stream = 0;
   bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
@@ -180,6 +199,31 @@ const char* const kHostValues = "\"streamsan host values\"";
 const char* const kHostValuesAlloc =
     "{\"op\":\"alloc\",\"buffer\":\"streamsan host values\",\"bytes\":8,\"memory\":\"managed\","
     "\"addr\":4096}\n";
+
+struct PairHash {
+  size_t operator()(const std::pair<PyObject*, int>& k) const noexcept {
+    return std::hash<const void*>()(k.first) ^ (static_cast<size_t>(k.second) * 0x9E3779B97F4A7C15ull);
+  }
+};
+
+// Time spent per stage of recording (nanoseconds), counted when profiling is on.
+struct Profile {
+  std::atomic<uint64_t> ops{0};        // ops written (launches, host accesses, record_stream)
+  std::atomic<uint64_t> callbacks{0};  // RecordFunction callbacks (every op seen, written or not)
+  std::atomic<uint64_t> regions{0};    // classify the op, its tensors' regions, their buffers
+  std::atomic<uint64_t> site{0};       // the user's file:line from the Python stack
+  std::atomic<uint64_t> serialize{0};  // the op's text
+  std::atomic<uint64_t> allocator{0};  // the allocator's allocations and frees
+  std::atomic<uint64_t> syncs{0};      // events, waits, synchronizations (site and text)
+  std::atomic<uint64_t> handover{0};   // batches handed to the checker (Python's sink)
+  std::atomic<uint64_t> batches{0};
+};
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
 
 struct State {
   std::mutex mu;
@@ -198,7 +242,7 @@ struct State {
   std::map<uint64_t, Buf> pinned_bufs;
   std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
-  std::string last_site = "null";                           // for threads without Python frames
+  Site last_site = kNullSite;                               // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
   std::vector<std::string> libraries;   // site-packages folders inside stdlib_dir: not stdlib
@@ -208,7 +252,11 @@ struct State {
   // Dynamo's map from the code it rewrote to the user's (torch._dynamo.utils.orig_code_map):
   // a rewritten frame calls the compiled code; the user's line is the frame that called it.
   py::object rewritten_codes;
-  std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, quoted file)
+  std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, shown file)
+  // The site of a user line, by its code object (kept alive by code_cache) and line number; the
+  // text itself is interned in site_texts, never freed. GIL held for both.
+  std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> site_cache;
+  std::unordered_set<std::string> site_texts;
   uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
   // Allocations into a graph pool or a MemPool while no capture was recorded in progress
   // (torch.cuda.use_mem_pool, cudagraph trees' warm-up): written with the pool's name.
@@ -224,6 +272,9 @@ struct State {
   bool host_values_allocated = false;  // the managed buffer values copied to the host land in
   at::CallbackHandle handle = 0;
   void* pinned_deleter = nullptr;
+  std::atomic<bool> profiling{false};  // count each stage's time in `prof`
+  std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
+  Profile prof;
 };
 
 State* S = new State();  // never destroyed: callbacks may outlive the module's teardown
@@ -231,7 +282,7 @@ State* S = new State();  // never destroyed: callbacks may outlive the module's 
 thread_local std::vector<Frame> frames;
 // The site of the op running on this thread ("null" outside ops): the allocator's tracker runs
 // on the allocating thread and cannot take the GIL, so it takes the site from here.
-thread_local std::string cur_site = "null";
+thread_local Site cur_site = kNullSite;
 // Op kinds already looked up by this thread (no lock).
 thread_local std::unordered_map<const char*, const OpInfo*> local_ops;
 
@@ -309,12 +360,23 @@ bool rewritten_by_dynamo(PyCodeObject* code) {
   return in == 1;
 }
 
+// The interned site of line `line` of `code` (kept alive by code_cache), `shown` its file; GIL
+// held.
+Site site_text(PyObject* code, int line, const std::string& shown) {
+  auto key = std::make_pair(code, line);
+  auto it = S->site_cache.find(key);
+  if (it != S->site_cache.end()) return it->second;
+  Site text = &*S->site_texts.insert(jstr(shown + ":" + std::to_string(line))).first;
+  S->site_cache.emplace(key, text);
+  return text;
+}
+
 // The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
-std::string user_site() {
+Site user_site() {
   PyFrameObject* f = PyEval_GetFrame();
-  if (!f) return "null";
+  if (!f) return kNullSite;
   Py_INCREF(f);
-  std::string site = "null";
+  Site site = kNullSite;
   for (int depth = 0; f && depth < 64; depth++) {
     PyCodeObject* code = PyFrame_GetCode(f);
     auto it = S->code_cache.find(reinterpret_cast<PyObject*>(code));
@@ -337,7 +399,7 @@ std::string user_site() {
     }
     if (!it->second.first) {
       int line = PyFrame_GetLineNumber(f);
-      site = jstr(it->second.second + ":" + std::to_string(line));
+      site = site_text(reinterpret_cast<PyObject*>(code), line, it->second.second);
       Py_DECREF(code);
       Py_DECREF(f);
       return site;
@@ -354,21 +416,32 @@ std::string user_site() {
 // The site of an op on this thread: the user's frame when the thread runs Python, else the
 // latest site seen (ops of the autograd engine's threads belong to the `backward()` that
 // started them).
-std::string op_site() {
+Site op_site() {
   if (PyGILState_GetThisThreadState() == nullptr) {
     std::lock_guard<std::mutex> g(S->mu);
     S->foreign_threads++;
     return S->last_site;
   }
   PyGILState_STATE st = PyGILState_Ensure();
-  std::string site = user_site();
+  Site site = user_site();
   PyGILState_Release(st);
   std::lock_guard<std::mutex> g(S->mu);
-  if (site != "null") {
+  if (site != kNullSite) {
     S->last_site = site;
     return site;
   }
   return S->last_site;
+}
+
+// The site of a host op (an event or a sync) issued on this thread: the user's frame, or none
+// on a thread that runs no Python (what Python's callbacks of the GPU trace see). Any thread,
+// GIL held or not.
+Site host_site() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return kNullSite;
+  PyGILState_STATE st = PyGILState_Ensure();
+  Site site = user_site();
+  PyGILState_Release(st);
+  return site;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -658,8 +731,14 @@ void maybe_flush() {
     out.swap(S->batch);
     sink = S->sink;
   }
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
   try {
     sink(py::bytes(out));
+    if (profiling) {
+      S->prof.handover += now_ns() - t0;
+      S->prof.batches++;
+    }
   } catch (py::error_already_set& e) {
     // The sink reports its own errors; never let one escape into the op.
     e.restore();
@@ -717,7 +796,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!frames.empty() && !frames.back().pending.empty()) flush_pending(frames.back());
   frames.emplace_back();
   Frame& fr = frames.back();
-  if (!S->active.load(std::memory_order_relaxed)) return nullptr;
+  if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) {
+    return nullptr;
+  }
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  if (profiling) S->prof.callbacks++;
   const OpInfo& info = op_info(fn);
   fr.info = &info;
   if (info.kind == Kind::Skip) return nullptr;
@@ -754,7 +838,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   fr.active = true;
   // The user's frame, for this op and for what the allocator does inside it.
-  fr.site = op_site();
+  if (profiling) {
+    uint64_t t1 = now_ns();
+    S->prof.regions += t1 - t0;
+    fr.site = op_site();
+    S->prof.site += now_ns() - t1;
+  } else {
+    fr.site = op_site();
+  }
   cur_site = fr.site;
   return nullptr;
 }
@@ -824,11 +915,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   Frame fr = std::move(frames.back());
   frames.pop_back();
   Frame* parent = frames.empty() ? nullptr : &frames.back();
-  cur_site = parent ? parent->site : std::string("null");
+  cur_site = parent ? parent->site : kNullSite;
   if (!fr.active || !S->active.load(std::memory_order_relaxed)) {
     pass_pending(fr, parent);
     return;
   }
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
   const OpInfo& info = *fr.info;
   std::vector<Access> outs;
   if (info.kind != Kind::RecordStream) {
@@ -844,8 +937,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     pass_pending(fr, parent);
     return;
   }
-  const std::string& site = fr.site;
+  const std::string& site = *fr.site;
   bool flush = false;
+  uint64_t t_resolved = 0;
   {
     std::lock_guard<std::mutex> g(S->mu);
     std::string& out = S->batch;
@@ -894,6 +988,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
         any_host |= !a.device;
         used.push_back(&a);
       }
+      if (profiling) t_resolved = now_ns();
       // A collective runs on the process group's stream: after the wait that hands the work to
       // that stream, which it names (written already when the collective called another op).
       size_t split = 0;
@@ -973,6 +1068,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     flush = out.size() >= S->threshold;
   }
+  if (profiling) {
+    uint64_t t2 = now_ns();
+    if (t_resolved == 0) t_resolved = t2;
+    S->prof.regions += t_resolved - t0;
+    S->prof.serialize += t2 - t_resolved;
+    S->prof.ops++;
+  }
   if (flush && PyGILState_GetThisThreadState() != nullptr) {
     PyGILState_STATE st = PyGILState_Ensure();
     maybe_flush();
@@ -1009,25 +1111,37 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
       pool_name = &pool_name_of(pool);
     }
     std::string name = stream_name(stream, device);
-    new_alloc(addr, size, Mem::Device, name, cur_site, nullptr, pool_name);
+    new_alloc(addr, size, Mem::Device, name, *cur_site, nullptr, pool_name);
   } else {
     auto it = S->device_bufs.find(addr);
     if (it == S->device_bufs.end()) return;  // allocated before the check began
-    free_buf(S->device_bufs, it, cur_site);
+    free_buf(S->device_bufs, it, *cur_site);
   }
 }
 
 void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
-  if (!S->active.load(std::memory_order_relaxed)) return;
+  if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
   if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
-  std::lock_guard<std::mutex> g(S->mu);
-  traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
-         {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
+           {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
+  }
+  if (profiling) S->prof.allocator += now_ns() - t0;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Python API
+
+// Forgets what is known of code objects (their sites with them); GIL held.
+void forget_codes() {
+  S->site_cache.clear();
+  for (auto& kv : S->code_cache) Py_DECREF(kv.first);
+  S->code_cache.clear();
+}
 
 void install(bool with_cuda) {
   if (with_cuda && !S->tracker_attached) {
@@ -1055,8 +1169,7 @@ void configure(const std::string& torch_dir, const std::string& own_dir, const s
                size_t threshold, py::object sink, bool fake_device, py::object pinned_example) {
   std::lock_guard<std::mutex> g(S->mu);
   if (S->cwd != cwd) {
-    for (auto& kv : S->code_cache) Py_DECREF(kv.first);
-    S->code_cache.clear();
+    forget_codes();
   }
   S->cwd = cwd;
   S->torch_dir = torch_dir;
@@ -1078,8 +1191,7 @@ void set_active(bool on) { S->active.store(on); }
 void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libraries) {
   std::lock_guard<std::mutex> g(S->mu);
   if (S->stdlib_dir != dir || S->libraries != libraries) {
-    for (auto& kv : S->code_cache) Py_DECREF(kv.first);
-    S->code_cache.clear();
+    forget_codes();
   }
   S->stdlib_dir = dir;
   S->libraries = libraries;
@@ -1089,8 +1201,7 @@ void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libr
 // of rewritten code (or None).
 void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
   std::lock_guard<std::mutex> g(S->mu);
-  for (auto& kv : S->code_cache) Py_DECREF(kv.first);
-  S->code_cache.clear();
+  forget_codes();
   S->internal_dirs = dirs;
   S->rewritten_codes = rewritten;
 }
@@ -1107,12 +1218,16 @@ void reset() {
   S->spare_names[0].clear();
   S->spare_names[1].clear();
   S->fake_pinned.clear();
-  S->last_site = "null";
+  S->last_site = kNullSite;
   S->external_accesses = S->foreign_threads = S->bad_regions = 0;
   S->pool_allocations_outside_capture = 0;
   S->pool_names.clear();
   S->triton_launches = 0;
   S->captures.store(0);
+  for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
+                  &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches}) {
+    c->store(0);
+  }
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
@@ -1182,8 +1297,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     Access a;
     if (region_of(t, write, a)) merge_region(all, std::move(a));
   }
-  std::string site = op_site();
-  std::string stream_q;
+  const std::string& site = *op_site();
   {
     std::lock_guard<std::mutex> g(S->mu);
     if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
@@ -1208,7 +1322,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
 void fake_pin(const at::Tensor& t) {
   if (!S->fake_device || !t.has_storage() || !t.storage().data()) return;
   uint64_t base = reinterpret_cast<uint64_t>(t.storage().data());
-  std::string site = user_site();
+  const std::string& site = *user_site();
   std::lock_guard<std::mutex> g(S->mu);
   S->fake_pinned.insert(base);
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
@@ -1221,10 +1335,9 @@ void fake_pin(const at::Tensor& t) {
 // A host-side op (an event or sync) as a JSON line without its closing brace; the site is added
 // here. Inside an op it is written before the next op that op calls, or after the op's own
 // work.
-void host_op(const std::string& partial) {
-  std::string site = user_site();
-  std::string line = partial;
-  put_site(line, site);
+// Writes a host op's finished line: inside an op, before the next op it calls (or after its own
+// work); outside ops, now (the batch handed over when large enough, GIL held or taken).
+void put_host_op(std::string line) {
   if (!frames.empty()) {
     frames.back().pending.push_back(std::move(line));
     return;
@@ -1233,7 +1346,301 @@ void host_op(const std::string& partial) {
     std::lock_guard<std::mutex> g(S->mu);
     S->batch += line;
   }
-  maybe_flush();
+  if (PyGILState_GetThisThreadState() != nullptr && Py_IsInitialized()) {
+    PyGILState_STATE st = PyGILState_Ensure();
+    maybe_flush();
+    PyGILState_Release(st);
+  }
+}
+
+void host_op(const std::string& partial) {
+  std::string line = partial;
+  put_site(line, *user_site());
+  put_host_op(std::move(line));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events and synchronizations from c10's GPU trace, without Python
+
+// The quoted name of an event.
+std::string event_name(uintptr_t event) {
+  std::string h;
+  put_hex(h, event);
+  return jstr("ev " + h);
+}
+
+// The current device (the null stream's device for its name).
+c10::DeviceIndex trace_device() {
+  if (S->fake_device) return 0;
+  try {
+    return c10::cuda::current_device();
+  } catch (...) {
+    return 0;
+  }
+}
+
+// Writes a host op of the GPU trace, `{"op":OP,KEY1:V1,KEY2:V2` (values already JSON; a null key
+// is left out), with the user's site.
+void traced_host_op(const char* op, const char* key1, const std::string& v1, const char* key2,
+                    const std::string& v2) {
+  if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  std::string line = "{\"op\":\"";
+  line += op;
+  line += '"';
+  if (key1) {
+    line += ",\"";
+    line += key1;
+    line += "\":";
+    line += v1;
+  }
+  if (key2) {
+    line += ",\"";
+    line += key2;
+    line += "\":";
+    line += v2;
+  }
+  put_site(line, *host_site());
+  if (profiling) S->prof.syncs += now_ns() - t0;
+  put_host_op(std::move(line));
+}
+
+std::string traced_stream(uintptr_t stream) {
+  std::lock_guard<std::mutex> g(S->mu);
+  return stream_name(stream, trace_device());
+}
+
+// Whether the GPU trace's call is one to record: a CUDA (or HIP, which PyTorch calls CUDA) call
+// while a check records.
+bool cuda_like(c10::DeviceType t) {
+  return (t == c10::DeviceType::CUDA || t == c10::DeviceType::HIP) &&
+         S->active.load(std::memory_order_relaxed) && !S->observe_only.load(std::memory_order_relaxed);
+}
+
+void gpu_event_record(c10::DeviceType t, uintptr_t event, uintptr_t stream) {
+  if (cuda_like(t)) traced_host_op("event_record", "event", event_name(event), "stream", traced_stream(stream));
+}
+void gpu_event_wait(c10::DeviceType t, uintptr_t event, uintptr_t stream) {
+  if (cuda_like(t)) traced_host_op("event_wait", "stream", traced_stream(stream), "event", event_name(event));
+}
+void gpu_event_sync(c10::DeviceType t, uintptr_t event) {
+  if (cuda_like(t)) traced_host_op("event_sync", "event", event_name(event), nullptr, "");
+}
+void gpu_stream_sync(c10::DeviceType t, uintptr_t stream) {
+  if (cuda_like(t)) traced_host_op("stream_sync", "stream", traced_stream(stream), nullptr, "");
+}
+void gpu_device_sync(c10::DeviceType t) {
+  if (cuda_like(t)) traced_host_op("device_sync", "device", std::to_string(trace_device()), nullptr, "");
+}
+
+#ifdef STREAMSAN_GPU_TRACE
+// The interpreter c10 calls for its GPU trace while a check runs: events, waits and
+// synchronizations are recorded here, in C++ (torch's own interpreter calls Python for each
+// allocation and free as well, traced or not); every call then goes on to the interpreter that
+// was in place before (CSAN's callbacks, say), if any. Methods other than the trace's are never
+// called through the GPU trace; they are torch's interpreter's.
+struct TraceVTable final : c10::impl::PyInterpreterVTable {
+  const c10::impl::PyInterpreter* prev = nullptr;
+
+  static const c10::impl::PyInterpreterVTable& base() { return **getPyInterpreter(); }
+
+  std::string name() const override { return base().name(); }
+  void incref(PyObject* o) const override { base().incref(o); }
+  void decref(PyObject* o) const override { base().decref(o); }
+  bool try_incref(const c10::impl::PyObjectSlot& slot) const override { return base().try_incref(slot); }
+  size_t refcnt(PyObject* o) const override { return base().refcnt(o); }
+  c10::intrusive_ptr<c10::TensorImpl> detach(const c10::TensorImpl* self) const override {
+    return base().detach(self);
+  }
+  void dispatch(const c10::OperatorHandle& op, torch::jit::Stack* stack) const override {
+    base().dispatch(op, stack);
+  }
+  void reportErrorCallback(PyObject* callback, c10::DispatchKey key) const override {
+    base().reportErrorCallback(callback, key);
+  }
+  void python_op_registration_trampoline(const c10::OperatorHandle& op, c10::DispatchKey key,
+                                         c10::DispatchKeySet keyset, torch::jit::Stack* stack,
+                                         bool with_keyset, bool with_op) const override {
+    base().python_op_registration_trampoline(op, key, keyset, stack, with_keyset, with_op);
+  }
+  void throw_abstract_impl_not_imported_error(std::string opname, const char* pymodule,
+                                              const char* context) const override {
+    base().throw_abstract_impl_not_imported_error(std::move(opname), pymodule, context);
+  }
+  void python_dispatcher(const c10::OperatorHandle& op, c10::DispatchKeySet keyset,
+                         torch::jit::Stack* stack) const override {
+    base().python_dispatcher(op, keyset, stack);
+  }
+  bool is_contiguous(const c10::TensorImpl* self, at::MemoryFormat f) const override {
+    return base().is_contiguous(self, f);
+  }
+  c10::SymBool sym_is_contiguous(const c10::TensorImpl* self, at::MemoryFormat f) const override {
+    return base().sym_is_contiguous(self, f);
+  }
+  bool is_strides_like(const c10::TensorImpl* self, at::MemoryFormat f) const override {
+    return base().is_strides_like(self, f);
+  }
+  bool is_non_overlapping_and_dense(const c10::TensorImpl* self) const override {
+    return base().is_non_overlapping_and_dense(self);
+  }
+  c10::Device device(const c10::TensorImpl* self) const override { return base().device(self); }
+  int64_t dim(const c10::TensorImpl* self) const override { return base().dim(self); }
+  c10::IntArrayRef strides(const c10::TensorImpl* self) const override { return base().strides(self); }
+  c10::IntArrayRef sizes(const c10::TensorImpl* self) const override { return base().sizes(self); }
+  c10::SymIntArrayRef sym_sizes(const c10::TensorImpl* self) const override { return base().sym_sizes(self); }
+  c10::Layout layout(const c10::TensorImpl* self) const override { return base().layout(self); }
+  int64_t numel(const c10::TensorImpl* self) const override { return base().numel(self); }
+  c10::SymInt sym_numel(const c10::TensorImpl* self) const override { return base().sym_numel(self); }
+  c10::SymIntArrayRef sym_strides(const c10::TensorImpl* self) const override {
+    return base().sym_strides(self);
+  }
+  c10::SymInt sym_storage_offset(const c10::TensorImpl* self) const override {
+    return base().sym_storage_offset(self);
+  }
+  void reset_backward_hooks(const c10::TensorImpl* self) const override { base().reset_backward_hooks(self); }
+
+  void trace_gpu_event_creation(c10::DeviceType t, uintptr_t event) const override {
+    if (prev) (*prev)->trace_gpu_event_creation(t, event);
+  }
+  void trace_gpu_event_deletion(c10::DeviceType t, uintptr_t event) const override {
+    if (prev) (*prev)->trace_gpu_event_deletion(t, event);
+  }
+  void trace_gpu_event_record(c10::DeviceType t, uintptr_t event, uintptr_t stream) const override {
+    gpu_event_record(t, event, stream);
+    if (prev) (*prev)->trace_gpu_event_record(t, event, stream);
+  }
+  void trace_gpu_event_wait(c10::DeviceType t, uintptr_t event, uintptr_t stream) const override {
+    gpu_event_wait(t, event, stream);
+    if (prev) (*prev)->trace_gpu_event_wait(t, event, stream);
+  }
+  void trace_gpu_memory_allocation(c10::DeviceType t, uintptr_t ptr) const override {
+    if (prev) (*prev)->trace_gpu_memory_allocation(t, ptr);
+  }
+  void trace_gpu_memory_deallocation(c10::DeviceType t, uintptr_t ptr) const override {
+    if (prev) (*prev)->trace_gpu_memory_deallocation(t, ptr);
+  }
+  void trace_gpu_stream_creation(c10::DeviceType t, uintptr_t stream) const override {
+    if (prev) (*prev)->trace_gpu_stream_creation(t, stream);
+  }
+  void trace_gpu_device_synchronization(c10::DeviceType t) const override {
+    gpu_device_sync(t);
+    if (prev) (*prev)->trace_gpu_device_synchronization(t);
+  }
+  void trace_gpu_stream_synchronization(c10::DeviceType t, uintptr_t stream) const override {
+    gpu_stream_sync(t, stream);
+    if (prev) (*prev)->trace_gpu_stream_synchronization(t, stream);
+  }
+  void trace_gpu_event_synchronization(c10::DeviceType t, uintptr_t event) const override {
+    gpu_event_sync(t, event);
+    if (prev) (*prev)->trace_gpu_event_synchronization(t, event);
+  }
+};
+
+// Never destroyed: a thread may still be calling them after the check.
+TraceVTable* const trace_vtable = new TraceVTable();
+c10::impl::PyInterpreter* const trace_interpreter = new c10::impl::PyInterpreter(trace_vtable);
+#endif
+
+struct TraceSlot {
+  bool installed = false;
+  const c10::impl::PyInterpreter* saved = nullptr;  // the GPU trace before ours
+  bool saved_have = false;
+  bool replaced = false;  // someone else's trace took our place during the check
+} trace_slot;
+
+// Puts the recorder's interpreter in c10's GPU trace for the check (what was there is called
+// after it, and put back at the end: a program after the check pays nothing). False where this
+// torch is not supported (Python's callbacks are used instead). GIL held.
+bool install_gpu_trace() {
+#ifdef STREAMSAN_GPU_TRACE
+  using c10::impl::GPUTrace;
+  if (trace_slot.installed) return true;
+  trace_slot.saved = GPUTrace::gpuTraceState.load(std::memory_order_acquire);
+  trace_slot.saved_have = GPUTrace::haveState;
+  trace_slot.replaced = false;
+  trace_vtable->prev = GPUTrace::get_trace();
+  GPUTrace::gpuTraceState.store(trace_interpreter, std::memory_order_release);
+  GPUTrace::haveState = true;
+  trace_slot.installed = true;
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Puts back the GPU trace that was there before the check. Returns false when another one had
+// taken the recorder's place meanwhile (it is left there: the syncs after it were not seen).
+bool uninstall_gpu_trace() {
+#ifdef STREAMSAN_GPU_TRACE
+  using c10::impl::GPUTrace;
+  if (!trace_slot.installed) return true;
+  trace_slot.installed = false;
+  if (GPUTrace::gpuTraceState.load(std::memory_order_acquire) != trace_interpreter) {
+    trace_slot.replaced = true;
+    return false;
+  }
+  if (!trace_slot.saved_have) GPUTrace::haveState = false;
+  GPUTrace::gpuTraceState.store(trace_slot.saved, std::memory_order_release);
+  GPUTrace::haveState = trace_slot.saved_have;
+  return true;
+#else
+  return true;
+#endif
+}
+
+// Tests: calls c10's GPU trace as CUDA code does, through whatever interpreter is in place
+// (`what`: record, wait, event_sync, stream_sync, device_sync). False when no trace is active.
+bool fake_gpu_trace(const std::string& what, uint64_t event, uint64_t stream) {
+  const c10::impl::PyInterpreter* interp = c10::impl::GPUTrace::get_trace();
+  if (!interp) return false;
+  auto t = c10::DeviceType::CUDA;
+  if (what == "record") {
+    (*interp)->trace_gpu_event_record(t, event, stream);
+  } else if (what == "wait") {
+    (*interp)->trace_gpu_event_wait(t, event, stream);
+  } else if (what == "event_sync") {
+    (*interp)->trace_gpu_event_synchronization(t, event);
+  } else if (what == "stream_sync") {
+    (*interp)->trace_gpu_stream_synchronization(t, stream);
+  } else if (what == "device_sync") {
+    (*interp)->trace_gpu_device_synchronization(t);
+  } else if (what == "alloc") {
+    (*interp)->trace_gpu_memory_allocation(t, event);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Whether this build records syncs from the GPU trace itself.
+bool native_syncs() {
+#ifdef STREAMSAN_GPU_TRACE
+  return true;
+#else
+  return false;
+#endif
+}
+
+void set_profile(bool on, bool observe_only) {
+  S->profiling.store(on);
+  S->observe_only.store(observe_only);
+}
+
+// Seconds spent per recording stage, and counts, since the check began (profiling on).
+py::dict profile() {
+  py::dict d;
+  auto sec = [](const std::atomic<uint64_t>& ns) { return static_cast<double>(ns.load()) * 1e-9; };
+  d["ops"] = S->prof.ops.load();
+  d["callbacks"] = S->prof.callbacks.load();
+  d["batches"] = S->prof.batches.load();
+  d["regions_seconds"] = sec(S->prof.regions);
+  d["site_seconds"] = sec(S->prof.site);
+  d["serialize_seconds"] = sec(S->prof.serialize);
+  d["allocator_seconds"] = sec(S->prof.allocator);
+  d["syncs_seconds"] = sec(S->prof.syncs);
+  d["handover_seconds"] = sec(S->prof.handover);
+  return d;
 }
 
 // A declared host access of a tensor's memory (numpy views): `host_read`/`host_write` of its
@@ -1241,7 +1648,7 @@ void host_op(const std::string& partial) {
 bool host_access(const at::Tensor& t, bool write) {
   Access a;
   if (!region_of(t, write, a) || a.device) return false;
-  std::string site = user_site();
+  const std::string& site = *user_site();
   std::lock_guard<std::mutex> g(S->mu);
   if (!resolve(a, site)) return false;
   std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
@@ -1293,5 +1700,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);
+  m.def("install_gpu_trace", &install_gpu_trace);
+  m.def("uninstall_gpu_trace", &uninstall_gpu_trace);
+  m.def("fake_gpu_trace", &fake_gpu_trace);
+  m.def("native_syncs", &native_syncs);
+  m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
+  m.def("profile", &profile);
   m.def("set_captures", &set_captures);
 }

@@ -1,0 +1,177 @@
+"""The C++ recorder's events and synchronizations, taken from c10's GPU trace without Python, and
+its per-stage profile; on the CPU (fake device: CPU tensors stand for device memory, and the GPU
+trace is called as CUDA code calls it, through `fake_gpu_trace`)."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _ext_or_skip():
+    from conftest import torch_or_skip
+
+    torch_or_skip()
+    from streamsan.torch import _native
+
+    try:
+        ext = _native.load()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    if not ext.native_syncs():
+        pytest.skip("this torch's GPU trace is recorded through Python's callbacks")
+    return ext
+
+
+def _run(**kw):
+    import streamsan.torch
+
+    return streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, **kw)
+
+
+def test_gpu_trace_calls_are_recorded_in_the_order_issued_with_their_site(tmp_path):
+    """Each kind of GPU trace call is written as its trace-format op, on the stream it names,
+    with the user's line, in issue order between the ops around it; the trace is put back when
+    the check ends (nothing is called after it)."""
+    ext = _ext_or_skip()
+    import torch
+
+    path = tmp_path / "t.jsonl"
+    run = _run(trace=path)
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(8)
+        x.add_(1)
+        ext.fake_gpu_trace("record", 0xE1, 0xA)  # LINE record
+        ext.fake_gpu_trace("wait", 0xE1, 0xB)
+        ext.set_fake_stream(0xB)
+        x.mul_(2)
+        ext.fake_gpu_trace("event_sync", 0xE1, 0)
+        ext.fake_gpu_trace("stream_sync", 0, 0xB)
+        ext.fake_gpu_trace("device_sync", 0, 0)
+        ext.fake_gpu_trace("alloc", 0x1000, 0)  # the allocator's own trace: not a host op
+        assert run.stats()["recorder_native_syncs"] is True
+    assert ext.fake_gpu_trace("record", 0xE1, 0xA) is False  # no trace after the check
+    ops = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kinds = [o.get("name", o["op"]) for o in ops if o["op"] != "alloc" and o.get("name") != "aten::copy_"]
+    assert kinds[-7:] == [
+        "aten::add_", "event_record", "event_wait", "aten::mul_", "event_sync", "stream_sync", "device_sync"
+    ], kinds
+    rec = next(o for o in ops if o["op"] == "event_record")
+    assert rec["event"] == "ev 0xe1" and rec["stream"] == "stream 0xa"
+    wait = next(o for o in ops if o["op"] == "event_wait")
+    assert wait["stream"] == "stream 0xb" and wait["event"] == "ev 0xe1"
+    assert next(o for o in ops if o["op"] == "device_sync")["device"] == 0
+    assert rec["site"].endswith(f"test_native_syncs.py:{_line_of('# LINE record')}"), rec
+    # The wait orders the second launch after the first: no race.
+    assert run.report.errors == 0, run.report.to_text()
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "_line_of" not in line:
+                return i
+    raise AssertionError(marker)
+
+
+def test_without_the_wait_the_race_is_reported():
+    """The same program without the wait: the two streams race (the recorder's syncs are what
+    clears the program above)."""
+    ext = _ext_or_skip()
+    import torch
+
+    run = _run()
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(8)
+        x.add_(1)
+        ext.fake_gpu_trace("record", 0xE1, 0xA)
+        ext.set_fake_stream(0xB)
+        x.mul_(2)
+    assert [h["kind"] for h in run.report.hazards] == ["data-race"], run.report.to_text()
+
+
+def test_a_trace_active_before_the_check_keeps_being_called_and_is_put_back():
+    """torch's own GPU trace activated before the check (CSAN, or Python callbacks): during the
+    check each call is recorded and passed on to it (its callbacks still fire, once); after the
+    check it is in place again. Run in a process of its own: torch's activation cannot be undone."""
+    _ext_or_skip()
+    code = textwrap.dedent(
+        """
+        import json, sys, torch
+        import torch.cuda._gpu_trace as gt
+        import streamsan.torch
+        from streamsan.torch import _native
+        ext = _native.load()
+        seen = []
+        torch._C._activate_gpu_trace()
+        gt.register_callback_for_event_record(lambda e, s: seen.append(("record", e, s)))
+        ext.fake_gpu_trace("record", 1, 2)
+        run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, trace=sys.argv[1])
+        with run:
+            ext.fake_gpu_trace("record", 3, 4)
+        ext.fake_gpu_trace("record", 5, 6)
+        ops = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+        print(json.dumps({"seen": seen, "events": [o["event"] for o in ops if o["op"] == "event_record"]}))
+        """
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        r = subprocess.run(
+            [sys.executable, "-c", code, f"{d}/t.jsonl"], capture_output=True, text=True, timeout=600
+        )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["seen"] == [["record", 1, 2], ["record", 3, 4], ["record", 5, 6]]
+    assert out["events"] == ["ev 0x3"]
+
+
+def test_profile_counts_each_stage(monkeypatch):
+    """STREAMSAN_PROFILE=1: the recorder's time per stage, and its counts, in Run.stats();
+    `observe`: the callbacks return at once and nothing is recorded."""
+    ext = _ext_or_skip()
+    import torch
+
+    monkeypatch.setenv("STREAMSAN_PROFILE", "1")
+    run = _run()
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(64)
+        for _ in range(50):
+            x.add_(1)
+        ext.fake_gpu_trace("record", 0xE1, 0xA)
+        st = run.stats()
+    assert st["recorder_profile_ops"] >= 50
+    assert st["recorder_profile_callbacks"] >= st["recorder_profile_ops"]
+    for k in ("regions", "site", "serialize", "syncs"):
+        assert st[f"recorder_profile_{k}_seconds"] > 0, (k, st)
+    assert run.report.ops >= 51
+
+    monkeypatch.setenv("STREAMSAN_PROFILE", "observe")
+    run = _run()
+    with run:
+        ext.set_fake_stream(0xA)
+        y = torch.ones(64)
+        for _ in range(50):
+            y.add_(1)
+        ext.fake_gpu_trace("record", 0xE1, 0xA)
+        st = run.stats()
+    assert st["recorder_profile_ops"] == 0 and st["recorder_profile_callbacks"] == 0
+    assert run.report.ops == 0
+
+
+def test_profile_is_off_by_default(monkeypatch):
+    ext = _ext_or_skip()
+    import torch
+
+    monkeypatch.delenv("STREAMSAN_PROFILE", raising=False)
+    run = _run()
+    with run:
+        ext.set_fake_stream(0xA)
+        torch.ones(4).add_(1)
+        st = run.stats()
+    assert not any(k.startswith("recorder_profile_") for k in st)
