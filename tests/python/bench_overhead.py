@@ -123,28 +123,35 @@ def run(mode: str, workload: str, backend: str, iters: int) -> dict:
 PROFILE = {"observe": "observe", "stages": "1"}  # paired's profiling modes: STREAMSAN_PROFILE
 
 
-def _block(step, iters: int) -> float:
+def _sync(device: str) -> None:
     import torch
 
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _block(step, iters: int, device: str = "cuda") -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
         step()
-    torch.cuda.synchronize()
+    _sync(device)
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-def paired(workload: str, iters: int, rounds: int = 5) -> dict:
+def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> dict:
     """Plain and checked in one process, interleaved: each round a plain block of `iters`
     iterations, then the same block under a check of its own (entered and finished in the timing:
     its set-up and report are part of the cost), then under a check whose recorder observes only
     (STREAMSAN_PROFILE=observe: called at every op, recording nothing) and one with its stages
     timed (STREAMSAN_PROFILE=1). Microseconds per iteration, the median of `rounds` rounds after a
-    warm-up of each; the stages of the median timed round, per iteration."""
-    import torch
-
+    warm-up of each; the stages of the median timed round, per iteration. `device="cpu"`: the
+    MLP on CPU tensors standing for device memory (the recorder's fake device), where no GPU is:
+    the recorder's own cost per op, against CPU ops of a few microseconds."""
     import streamsan.torch
 
-    step = WORKLOADS[workload]()
+    if device == "cpu" and workload != "mlp":
+        raise SystemExit(f"paired --device cpu: only the mlp workload runs without a GPU, not {workload}")
+    step = mlp("cpu") if device == "cpu" else WORKLOADS[workload]()
 
     def checked(mode: str):
         old = os.environ.pop("STREAMSAN_PROFILE", None)
@@ -152,10 +159,10 @@ def paired(workload: str, iters: int, rounds: int = 5) -> dict:
             os.environ["STREAMSAN_PROFILE"] = PROFILE[mode]
         try:
             t0 = time.perf_counter()
-            with streamsan.torch.check(raise_on_hazard=False, backend="native") as r:
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu") as r:
                 for _ in range(iters):
                     step()
-                torch.cuda.synchronize()
+                _sync(device)
                 stats = r.stats()
             us = (time.perf_counter() - t0) / iters * 1e6
         finally:
@@ -166,14 +173,14 @@ def paired(workload: str, iters: int, rounds: int = 5) -> dict:
 
     for _ in range(20):
         step()
-    torch.cuda.synchronize()
+    _sync(device)
     modes = ["plain", "streamsan", "observe", "stages"]
     samples: dict = {m: [] for m in modes}
     stages, errors = [], set()
     for rnd in range(rounds + 1):
         for m in modes:
             if m == "plain":
-                us = _block(step, iters)
+                us = _block(step, iters, device)
             else:
                 us, r, stats = checked(m)
                 if m != "observe":
@@ -190,6 +197,7 @@ def paired(workload: str, iters: int, rounds: int = 5) -> dict:
     per_iter = {k[: -len("_seconds")]: round(v / iters * 1e6, 2) for k, v in prof.items() if k.endswith("_seconds")}
     return {
         "workload": workload,
+        "device": device,
         "iters": iters,
         "rounds": rounds,
         "us": {m: round(v, 1) for m, v in med.items()},
@@ -286,7 +294,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--sync-every", type=int, default=0, help="memory: loss.item() every N steps")
-    p.add_argument("--device", default="cuda", help="memory: cpu runs on CPU tensors standing for device memory")
+    p.add_argument("--device", default="cuda",
+                   help="memory, paired: cpu runs on CPU tensors standing for device memory")
+    p.add_argument("--rounds", type=int, default=5, help="paired: timed rounds")
     p.add_argument("--max-rss-mib", type=int, default=12288)
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")
@@ -295,7 +305,7 @@ def main() -> None:
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "paired":
-        print(json.dumps(paired(a.mode or "mlp", a.iters)))
+        print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
         return
     if a.what == "memory":
         print(json.dumps(memory(a.steps, a.backend, a.sync_every, a.device, a.max_rss_mib, a.max_seconds)))

@@ -217,6 +217,7 @@ struct Profile {
   std::atomic<uint64_t> syncs{0};      // events, waits, synchronizations (site and text)
   std::atomic<uint64_t> handover{0};   // batches handed to the checker (Python's sink)
   std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> callback_total{0};  // everything inside the RecordFunction callbacks
 };
 
 uint64_t now_ns() {
@@ -643,10 +644,22 @@ std::string new_name(Mem mem) {
   return jstr((mem == Mem::Device ? "d" : "h") + std::to_string(++S->next_buf));
 }
 
+// Tests (fake device): CPU storages standing for device memory whose storage is gone are freed
+// now. The CPU allocator traces no free; without this, a buffer stays known (and its storage's
+// object alive) until its address is handed out again, which a long run's heap may never do.
+void sweep_fake_device(const std::string& site) {
+  for (auto it = S->device_bufs.begin(); it != S->device_bufs.end();) {
+    auto next = std::next(it);
+    if (it->second.owner && it->second.owner->expired()) free_buf(S->device_bufs, it, site);
+    it = next;
+  }
+}
+
 void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
                const std::string& site, c10::StorageImpl* impl = nullptr,
                const std::string* pool = nullptr) {
   auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
+  if (mem == Mem::Device && S->fake_device && impl != nullptr) sweep_fake_device(site);
   // Memory handed out again: what still overlaps it was freed (pinned memory's frees are not
   // traced; they are inferred here).
   for (;;) {
@@ -790,7 +803,26 @@ void flush_pending(Frame& fr) {
   flush_pending_locked(fr);
 }
 
+std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn);
+void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* ctx);
+
+// The callbacks, their time counted whole when profiling.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (!S->profiling.load(std::memory_order_relaxed)) return on_start_impl(fn);
+  uint64_t t0 = now_ns();
+  auto r = on_start_impl(fn);
+  S->prof.callback_total += now_ns() - t0;
+  return r;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  if (!S->profiling.load(std::memory_order_relaxed)) return on_end_impl(fn, ctx);
+  uint64_t t0 = now_ns();
+  on_end_impl(fn, ctx);
+  S->prof.callback_total += now_ns() - t0;
+}
+
+std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
   if (!frames.empty() && !frames.back().pending.empty()) flush_pending(frames.back());
@@ -910,7 +942,7 @@ void pass_pending(Frame& fr, Frame* parent) {
   for (auto& p : fr.pending) S->batch += p;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
   if (frames.empty()) return;
   Frame fr = std::move(frames.back());
   frames.pop_back();
@@ -1225,7 +1257,8 @@ void reset() {
   S->triton_launches = 0;
   S->captures.store(0);
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
-                  &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches}) {
+                  &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
+                  &S->prof.callback_total}) {
     c->store(0);
   }
 }
@@ -1640,6 +1673,7 @@ py::dict profile() {
   d["allocator_seconds"] = sec(S->prof.allocator);
   d["syncs_seconds"] = sec(S->prof.syncs);
   d["handover_seconds"] = sec(S->prof.handover);
+  d["callbacks_seconds"] = sec(S->prof.callback_total);
   return d;
 }
 
