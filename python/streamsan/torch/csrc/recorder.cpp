@@ -46,6 +46,7 @@
 #include <torch/csrc/PyInterpreter.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -218,6 +219,9 @@ struct Profile {
   std::atomic<uint64_t> handover{0};   // batches handed to the checker (Python's sink)
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> callback_total{0};  // everything inside the RecordFunction callbacks
+  // Ops recorded in full that wrote nothing of their own (their accesses written by the ops
+  // they called, or none), by name; `mu` held.
+  std::unordered_map<std::string, uint64_t> unwritten;
 };
 
 uint64_t now_ns() {
@@ -966,6 +970,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
     fr.stream_set = true;
   }
   if (fr.accesses.empty() && outs.empty()) {
+    if (profiling) {
+      std::lock_guard<std::mutex> g(S->mu);
+      S->prof.unwritten[info.name]++;
+    }
     pass_pending(fr, parent);
     return;
   }
@@ -1020,7 +1028,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
         any_host |= !a.device;
         used.push_back(&a);
       }
-      if (profiling) t_resolved = now_ns();
+      if (profiling) {
+        t_resolved = now_ns();
+        if (used.empty()) S->prof.unwritten[info.name]++;
+      }
       // A collective runs on the process group's stream: after the wait that hands the work to
       // that stream, which it names (written already when the collective called another op).
       size_t split = 0;
@@ -1261,6 +1272,7 @@ void reset() {
                   &S->prof.callback_total}) {
     c->store(0);
   }
+  S->prof.unwritten.clear();
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
@@ -1674,6 +1686,19 @@ py::dict profile() {
   d["syncs_seconds"] = sec(S->prof.syncs);
   d["handover_seconds"] = sec(S->prof.handover);
   d["callbacks_seconds"] = sec(S->prof.callback_total);
+  std::vector<std::pair<uint64_t, std::string>> unwritten;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    for (const auto& kv : S->prof.unwritten) unwritten.emplace_back(kv.second, kv.first);
+  }
+  std::sort(unwritten.rbegin(), unwritten.rend());
+  py::list top;
+  for (size_t i = 0; i < unwritten.size() && i < 12; i++) {
+    // The name is quoted (JSON): shown without its quotes.
+    const std::string& q = unwritten[i].second;
+    top.append(py::make_tuple(q.size() >= 2 ? q.substr(1, q.size() - 2) : q, unwritten[i].first));
+  }
+  d["unwritten_ops"] = top;
   return d;
 }
 
