@@ -254,6 +254,10 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
             loss = step()
             if sync_every and i % sync_every == 0:
                 loss.item()
+                if fake:
+                    # On the CPU, .item() waits for nothing: the synchronization a GPU's .item()
+                    # makes goes through the GPU trace as CUDA's would.
+                    run._recorder.backend.ext.fake_gpu_trace("device_sync", 0, 0)
             if i % 100 and i != steps:
                 continue
             vm = _vm()

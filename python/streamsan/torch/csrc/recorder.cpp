@@ -36,6 +36,7 @@
 #include <c10/core/impl/GPUTrace.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/util/SmallVector.h>
 #include <frameobject.h>
 #include <torch/version.h>
 
@@ -135,8 +136,7 @@ bool same_storage(const Buf& b, const c10::StorageImpl* impl) {
 }
 
 struct Access {
-  const Buf* buf = nullptr;  // null: an external buffer (see ext_name)
-  std::string ext_name;      // quoted, for external buffers
+  const Buf* buf = nullptr;  // null: an external buffer, named after `base` ("ext 0x…")
   uint64_t base = 0;         // the storage's data pointer
   uint64_t offset = 0;       // from the buffer's start
   uint64_t bytes = 0;
@@ -146,6 +146,13 @@ struct Access {
   c10::DeviceIndex device_index = 0;
   c10::StorageImpl* impl = nullptr;  // the storage (alive while the op runs)
 };
+
+// An op's regions, and the ones it writes: inline up to a few (most ops), on the heap past that.
+using Accesses = c10::SmallVector<Access, 4>;
+using AccessList = c10::SmallVectorImpl<Access>;
+using Used = c10::SmallVector<Access*, 8>;
+// A region written by an op a frame called: (base, offset, bytes, write).
+using Covered = c10::SmallVector<std::tuple<uint64_t, uint64_t, uint64_t, bool>, 4>;
 
 // How an op is treated.
 enum class Kind : uint8_t {
@@ -175,9 +182,9 @@ struct OpInfo {
 struct Frame {
   const OpInfo* info = nullptr;
   bool active = false;
-  std::vector<Access> accesses;  // the inputs' regions (from the start callback)
+  Accesses accesses;  // the inputs' regions (from the start callback)
   // Accesses written by ops this one called: (base, offset, bytes, write).
-  std::vector<std::tuple<uint64_t, uint64_t, uint64_t, bool>> covered;
+  Covered covered;
   // Host ops issued inside this op since it began or since the last op it called began:
   // written before that op's work (issue order), or after this op's own work when it ends.
   std::vector<std::string> pending;
@@ -247,7 +254,7 @@ struct State {
   std::map<uint64_t, Buf> pinned_bufs;
   std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
-  Site last_site = kNullSite;                               // for threads without Python frames
+  std::atomic<Site> last_site{kNullSite};                   // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
   std::vector<std::string> libraries;   // site-packages folders inside stdlib_dir: not stdlib
@@ -262,7 +269,8 @@ struct State {
   // text itself is interned in site_texts, never freed. GIL held for both.
   std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> site_cache;
   std::unordered_set<std::string> site_texts;
-  uint64_t external_accesses = 0, foreign_threads = 0, bad_regions = 0;
+  uint64_t external_accesses = 0, bad_regions = 0;
+  std::atomic<uint64_t> foreign_threads{0};  // ops of threads that run no Python
   // Allocations into a graph pool or a MemPool while no capture was recorded in progress
   // (torch.cuda.use_mem_pool, cudagraph trees' warm-up): written with the pool's name.
   uint64_t pool_allocations_outside_capture = 0;
@@ -423,19 +431,17 @@ Site user_site() {
 // started them).
 Site op_site() {
   if (PyGILState_GetThisThreadState() == nullptr) {
-    std::lock_guard<std::mutex> g(S->mu);
     S->foreign_threads++;
-    return S->last_site;
+    return S->last_site.load(std::memory_order_relaxed);
   }
   PyGILState_STATE st = PyGILState_Ensure();
   Site site = user_site();
   PyGILState_Release(st);
-  std::lock_guard<std::mutex> g(S->mu);
   if (site != kNullSite) {
-    S->last_site = site;
+    S->last_site.store(site, std::memory_order_relaxed);
     return site;
   }
-  return S->last_site;
+  return S->last_site.load(std::memory_order_relaxed);
 }
 
 // The site of a host op (an event or a sync) issued on this thread: the user's frame, or none
@@ -491,7 +497,7 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   return true;
 }
 
-void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out, Frame& fr) {
+void add_tensor(const at::Tensor& t, bool write, AccessList& out, Frame& fr) {
   Access a;
   if (!region_of(t, write, a)) return;
   if (a.device) {
@@ -501,7 +507,7 @@ void add_tensor(const at::Tensor& t, bool write, std::vector<Access>& out, Frame
   out.push_back(std::move(a));
 }
 
-void add_ivalue(const c10::IValue& v, bool write, std::vector<Access>& out, Frame& fr) {
+void add_ivalue(const c10::IValue& v, bool write, AccessList& out, Frame& fr) {
   if (v.isTensor()) {
     add_tensor(v.toTensor(), write, out, fr);
   } else if (v.isTensorList()) {
@@ -529,6 +535,22 @@ const OpInfo& op_info(const at::RecordFunction& fn) {
   const OpInfo& info = op_info_slow(fn);
   local_ops.emplace(key, &info);
   return info;
+}
+
+// Whether the op's device kernel (CUDA's; CPU's on the tests' fake device) is its
+// CompositeImplicitAutograd kernel: no kernel of its own for the device, nor an explicit
+// composite one.
+bool composite_only(const at::RecordFunction& fn) {
+  auto name = fn.operator_name();
+  if (!name) return false;
+  auto op = c10::Dispatcher::singleton().findOp(*name);
+  if (!op) return false;
+  using K = c10::DispatchKey;
+  if (!op->hasKernelForDispatchKey(K::CompositeImplicitAutograd)) return false;
+  for (K k : {K::CUDA, K::CPU, K::CompositeExplicitAutograd, K::CompositeExplicitAutogradNonFunctional}) {
+    if (op->hasKernelForDispatchKey(k)) return false;
+  }
+  return true;
 }
 
 const OpInfo& op_info_slow(const at::RecordFunction& fn) {
@@ -594,6 +616,13 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
       !info.factory && !info.pins) {
     info.kind = Kind::Skip;
   }
+  // An aten op whose device kernel is its CompositeImplicitAutograd one (aten::linear,
+  // aten::cross_entropy_loss, …) does all its work through the ops it calls, which are recorded
+  // themselves: it has nothing of its own to write, and is not looked at (its inputs, its site).
+  if (info.kind == Kind::Normal && !info.factory && !info.pins && starts_with(name, "aten::") &&
+      composite_only(fn)) {
+    info.kind = Kind::Skip;
+  }
   info.meta_inputs = starts_with(name, "aten::new_") ||
                      (starts_with(name, "aten::") && name.size() >= 5 &&
                       name.compare(name.size() - 5, 5, "_like") == 0);
@@ -619,7 +648,13 @@ void put_site(std::string& out, const std::string& site) {
 
 void put_region(std::string& out, const Access& a) {
   out += "{\"buffer\":";
-  out += a.buf ? a.buf->name : a.ext_name;
+  if (a.buf) {
+    out += a.buf->name;
+  } else {
+    out += "\"ext ";
+    put_hex(out, a.base);
+    out += '"';
+  }
   out += ",\"offset\":";
   put_u64(out, a.offset);
   out += ",\"bytes\":";
@@ -731,9 +766,6 @@ bool resolve(Access& a, const std::string& site) {
   }
   if (!a.device) return false;
   // Device memory allocated before the check began: an external buffer of the trace.
-  std::string h;
-  put_hex(h, a.base);
-  a.ext_name = jstr("ext " + h);
   S->external_accesses++;
   return true;
 }
@@ -826,12 +858,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   S->prof.callback_total += now_ns() - t0;
 }
 
+// What on_start returns for an op it gave a frame: the end callback pops it. Ops without one
+// (skipped ops, ops while no check records) pass straight through, and the host ops issued
+// inside them belong to the enclosing op's frame, as if it had issued them.
+struct Pushed final : at::ObserverContext {};
+
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
   if (!frames.empty() && !frames.back().pending.empty()) flush_pending(frames.back());
-  frames.emplace_back();
-  Frame& fr = frames.back();
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) {
     return nullptr;
   }
@@ -839,8 +874,11 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   const uint64_t t0 = profiling ? now_ns() : 0;
   if (profiling) S->prof.callbacks++;
   const OpInfo& info = op_info(fn);
-  fr.info = &info;
   if (info.kind == Kind::Skip) return nullptr;
+  std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
+  frames.emplace_back();
+  Frame& fr = frames.back();
+  fr.info = &info;
   auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && !info.meta_inputs; i++) {
     bool w = i < info.arg_write.size() && info.arg_write[i];
@@ -870,7 +908,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
       fr.stream_set = true;
     }
   } else if (fr.accesses.empty() && !(S->fake_device && info.fresh_returns) && !info.pins) {
-    return nullptr;
+    return pushed;
   }
   fr.active = true;
   // The user's frame, for this op and for what the allocator does inside it.
@@ -883,7 +921,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
     fr.site = op_site();
   }
   cur_site = fr.site;
-  return nullptr;
+  return pushed;
 }
 
 bool is_covered(const Frame& fr, const Access& a) {
@@ -895,7 +933,7 @@ bool is_covered(const Frame& fr, const Access& a) {
   return false;
 }
 
-void put_regions(std::string& out, const char* key, const std::vector<Access*>& v, bool write) {
+void put_regions(std::string& out, const char* key, const Used& v, bool write) {
   bool first = true;
   for (Access* a : v) {
     if (a->write != write) continue;
@@ -913,7 +951,7 @@ void put_regions(std::string& out, const char* key, const std::vector<Access*>& 
 
 // Adds `a` to `all` unless its region is there already (then that one is written when either
 // writes): each region of an op once.
-void merge_region(std::vector<Access>& all, Access&& a) {
+void merge_region(AccessList& all, Access&& a) {
   for (Access& b : all) {
     if (b.base == a.base && b.offset == a.offset && b.bytes == a.bytes && b.device == a.device) {
       b.write = b.write || a.write;
@@ -925,7 +963,7 @@ void merge_region(std::vector<Access>& all, Access&& a) {
 
 // A kernel's `launch` on `stream` (quoted), named `name` (quoted), with its regions.
 void put_launch(std::string& out, const std::string& stream, const std::string& name,
-                const std::vector<Access*>& used, const std::string& site) {
+                const Used& used, const std::string& site) {
   out += "{\"op\":\"launch\",\"stream\":";
   out += stream;
   out += ",\"name\":";
@@ -946,8 +984,8 @@ void pass_pending(Frame& fr, Frame* parent) {
   for (auto& p : fr.pending) S->batch += p;
 }
 
-void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
-  if (frames.empty()) return;
+void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
+  if (pushed == nullptr || frames.empty()) return;
   Frame fr = std::move(frames.back());
   frames.pop_back();
   Frame* parent = frames.empty() ? nullptr : &frames.back();
@@ -959,7 +997,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
   const OpInfo& info = *fr.info;
-  std::vector<Access> outs;
+  Accesses outs;
   if (info.kind != Kind::RecordStream) {
     for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
   }
@@ -1005,8 +1043,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
     }
     // Each region once: an output that is an input (in-place ops return `self`), or an input
     // given twice (`x.add_(x)`), is one access, written when any of them writes.
-    std::vector<Access> all;
-    all.reserve(fr.accesses.size() + outs.size());
+    c10::SmallVector<Access, 8> all;
     for (Access& a : fr.accesses) merge_region(all, std::move(a));
     for (Access& o : outs) merge_region(all, std::move(o));
     if (info.kind == Kind::RecordStream) {
@@ -1020,7 +1057,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
       }
       for (auto& p : fr.pending) out += p;
     } else {
-      std::vector<Access*> used;
+      Used used;
       bool any_host = false;
       for (Access& a : all) {
         if (is_covered(fr, a)) continue;
@@ -1035,16 +1072,18 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext*) {
       // A collective runs on the process group's stream: after the wait that hands the work to
       // that stream, which it names (written already when the collective called another op).
       size_t split = 0;
-      std::string stream_id = stream_name(fr.stream, fr.device);
+      const std::string* stream_ptr = &stream_name(fr.stream, fr.device);
+      std::string collective;  // the stream a collective's wait named
       if (info.kind == Kind::Collective) {
         if (!fr.collective_stream.empty()) {
-          stream_id = fr.collective_stream;
+          stream_ptr = &fr.collective_stream;
         } else {
-          std::string s = collective_stream_of(fr, 0, &split);
-          if (!s.empty()) stream_id = s;
+          collective = collective_stream_of(fr, 0, &split);
+          if (!collective.empty()) stream_ptr = &collective;
         }
         for (size_t i = 0; i < split; i++) out += fr.pending[i];
       }
+      const std::string& stream_id = *stream_ptr;
       bool host_value = false;
       if (info.syncs_first) {
         for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
@@ -1261,8 +1300,9 @@ void reset() {
   S->spare_names[0].clear();
   S->spare_names[1].clear();
   S->fake_pinned.clear();
-  S->last_site = kNullSite;
-  S->external_accesses = S->foreign_threads = S->bad_regions = 0;
+  S->last_site.store(kNullSite);
+  S->external_accesses = S->bad_regions = 0;
+  S->foreign_threads.store(0);
   S->pool_allocations_outside_capture = 0;
   S->pool_names.clear();
   S->triton_launches = 0;
@@ -1329,7 +1369,7 @@ py::object pool_name(int64_t a, int64_t b) {
 // enclosing op (a custom op around the kernel) does not write these regions again. GIL held.
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
   if (!S->active.load(std::memory_order_relaxed)) return false;
-  std::vector<Access> all;
+  c10::SmallVector<Access, 8> all;
   for (py::handle item : accesses) {
     auto tup = item.cast<py::tuple>();
     if (tup.size() != 3) continue;
@@ -1347,7 +1387,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     std::lock_guard<std::mutex> g(S->mu);
     if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
     S->triton_launches++;
-    std::vector<Access*> used;
+    Used used;
     for (Access& a : all) {
       if (resolve(a, site)) used.push_back(&a);
     }
@@ -1725,7 +1765,7 @@ py::dict counters() {
   std::lock_guard<std::mutex> g(S->mu);
   py::dict d;
   d["external_accesses"] = S->external_accesses;
-  d["foreign_threads"] = S->foreign_threads;
+  d["foreign_threads"] = S->foreign_threads.load();
   d["bad_regions"] = S->bad_regions;
   d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
   d["triton_launches"] = S->triton_launches;
