@@ -240,6 +240,7 @@ uint64_t now_ns() {
 struct State {
   std::mutex mu;
   std::string batch;  // JSON Lines not yet handed to Python
+  std::string spare_batch;  // an empty buffer of a batch's size, for the next batch
   std::atomic<bool> active{false};
   bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
   uint64_t fake_stream = 0;
@@ -265,7 +266,7 @@ struct State {
   // a rewritten frame calls the compiled code; the user's line is the frame that called it.
   py::object rewritten_codes;
   std::unordered_map<PyObject*, std::pair<bool, std::string>> code_cache;  // code -> (internal, shown file)
-  // The site of a user line, by its code object (kept alive by code_cache) and line number; the
+  // The site of a user line, by its code object (kept alive by code_cache) and instruction; the
   // text itself is interned in site_texts, never freed. GIL held for both.
   std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> site_cache;
   std::unordered_set<std::string> site_texts;
@@ -373,12 +374,18 @@ bool rewritten_by_dynamo(PyCodeObject* code) {
   return in == 1;
 }
 
-// The interned site of line `line` of `code` (kept alive by code_cache), `shown` its file; GIL
-// held.
-Site site_text(PyObject* code, int line, const std::string& shown) {
-  auto key = std::make_pair(code, line);
+// The interned site of frame `f` running `code` (kept alive by code_cache), `shown` its file;
+// GIL held. Cached by the instruction the frame is at (Python 3.11 on), which is cheaper to read
+// than its line.
+Site site_text(PyFrameObject* f, PyObject* code, const std::string& shown) {
+#if PY_VERSION_HEX >= 0x030B0000
+  auto key = std::make_pair(code, PyFrame_GetLasti(f));
+#else
+  auto key = std::make_pair(code, PyFrame_GetLineNumber(f));
+#endif
   auto it = S->site_cache.find(key);
   if (it != S->site_cache.end()) return it->second;
+  int line = PyFrame_GetLineNumber(f);
   Site text = &*S->site_texts.insert(jstr(shown + ":" + std::to_string(line))).first;
   S->site_cache.emplace(key, text);
   return text;
@@ -411,8 +418,7 @@ Site user_site() {
                                  std::make_pair(internal, shown)).first;
     }
     if (!it->second.first) {
-      int line = PyFrame_GetLineNumber(f);
-      site = site_text(reinterpret_cast<PyObject*>(code), line, it->second.second);
+      site = site_text(f, reinterpret_cast<PyObject*>(code), it->second.second);
       Py_DECREF(code);
       Py_DECREF(f);
       return site;
@@ -778,6 +784,9 @@ void maybe_flush() {
     std::lock_guard<std::mutex> g(S->mu);
     if (S->batch.size() < S->threshold || !S->sink) return;
     out.swap(S->batch);
+    // The next batch goes into the buffer the previous one was handed over from: no growing a
+    // new one by doubling each time.
+    S->batch.swap(S->spare_batch);
     sink = S->sink;
   }
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
@@ -793,6 +802,9 @@ void maybe_flush() {
     e.restore();
     PyErr_Clear();
   }
+  out.clear();
+  std::lock_guard<std::mutex> g(S->mu);
+  if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
 }
 
 // ---------------------------------------------------------------------------------------------
