@@ -1138,7 +1138,9 @@ def table(files: list[str]) -> str:
     return "\n".join(out)
 
 
-PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover")
+# The recorder's stages (STREAMSAN_PROFILE=1), and `callbacks`: all the time inside its dispatcher
+# callbacks (the stages there, and the ops it passes by)
+PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks")
 
 
 def profile_table(cost: dict) -> str:
