@@ -3,6 +3,7 @@ its per-stage profile; on the CPU (fake device: CPU tensors stand for device mem
 trace is called as CUDA code calls it, through `fake_gpu_trace`)."""
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -175,3 +176,64 @@ def test_profile_is_off_by_default(monkeypatch):
         torch.ones(4).add_(1)
         st = run.stats()
     assert not any(k.startswith("recorder_profile_") for k in st)
+
+
+def _many_ops_program(ext, torch):
+    """Two streams, ordered by events, 3,000 ops: several batches of the recorder's (256 KiB)."""
+    ext.set_fake_stream(0xA)
+    x = torch.ones(64)
+    y = torch.ones(64)
+    for i in range(1500):
+        ext.set_fake_stream(0xA)
+        x.add_(1)
+        ext.fake_gpu_trace("record", 0xE1, 0xA)
+        ext.fake_gpu_trace("wait", 0xE1, 0xB)
+        ext.set_fake_stream(0xB)
+        y.add_(x)
+        if i == 1000:
+            ext.set_fake_stream(0xA)
+            x.mul_(2)  # a race: x read on 0xB after the last wait, written on 0xA
+        ext.fake_gpu_trace("record", 0xE2, 0xB)
+        ext.fake_gpu_trace("wait", 0xE2, 0xA)
+
+
+def test_batches_go_straight_to_the_checker_thread_with_the_same_report(tmp_path):
+    """With the checker on its own thread, the C++ recorder hands its batches to the checker's
+    queue through the checker's raw sink (no Python); the report and the kept trace are those of
+    the synchronous check, which gets its batches through Python."""
+    ext = _ext_or_skip()
+    import torch
+
+    out = {}
+    for threaded in (True, False):
+        path = tmp_path / f"t{threaded}.jsonl"
+        run = _run(trace=path, threaded=threaded)
+        with run:
+            _many_ops_program(ext, torch)
+            st = run.stats()
+        assert st["recorder_raw_sink"] is threaded, st
+        assert st["recorder_raw_refused_bytes"] == 0
+        # The CPU tensors' addresses differ from run to run: the traces without them.
+        out[threaded] = tuple(re.sub(r'"addr":\d+', '"addr":0', t) for t in (run.report.to_json(), path.read_text()))
+    assert len(out[True][1]) > 2 << 18  # batches were handed over during the run, not only at its end
+    assert out[True][1] == out[False][1]
+    assert out[True][0] == out[False][0]
+    assert run.report.errors >= 1 and {h["kind"] for h in run.report.hazards} == {"data-race"}
+
+
+def test_raw_sink_capsule_is_checked():
+    """A capsule that is not a Checker's raw sink is refused (batches keep going through
+    Python); a synchronous Checker has none."""
+    ext = _ext_or_skip()
+    from streamsan import Checker
+
+    assert Checker(threaded=False)._raw_sink() is None
+    c = Checker(threaded=True)
+    cap = c._raw_sink()
+    assert type(cap).__name__ == "PyCapsule"
+    assert ext.set_raw_sink(cap) is True
+    assert ext.set_raw_sink(None) is True
+    import datetime
+
+    assert ext.set_raw_sink(datetime.datetime.now) is False
+    c.finish()

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use streamsan::analysis::run::{CheckRun, RecheckError, TraceFile};
 use streamsan::graph::Picture;
@@ -211,6 +211,42 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
         )));
     }
     Ok(())
+}
+
+/// What a `Checker._raw_sink()` capsule holds: the C entry point native code calls with a batch
+/// of JSON Lines (`push(ctx, data, len)`: 0 when queued, 1 when the check is over, 2 when the
+/// hand-over failed), and the queue it pushes to, kept alive as long as the capsule is. The C++
+/// recorder declares the same first three fields (`RawSink` in csrc/recorder.cpp).
+#[repr(C)]
+struct RawSink {
+    version: u32,
+    ctx: usize,
+    push: unsafe extern "C" fn(usize, *const u8, usize) -> i32,
+    _shared: Arc<Shared>,
+}
+
+/// `RawSink::push`: copies the batch into the queue of the [`Shared`] at `ctx`, waiting only
+/// while the queue is full.
+///
+/// # Safety
+/// `ctx` is the `ctx` of a live `RawSink` capsule and `data` points to `len` readable bytes.
+unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
+    let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the capsule holding `ctx` keeps its `Shared` alive while its holder calls.
+        let shared = unsafe { &*(ctx as *const Shared) };
+        let batch = if len == 0 || data.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the caller passes `len` readable bytes at `data`.
+            unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
+        };
+        shared.push_raw(batch).is_ok()
+    }));
+    match pushed {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(_) => 2,
+    }
 }
 
 /// Checks ops as they come: the trace format's checker, in process.
@@ -515,6 +551,24 @@ impl Checker {
         self.handed(py)
     }
 
+    /// A capsule (`streamsan._streamsan.RawSink`) through which native code hands JSON Lines
+    /// straight to this Checker's queue, as `push_lines` does but without Python or the GIL:
+    /// the C++ recorder of `streamsan.torch` uses it. None for a Checker that checks on the
+    /// caller's thread. What the lines raise comes back as it does for `push_lines` batches: the
+    /// hazards by the next `push_lines` or `drain()`, bad input by the next call.
+    fn _raw_sink<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyCapsule>>> {
+        if !lock(&self.shared.state).threaded {
+            return Ok(None);
+        }
+        let sink = RawSink {
+            version: 1,
+            ctx: Arc::as_ptr(&self.shared) as usize,
+            push: raw_push,
+            _shared: Arc::clone(&self.shared),
+        };
+        PyCapsule::new_with_value(py, sink, c"streamsan._streamsan.RawSink").map(Some)
+    }
+
     /// Waits until every op pushed so far is checked and returns the hazards not returned yet
     /// (none on a synchronous Checker, unless bad input cut a call short); raises the first
     /// error not raised yet.
@@ -579,8 +633,12 @@ impl Checker {
         }
         let queue = {
             let s = lock(&self.shared.state);
-            s.threaded
-                .then_some((s.bytes, s.peak, s.busy.as_secs_f64(), s.waited.as_secs_f64()))
+            s.threaded.then_some((
+                s.bytes,
+                s.peak,
+                s.busy.as_secs_f64(),
+                s.waited.as_secs_f64(),
+            ))
         };
         if let Some((bytes, peak, busy, waited)) = queue {
             d.set_item("queue_bytes", bytes)?;

@@ -194,6 +194,12 @@ pub(crate) struct Options {
     pub(crate) panic_at: Option<u64>,
 }
 
+/// A caller's entry into the queue: admitted (or refused) at once, or waiting with its ticket.
+enum Entry {
+    Done(Result<(), Refused>),
+    Wait(u64, Vec<u8>),
+}
+
 /// Why a batch was not taken.
 pub(crate) enum Refused {
     /// The check is finishing or finished.
@@ -303,35 +309,54 @@ impl Shared {
     /// released, only while the queue is full or callers that entered before have not handed
     /// theirs over yet.
     pub(crate) fn push(&self, py: pyo3::Python<'_>, batch: Vec<u8>) -> Result<(), Refused> {
+        match self.enter(batch) {
+            Entry::Done(r) => r,
+            Entry::Wait(ticket, batch) => py.detach(|| self.wait_turn(ticket, batch)),
+        }
+    }
+
+    /// [`Self::push`] for a caller outside Python (the C++ recorder's hand-over, which may hold
+    /// the GIL: the thread never needs it, so the wait ends as it does in `push`).
+    pub(crate) fn push_raw(&self, batch: Vec<u8>) -> Result<(), Refused> {
+        match self.enter(batch) {
+            Entry::Done(r) => r,
+            Entry::Wait(ticket, batch) => self.wait_turn(ticket, batch),
+        }
+    }
+
+    /// Takes a ticket, and admits `batch` at once when it is its turn and there is room.
+    fn enter(&self, batch: Vec<u8>) -> Entry {
         let len = batch.len();
         let mut s = lock(&self.state);
         if let Some(r) = Self::refused(&s) {
-            return Err(r);
+            return Entry::Done(Err(r));
         }
         let ticket = s.tickets;
         s.tickets += 1;
         if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound) {
             self.admit(&mut s, batch);
-            return Ok(());
+            return Entry::Done(Ok(()));
         }
-        drop(s);
+        Entry::Wait(ticket, batch)
+    }
+
+    /// Waits for the turn of `ticket` and room for `batch`, then admits it.
+    fn wait_turn(&self, ticket: u64, batch: Vec<u8>) -> Result<(), Refused> {
+        let len = batch.len();
         let since = Instant::now();
-        py.detach(|| {
-            let mut s = lock(&self.state);
-            loop {
-                if let Some(r) = Self::refused(&s) {
-                    s.waited += since.elapsed();
-                    return Err(r);
-                }
-                if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound)
-                {
-                    s.waited += since.elapsed();
-                    self.admit(&mut s, batch);
-                    return Ok(());
-                }
-                s = self.progress.wait(s).unwrap_or_else(|p| p.into_inner());
+        let mut s = lock(&self.state);
+        loop {
+            if let Some(r) = Self::refused(&s) {
+                s.waited += since.elapsed();
+                return Err(r);
             }
-        })
+            if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound) {
+                s.waited += since.elapsed();
+                self.admit(&mut s, batch);
+                return Ok(());
+            }
+            s = self.progress.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     fn admit(&self, s: &mut State, batch: Vec<u8>) {

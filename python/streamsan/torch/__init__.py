@@ -164,6 +164,9 @@ class Run:
             self._file = open(self.trace, "wb")
         try:
             self._recorder = Recorder(self._sink, backend=self.backend_choice, fake_device=self.fake_device)
+            if self._checker is not None and hasattr(self._checker, "_raw_sink"):
+                # The C++ recorder hands its batches straight to the checker's queue.
+                self._recorder.raw_sink = self._checker._raw_sink()
             self._recorder.start()
         except BaseException:
             if self._file is not None:

@@ -839,10 +839,15 @@ class NativeBackend:
             self.ext.set_profile(True, self.profiling == "observe")
         if self.native_syncs:
             self.ext.install_gpu_trace()
+        if self.rec.raw_sink is not None and hasattr(self.ext, "set_raw_sink"):
+            self.ext.set_raw_sink(self.rec.raw_sink)
         self.ext.set_active(True)
 
     def stop(self) -> None:
         self.ext.set_active(False)
+        if hasattr(self.ext, "set_raw_sink"):
+            # Waits for a hand-over in progress: what is left goes through Python's sink, after it.
+            self.ext.set_raw_sink(None)
         if self.native_syncs and not self.ext.uninstall_gpu_trace():
             self.gpu_trace_replaced = True
         if self.profiling is not None and hasattr(self.ext, "set_profile"):
@@ -1144,6 +1149,9 @@ class Recorder:
         self.torch = torch
         self.on = False
         self.sink = sink
+        # A Checker's `_raw_sink()` capsule: the C++ recorder hands batches to it directly (no
+        # Python, no GIL); the rest (the last batch at stop) goes through `sink`.
+        self.raw_sink = None
         self.warn = _Warned()
         self.sites = Sites()
         self.stream_names: dict[str, int] = {}

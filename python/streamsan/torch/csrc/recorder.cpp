@@ -237,8 +237,25 @@ uint64_t now_ns() {
                                    .count());
 }
 
+// The checker's own entry point for batches (a capsule of the Rust extension's Checker,
+// `_raw_sink()`): `push(ctx, data, len)` copies the JSON Lines into its queue, waiting only while
+// the queue is full, and returns 0 (else the check is over: the batch is dropped). No Python, no
+// GIL: any thread may call it.
+struct RawSink {
+  uint32_t version;  // 1
+  uintptr_t ctx;
+  int32_t (*push)(uintptr_t ctx, const uint8_t* data, size_t len);
+};
+constexpr const char* kRawSinkName = "streamsan._streamsan.RawSink";
+
 struct State {
   std::mutex mu;
+  // Held while a batch is handed to the raw sink, and to change it; taken after `mu` (never
+  // `mu` while holding it), so that batches reach the checker in the order they were cut.
+  std::mutex raw_mu;
+  const RawSink* raw_sink = nullptr;  // `raw_mu` held
+  py::object raw_sink_owner;          // the capsule (`raw_mu` and the GIL held)
+  uint64_t raw_refused_bytes = 0;     // batches the raw sink refused (the check was over)
   std::string batch;  // JSON Lines not yet handed to Python
   std::string spare_batch;  // an empty buffer of a batch's size, for the next batch
   std::atomic<bool> active{false};
@@ -776,17 +793,29 @@ bool resolve(Access& a, const std::string& site) {
   return true;
 }
 
+// Takes the batch out when it is large enough (the next one goes into the buffer the previous
+// one was handed over from: no growing a new one by doubling each time); `mu` held.
+bool cut_batch(std::string& out) {
+  if (S->batch.size() < S->threshold) return false;
+  out.swap(S->batch);
+  S->batch.swap(S->spare_batch);
+  return true;
+}
+
+// Keeps an emptied batch buffer for the next batch; `mu` not held.
+void keep_buffer(std::string& out) {
+  out.clear();
+  std::lock_guard<std::mutex> g(S->mu);
+  if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
+}
+
 // Hands the batch to Python when it is large enough; GIL held, `mu` not held.
 void maybe_flush() {
   std::string out;
   py::object sink;
   {
     std::lock_guard<std::mutex> g(S->mu);
-    if (S->batch.size() < S->threshold || !S->sink) return;
-    out.swap(S->batch);
-    // The next batch goes into the buffer the previous one was handed over from: no growing a
-    // new one by doubling each time.
-    S->batch.swap(S->spare_batch);
+    if (!S->sink || !cut_batch(out)) return;
     sink = S->sink;
   }
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
@@ -802,9 +831,62 @@ void maybe_flush() {
     e.restore();
     PyErr_Clear();
   }
-  out.clear();
-  std::lock_guard<std::mutex> g(S->mu);
-  if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
+  keep_buffer(out);
+}
+
+// Hands the batch over when it is large enough, `mu` not held: to the checker's raw sink where
+// it gave one (from any thread, GIL or not), else to Python's sink (GIL taken, on a thread that
+// runs Python; elsewhere the batch waits for the next hand-over).
+void flush_batch() {
+  std::string out;
+  {
+    std::unique_lock<std::mutex> g(S->mu);
+    if (S->batch.size() < S->threshold) return;
+    std::unique_lock<std::mutex> r(S->raw_mu);
+    if (S->raw_sink != nullptr) {
+      cut_batch(out);
+      g.unlock();
+      const RawSink* raw = S->raw_sink;
+      const bool profiling = S->profiling.load(std::memory_order_relaxed);
+      const uint64_t t0 = profiling ? now_ns() : 0;
+      int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
+      if (profiling) {
+        S->prof.handover += now_ns() - t0;
+        S->prof.batches++;
+      }
+      if (rc != 0) S->raw_refused_bytes += out.size();
+      r.unlock();
+      keep_buffer(out);
+      return;
+    }
+  }
+  if (PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
+  PyGILState_STATE st = PyGILState_Ensure();
+  maybe_flush();
+  PyGILState_Release(st);
+}
+
+// The checker's raw sink (a capsule), or None: batches go to Python's sink. GIL held. False when
+// `capsule` is not one (the Python sink stays).
+bool set_raw_sink(py::object capsule) {
+  const RawSink* raw = nullptr;
+  if (!capsule.is_none()) {
+    void* p = PyCapsule_GetPointer(capsule.ptr(), kRawSinkName);
+    if (p == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    raw = static_cast<const RawSink*>(p);
+    if (raw->version != 1) return false;
+  }
+  py::object old;
+  {
+    std::lock_guard<std::mutex> r(S->raw_mu);
+    S->raw_sink = raw;
+    old = std::move(S->raw_sink_owner);
+    S->raw_sink_owner = raw ? capsule : py::object();
+  }
+  return true;  // `old` released here, no lock held
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1169,11 +1251,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     S->prof.serialize += t2 - t_resolved;
     S->prof.ops++;
   }
-  if (flush && PyGILState_GetThisThreadState() != nullptr) {
-    PyGILState_STATE st = PyGILState_Ensure();
-    maybe_flush();
-    PyGILState_Release(st);
-  }
+  if (flush) flush_batch();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1319,6 +1397,10 @@ void reset() {
   S->pool_names.clear();
   S->triton_launches = 0;
   S->captures.store(0);
+  {
+    std::lock_guard<std::mutex> r(S->raw_mu);
+    S->raw_refused_bytes = 0;
+  }
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
                   &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
                   &S->prof.callback_total}) {
@@ -1410,7 +1492,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
       for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
     }
   }
-  maybe_flush();
+  flush_batch();
   return true;
 }
 
@@ -1443,11 +1525,7 @@ void put_host_op(std::string line) {
     std::lock_guard<std::mutex> g(S->mu);
     S->batch += line;
   }
-  if (PyGILState_GetThisThreadState() != nullptr && Py_IsInitialized()) {
-    PyGILState_STATE st = PyGILState_Ensure();
-    maybe_flush();
-    PyGILState_Release(st);
-  }
+  flush_batch();
 }
 
 void host_op(const std::string& partial) {
@@ -1781,6 +1859,11 @@ py::dict counters() {
   d["bad_regions"] = S->bad_regions;
   d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
   d["triton_launches"] = S->triton_launches;
+  {
+    std::lock_guard<std::mutex> r(S->raw_mu);
+    d["raw_sink"] = S->raw_sink != nullptr;
+    d["raw_refused_bytes"] = S->raw_refused_bytes;
+  }
   d["live_device_buffers"] = S->device_bufs.size();
   d["live_pinned_buffers"] = S->pinned_bufs.size();
   d["tracker"] = S->tracker_attached;
@@ -1816,6 +1899,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fake_gpu_trace", &fake_gpu_trace);
   m.def("native_syncs", &native_syncs);
   m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
+  m.def("set_raw_sink", &set_raw_sink);
   m.def("profile", &profile);
   m.def("set_captures", &set_captures);
 }
