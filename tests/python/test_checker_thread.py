@@ -462,9 +462,16 @@ def test_streamsan_torch_reports_are_the_same_on_a_thread(backend, syncs, tmp_pa
             during = run.stats()
             assert ("queue_bytes" in during) == threaded
         # The ops were checked (and kept) in the order the recorder handed them over.
-        assert len(pushed) >= 3
         with open(trace, "rb") as f:
-            assert f.read() == b"".join(pushed)
+            kept = f.read()
+        if backend == "native" and threaded:
+            # The C++ recorder handed its batches to the checker's queue itself (its raw sink);
+            # Python's sink got what was left at the end.
+            assert len(kept) > 3 << 18
+            assert len(pushed) <= 1 and kept.endswith(b"".join(pushed))
+        else:
+            assert len(pushed) >= 3
+            assert kept == b"".join(pushed)
         alone = streamsan.check_trace(trace, syncs=syncs)
         assert run.report.errors > 100 and run.report.ops > 10000
         assert run.report.to_json() == alone.to_json()
