@@ -5,8 +5,9 @@
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
 
-Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), and
-`streams`, a two-stream launch-bound loop (in-place adds on two streams ordered by wait_stream).
+Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), `tiny`, the
+same at 16→32→32→4, batch 8 (launch-bound), and `streams`, a two-stream launch-bound loop
+(in-place adds on two streams ordered by wait_stream).
 Modes: `plain`, `streamsan` (streamsan.torch.check, default settings), `csan`
 (torch.cuda._sanitizer.enable_cuda_sanitizer()). Each mode runs in a fresh process (CSAN cannot
 be turned off); each figure is the median of 5 timed blocks of ITERS iterations after a warm-up,
@@ -33,18 +34,19 @@ import sys
 import time
 
 
-def mlp(device: str = "cuda"):
+def mlp(device: str = "cuda", dims=(256, 512, 10), batch: int = 64):
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
     torch.manual_seed(0)
+    din, hidden, dout = dims
     model = nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        nn.Linear(din, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, dout)
     ).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(64, 256, device=device)
-    y = torch.randint(0, 10, (64,), device=device)
+    x = torch.randn(batch, din, device=device)
+    y = torch.randint(0, dout, (batch,), device=device)
 
     def step():
         opt.zero_grad()
@@ -76,7 +78,13 @@ def streams():
     return step
 
 
-WORKLOADS = {"mlp": mlp, "streams": streams}
+def tiny(device: str = "cuda"):
+    """The MLP training step at a size where each op costs what launching it costs (16→32→32→4,
+    batch 8): on the CPU, the launch-bound proxy of a GPU program."""
+    return mlp(device, (16, 32, 4), 8)
+
+
+WORKLOADS = {"mlp": mlp, "streams": streams, "tiny": tiny}
 
 
 def timed(step, iters: int, blocks: int = 5) -> list[float]:
@@ -145,13 +153,18 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     (STREAMSAN_PROFILE=observe: called at every op, recording nothing) and one with its stages
     timed (STREAMSAN_PROFILE=1). Microseconds per iteration, the median of `rounds` rounds after a
     warm-up of each; the stages of the median timed round, per iteration. `device="cpu"`: the
-    MLP on CPU tensors standing for device memory (the recorder's fake device), where no GPU is:
-    the recorder's own cost per op, against CPU ops of a few microseconds."""
+    workload (mlp or tiny) on CPU tensors standing for device memory (the recorder's fake device,
+    one intra-op thread), where no GPU is: the recorder's own cost per op, against CPU ops of a
+    few microseconds (`tiny`: launch-bound, as a GPU program's small ops are)."""
     import streamsan.torch
 
-    if device == "cpu" and workload != "mlp":
-        raise SystemExit(f"paired --device cpu: only the mlp workload runs without a GPU, not {workload}")
-    step = mlp("cpu") if device == "cpu" else WORKLOADS[workload]()
+    if device == "cpu" and workload == "streams":
+        raise SystemExit("paired --device cpu: the streams workload needs a GPU")
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)  # the ops' own cost, not a thread pool's
+    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
 
     def checked(mode: str):
         old = os.environ.pop("STREAMSAN_PROFILE", None)
@@ -194,6 +207,7 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     med = {m: statistics.median(v) for m, v in samples.items()}
     stages.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
     prof = stages[len(stages) // 2] if stages else {}
+    unwritten = prof.pop("unwritten_ops", None)
     per_iter = {k[: -len("_seconds")]: round(v / iters * 1e6, 2) for k, v in prof.items() if k.endswith("_seconds")}
     return {
         "workload": workload,
@@ -206,6 +220,7 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
         "stages_us_per_iter": per_iter,
         "ops_per_iter": round(prof.get("ops", 0) / iters, 1),
         "callbacks_per_iter": round(prof.get("callbacks", 0) / iters, 1),
+        "unwritten_ops": unwritten,
         "errors": sorted(errors),
     }
 
