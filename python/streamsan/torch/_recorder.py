@@ -1202,9 +1202,8 @@ class Recorder:
             return
         device = None
         for t, _, _ in accesses:
-            dev = getattr(t, "device", None)
-            if dev is not None and dev.type == "cuda":
-                device = dev.index or 0
+            if getattr(t, "is_cuda", False):
+                device = t.get_device()
                 break
         self.backend.record_kernel(name, int(stream), self.device() if device is None else device, accesses)
 

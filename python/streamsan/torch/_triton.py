@@ -578,7 +578,21 @@ def ttir_roles(ttir: str, name: Optional[str] = None) -> dict:
 
 
 def _is_tensor(x: Any) -> bool:
-    return hasattr(x, "data_ptr") and not isinstance(x, type)
+    t = type(x)
+    if t in _TENSOR_TYPES:
+        return True
+    if hasattr(x, "data_ptr") and not isinstance(x, type):
+        if len(_TENSOR_TYPES) < 64:
+            _TENSOR_TYPES.add(t)  # its instances are tensors: found faster next time
+        return True
+    return False
+
+
+# Types whose instances were found to be tensors (torch.Tensor, nn.Parameter, …): a launch's
+# arguments are checked by type first.
+_TENSOR_TYPES: set = set()
+# Arguments that carry no memory.
+_SCALAR_TYPES = frozenset((bool, int, float, str, type(None)))
 
 
 def _descriptor_base(x: Any) -> Any:
@@ -682,7 +696,14 @@ def _apply(slots: list, args: Sequence, positions: Optional[dict] = None, kwargs
     out: list = []
     n = len(slots)
     for i, arg in enumerate(args):
-        _collect(arg, slots[i] if i < n else CONSERVATIVE, out)
+        t = type(arg)
+        if t in _SCALAR_TYPES:
+            continue
+        slot = slots[i] if i < n else CONSERVATIVE
+        if t in _TENSOR_TYPES and type(slot) is tuple:  # the common case, without _collect's walk
+            out.append((arg, slot[0], slot[1]))
+            continue
+        _collect(arg, slot, out)
     for key, arg in (kwargs or {}).items():
         i = positions.get(key) if positions else None
         _collect(arg, slots[i] if i is not None and i < n else CONSERVATIVE, out)
@@ -1013,15 +1034,14 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
                     _autotuner_names(autotuner), bool(getattr(autotuner, "custom_kernel", False))):
                 return _DEFER  # not compiled yet: recorded once `run` has compiled it
             slots, positions, note = _autotuner_plan(autotuner, launcher)
-            hit = (launcher, slots, positions)
+            hit = (launcher, slots, positions, _autotuner_name(autotuner))
             _AUTOTUNER_PLANS.put(autotuner, hit)
             if note is not None:
                 for h in listeners:
                     h._error(f"Triton kernel {_autotuner_name(autotuner)}: {note}")
-        _launcher, slots, positions = hit
+        _launcher, slots, positions, name = hit
         named = {k: v for k, v in kwargs.items() if k in positions}
         accesses = [a for a in _apply(slots, args, positions, named) if a[1] or a[2]]
-        name = _autotuner_name(autotuner)
         stream = _stream_handle(kwargs.get("stream"))
     except Exception as e:  # noqa: BLE001 - never break the program's launch
         for h in listeners:
