@@ -160,6 +160,7 @@ enum class Kind : uint8_t {
   Skip,          // no memory access (metadata, factories, views)
   RecordStream,  // aten::record_stream
   Collective,    // c10d::*: runs on the process group's stream
+  Composite,     // an aten op whose device work is all in the ops it calls (see op_info_slow)
 };
 
 struct OpInfo {
@@ -658,10 +659,12 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
   }
   // An aten op whose device kernel is its CompositeImplicitAutograd one (aten::linear,
   // aten::cross_entropy_loss, …) does all its work through the ops it calls, which are recorded
-  // themselves: it has nothing of its own to write, and is not looked at (its inputs, its site).
+  // themselves: it has nothing of its own to write, and its inputs and site are not looked at.
+  // It keeps a frame: the host ops issued inside it are written when it ends, and what the ops
+  // it called wrote is covered for its caller, as for any op that writes nothing of its own.
   if (info.kind == Kind::Normal && !info.factory && !info.pins && starts_with(name, "aten::") &&
       composite_only(fn)) {
-    info.kind = Kind::Skip;
+    info.kind = Kind::Composite;
   }
   info.meta_inputs = starts_with(name, "aten::new_") ||
                      (starts_with(name, "aten::") && name.size() >= 5 &&
@@ -990,6 +993,10 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   frames.emplace_back();
   Frame& fr = frames.back();
   fr.info = &info;
+  if (info.kind == Kind::Composite) {
+    fr.site = cur_site;
+    return pushed;
+  }
   auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && !info.meta_inputs; i++) {
     bool w = i < info.arg_write.size() && info.arg_write[i];
@@ -1101,6 +1108,19 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   frames.pop_back();
   Frame* parent = frames.empty() ? nullptr : &frames.back();
   cur_site = parent ? parent->site : kNullSite;
+  if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
+    // Nothing of its own: the host ops issued inside it after the last op it called, then
+    // what the ops it called wrote, covered for its caller.
+    {
+      std::lock_guard<std::mutex> g(S->mu);
+      for (auto& p : fr.pending) S->batch += p;
+      if (parent) {
+        for (auto& c : fr.covered) parent->covered.push_back(c);
+      }
+    }
+    if (!fr.pending.empty()) flush_batch();
+    return;
+  }
   if (!fr.active || !S->active.load(std::memory_order_relaxed)) {
     pass_pending(fr, parent);
     return;
