@@ -6,7 +6,8 @@
 #
 # Steps (each under `timeout`, so every step prints what it has):
 #   1. install the wheel into /tmp/site (PYTHONPATH) and build the C++ recorder;
-#   2. `bench_overhead.py paired` for the MLP training step and the two-stream loop: plain and
+#   2. `bench_overhead.py paired` for the MLP training step, the two-stream loop and the tiny
+#      (launch-bound) MLP step: plain and
 #      checked interleaved in one process, with the recorder observing only and with its stages
 #      timed (STREAMSAN_PROFILE); then CSAN on each, in a process of its own (it cannot be
 #      turned off);
@@ -60,7 +61,7 @@ step build 300 "$out/build.txt" python3 -c "from streamsan.torch import _native;
 cat "$out/build.txt"
 
 bench=tests/python/bench_overhead.py
-for w in mlp streams; do
+for w in mlp streams tiny; do
   step "paired $w" 90 "$out/paired-$w.json" python3 $bench paired "$w" --iters 200
   cat "$out/paired-$w.json"
   step "csan $w" 60 "$out/csan-$w.json" python3 $bench run csan "$w" --iters 100
@@ -71,7 +72,7 @@ import json, os, sys
 d = sys.argv[1]
 print("| workload | plain µs | streamsan µs (×) | observe only µs (×) | CSAN µs (×, own process vs own-process plain) | ops/iter | stages µs/iter |")
 print("|---|---|---|---|---|---|---|")
-for w in ("mlp", "streams"):
+for w in ("mlp", "streams", "tiny"):
     try:
         p = json.load(open(os.path.join(d, f"paired-{w}.json")))
     except Exception as e:
