@@ -78,7 +78,18 @@ class _Warned:
 def _stdlib_dirs() -> tuple[str, list[str]]:
     """Python's standard library directory (its frames are not the user's: threading.py runs
     the DataLoader's pin-memory thread) and the package folders inside it (site-packages: a
-    library's frames are sites as before); ("", []) when unknown."""
+    library's frames are sites as before); ("", []) when unknown. Looked up once per sys.path."""
+    key = tuple(sys.path)
+    hit = _STDLIB_DIRS.get(key)
+    if hit is None:
+        hit = _STDLIB_DIRS[key] = _find_stdlib_dirs()
+    return hit[0], list(hit[1])
+
+
+_STDLIB_DIRS: dict = {}
+
+
+def _find_stdlib_dirs() -> tuple[str, list[str]]:
     import site
     import sysconfig
 
@@ -784,6 +795,10 @@ class PythonBackend:
 # The native backend
 
 
+# A pinned tensor, made once per process: the C++ recorder tells pinned memory by its deleter.
+_PINNED_EXAMPLE: Any = None
+
+
 class NativeBackend:
     """Records ops with the C++ recorder (RecordFunction observer + allocator trace tracker)."""
 
@@ -798,8 +813,11 @@ class NativeBackend:
         self.rec = rec
         self.sites = Sites()
         self.fake_device = fake_device
+        global _PINNED_EXAMPLE
         cuda = torch.cuda.is_available()
-        pinned = torch.empty(1, pin_memory=True) if cuda else None
+        if cuda and _PINNED_EXAMPLE is None:
+            _PINNED_EXAMPLE = torch.empty(1, pin_memory=True)  # its deleter is the host allocator's
+        pinned = _PINNED_EXAMPLE if cuda else None
         self.ext.configure(
             self.sites.torch_dir, self.sites.own_dir, self.sites.cwd, 1 << 18, rec._sink, fake_device, pinned
         )

@@ -949,6 +949,8 @@ _LOCK = threading.RLock()
 _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
+# Whether a module is importable, by (name, sys.path): TritonHooks._available.
+_FOUND: dict = {}
 
 
 class _Patch:
@@ -1230,10 +1232,15 @@ class TritonHooks:
         root = target[0].split(".")[0]
         if sys.modules.get(root) is not None:
             return True
-        try:
-            return importlib.util.find_spec(root) is not None
-        except (ImportError, ValueError):
-            return False
+        key = (root, tuple(sys.path))
+        found = _FOUND.get(key)
+        if found is None:  # looked for once per sys.path: a check starts without listing folders
+            try:
+                found = importlib.util.find_spec(root) is not None
+            except (ImportError, ValueError):
+                found = False
+            _FOUND[key] = found
+        return found
 
     def _unwatch_one(self, module_name: str, target: tuple) -> None:
         left = [(h, t) for h, t in _WATCHER.pending.get(module_name, []) if not (h is self and t == target)]
