@@ -4,6 +4,7 @@
     python tests/python/bench_overhead.py run MODE WORKLOAD [--backend B]
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
+    python tests/python/bench_overhead.py startup [--device cpu]        # a check's enter and exit
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), `tiny`, the
 same at 16→32→32→4, batch 8 (launch-bound), and `streams`, a two-stream launch-bound loop
@@ -225,6 +226,33 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     }
 
 
+def startup(device: str = "cuda", n: int = 20) -> dict:
+    """What a check costs to enter and to leave, around one op (what a short program pays once
+    per check): milliseconds, the median of `n` after three not timed."""
+    import torch
+
+    import streamsan.torch
+
+    x = torch.ones(4, device=device)
+
+    def once() -> tuple:
+        r = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu")
+        t0 = time.perf_counter()
+        r.__enter__()
+        t1 = time.perf_counter()
+        x.add_(1)
+        _sync(device)
+        t2 = time.perf_counter()
+        r.__exit__(None, None, None)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+
+    for _ in range(3):
+        once()
+    runs = [once() for _ in range(n)]
+    return {"device": device, "enter_ms": round(statistics.median(t[0] for t in runs), 3),
+            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
+
+
 def _vm() -> dict:
     """Resident and peak resident memory of this process, MiB."""
     out = {}
@@ -306,7 +334,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["all", "run", "memory", "paired"])
+    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup"])
     p.add_argument("mode", nargs="?")
     p.add_argument("workload", nargs="?")
     p.add_argument("--backend", default="auto")
@@ -322,6 +350,9 @@ def main() -> None:
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
+        return
+    if a.what == "startup":
+        print(json.dumps(startup(a.device)))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))

@@ -10,7 +10,7 @@
 #      (launch-bound) MLP step: plain and
 #      checked interleaved in one process, with the recorder observing only and with its stages
 #      timed (STREAMSAN_PROFILE); then CSAN on each, in a process of its own (it cannot be
-#      turned off);
+#      turned off); and what a check costs to enter and leave (bench_overhead.py startup);
 #   3. unless OVERHEAD_MEMORY=0: the 10,000-step memory run (bench_overhead.py memory, the loss
 #      read every 100 steps);
 #   4. `realcode_report.py cost --profile --no-python` on the real-code suite's programs that
@@ -67,6 +67,8 @@ for w in mlp streams tiny; do
   step "csan $w" 60 "$out/csan-$w.json" python3 $bench run csan "$w" --iters 100
   step "plain $w (own process)" 60 "$out/plain-$w.json" python3 $bench run plain "$w" --iters 200
 done
+step startup 60 "$out/startup.json" python3 $bench startup
+cat "$out/startup.json"
 python3 - "$out" <<'PY' | tee "$out/bench.md"
 import json, os, sys
 d = sys.argv[1]
