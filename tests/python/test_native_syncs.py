@@ -237,3 +237,38 @@ def test_raw_sink_capsule_is_checked():
 
     assert ext.set_raw_sink(datetime.datetime.now) is False
     c.finish()
+
+
+def test_composite_only_ops_are_not_looked_at_and_the_trace_is_the_same(tmp_path, monkeypatch):
+    """aten::linear and aten::cross_entropy_loss run on the CPU (the fake device) through their
+    CompositeImplicitAutograd kernels: the recorder records the ops they call (addmm,
+    _log_softmax, nll_loss_forward …) and not them, and counts none of them among the ops looked
+    at in full that wrote nothing."""
+    from conftest import torch_or_skip
+
+    torch = torch_or_skip()
+    from streamsan.torch import _native
+
+    try:
+        _native.load()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    import torch.nn.functional as F
+
+    monkeypatch.setenv("STREAMSAN_PROFILE", "1")
+    path = tmp_path / "t.jsonl"
+    run = _run(trace=path)
+    with run:
+        run._recorder.backend.ext.set_fake_stream(0xA)
+        w = torch.randn(4, 8)
+        x = torch.randn(2, 8)
+        y = torch.tensor([1, 3])
+        loss = F.cross_entropy(F.linear(x, w), y)
+        st = run.stats()
+    names = [json.loads(line).get("name") for line in path.read_text().splitlines() if line.strip()]
+    assert "aten::addmm" in names or "aten::mm" in names, names
+    assert "aten::_log_softmax" in names and "aten::nll_loss_forward" in names, names
+    assert not {"aten::linear", "aten::cross_entropy_loss", "aten::log_softmax"} & set(names)
+    unwritten = {n for n, _ in st["recorder_profile_unwritten_ops"]}
+    assert not {"aten::linear", "aten::cross_entropy_loss", "aten::log_softmax"} & unwritten, unwritten
+    assert float(loss) > 0
