@@ -311,12 +311,26 @@ struct State {
 
 State* S = new State();  // never destroyed: callbacks may outlive the module's teardown
 
-thread_local std::vector<Frame> frames;
-// The site of the op running on this thread ("null" outside ops): the allocator's tracker runs
-// on the allocating thread and cannot take the GIL, so it takes the site from here.
-thread_local Site cur_site = kNullSite;
-// Op kinds already looked up by this thread (no lock).
-thread_local std::unordered_map<const char*, const OpInfo*> local_ops;
+// A direct-mapped cache in front of local_ops, by the op name's address: an op's lookup is one
+// compare (a hash table's division and pointer chase cost more than the rest of a skipped op).
+struct OpCacheSlot {
+  const char* key = nullptr;
+  const OpInfo* info = nullptr;
+};
+constexpr size_t kOpCacheSlots = 512;
+
+// What each thread keeps, in one thread-local (one TLS lookup per callback, not one per
+// variable).
+struct ThreadState {
+  std::vector<Frame> frames;
+  // The site of the op running on this thread ("null" outside ops): the allocator's tracker
+  // runs on the allocating thread and cannot take the GIL, so it takes the site from here.
+  Site cur_site = kNullSite;
+  // Op kinds already looked up by this thread (no lock).
+  std::unordered_map<const char*, const OpInfo*> local_ops;
+  OpCacheSlot op_cache[kOpCacheSlots];
+};
+thread_local ThreadState ts;
 
 // The quoted stream id of a raw handle; `mu` held.
 const std::string& stream_name(uint64_t raw, c10::DeviceIndex device) {
@@ -552,26 +566,18 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 
 const OpInfo& op_info_slow(const at::RecordFunction& fn);
 
-// A direct-mapped cache in front of local_ops, by the name's address: an op's lookup is one
-// compare (a hash table's division and pointer chase cost more than the rest of a skipped op).
-struct OpCacheSlot {
-  const char* key = nullptr;
-  const OpInfo* info = nullptr;
-};
-constexpr size_t kOpCacheSlots = 512;
-thread_local OpCacheSlot op_cache[kOpCacheSlots];
 
 const OpInfo& op_info(const at::RecordFunction& fn) {
   const char* key = fn.name();
-  OpCacheSlot& slot = op_cache[(reinterpret_cast<uintptr_t>(key) >> 3) & (kOpCacheSlots - 1)];
+  OpCacheSlot& slot = ts.op_cache[(reinterpret_cast<uintptr_t>(key) >> 3) & (kOpCacheSlots - 1)];
   if (slot.key == key && key != nullptr) return *slot.info;
   const OpInfo* info;
-  auto it = local_ops.find(key);
-  if (it != local_ops.end()) {
+  auto it = ts.local_ops.find(key);
+  if (it != ts.local_ops.end()) {
     info = it->second;
   } else {
     info = &op_info_slow(fn);
-    local_ops.emplace(key, info);
+    ts.local_ops.emplace(key, info);
   }
   slot.key = key;
   slot.info = info;
@@ -980,7 +986,7 @@ struct Pushed final : at::ObserverContext {};
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
-  if (!frames.empty() && !frames.back().pending.empty()) flush_pending(frames.back());
+  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) {
     return nullptr;
   }
@@ -990,11 +996,11 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   const OpInfo& info = op_info(fn);
   if (info.kind == Kind::Skip) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
-  frames.emplace_back();
-  Frame& fr = frames.back();
+  ts.frames.emplace_back();
+  Frame& fr = ts.frames.back();
   fr.info = &info;
   if (info.kind == Kind::Composite) {
-    fr.site = cur_site;
+    fr.site = ts.cur_site;
     return pushed;
   }
   auto inputs = fn.inputs();
@@ -1038,7 +1044,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   } else {
     fr.site = op_site();
   }
-  cur_site = fr.site;
+  ts.cur_site = fr.site;
   return pushed;
 }
 
@@ -1103,11 +1109,11 @@ void pass_pending(Frame& fr, Frame* parent) {
 }
 
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
-  if (pushed == nullptr || frames.empty()) return;
-  Frame fr = std::move(frames.back());
-  frames.pop_back();
-  Frame* parent = frames.empty() ? nullptr : &frames.back();
-  cur_site = parent ? parent->site : kNullSite;
+  if (pushed == nullptr || ts.frames.empty()) return;
+  Frame fr = std::move(ts.frames.back());
+  ts.frames.pop_back();
+  Frame* parent = ts.frames.empty() ? nullptr : &ts.frames.back();
+  ts.cur_site = parent ? parent->site : kNullSite;
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
     // Nothing of its own: the host ops issued inside it after the last op it called, then
     // what the ops it called wrote, covered for its caller.
@@ -1311,7 +1317,7 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
             std::pair<int64_t, int64_t> pool) {
   // The allocator runs on the thread that allocates or frees: what that thread issued before
   // (an event wait inside an enclosing op) comes first. Only the innermost frame holds host ops.
-  if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
+  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
   if (alloc) {
     if (size == 0) return;
     const std::string* pool_name = nullptr;
@@ -1320,11 +1326,11 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
       pool_name = &pool_name_of(pool);
     }
     std::string name = stream_name(stream, device);
-    new_alloc(addr, size, Mem::Device, name, *cur_site, nullptr, pool_name);
+    new_alloc(addr, size, Mem::Device, name, *ts.cur_site, nullptr, pool_name);
   } else {
     auto it = S->device_bufs.find(addr);
     if (it == S->device_bufs.end()) return;  // allocated before the check began
-    free_buf(S->device_bufs, it, *cur_site);
+    free_buf(S->device_bufs, it, *ts.cur_site);
   }
 }
 
@@ -1516,7 +1522,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
   const std::string& site = *op_site();
   {
     std::lock_guard<std::mutex> g(S->mu);
-    if (!frames.empty() && !frames.back().pending.empty()) flush_pending_locked(frames.back());
+    if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
     S->triton_launches++;
     Used used;
     for (Access& a : all) {
@@ -1524,8 +1530,8 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     }
     put_launch(S->batch, stream_name(stream, static_cast<c10::DeviceIndex>(device)), jstr(name),
                used, site);
-    if (!frames.empty()) {
-      Frame& parent = frames.back();
+    if (!ts.frames.empty()) {
+      Frame& parent = ts.frames.back();
       for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
     }
   }
@@ -1554,8 +1560,8 @@ void fake_pin(const at::Tensor& t) {
 // Writes a host op's finished line: inside an op, before the next op it calls (or after its own
 // work); outside ops, now (the batch handed over when large enough, GIL held or taken).
 void put_host_op(std::string line) {
-  if (!frames.empty()) {
-    frames.back().pending.push_back(std::move(line));
+  if (!ts.frames.empty()) {
+    ts.frames.back().pending.push_back(std::move(line));
     return;
   }
   {
@@ -1880,8 +1886,8 @@ bool host_access(const at::Tensor& t, bool write) {
   std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
   put_region(line, a);
   put_site(line, site);
-  if (!frames.empty()) {
-    frames.back().pending.push_back(std::move(line));
+  if (!ts.frames.empty()) {
+    ts.frames.back().pending.push_back(std::move(line));
   } else {
     S->batch += line;
   }
