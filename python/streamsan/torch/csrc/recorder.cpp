@@ -1325,7 +1325,7 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
       S->pool_allocations_outside_capture++;
       pool_name = &pool_name_of(pool);
     }
-    std::string name = stream_name(stream, device);
+    const std::string& name = stream_name(stream, device);
     new_alloc(addr, size, Mem::Device, name, *ts.cur_site, nullptr, pool_name);
   } else {
     auto it = S->device_bufs.find(addr);
