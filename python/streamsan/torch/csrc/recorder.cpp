@@ -795,12 +795,19 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
 // Pinned memory that no known buffer holds (a block the host allocator handed out again to
 // another storage, memory pinned on a thread or before the check where no op of it was seen) is
 // allocated here, at its first use (`site`).
-bool resolve(Access& a, const std::string& site) {
+bool resolve(Access& a, const std::string& site, const std::string* stream = nullptr) {
   uint64_t base = 0;
   auto& bufs = a.device ? S->device_bufs : S->pinned_bufs;
   const Buf* b = find_buf(bufs, a.base, &base);
   if (!a.device && a.impl != nullptr && (!b || base != a.base || !same_storage(*b, a.impl))) {
     new_alloc(a.base, a.storage_bytes, Mem::Pinned, "null", site, a.impl);
+    b = find_buf(bufs, a.base, &base);
+  } else if (a.device && S->fake_device && stream != nullptr && a.impl != nullptr &&
+             (!b || (base == a.base && !same_storage(*b, a.impl)))) {
+    // Tests (fake device): a CPU storage standing for device memory that no op was seen making
+    // (the CPU allocator traces nothing), or at the address of a known buffer whose storage is
+    // gone, is allocated at its first use, on that use's stream.
+    new_alloc(a.base, a.storage_bytes, Mem::Device, *stream, site, a.impl);
     b = find_buf(bufs, a.base, &base);
   }
   if (b) {
@@ -1185,7 +1192,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     for (Access& o : outs) merge_region(all, std::move(o));
     if (info.kind == Kind::RecordStream) {
       for (Access& a : all) {
-        if (!resolve(a, site) || !a.buf) continue;
+        if (!resolve(a, site, &stream_name(fr.stream, fr.device)) || !a.buf) continue;
         out += "{\"op\":\"record_stream\",\"buffer\":";
         out += a.buf->name;
         out += ",\"stream\":";
@@ -1198,7 +1205,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
       bool any_host = false;
       for (Access& a : all) {
         if (is_covered(fr, a)) continue;
-        if (!resolve(a, site)) continue;
+        if (!resolve(a, site, &stream_name(fr.stream, fr.device))) continue;
         any_host |= !a.device;
         used.push_back(&a);
       }
@@ -1526,7 +1533,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     S->triton_launches++;
     Used used;
     for (Access& a : all) {
-      if (resolve(a, site)) used.push_back(&a);
+      if (resolve(a, site, &stream_name(stream, static_cast<c10::DeviceIndex>(device)))) used.push_back(&a);
     }
     put_launch(S->batch, stream_name(stream, static_cast<c10::DeviceIndex>(device)), jstr(name),
                used, site);
