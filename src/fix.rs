@@ -188,6 +188,9 @@ pub struct Fixer {
     pre: HashMap<String, (Id, u64)>,
     inserted: u64,
     max_per_hazard: f64,
+    /// Original op indices where a reuse race's wait is kept whole: the conflicts the first
+    /// check listed are not all there are (see [`Fixer::strict`]).
+    strict: HashSet<u64>,
 }
 
 impl Fixer {
@@ -227,7 +230,21 @@ impl Fixer {
             pre: HashMap::default(),
             inserted: 0,
             max_per_hazard: 0.0,
+            strict: HashSet::default(),
         }
+    }
+
+    /// The same fixer, keeping whole the waits of the reuse races at the original ops `ops`.
+    ///
+    /// A reuse race's wait is left out where an inserted `record_stream` already orders the
+    /// conflicts the first check listed. The first check lists each conflicting access once,
+    /// at the first reuse it races with: where a fix orders that reuse, the same access can
+    /// still race with a later reuse of the bytes (another generation's, which the inserted
+    /// `record_stream` does not order) without being listed there. A walk whose written trace
+    /// keeps such a reuse race is walked again with its op here ([`fix_program`] does so).
+    pub fn strict(mut self, ops: impl IntoIterator<Item = u64>) -> Self {
+        self.strict.extend(ops);
+        self
     }
 
     /// Takes the original op `index`: returns the ops to write before it (empty for most ops),
@@ -362,7 +379,7 @@ impl Fixer {
     /// the checker over the written trace decides.) Inside a capture no clock runs: the step
     /// is kept whole.
     fn left(&self, index: u64, op: &TraceOp, mut t: Target) -> Option<Target> {
-        let reuse = t.kind == HazardKind::ReuseRace;
+        let reuse = t.kind == HazardKind::ReuseRace && !self.strict.contains(&t.op);
         let needed = |clock: &VectorClock, after: &After| {
             after.accesses.is_empty()
                 || after.accesses.iter().any(|a| {
@@ -732,19 +749,7 @@ impl Fixer {
     /// The op index in the original trace of op `written` of the written trace, or `None` for
     /// an inserted op.
     pub fn original_index(&self, written: u64) -> Option<u64> {
-        let mut shift = 0u64;
-        for ins in &self.insertions {
-            let n = ins.ops.len() as u64;
-            let first = ins.before + shift;
-            if written < first {
-                break;
-            }
-            if written < first + n {
-                return None;
-            }
-            shift += n;
-        }
-        Some(written - shift)
+        original_index(&self.insertions, written)
     }
 
     /// The insertions made so far, in trace order.
@@ -806,7 +811,64 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         }
     }
     let before = checker.finish();
-    let mut fixer = Fixer::new(&before, events);
+    let mut strict: BTreeSet<u64> = BTreeSet::new();
+    loop {
+        let fixed = fix_walk(program, &before, &events, &strict)?;
+        let more = reuse_races_left(&fixed.after, &fixed.insertions, &strict);
+        if more.is_empty() {
+            return Ok(fixed);
+        }
+        strict.extend(more);
+    }
+}
+
+/// The op index in the original trace of op `written` of a trace written with `insertions` (in
+/// trace order), or `None` for an inserted op.
+pub fn original_index(insertions: &[Insertion], written: u64) -> Option<u64> {
+    let mut shift = 0u64;
+    for ins in insertions {
+        let n = ins.ops.len() as u64;
+        let first = ins.before + shift;
+        if written < first {
+            break;
+        }
+        if written < first + n {
+            return None;
+        }
+        shift += n;
+    }
+    Some(written - shift)
+}
+
+/// The original ops of the reuse races that a written trace (its report `after`, its
+/// `insertions`) still has and that a walk with them [`Fixer::strict`] may fix: those not in
+/// `strict` already.
+pub fn reuse_races_left(
+    after: &Report,
+    insertions: &[Insertion],
+    strict: &BTreeSet<u64>,
+) -> Vec<u64> {
+    let mut out: Vec<u64> = after
+        .hazards
+        .iter()
+        .filter(|h| h.kind == HazardKind::ReuseRace)
+        .filter_map(|h| original_index(insertions, h.op))
+        .filter(|op| !strict.contains(op))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// One walk of [`fix_program`]: the fix of `program` (whose first check gave `before`), with
+/// the reuse races at `strict` kept whole.
+fn fix_walk(
+    program: &[TraceOp],
+    before: &Report,
+    events: &HashSet<Id>,
+    strict: &BTreeSet<u64>,
+) -> Result<Fixed, CheckError> {
+    let mut fixer = Fixer::new(before, events.iter().cloned()).strict(strict.iter().copied());
     let mut ops = Vec::with_capacity(program.len());
     let mut inserted_at = Vec::new();
     for (i, op) in program.iter().enumerate() {
@@ -826,7 +888,7 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         insertions,
         blocked: fixer.blocked().to_vec(),
         summary,
-        before,
+        before: before.clone(),
         after,
     })
 }

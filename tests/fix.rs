@@ -268,6 +268,48 @@ fn other_hazards_are_left_as_they_are() {
     assert_eq!(f.after.hazards[0].kind, HazardKind::InvalidFree);
 }
 
+/// A conflict the first check lists only at the first reuse it races with: once the fix orders
+/// that reuse, the same access (of the first generation of `x0`) races with a later reuse of its
+/// bytes, after the second generation's free got a `record_stream` — which orders only that
+/// generation's accesses. The wait of that later reuse is kept whole on a second walk.
+#[test]
+fn a_conflict_listed_at_an_earlier_reuse_is_still_ordered_at_a_later_one() {
+    let p = program(
+        r#"{"op":"stream_create","stream":"s0"}
+{"op":"alloc","buffer":"x0","bytes":1024,"stream":"s0"}
+{"op":"launch","stream":"s0","writes":["x0"]}
+{"op":"stream_sync","stream":"s0"}
+{"op":"stream_create","stream":"b","blocking":true}
+{"op":"launch","stream":"b","writes":["x0"]}
+{"op":"stream_create","stream":"s1"}
+{"op":"copy","stream":"s1","src":{"buffer":"x0","bytes":8},"dst":{"buffer":"x0","offset":808,"bytes":8}}
+{"op":"event_record","event":"e0","stream":"s1"}
+{"op":"record_stream","buffer":"x0","stream":"b"}
+{"op":"free","buffer":"x0","stream":"s0"}
+{"op":"alloc","buffer":"x0","bytes":1024,"stream":"s0"}
+{"op":"stream_create","stream":"s2"}
+{"op":"launch","stream":"s2","writes":["x0"]}
+{"op":"event_record","event":"e0","stream":"s2"}
+{"op":"event_wait","stream":"s1","event":"e0"}
+{"op":"launch","stream":"s1","writes":[{"buffer":"x0","bytes":512}]}
+{"op":"record_stream","buffer":"x0","stream":"s2"}
+{"op":"free","buffer":"x0"}
+{"op":"alloc","buffer":"x0","bytes":1024,"stream":"s0"}
+{"op":"launch","stream":"b","writes":["x0"]}"#,
+    );
+    let f = fix_program(&p).unwrap();
+    assert!(f.after.is_clean(), "{:?}", f.after.hazards);
+    assert_eq!(f.summary.fixed, f.summary.fixable);
+    assert_eq!(f.summary.fixable, 5);
+    assert!(f.summary.inserted <= 2 * f.summary.fixed);
+    // The reuse at original op 20 got its own wait: b waits for an event on s1.
+    let last = f.insertions.last().expect("insertions");
+    assert_eq!(last.before, 20);
+    assert!(last
+        .hazards
+        .contains(&(HazardKind::ReuseRace, "x0".to_string())));
+}
+
 fn config() -> GenConfig {
     GenConfig {
         ops: 32,

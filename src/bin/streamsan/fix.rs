@@ -61,11 +61,87 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
         Some(s) => Source::File(s.file.path().to_path_buf()),
         None => Source::File(file.clone()),
     };
-    // Second walk: copy every line, with the insertions before their ops.
-    let mut fixer = Fixer::new(&before, events);
-    let mut input = source.open()?;
+    // Dry walks: the reuse races whose waits the written trace needs whole (a conflict the
+    // first check listed at an earlier reuse only; see `Fixer::strict`), until none is left.
+    let mut strict = std::collections::BTreeSet::new();
+    loop {
+        let mut fixer = Fixer::new(&before, events.iter().cloned()).strict(strict.iter().copied());
+        walk(&name, &source, &mut fixer, &mut None, before.ops)?;
+        let (_, after) = fixer.finish();
+        let more = streamsan::fix::reuse_races_left(&after, fixer.insertions(), &strict);
+        if more.is_empty() {
+            break;
+        }
+        strict.extend(more);
+    }
+    // The walk that writes: every line, with the insertions before their ops.
+    let mut fixer = Fixer::new(&before, events).strict(strict);
     // A file is written beside its final name and renamed there only when complete.
     let mut out = Some(Output::open(output)?);
+    walk(&name, &source, &mut fixer, &mut out, before.ops)?;
+    if let Some(out) = out {
+        match out.commit() {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(CliError::Io(format!("cannot write the fixed trace: {e}"))),
+            Ok(()) => {}
+        }
+    }
+    let (summary, after) = fixer.finish();
+    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+    if summary.fixable == 0 {
+        eprintln!("streamsan: no data-race, reuse-race or unsafe-free to fix; the trace is written unchanged");
+    } else {
+        eprintln!(
+            "streamsan: fixed {} of {} with {} ({:.2} per hazard fixed)",
+            summary.fixed,
+            plural(summary.fixable, "hazard"),
+            plural(summary.inserted, "inserted op"),
+            summary.inserted as f64 / summary.fixed.max(1) as f64
+        );
+    }
+    let left: Vec<String> = after
+        .hazards
+        .iter()
+        .map(|h| {
+            let buffer = h
+                .buffer
+                .as_deref()
+                .map(|b| format!(" on {}", escape(b)))
+                .unwrap_or_default();
+            match fixer.original_index(h.op) {
+                Some(op) => format!("{}{buffer} at op {op}", h.kind),
+                None => format!("{}{buffer} at inserted op {}", h.kind, h.op),
+            }
+        })
+        .collect();
+    if after.hazards.iter().any(|h| is_fixable(h.kind)) {
+        eprintln!(
+            "streamsan: the fixed trace still has hazards: {}; please report this with the trace",
+            left.join(", ")
+        );
+        return Ok(1);
+    }
+    if left.is_empty() {
+        eprintln!("streamsan: the written trace checks clean");
+    } else {
+        eprintln!(
+            "streamsan: left as they were (no synchronization fixes them): {}",
+            left.join(", ")
+        );
+    }
+    Ok(if after.is_clean() { 0 } else { 1 })
+}
+
+/// A walk of the trace in `source` through `fixer`: every line copied to `out` (none: a dry
+/// walk), with the insertions before their ops. `ops`: the number of ops the first walk read.
+fn walk(
+    name: &str,
+    source: &Source,
+    fixer: &mut streamsan::fix::Fixer,
+    out: &mut Option<Output>,
+    ops: u64,
+) -> Result<(), CliError> {
+    let mut input = source.open()?;
     // Writes to `out`; a reader that went away (`fix … | head`) closes it, and the walk goes on
     // without output, to the verdict.
     let write = |out: &mut Option<Output>, bytes: &[u8]| -> Result<(), CliError> {
@@ -122,67 +198,16 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
                     streamsan::trace::write_op(extra, &mut text);
                     text.push('\n');
                 }
-                write(&mut out, text.as_bytes())?;
+                write(out, text.as_bytes())?;
             }
             index += 1;
         }
-        write(&mut out, &line)?;
+        write(out, &line)?;
     }
-    if index != before.ops {
+    if index != ops {
         return Err(CliError::Io(format!(
-            "{name}: the trace changed while it was read ({} ops, then {index})",
-            before.ops
+            "{name}: the trace changed while it was read ({ops} ops, then {index})"
         )));
     }
-    if let Some(out) = out {
-        match out.commit() {
-            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
-            Err(e) => return Err(CliError::Io(format!("cannot write the fixed trace: {e}"))),
-            Ok(()) => {}
-        }
-    }
-    let (summary, after) = fixer.finish();
-    let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
-    if summary.fixable == 0 {
-        eprintln!("streamsan: no data-race, reuse-race or unsafe-free to fix; the trace is written unchanged");
-    } else {
-        eprintln!(
-            "streamsan: fixed {} of {} with {} ({:.2} per hazard fixed)",
-            summary.fixed,
-            plural(summary.fixable, "hazard"),
-            plural(summary.inserted, "inserted op"),
-            summary.inserted as f64 / summary.fixed.max(1) as f64
-        );
-    }
-    let left: Vec<String> = after
-        .hazards
-        .iter()
-        .map(|h| {
-            let buffer = h
-                .buffer
-                .as_deref()
-                .map(|b| format!(" on {}", escape(b)))
-                .unwrap_or_default();
-            match fixer.original_index(h.op) {
-                Some(op) => format!("{}{buffer} at op {op}", h.kind),
-                None => format!("{}{buffer} at inserted op {}", h.kind, h.op),
-            }
-        })
-        .collect();
-    if after.hazards.iter().any(|h| is_fixable(h.kind)) {
-        eprintln!(
-            "streamsan: the fixed trace still has hazards: {}; please report this with the trace",
-            left.join(", ")
-        );
-        return Ok(1);
-    }
-    if left.is_empty() {
-        eprintln!("streamsan: the written trace checks clean");
-    } else {
-        eprintln!(
-            "streamsan: left as they were (no synchronization fixes them): {}",
-            left.join(", ")
-        );
-    }
-    Ok(if after.is_clean() { 0 } else { 1 })
+    Ok(())
 }
