@@ -9,7 +9,7 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
     };
     refuse_overwrite(file, output, "fixed")?;
     // Standard input or a pipe is read once, and copied to a private temporary file for the
-    // second walk (memory stays bounded whatever the input).
+    // later walks (memory stays bounded whatever the input).
     let mut spool = None;
     let input: Box<dyn BufRead> = if rereadable(file) {
         Box::new(BufReader::with_capacity(
@@ -54,7 +54,7 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
     let source = match &spool {
         Some(s) if s.failed.get() => {
             return Err(CliError::Io(format!(
-                "{}: cannot write a copy of {name} for the second walk",
+                "{}: cannot write a copy of {name} for the later walks",
                 s.file.path().display()
             )))
         }
