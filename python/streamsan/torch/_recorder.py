@@ -892,36 +892,45 @@ def _ev(e: int) -> str:
     return '"ev %#x"' % e
 
 
-def _cb_record(event: int, stream: int) -> None:
+def _syncs_recorder() -> Optional["Recorder"]:
+    """The recorder Python's sync callbacks feed now: the one recording, unless its backend
+    takes the syncs from the GPU trace itself (the C++ recorder's)."""
     r = _active
     if r is not None and r.on and not r.backend.native_syncs:
+        return r
+    return None
+
+
+def _cb_record(event: int, stream: int) -> None:
+    r = _syncs_recorder()
+    if r is not None:
         b = r.backend
         b.host_op('{"op":"event_record","event":%s,"stream":%s' % (_ev(event), b.stream_id(stream, r.device())))
 
 
 def _cb_wait(event: int, stream: int) -> None:
-    r = _active
-    if r is not None and r.on and not r.backend.native_syncs:
+    r = _syncs_recorder()
+    if r is not None:
         b = r.backend
         b.host_op('{"op":"event_wait","stream":%s,"event":%s' % (b.stream_id(stream, r.device()), _ev(event)))
 
 
 def _cb_event_sync(event: int) -> None:
-    r = _active
-    if r is not None and r.on and not r.backend.native_syncs:
+    r = _syncs_recorder()
+    if r is not None:
         r.backend.host_op('{"op":"event_sync","event":%s' % _ev(event))
 
 
 def _cb_stream_sync(stream: int) -> None:
-    r = _active
-    if r is not None and r.on and not r.backend.native_syncs:
+    r = _syncs_recorder()
+    if r is not None:
         b = r.backend
         b.host_op('{"op":"stream_sync","stream":%s' % b.stream_id(stream, r.device()))
 
 
 def _cb_device_sync() -> None:
-    r = _active
-    if r is not None and r.on and not r.backend.native_syncs:
+    r = _syncs_recorder()
+    if r is not None:
         r.backend.host_op('{"op":"device_sync","device":%d' % r.device())
 
 

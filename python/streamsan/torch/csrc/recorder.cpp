@@ -842,6 +842,12 @@ void keep_buffer(std::string& out) {
   if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
 }
 
+// Counts a hand-over that began at `t0` (profiling on).
+void count_handover(uint64_t t0) {
+  S->prof.handover += now_ns() - t0;
+  S->prof.batches++;
+}
+
 // Hands the batch to Python when it is large enough; GIL held, `mu` not held.
 void maybe_flush() {
   std::string out;
@@ -855,10 +861,7 @@ void maybe_flush() {
   const uint64_t t0 = profiling ? now_ns() : 0;
   try {
     sink(py::bytes(out));
-    if (profiling) {
-      S->prof.handover += now_ns() - t0;
-      S->prof.batches++;
-    }
+    if (profiling) count_handover(t0);
   } catch (py::error_already_set& e) {
     // The sink reports its own errors; never let one escape into the op.
     e.restore();
@@ -883,10 +886,7 @@ void flush_batch() {
       const bool profiling = S->profiling.load(std::memory_order_relaxed);
       const uint64_t t0 = profiling ? now_ns() : 0;
       int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
-      if (profiling) {
-        S->prof.handover += now_ns() - t0;
-        S->prof.batches++;
-      }
+      if (profiling) count_handover(t0);
       if (rc != 0) S->raw_refused_bytes += out.size();
       r.unlock();
       keep_buffer(out);
@@ -1771,7 +1771,6 @@ struct TraceSlot {
   bool installed = false;
   const c10::impl::PyInterpreter* saved = nullptr;  // the GPU trace before ours
   bool saved_have = false;
-  bool replaced = false;  // someone else's trace took our place during the check
 } trace_slot;
 
 // Puts the recorder's interpreter in c10's GPU trace for the check (what was there is called
@@ -1783,7 +1782,6 @@ bool install_gpu_trace() {
   if (trace_slot.installed) return true;
   trace_slot.saved = GPUTrace::gpuTraceState.load(std::memory_order_acquire);
   trace_slot.saved_have = GPUTrace::haveState;
-  trace_slot.replaced = false;
   trace_vtable->prev = GPUTrace::get_trace();
   GPUTrace::gpuTraceState.store(trace_interpreter, std::memory_order_release);
   GPUTrace::haveState = true;
@@ -1801,13 +1799,11 @@ bool uninstall_gpu_trace() {
   using c10::impl::GPUTrace;
   if (!trace_slot.installed) return true;
   trace_slot.installed = false;
-  if (GPUTrace::gpuTraceState.load(std::memory_order_acquire) != trace_interpreter) {
-    trace_slot.replaced = true;
-    return false;
-  }
+  if (GPUTrace::gpuTraceState.load(std::memory_order_acquire) != trace_interpreter) return false;
+  // Readers look at haveState first: it goes false before the pointer changes, true after.
   if (!trace_slot.saved_have) GPUTrace::haveState = false;
   GPUTrace::gpuTraceState.store(trace_slot.saved, std::memory_order_release);
-  GPUTrace::haveState = trace_slot.saved_have;
+  if (trace_slot.saved_have) GPUTrace::haveState = true;
   return true;
 #else
   return true;
