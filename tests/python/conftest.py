@@ -59,3 +59,23 @@ def torch_or_skip():
         return torch
     except Exception:
         pytest.skip("torch is not installed (the recorder's CPU tests need it)")
+
+
+def native_ext_or_skip():
+    """The C++ recorder's module, built if needed; the test skips where it cannot be built."""
+    torch_or_skip()
+    from streamsan.torch import _native
+
+    try:
+        return _native.load()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(params=["python", "native"])
+def backend(request):
+    """Each recorder in turn (the C++ one skipped where it cannot be built)."""
+    torch_or_skip()
+    if request.param == "native":
+        native_ext_or_skip()
+    return request.param

@@ -481,18 +481,3 @@ def test_streamsan_torch_reports_are_the_same_on_a_thread(backend, syncs, tmp_pa
         key = lambda h: (h["op"], h["kind"], h["buffer"])  # noqa: E731
         assert sorted(map(key, run.hazards)) == sorted(map(key, run.report.hazards))
         assert [h["op"] for h in run.hazards] == sorted(h["op"] for h in run.hazards)
-
-
-@pytest.fixture(params=["python", "native"])
-def backend(request):
-    from conftest import torch_or_skip
-
-    torch_or_skip()
-    if request.param == "native":
-        from streamsan.torch import _native
-
-        try:
-            _native.load()
-        except RuntimeError as e:
-            pytest.skip(str(e))
-    return request.param

@@ -572,12 +572,9 @@ def test_real_ops_in_a_capture_through_the_recorder(backend):
     from test_recorder_cpu import Fake
 
     if backend == "native":
-        from streamsan.torch import _native
+        from conftest import native_ext_or_skip
 
-        try:
-            _native.load()
-        except RuntimeError as e:
-            pytest.skip(str(e))
+        native_ext_or_skip()
 
     def run_once(fixed: bool):
         run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
@@ -645,16 +642,11 @@ def test_graphs_are_named_after_their_capture_site():
 
 
 def _native_run_or_skip(**kw):
-    from conftest import torch_or_skip
+    from conftest import native_ext_or_skip
 
-    torch_or_skip()
+    native_ext_or_skip()
     import streamsan.torch
-    from streamsan.torch import _native
 
-    try:
-        _native.load()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     return streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, **kw)
 
 

@@ -12,15 +12,9 @@ import pytest
 
 
 def _ext_or_skip():
-    from conftest import torch_or_skip
+    from conftest import native_ext_or_skip
 
-    torch_or_skip()
-    from streamsan.torch import _native
-
-    try:
-        ext = _native.load()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    ext = native_ext_or_skip()
     if not ext.native_syncs():
         pytest.skip("this torch's GPU trace is recorded through Python's callbacks")
     return ext
@@ -137,30 +131,26 @@ def test_profile_counts_each_stage(monkeypatch):
     ext = _ext_or_skip()
     import torch
 
-    monkeypatch.setenv("STREAMSAN_PROFILE", "1")
-    run = _run()
-    with run:
-        ext.set_fake_stream(0xA)
-        x = torch.ones(64)
-        for _ in range(50):
-            x.add_(1)
-        ext.fake_gpu_trace("record", 0xE1, 0xA)
-        st = run.stats()
+    def profiled(mode: str):
+        monkeypatch.setenv("STREAMSAN_PROFILE", mode)
+        run = _run()
+        with run:
+            ext.set_fake_stream(0xA)
+            x = torch.ones(64)
+            for _ in range(50):
+                x.add_(1)
+            ext.fake_gpu_trace("record", 0xE1, 0xA)
+            st = run.stats()
+        return run, st
+
+    run, st = profiled("1")
     assert st["recorder_profile_ops"] >= 50
     assert st["recorder_profile_callbacks"] >= st["recorder_profile_ops"]
     for k in ("regions", "site", "serialize", "syncs"):
         assert st[f"recorder_profile_{k}_seconds"] > 0, (k, st)
     assert run.report.ops >= 51
 
-    monkeypatch.setenv("STREAMSAN_PROFILE", "observe")
-    run = _run()
-    with run:
-        ext.set_fake_stream(0xA)
-        y = torch.ones(64)
-        for _ in range(50):
-            y.add_(1)
-        ext.fake_gpu_trace("record", 0xE1, 0xA)
-        st = run.stats()
+    run, st = profiled("observe")
     assert st["recorder_profile_ops"] == 0 and st["recorder_profile_callbacks"] == 0
     assert run.report.ops == 0
 
@@ -244,15 +234,10 @@ def test_composite_only_ops_are_not_looked_at_and_the_trace_is_the_same(tmp_path
     CompositeImplicitAutograd kernels: the recorder records the ops they call (addmm,
     _log_softmax, nll_loss_forward …) and not them, and counts none of them among the ops looked
     at in full that wrote nothing."""
-    from conftest import torch_or_skip
+    from conftest import native_ext_or_skip
 
-    torch = torch_or_skip()
-    from streamsan.torch import _native
-
-    try:
-        _native.load()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    native_ext_or_skip()
+    import torch
     import torch.nn.functional as F
 
     monkeypatch.setenv("STREAMSAN_PROFILE", "1")

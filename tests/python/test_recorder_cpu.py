@@ -14,10 +14,9 @@ import sys
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import native_ext_or_skip, torch_or_skip
 
 HERE = os.path.abspath(__file__)
-BACKENDS = ["python", "native"]
 
 
 def line_of(marker: str) -> int:
@@ -79,18 +78,6 @@ def checked(backend, body, trace=None):
 def sites(run):
     return {(h["kind"], int(h["access"]["site"].rsplit(":", 1)[1])) for h in run.report.hazards if h["access"]}
 
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    torch_or_skip()
-    if request.param == "native":
-        from streamsan.torch import _native
-
-        try:
-            _native.load()
-        except RuntimeError as e:
-            pytest.skip(str(e))
-    return request.param
 
 
 def test_views_at_offsets(backend):
@@ -504,12 +491,7 @@ def test_syncs_of_nested_ops_keep_the_threads_order(tmp_path):
     import json
 
     torch = torch_or_skip()
-    from streamsan.torch import _native
-
-    try:
-        _native.load()
-    except RuntimeError as e:
-        pytest.skip(str(e))
+    native_ext_or_skip()
     scoped = _scoped_op()
     path = tmp_path / "t.jsonl"
 
@@ -698,13 +680,9 @@ def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
 def test_a_build_killed_midway_does_not_hang_later_loads():
     # torch's build lock (`lock` in the build directory, created exclusively) stays behind when a
     # build is killed (a timeout); a later load must not wait for it forever.
-    torch_or_skip()
+    native_ext_or_skip()
     from streamsan.torch import _native
 
-    try:
-        _native.load()
-    except RuntimeError as e:
-        pytest.skip(str(e))
     directory = _native.build_dir()
     with open(os.path.join(directory, "lock"), "w"):
         pass
