@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -129,7 +128,7 @@ def run(mode: str, workload: str, backend: str, iters: int) -> dict:
     return res
 
 
-PROFILE = {"observe": "observe", "stages": "1"}  # paired's profiling modes: STREAMSAN_PROFILE
+PROFILE = {"observe": "observe", "stages": "1"}  # paired's profiling modes: Run(_profile=…)
 
 
 def _sync(device: str) -> None:
@@ -168,21 +167,14 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
 
     def checked(mode: str):
-        old = os.environ.pop("STREAMSAN_PROFILE", None)
-        if mode in PROFILE:
-            os.environ["STREAMSAN_PROFILE"] = PROFILE[mode]
-        try:
-            t0 = time.perf_counter()
-            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu") as r:
-                for _ in range(iters):
-                    step()
-                _sync(device)
-                stats = r.stats()
-            us = (time.perf_counter() - t0) / iters * 1e6
-        finally:
-            os.environ.pop("STREAMSAN_PROFILE", None)
-            if old is not None:
-                os.environ["STREAMSAN_PROFILE"] = old
+        t0 = time.perf_counter()
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
+                                 _profile=PROFILE.get(mode, "0")) as r:
+            for _ in range(iters):
+                step()
+            _sync(device)
+            stats = r.stats()
+        us = (time.perf_counter() - t0) / iters * 1e6
         return us, r, stats
 
     for _ in range(20):

@@ -606,7 +606,8 @@ def run_warm(a) -> Out:
 # cost
 
 
-# The profiling modes of `cost --profile`: the C++ recorder with STREAMSAN_PROFILE set to this
+# The profiling modes of `cost --profile`: the C++ recorder with its profile (Run(_profile=…), as
+# STREAMSAN_PROFILE) set to this
 # (`observe`: its callbacks return at once, nothing is recorded: the cost of being called at all;
 # `1`: each stage's time counted, Run.stats()'s recorder_profile_*)
 PROFILE_MODES = {"native-observe": "observe", "native-stages": "1"}
@@ -626,22 +627,15 @@ def _once(fn, mode: str) -> tuple[float, dict]:
     import streamsan.torch
 
     backend = "native" if mode in PROFILE_MODES else mode
-    old = os.environ.pop("STREAMSAN_PROFILE", None)
-    if mode in PROFILE_MODES:
-        os.environ["STREAMSAN_PROFILE"] = PROFILE_MODES[mode]
-    try:
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
-                fn(True, False)
-                torch.cuda.synchronize()
-                stats = run.stats() if mode in PROFILE_MODES else {}
-        seconds = time.perf_counter() - t0
-    finally:
-        os.environ.pop("STREAMSAN_PROFILE", None)
-        if old is not None:
-            os.environ["STREAMSAN_PROFILE"] = old
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend=backend,
+                                 _profile=PROFILE_MODES.get(mode, "0")) as run:
+            fn(True, False)
+            torch.cuda.synchronize()
+            stats = run.stats() if mode in PROFILE_MODES else {}
+    seconds = time.perf_counter() - t0
     if mode == "native-observe":
         return seconds, info  # nothing was checked: no verdict
     info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}

@@ -257,3 +257,20 @@ def test_composite_only_ops_are_not_looked_at_and_the_trace_is_the_same(tmp_path
     unwritten = {n for n, _ in st["recorder_profile_unwritten_ops"]}
     assert not {"aten::linear", "aten::cross_entropy_loss", "aten::log_softmax"} & unwritten, unwritten
     assert float(loss) > 0
+
+
+def test_run_profile_argument_wins_over_the_environment(monkeypatch):
+    """Run(_profile=…) sets the profile for that check whatever STREAMSAN_PROFILE says (the
+    benchmarks' profiling modes)."""
+    ext = _ext_or_skip()
+    import torch
+
+    monkeypatch.setenv("STREAMSAN_PROFILE", "observe")
+    for profile, recorded in (("1", True), ("0", True), ("observe", False)):
+        run = _run(_profile=profile)
+        with run:
+            ext.set_fake_stream(0xA)
+            torch.ones(4).add_(1)
+            st = run.stats()
+        assert (run.report.ops > 0) == recorded, profile
+        assert any(k.startswith("recorder_profile_") for k in st) == (profile != "0"), (profile, st)

@@ -86,6 +86,7 @@ class Run:
         print_syncs: bool = True,
         threaded: Optional[bool] = None,
         _fake_device: bool = False,
+        _profile: Optional[str] = None,
     ) -> None:
         if not check and trace is None:
             raise ValueError("record() needs a trace path")
@@ -103,6 +104,8 @@ class Run:
         self.syncs: list[str] = []
         # For streamsan's own tests: CPU tensors stand for device memory.
         self.fake_device = _fake_device or os.environ.get("STREAMSAN_TORCH_FAKE_DEVICE") == "1"
+        # Profiling the C++ recorder: "1" (its stages timed) or "observe"; None: STREAMSAN_PROFILE.
+        self.profile = _profile
         self.report: Optional[Report] = None
         self.rank: Optional[Rank] = None
         self.hazards: list[dict[str, Any]] = []
@@ -163,7 +166,9 @@ class Run:
         else:
             self._file = open(self.trace, "wb")
         try:
-            self._recorder = Recorder(self._sink, backend=self.backend_choice, fake_device=self.fake_device)
+            self._recorder = Recorder(
+                self._sink, backend=self.backend_choice, fake_device=self.fake_device, profile=self.profile
+            )
             if self._checker is not None and hasattr(self._checker, "_raw_sink"):
                 # The C++ recorder hands its batches straight to the checker's queue.
                 self._recorder.raw_sink = self._checker._raw_sink()

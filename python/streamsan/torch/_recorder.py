@@ -804,7 +804,7 @@ class NativeBackend:
 
     name = "native"
 
-    def __init__(self, rec: "Recorder", fake_device: bool = False) -> None:
+    def __init__(self, rec: "Recorder", fake_device: bool = False, profile: Optional[str] = None) -> None:
         import torch
 
         from . import _native
@@ -841,7 +841,7 @@ class NativeBackend:
         # interface is supported), else from torch.cuda._gpu_trace's Python callbacks.
         self.native_syncs = bool(getattr(self.ext, "native_syncs", lambda: False)())
         self.gpu_trace_replaced = False
-        self.profiling = _profile_mode()
+        self.profiling = _profile_mode(profile)
 
     @property
     def counters(self) -> dict:
@@ -874,11 +874,11 @@ class NativeBackend:
         self.ext.uninstall()
 
 
-def _profile_mode() -> str | None:
-    """STREAMSAN_PROFILE: `1` counts the C++ recorder's time per stage (Run.stats():
-    `recorder_profile_*`); `observe` also makes its callbacks return at once, recording nothing
-    (the cost of being called at all: nothing is checked)."""
-    v = os.environ.get("STREAMSAN_PROFILE", "").strip().lower()
+def _profile_mode(value: Optional[str] = None) -> str | None:
+    """`value`, else STREAMSAN_PROFILE: `1` counts the C++ recorder's time per stage
+    (Run.stats(): `recorder_profile_*`); `observe` also makes its callbacks return at once,
+    recording nothing (the cost of being called at all: nothing is checked)."""
+    v = (os.environ.get("STREAMSAN_PROFILE", "") if value is None else value).strip().lower()
     if v in ("", "0", "no", "off", "false"):
         return None
     return "observe" if v == "observe" else "stages"
@@ -1170,7 +1170,13 @@ def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
 class Recorder:
     """Feeds a running program's ops to `sink(bytes)` (JSON Lines of the trace format)."""
 
-    def __init__(self, sink: Callable[[bytes], None], backend: str = "auto", fake_device: bool = False) -> None:
+    def __init__(
+        self,
+        sink: Callable[[bytes], None],
+        backend: str = "auto",
+        fake_device: bool = False,
+        profile: Optional[str] = None,
+    ) -> None:
         import torch
 
         self.torch = torch
@@ -1190,7 +1196,7 @@ class Recorder:
         self.backend: Any = None
         if choice in ("auto", "native"):
             try:
-                self.backend = NativeBackend(self, fake_device)
+                self.backend = NativeBackend(self, fake_device, profile)
             except Exception as e:
                 if choice == "native":
                     raise
