@@ -811,12 +811,27 @@ pub fn fix_program(program: &[TraceOp]) -> Result<Fixed, CheckError> {
         }
     }
     let before = checker.finish();
-    let mut strict: BTreeSet<u64> = BTreeSet::new();
+    let (fixed, _) = settle(
+        |strict| fix_walk(program, &before, &events, strict),
+        |f: &Fixed| (&f.after, &f.insertions[..]),
+    )?;
+    Ok(fixed)
+}
+
+/// Walks until no reuse race is left that a walk with it [`Fixer::strict`] may fix: `walk`
+/// walks the trace with a set of strict ops (none at first) and `written` gives what its walk
+/// wrote (the written trace's report, the insertions). Returns the last walk and its set.
+pub fn settle<T, E>(
+    mut walk: impl FnMut(&BTreeSet<u64>) -> Result<T, E>,
+    written: impl Fn(&T) -> (&Report, &[Insertion]),
+) -> Result<(T, BTreeSet<u64>), E> {
+    let mut strict = BTreeSet::new();
     loop {
-        let fixed = fix_walk(program, &before, &events, &strict)?;
-        let more = reuse_races_left(&fixed.after, &fixed.insertions, &strict);
+        let done = walk(&strict)?;
+        let (after, insertions) = written(&done);
+        let more = reuse_races_left(after, insertions, &strict);
         if more.is_empty() {
-            return Ok(fixed);
+            return Ok((done, strict));
         }
         strict.extend(more);
     }

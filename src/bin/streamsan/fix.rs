@@ -1,3 +1,5 @@
+use std::collections::BTreeSet;
+
 use super::*;
 
 pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliError> {
@@ -61,24 +63,44 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
         Some(s) => Source::File(s.file.path().to_path_buf()),
         None => Source::File(file.clone()),
     };
-    // Dry walks: the reuse races whose waits the written trace needs whole (a conflict the
-    // first check listed at an earlier reuse only; see `Fixer::strict`), until none is left.
-    let mut strict = std::collections::BTreeSet::new();
-    loop {
+    // The walks: every line, with the insertions before their ops, until the written trace
+    // keeps no reuse race that a walk keeping its wait whole fixes (a conflict the first check
+    // listed at an earlier reuse only; see `Fixer::strict`): most traces need one. A file is
+    // written beside its final name each time and renamed there only when it is the last;
+    // standard output (and a file written in place: a pipe, a device) is written once, after
+    // walks that write nothing.
+    let to_file = output.is_some_and(|p| {
+        p.as_os_str() != "-" && std::fs::metadata(p).map_or(true, |m| m.is_file())
+    });
+    let each = |strict: &BTreeSet<u64>, write: bool| -> Result<Walked, CliError> {
         let mut fixer = Fixer::new(&before, events.iter().cloned()).strict(strict.iter().copied());
-        walk(&name, &source, &mut fixer, &mut None, before.ops)?;
-        let (_, after) = fixer.finish();
-        let more = streamsan::fix::reuse_races_left(&after, fixer.insertions(), &strict);
-        if more.is_empty() {
-            break;
-        }
-        strict.extend(more);
+        let mut out = if write {
+            Some(Output::open(output)?)
+        } else {
+            None
+        };
+        walk(&name, &source, &mut fixer, &mut out, before.ops)?;
+        let (summary, after) = fixer.finish();
+        Ok(Walked {
+            fixer,
+            summary,
+            after,
+            out,
+        })
+    };
+    let (mut last, strict) = streamsan::fix::settle(
+        |strict| each(strict, to_file),
+        |w: &Walked| (&w.after, w.fixer.insertions()),
+    )?;
+    if !to_file {
+        last = each(&strict, true)?;
     }
-    // The walk that writes: every line, with the insertions before their ops.
-    let mut fixer = Fixer::new(&before, events).strict(strict);
-    // A file is written beside its final name and renamed there only when complete.
-    let mut out = Some(Output::open(output)?);
-    walk(&name, &source, &mut fixer, &mut out, before.ops)?;
+    let Walked {
+        fixer,
+        summary,
+        after,
+        out,
+    } = last;
     if let Some(out) = out {
         match out.commit() {
             Err(e) if e.kind() == io::ErrorKind::BrokenPipe => {}
@@ -86,7 +108,6 @@ pub(crate) fn fix(file: &PathBuf, output: Option<&PathBuf>) -> Result<u8, CliErr
             Ok(()) => {}
         }
     }
-    let (summary, after) = fixer.finish();
     let plural = |n: u64, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
     if summary.fixable == 0 {
         eprintln!("streamsan: no data-race, reuse-race or unsafe-free to fix; the trace is written unchanged");
@@ -210,4 +231,13 @@ fn walk(
         )));
     }
     Ok(())
+}
+
+/// One walk of `fix`: its fixer, the counts and report of what it wrote, and its output (none
+/// for a walk that writes nothing).
+struct Walked {
+    fixer: streamsan::fix::Fixer,
+    summary: streamsan::fix::FixSummary,
+    after: streamsan::Report,
+    out: Option<Output>,
 }
