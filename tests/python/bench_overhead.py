@@ -88,19 +88,10 @@ WORKLOADS = {"mlp": mlp, "streams": streams, "tiny": tiny}
 
 
 def timed(step, iters: int, blocks: int = 5) -> list[float]:
-    import torch
-
     for _ in range(50):
         step()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(blocks):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            step()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / iters * 1e6)
-    return out
+    _sync("cuda")
+    return [_block(step, iters) for _ in range(blocks)]
 
 
 def run(mode: str, workload: str, backend: str, iters: int) -> dict:

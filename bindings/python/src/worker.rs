@@ -178,6 +178,12 @@ pub(crate) struct State {
 }
 
 impl State {
+    /// Whether the holder of `ticket` may put `len` bytes in the queue now: it is its turn, and
+    /// there is room (a batch larger than the bound is taken alone, into an empty queue).
+    fn admits(&self, ticket: u64, len: usize) -> bool {
+        self.admitted == ticket && (self.bytes == 0 || self.bytes.saturating_add(len) <= self.bound)
+    }
+
     /// Whether every batch admitted so far has been checked (or never will be).
     fn caught_up(&self) -> bool {
         self.checked == self.admitted || self.exited
@@ -333,7 +339,7 @@ impl Shared {
         }
         let ticket = s.tickets;
         s.tickets += 1;
-        if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound) {
+        if s.admits(ticket, len) {
             self.admit(&mut s, batch);
             return Entry::Done(Ok(()));
         }
@@ -350,7 +356,7 @@ impl Shared {
                 s.waited += since.elapsed();
                 return Err(r);
             }
-            if s.admitted == ticket && (s.bytes == 0 || s.bytes.saturating_add(len) <= s.bound) {
+            if s.admits(ticket, len) {
                 s.waited += since.elapsed();
                 self.admit(&mut s, batch);
                 return Ok(());
