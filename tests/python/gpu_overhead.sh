@@ -16,6 +16,8 @@
 #   4. `realcode_report.py cost --profile --no-python` on the real-code suite's programs that
 #      capture no CUDA graph (OVERHEAD_ONLY=NAME[,NAME...]: those), then CSAN's cost on them;
 #   5. the table (realcode_report.py table: the cost, and "Where the time goes").
+# OVERHEAD_REALCODE=0 leaves out steps 4 and 5 (gpu_realcode.sh with REALCODE_PROFILE=1 measures
+# the same table beside its verdicts).
 #
 # Files under $OUT (default /tmp/overhead-out): paired-*.json, csan-*.json, memory.json,
 # cost.json, csan-cost.json, table.md, log.txt.
@@ -96,6 +98,7 @@ if [ "${OVERHEAD_MEMORY:-1}" != 0 ]; then
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('memory:', {k: m.get(k) for k in ('steps','flat','why','ops','errors','seconds','stopped')}); print('first', m['marks'][0] if m['marks'] else None); print('last', m['marks'][-1] if m['marks'] else None)" "$out/memory.json" 2>&1 | tee -a "$log"
 fi
 
+[ "${OVERHEAD_REALCODE:-1}" = 0 ] && exit 0
 report=tests/python/realcode_report.py
 left=$((deadline - $(date +%s)))
 step cost $((left * 6 / 10)) "$out/cost.json" python3 $report cost --profile --no-python --runs 3 --set realcode "${sel[@]}" --deadline-seconds $((left * 6 / 10 - 10))
