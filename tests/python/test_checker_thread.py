@@ -297,9 +297,14 @@ def test_callers_that_wait_for_room_keep_the_order_they_came_in():
     assert r.clean and r.ops == 20, r.to_text()
 
 
-def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_python(code: str, timeout: float = 60, tmpdir=None) -> subprocess.CompletedProcess:
+    """Runs `code` in a Python of its own; `tmpdir` becomes its TMPDIR (its spool files are then
+    its own, whatever else runs on the machine)."""
+    env = None
+    if tmpdir is not None:
+        env = dict(os.environ, TMPDIR=str(tmpdir), TEMP=str(tmpdir), TMP=str(tmpdir))
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 
@@ -339,7 +344,7 @@ def test_a_panic_of_the_thread_is_an_exception_not_a_crash():
 
 
 @pytest.mark.parametrize("how", ["del", "exit", "exit-while-pushing"])
-def test_an_abandoned_check_neither_hangs_nor_crashes(how):
+def test_an_abandoned_check_neither_hangs_nor_crashes(how, tmp_path):
     """A Checker dropped, or alive at exit (with a thread waiting for room), with a queue that
     would take its thread seconds to check: its thread drops the queue and ends at once."""
     code = f"""
@@ -362,7 +367,7 @@ def test_an_abandoned_check_neither_hangs_nor_crashes(how):
             print("spool left", len(after - before))
         print("exiting at", time.monotonic())
         """
-    out = run_python(code, timeout=60)
+    out = run_python(code, timeout=60, tmpdir=tmp_path)
     end = time.monotonic()
     assert out.returncode == 0, out.stderr
     last = out.stdout.splitlines()[-1]

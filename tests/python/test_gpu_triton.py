@@ -15,7 +15,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 BACKENDS = [b for b in os.environ.get("STREAMSAN_TEST_BACKEND", "native,python").split(",") if b]
-HERE = os.path.basename(__file__)
 N = 1 << 16
 
 
@@ -30,6 +29,15 @@ def _line(marker: str) -> int:
             if line.rstrip().endswith("# " + marker) and "_line(" not in line:
                 return i
     raise AssertionError(marker)
+
+
+def _site(marker: str) -> str:
+    """The site of this file's line that ends in `# marker`, as the recorders write it: the file
+    relative to the working directory when it lies under it, else its absolute path."""
+    path = os.path.abspath(__file__)
+    cwd = os.getcwd().rstrip(os.sep) + os.sep
+    shown = path[len(cwd) :] if path.startswith(cwd) else path
+    return f"{shown}:{_line(marker)}"
 
 
 def _triton():
@@ -123,7 +131,7 @@ def test_user_kernels_are_launches_with_the_roles_of_their_ir(gpu, tmp_path, bac
     c_buf = bufs(add, "writes")[0]
     assert bufs(scale, "writes") == [c_buf] and bufs(scale, "reads") == []  # read + written: written
     assert bufs(sm, "reads") == [c_buf] and len(bufs(sm, "writes")) == 1  # the unused pointer: nothing
-    assert add["site"] == f"{HERE}:{_line('ADD')}"
+    assert add["site"] == _site("ADD")
     assert add["stream"] == "default"
 
 
@@ -155,7 +163,7 @@ def test_user_kernel_on_a_side_stream_races_with_a_reader(gpu, backend, fixed):
         return
     races = [h for h in run.report.hazards if h["kind"] == "data-race"]
     assert races, run.report.to_text()
-    assert races[0]["access"]["site"] == f"{HERE}:{_line('READ')}"
+    assert races[0]["access"]["site"] == _site("READ")
     assert "add_kernel" in run.report.to_text()
 
 
@@ -197,11 +205,11 @@ def test_compiled_function_consuming_a_side_stream_tensor(gpu, tmp_path, fixed):
     assert run.stats().get("recorder_triton_launches", 0) >= 1
     launches = [o for o in _ops(path) if o["op"] == "launch" and str(o.get("name", "")).startswith("triton_")]
     assert launches, "no Inductor launch recorded"
-    assert all(o.get("site") == f"{HERE}:{_line('CALL')}" for o in launches), launches
+    assert all(o.get("site") == _site("CALL") for o in launches), launches
     if fixed:
         assert run.report.errors == 0, run.report.to_text()
         return
     races = [h for h in run.report.hazards if h["kind"] == "data-race"]
     assert races, run.report.to_text()
-    assert races[0]["access"]["site"] == f"{HERE}:{_line('CALL')}"
+    assert races[0]["access"]["site"] == _site("CALL")
     assert "triton_" in run.report.to_text()

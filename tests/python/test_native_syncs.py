@@ -48,8 +48,14 @@ def test_gpu_trace_calls_are_recorded_in_the_order_issued_with_their_site(tmp_pa
         ext.fake_gpu_trace("device_sync", 0, 0)
         ext.fake_gpu_trace("alloc", 0x1000, 0)  # the allocator's own trace: not a host op
         assert run.stats()["recorder_native_syncs"] is True
-    assert ext.fake_gpu_trace("record", 0xE1, 0xA) is False  # no trace after the check
-    ops = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        assert ext.gpu_trace_is_ours()
+    # The trace that was there before the check is back (none, or torch's Python one where a
+    # Python recorder's check ran earlier in this process): the recorder is called no more.
+    assert not ext.gpu_trace_is_ours()
+    written = path.read_text()
+    ext.fake_gpu_trace("record", 0xE1, 0xA)
+    assert path.read_text() == written
+    ops = [json.loads(line) for line in written.splitlines() if line.strip()]
     kinds = [o.get("name", o["op"]) for o in ops if o["op"] not in ("alloc", "free") and o.get("name") != "aten::copy_"]
     assert kinds[-7:] == [
         "aten::add_", "event_record", "event_wait", "aten::mul_", "event_sync", "stream_sync", "device_sync"

@@ -1810,6 +1810,15 @@ bool uninstall_gpu_trace() {
 #endif
 }
 
+// Tests: whether c10's GPU trace is the recorder's now.
+bool gpu_trace_is_ours() {
+#ifdef STREAMSAN_GPU_TRACE
+  return c10::impl::GPUTrace::gpuTraceState.load(std::memory_order_acquire) == trace_interpreter;
+#else
+  return false;
+#endif
+}
+
 // Tests: calls c10's GPU trace as CUDA code does, through whatever interpreter is in place
 // (`what`: record, wait, event_sync, stream_sync, device_sync). False when no trace is active.
 bool fake_gpu_trace(const std::string& what, uint64_t event, uint64_t stream) {
@@ -1943,6 +1952,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install_gpu_trace", &install_gpu_trace);
   m.def("uninstall_gpu_trace", &uninstall_gpu_trace);
   m.def("fake_gpu_trace", &fake_gpu_trace);
+  m.def("gpu_trace_is_ours", &gpu_trace_is_ours);
   m.def("native_syncs", &native_syncs);
   m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
   m.def("set_raw_sink", &set_raw_sink);
