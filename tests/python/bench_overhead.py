@@ -5,10 +5,12 @@
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
     python tests/python/bench_overhead.py startup [--device cpu]        # a check's enter and exit
+    python tests/python/bench_overhead.py floor WORKLOAD [--device cpu] # what being called costs
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), `tiny`, the
-same at 16→32→32→4, batch 8 (launch-bound), and `streams`, a two-stream launch-bound loop
-(in-place adds on two streams ordered by wait_stream).
+same at 16→32→32→4, batch 8 (launch-bound), `streams`, a two-stream launch-bound loop
+(in-place adds on two streams ordered by wait_stream), and `resnet`, a torchvision ResNet-18
+training step (`paired` and `floor` only).
 Modes: `plain`, `streamsan` (streamsan.torch.check, default settings), `csan`
 (torch.cuda._sanitizer.enable_cuda_sanitizer()). Each mode runs in a fresh process (CSAN cannot
 be turned off); each figure is the median of 5 timed blocks of ITERS iterations after a warm-up,
@@ -84,7 +86,30 @@ def tiny(device: str = "cuda"):
     return mlp(device, (16, 32, 4), 8)
 
 
-WORKLOADS = {"mlp": mlp, "streams": streams, "tiny": tiny}
+def resnet(device: str = "cuda"):
+    """A torchvision ResNet-18 training step (batch 16, 64x64 images, SGD): a real model's mix of
+    ops (needs torchvision)."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 3, 64, 64, device=device)
+    y = torch.randint(0, 10, (16,), device=device)
+
+    def step():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+WORKLOADS = {"mlp": mlp, "streams": streams, "tiny": tiny, "resnet": resnet}
 
 
 def timed(step, iters: int, blocks: int = 5) -> list[float]:
@@ -209,6 +234,67 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     }
 
 
+FLOOR_MODES = ["plain", "observer", "observer+io", "observe", "streamsan"]
+
+
+def floor(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> dict:
+    """Where the floor of a check goes: in one process, interleaved, the workload plain; with an
+    observer that does nothing on the dispatcher alone (`observer`: no inputs or outputs asked
+    for; `observer+io`: with them, as the recorder asks); under a check whose recorder observes
+    only (`observe`: the observer with its inputs and outputs, c10's GPU trace, the allocator's
+    tracker, the Python-level hooks); and under a full check (`streamsan`). The checks' blocks
+    time the loop inside the check only (entering and leaving it are `startup`'s). Microseconds
+    per iteration, the median of `rounds` rounds after a warm-up round."""
+    if device == "cpu" and workload == "streams":
+        raise SystemExit("floor --device cpu: the streams workload needs a GPU")
+    import torch
+
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)  # the ops' own cost, not a thread pool's
+    try:
+        return _floor(workload, iters, rounds, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _floor(workload: str, iters: int, rounds: int, device: str) -> dict:
+    import streamsan.torch
+    from streamsan.torch import _native
+
+    ext = _native.load()
+    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
+    for _ in range(20):
+        step()
+    _sync(device)
+    samples: dict = {m: [] for m in FLOOR_MODES}
+    for rnd in range(rounds + 1):
+        for m in FLOOR_MODES:
+            if m in ("plain", "observer", "observer+io"):
+                if m != "plain":
+                    ext.bench_floor(True, m == "observer+io")
+                try:
+                    us = _block(step, iters, device)
+                finally:
+                    ext.bench_floor(False)
+            else:
+                with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
+                                         _profile="observe" if m == "observe" else "0"):
+                    us = _block(step, iters, device)
+            if rnd:
+                samples[m].append(us)
+    med = {m: statistics.median(v) for m, v in samples.items()}
+    return {
+        "workload": workload,
+        "device": device,
+        "iters": iters,
+        "rounds": rounds,
+        "us": {m: round(v, 1) for m, v in med.items()},
+        "ratio": {m: round(med[m] / med["plain"], 3) for m in FLOOR_MODES if m != "plain"},
+        "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
+    }
+
+
 def startup(device: str = "cuda", n: int = 20) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed."""
@@ -317,7 +403,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup"])
+    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup", "floor"])
     p.add_argument("mode", nargs="?")
     p.add_argument("workload", nargs="?")
     p.add_argument("--backend", default="auto")
@@ -325,8 +411,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--sync-every", type=int, default=0, help="memory: loss.item() every N steps")
     p.add_argument("--device", default="cuda",
-                   help="memory, paired: cpu runs on CPU tensors standing for device memory")
-    p.add_argument("--rounds", type=int, default=5, help="paired: timed rounds")
+                   help="memory, paired, floor: cpu runs on CPU tensors standing for device memory")
+    p.add_argument("--rounds", type=int, default=5, help="paired, floor: timed rounds")
     p.add_argument("--max-rss-mib", type=int, default=12288)
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")
@@ -340,6 +426,9 @@ def main() -> None:
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
         return
+    if a.what == "floor":
+        print(json.dumps(floor(a.mode or "mlp", a.iters, a.rounds, a.device)))
+        return
     if a.what == "memory":
         print(json.dumps(memory(a.steps, a.backend, a.sync_every, a.device, a.max_rss_mib, a.max_seconds)))
         return
@@ -347,7 +436,7 @@ def main() -> None:
     modes = [("plain", "auto"), ("streamsan", a.backend), ("csan", "auto")]
     if a.backend != "python" and not a.no_python:
         modes.append(("streamsan", "python"))
-    for workload in WORKLOADS:
+    for workload in ("mlp", "streams", "tiny"):
         for mode, backend in modes:
             out = subprocess.run(
                 [sys.executable, __file__, "run", mode, workload, "--backend", backend, "--iters", str(a.iters)],

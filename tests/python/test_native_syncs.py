@@ -280,3 +280,29 @@ def test_run_profile_argument_wins_over_the_environment(monkeypatch):
             st = run.stats()
         assert (run.report.ops > 0) == recorded, profile
         assert any(k.startswith("recorder_profile_") for k in st) == (profile != "0"), (profile, st)
+
+
+def test_floor_benchmark_times_each_layer_and_leaves_no_observer():
+    """bench_overhead.py floor: the workload plain, under an observer that does nothing (with and
+    without the op's inputs and outputs), observing only and checked; the do-nothing observer is
+    off the dispatcher afterwards (a check after it records the same ops)."""
+    ext = _ext_or_skip()
+    import torch
+
+    import bench_overhead
+
+    res = bench_overhead.floor("tiny", 3, rounds=1, device="cpu")
+    assert set(res["us"]) == set(bench_overhead.FLOOR_MODES)
+    assert all(v > 0 for v in res["us"].values())
+    assert set(res["ratio"]) == set(bench_overhead.FLOOR_MODES) - {"plain"}
+
+    # The observer on: a check still records each op once (the two observers are independent).
+    ext.bench_floor(True, True)
+    try:
+        with _run() as on:
+            torch.ones(4).add_(1)
+    finally:
+        ext.bench_floor(False)
+    with _run() as off:
+        torch.ones(4).add_(1)
+    assert on.report.ops == off.report.ops > 0

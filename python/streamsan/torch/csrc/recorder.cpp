@@ -1379,6 +1379,30 @@ void install(bool with_cuda) {
   }
 }
 
+// Benchmarks (bench_overhead.py floor): an observer that does nothing, on the dispatcher alone
+// (no check, no trace, no allocator tracker): what being called for every op costs, with the
+// op's inputs and outputs (`io`) or without. `on` false takes it off. GIL held.
+struct FloorCallback {
+  bool added = false;
+  at::CallbackHandle handle = 0;
+} floor_callback;
+
+std::unique_ptr<at::ObserverContext> floor_start(const at::RecordFunction&) { return nullptr; }
+void floor_end(const at::RecordFunction&, at::ObserverContext*) {}
+
+void bench_floor(bool on, bool io) {
+  if (floor_callback.added) {
+    at::removeCallback(floor_callback.handle);
+    floor_callback.added = false;
+  }
+  if (!on) return;
+  floor_callback.handle = at::addGlobalCallback(at::RecordFunctionCallback(floor_start, floor_end)
+                                                    .needsInputs(io)
+                                                    .needsOutputs(io)
+                                                    .scopes({at::RecordScope::FUNCTION}));
+  floor_callback.added = true;
+}
+
 // Takes the observer off the dispatcher (the tracker cannot be detached: it checks `active`).
 void uninstall() {
   if (S->callback_added) {
@@ -1931,6 +1955,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "streamsan.torch's fast recorder (RecordFunction observer + allocator tracker)";
   m.def("install", &install, py::arg("with_cuda"));
   m.def("uninstall", &uninstall);
+  m.def("bench_floor", &bench_floor, py::arg("on"), py::arg("io") = true);
   m.def("configure", &configure);
   m.def("set_active", &set_active);
   m.def("set_stdlib_dir", &set_stdlib_dir);
