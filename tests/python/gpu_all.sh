@@ -11,10 +11,11 @@
 #
 # Steps (each under a time limit; output and exit status in log.txt):
 #   1. install the wheel into /tmp/site (PYTHONPATH), build the C++ recorder once;
-#   2. overhead: plain / streamsan.torch.check (native) / (python) / CSAN on the MLP training
+#   2. overhead: plain / streamsan.torch.check (native) / CSAN on the MLP training
 #      step and the two-stream launch loop, each mode in its own process, the machine otherwise
 #      idle (bench_overhead.py all);
-#   3. at the same time: all Python tests with STREAMSAN_REQUIRE_GPU=1; the memory of a
+#   3. at the same time: all Python tests with STREAMSAN_REQUIRE_GPU=1 (8 workers where
+#      pytest-xdist is installed); the memory of a
 #      10,000-step online-checked MLP training loop, without host syncs and with loss.item()
 #      every 100 steps (bench_overhead.py memory); the program suite's verdicts under the native
 #      and the Python recorder, under CSAN, and its widened runs (gpu_report.py); the same for
@@ -95,14 +96,16 @@ logged build
 
 note "overhead (alone on the machine)"
 RESERVE=100 # seconds kept for what follows
-run overhead 150 "$out/overhead.json" python3 $py/bench_overhead.py all --backend native --iters 100
+run overhead 150 "$out/overhead.json" python3 $py/bench_overhead.py all --backend native --no-python --iters 100
 logged overhead
 
 note "pytest, memory and the program suite (at the same time)"
 RESERVE=15
 # the real-code suite's verdicts are gpu_realcode.sh's (too long for this step's limit)
+xdist=()  # the suite takes longer than this step's limit on one core: spread it where xdist is
+python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
 run pytest 240 "$out/pytest.txt" env STREAMSAN_REQUIRE_GPU=1 python3 -m pytest tests/python -rs -p no:cacheprovider \
-  --ignore=tests/python/test_gpu_realcode.py &
+  "${xdist[@]}" --ignore=tests/python/test_gpu_realcode.py &
 p_pytest=$!
 run memory-nosync 150 "$tmp/memory-nosync.json" python3 $py/bench_overhead.py memory --steps 10000 --backend native --max-seconds 100 &
 p_mem1=$!
