@@ -306,3 +306,30 @@ def test_floor_benchmark_times_each_layer_and_leaves_no_observer():
     with _run() as off:
         torch.ones(4).add_(1)
     assert on.report.ops == off.report.ops > 0
+
+
+def test_autograd_labels_are_known_by_their_text_not_their_address():
+    """The autograd engine names each node's record with a string made for that call
+    ("autograd::engine::evaluate_function: AddmmBackward0"): the recorder knows each such label
+    once, by its text, so its table of op kinds stops growing once the step's ops are known,
+    however many steps run (it kept one entry per address the strings took before)."""
+    _ext_or_skip()
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    x = torch.randn(4, 8)
+
+    def steps(n):
+        for _ in range(n):
+            model(x).sum().backward()
+            # Strings of other sizes in between move the labels' strings to other addresses.
+            junk = ["x" * (i * 37 % 200) for i in range(50)]
+            del junk
+
+    with _run() as run:
+        steps(3)
+        known = run.stats()["recorder_op_kinds"]
+        steps(200)
+        assert run.stats()["recorder_op_kinds"] == known
+    assert run.report.errors == 0, run.report.to_text()

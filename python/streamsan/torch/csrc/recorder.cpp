@@ -273,6 +273,10 @@ struct State {
   std::map<uint64_t, Buf> pinned_bufs;
   std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
+  // Records without an operator schema, by their text: their names are strings of their own,
+  // made for each call (autograd's "autograd::engine::evaluate_function: AddmmBackward0"), whose
+  // address a later, different name may take.
+  std::unordered_map<std::string, OpInfo> labels;
   std::atomic<Site> last_site{kNullSite};                   // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
@@ -472,9 +476,14 @@ Site op_site() {
     S->foreign_threads++;
     return S->last_site.load(std::memory_order_relaxed);
   }
-  PyGILState_STATE st = PyGILState_Ensure();
-  Site site = user_site();
-  PyGILState_Release(st);
+  Site site;
+  if (PyGILState_Check()) {
+    site = user_site();  // the op was called from Python: its thread holds the GIL
+  } else {
+    PyGILState_STATE st = PyGILState_Ensure();
+    site = user_site();
+    PyGILState_Release(st);
+  }
   if (site != kNullSite) {
     S->last_site.store(site, std::memory_order_relaxed);
     return site;
@@ -564,20 +573,23 @@ void add_ivalue(const c10::IValue& v, bool write, AccessList& out, Frame& fr) {
 
 bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 
-const OpInfo& op_info_slow(const at::RecordFunction& fn);
+const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address);
 
 
 const OpInfo& op_info(const at::RecordFunction& fn) {
+  ThreadState& t = ts;  // one TLS lookup for the whole callback
   const char* key = fn.name();
-  OpCacheSlot& slot = ts.op_cache[(reinterpret_cast<uintptr_t>(key) >> 3) & (kOpCacheSlots - 1)];
+  OpCacheSlot& slot = t.op_cache[(reinterpret_cast<uintptr_t>(key) >> 3) & (kOpCacheSlots - 1)];
   if (slot.key == key && key != nullptr) return *slot.info;
   const OpInfo* info;
-  auto it = ts.local_ops.find(key);
-  if (it != ts.local_ops.end()) {
+  auto it = t.local_ops.find(key);
+  if (it != t.local_ops.end()) {
     info = it->second;
   } else {
-    info = &op_info_slow(fn);
-    ts.local_ops.emplace(key, info);
+    bool by_address = true;
+    info = &op_info_slow(fn, &by_address);
+    if (!by_address) return *info;  // a label's own string: never cached by its address
+    t.local_ops.emplace(key, info);
   }
   slot.key = key;
   slot.info = info;
@@ -600,17 +612,25 @@ bool composite_only(const at::RecordFunction& fn) {
   return true;
 }
 
-const OpInfo& op_info_slow(const at::RecordFunction& fn) {
+// `by_address` is set false for a record without an operator schema: it is looked up by its
+// text (S->labels), and its address must not be kept as its key.
+const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   const char* key = fn.name();
   {
     std::lock_guard<std::mutex> g(S->mu);
     auto it = S->ops.find(key);
     if (it != S->ops.end()) return it->second;
   }
-  OpInfo info;
-  std::string name = key ? key : "";
-  info.name = jstr(name);
   auto schema = fn.operator_schema();
+  std::string name = key ? key : "";
+  if (!schema) {
+    *by_address = false;
+    std::lock_guard<std::mutex> g(S->mu);
+    auto it = S->labels.find(name);
+    if (it != S->labels.end()) return it->second;
+  }
+  OpInfo info;
+  info.name = jstr(name);
   static const char* skip[] = {
       "aten::size",     "aten::stride",      "aten::sym_size",
       "aten::sym_stride",   "aten::sym_numel",     "aten::sym_storage_offset",
@@ -680,6 +700,7 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn) {
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
               starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
   std::lock_guard<std::mutex> g(S->mu);
+  if (!schema) return S->labels.emplace(name, std::move(info)).first->second;
   return S->ops.emplace(key, std::move(info)).first->second;
 }
 
@@ -991,9 +1012,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 struct Pushed final : at::ObserverContext {};
 
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
+  ThreadState& t = ts;  // one TLS lookup for the whole callback
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
-  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
+  if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back());
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) {
     return nullptr;
   }
@@ -1003,11 +1025,11 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   const OpInfo& info = op_info(fn);
   if (info.kind == Kind::Skip) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
-  ts.frames.emplace_back();
-  Frame& fr = ts.frames.back();
+  t.frames.emplace_back();
+  Frame& fr = t.frames.back();
   fr.info = &info;
   if (info.kind == Kind::Composite) {
-    fr.site = ts.cur_site;
+    fr.site = t.cur_site;
     return pushed;
   }
   auto inputs = fn.inputs();
@@ -1051,7 +1073,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   } else {
     fr.site = op_site();
   }
-  ts.cur_site = fr.site;
+  t.cur_site = fr.site;
   return pushed;
 }
 
@@ -1116,11 +1138,12 @@ void pass_pending(Frame& fr, Frame* parent) {
 }
 
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
-  if (pushed == nullptr || ts.frames.empty()) return;
-  Frame fr = std::move(ts.frames.back());
-  ts.frames.pop_back();
-  Frame* parent = ts.frames.empty() ? nullptr : &ts.frames.back();
-  ts.cur_site = parent ? parent->site : kNullSite;
+  ThreadState& t = ts;  // one TLS lookup for the whole callback
+  if (pushed == nullptr || t.frames.empty()) return;
+  Frame fr = std::move(t.frames.back());
+  t.frames.pop_back();
+  Frame* parent = t.frames.empty() ? nullptr : &t.frames.back();
+  t.cur_site = parent ? parent->site : kNullSite;
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
     // Nothing of its own: the host ops issued inside it after the last op it called, then
     // what the ops it called wrote, covered for its caller.
@@ -1945,6 +1968,7 @@ py::dict counters() {
   }
   d["live_device_buffers"] = S->device_bufs.size();
   d["live_pinned_buffers"] = S->pinned_bufs.size();
+  d["op_kinds"] = S->ops.size() + S->labels.size();
   d["tracker"] = S->tracker_attached;
   return d;
 }
