@@ -39,16 +39,23 @@ import time
 def mlp(device: str = "cuda", dims=(256, 512, 10), batch: int = 64):
     import torch
     import torch.nn as nn
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     din, hidden, dout = dims
     model = nn.Sequential(
         nn.Linear(din, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, dout)
     ).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(batch, din, device=device)
     y = torch.randint(0, dout, (batch,), device=device)
+    return _training_step(model, x, y)
+
+
+def _training_step(model, x, y):
+    """One SGD step of `model` on the batch (x, y) with cross-entropy, as a function."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step():
         opt.zero_grad()
@@ -90,23 +97,13 @@ def resnet(device: str = "cuda"):
     """A torchvision ResNet-18 training step (batch 16, 64x64 images, SGD): a real model's mix of
     ops (needs torchvision)."""
     import torch
-    import torch.nn.functional as F
     import torchvision
 
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(16, 3, 64, 64, device=device)
     y = torch.randint(0, 10, (16,), device=device)
-
-    def step():
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    return step
+    return _training_step(model, x, y)
 
 
 WORKLOADS = {"mlp": mlp, "streams": streams, "tiny": tiny, "resnet": resnet}
