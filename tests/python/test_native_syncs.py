@@ -292,6 +292,7 @@ def test_floor_benchmark_times_each_layer_and_leaves_no_observer():
     import bench_overhead
 
     res = bench_overhead.floor("tiny", 3, rounds=1, device="cpu")
+    assert not ext.bench_floor_on()
     assert set(res["us"]) == set(bench_overhead.FLOOR_MODES)
     assert all(v > 0 for v in res["us"].values())
     assert set(res["ratio"]) == set(bench_overhead.FLOOR_MODES) - {"plain"}
@@ -299,10 +300,12 @@ def test_floor_benchmark_times_each_layer_and_leaves_no_observer():
     # The observer on: a check still records each op once (the two observers are independent).
     ext.bench_floor(True, True)
     try:
+        assert ext.bench_floor_on()
         with _run() as on:
             torch.ones(4).add_(1)
     finally:
         ext.bench_floor(False)
+    assert not ext.bench_floor_on()
     with _run() as off:
         torch.ones(4).add_(1)
     assert on.report.ops == off.report.ops > 0

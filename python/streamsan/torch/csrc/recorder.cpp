@@ -330,8 +330,10 @@ struct ThreadState {
   // The site of the op running on this thread ("null" outside ops): the allocator's tracker
   // runs on the allocating thread and cannot take the GIL, so it takes the site from here.
   Site cur_site = kNullSite;
-  // Op kinds already looked up by this thread (no lock).
+  // Op kinds already looked up by this thread (no lock): operators by their name's address,
+  // labels (records without a schema) by their text.
   std::unordered_map<const char*, const OpInfo*> local_ops;
+  std::unordered_map<std::string, const OpInfo*> local_labels;
   OpCacheSlot op_cache[kOpCacheSlots];
 };
 thread_local ThreadState ts;
@@ -476,14 +478,9 @@ Site op_site() {
     S->foreign_threads++;
     return S->last_site.load(std::memory_order_relaxed);
   }
-  Site site;
-  if (PyGILState_Check()) {
-    site = user_site();  // the op was called from Python: its thread holds the GIL
-  } else {
-    PyGILState_STATE st = PyGILState_Ensure();
-    site = user_site();
-    PyGILState_Release(st);
-  }
+  PyGILState_STATE st = PyGILState_Ensure();
+  Site site = user_site();
+  PyGILState_Release(st);
   if (site != kNullSite) {
     S->last_site.store(site, std::memory_order_relaxed);
     return site;
@@ -616,19 +613,28 @@ bool composite_only(const at::RecordFunction& fn) {
 // text (S->labels), and its address must not be kept as its key.
 const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   const char* key = fn.name();
-  {
+  std::string name = key ? key : "";
+  // A record names an operator (its schema's name, alive as long as the operator) or is a label
+  // with a string of its own (RecordFunction's `fn_`: a schema or a std::string).
+  const bool label = !fn.operator_name().has_value();
+  if (label) {
+    *by_address = false;
+    ThreadState& t = ts;
+    auto mine = t.local_labels.find(name);
+    if (mine != t.local_labels.end()) return *mine->second;
+    std::lock_guard<std::mutex> g(S->mu);
+    auto it = S->labels.find(name);
+    if (it != S->labels.end()) {
+      t.local_labels.emplace(name, &it->second);
+      return it->second;
+    }
+  } else {
     std::lock_guard<std::mutex> g(S->mu);
     auto it = S->ops.find(key);
     if (it != S->ops.end()) return it->second;
   }
-  auto schema = fn.operator_schema();
-  std::string name = key ? key : "";
-  if (!schema) {
-    *by_address = false;
-    std::lock_guard<std::mutex> g(S->mu);
-    auto it = S->labels.find(name);
-    if (it != S->labels.end()) return it->second;
-  }
+  std::optional<c10::FunctionSchema> schema;
+  if (!label) schema = fn.operator_schema();
   OpInfo info;
   info.name = jstr(name);
   static const char* skip[] = {
@@ -700,7 +706,11 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
               starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
   std::lock_guard<std::mutex> g(S->mu);
-  if (!schema) return S->labels.emplace(name, std::move(info)).first->second;
+  if (label) {
+    const OpInfo& known = S->labels.emplace(name, std::move(info)).first->second;
+    ts.local_labels.emplace(name, &known);
+    return known;
+  }
   return S->ops.emplace(key, std::move(info)).first->second;
 }
 
@@ -1413,6 +1423,9 @@ struct FloorCallback {
 std::unique_ptr<at::ObserverContext> floor_start(const at::RecordFunction&) { return nullptr; }
 void floor_end(const at::RecordFunction&, at::ObserverContext*) {}
 
+// Whether the benchmark's observer is on the dispatcher (tests).
+bool bench_floor_on() { return floor_callback.added; }
+
 void bench_floor(bool on, bool io) {
   if (floor_callback.added) {
     at::removeCallback(floor_callback.handle);
@@ -1980,6 +1993,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, py::arg("with_cuda"));
   m.def("uninstall", &uninstall);
   m.def("bench_floor", &bench_floor, py::arg("on"), py::arg("io") = true);
+  m.def("bench_floor_on", &bench_floor_on);
   m.def("configure", &configure);
   m.def("set_active", &set_active);
   m.def("set_stdlib_dir", &set_stdlib_dir);
