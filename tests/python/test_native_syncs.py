@@ -336,3 +336,36 @@ def test_autograd_labels_are_known_by_their_text_not_their_address():
         steps(200)
         assert run.stats()["recorder_op_kinds"] == known
     assert run.report.errors == 0, run.report.to_text()
+
+
+def test_an_operator_taken_off_the_dispatcher_leaves_the_table_of_kinds(tmp_path):
+    """An operator's kind is known by its name's address, which is its schema's for as long as
+    the operator is registered. When a torch.library.Library is destroyed, its operators' kinds
+    leave that table (another operator's name may take the address), and an operator defined
+    after it is recorded with its own argument roles."""
+    _ext_or_skip()
+    import torch
+
+    def define(name, schema, impl):
+        lib = torch.library.Library(name, "DEF")
+        lib.define(schema)
+        lib.impl(schema.split("(")[0], impl, "CPU")
+        return lib
+
+    path = tmp_path / "t.jsonl"
+    with _run(trace=path) as run:
+        x = torch.zeros(4)
+        first = define("streamsan_retire_a", "bump_(Tensor(a!) x) -> ()", lambda x: None)
+        torch.ops.streamsan_retire_a.bump_(x)
+        assert run.stats()["recorder_op_kinds_retired"] == 0
+        first._destroy()
+        assert run.stats()["recorder_op_kinds_retired"] == 1
+        second = define("streamsan_retire_b", "peek(Tensor x) -> ()", lambda x: None)
+        torch.ops.streamsan_retire_b.peek(x)
+        second._destroy()
+        assert run.stats()["recorder_op_kinds_retired"] == 2
+    assert run.report.errors == 0, run.report.to_text()
+    ops = {o["name"]: o for o in map(json.loads, path.read_text().splitlines()) if o.get("op") == "launch"}
+    bump, peek = ops["streamsan_retire_a::bump_"], ops["streamsan_retire_b::peek"]
+    assert len(bump.get("writes", [])) == 1 and not bump.get("reads")
+    assert len(peek.get("reads", [])) == 1 and not peek.get("writes")

@@ -277,6 +277,11 @@ struct State {
   // made for each call (autograd's "autograd::engine::evaluate_function: AddmmBackward0"), whose
   // address a later, different name may take.
   std::unordered_map<std::string, OpInfo> labels;
+  // Operators taken off the dispatcher: their names' memory may be reused by another operator's
+  // name, so their kinds leave `ops` (kept here: an op in flight may point at its kind), and each
+  // thread's caches by address are emptied when it sees `op_epoch` change.
+  std::vector<std::unordered_map<const char*, OpInfo>::node_type> retired_ops;
+  std::atomic<uint64_t> op_epoch{0};
   std::atomic<Site> last_site{kNullSite};                   // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
@@ -335,6 +340,7 @@ struct ThreadState {
   std::unordered_map<const char*, const OpInfo*> local_ops;
   std::unordered_map<std::string, const OpInfo*> local_labels;
   OpCacheSlot op_cache[kOpCacheSlots];
+  uint64_t op_epoch = 0;  // S->op_epoch when the caches by address were last valid
 };
 thread_local ThreadState ts;
 
@@ -575,6 +581,13 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address);
 
 const OpInfo& op_info(const at::RecordFunction& fn) {
   ThreadState& t = ts;  // one TLS lookup for the whole callback
+  const uint64_t epoch = S->op_epoch.load(std::memory_order_acquire);
+  if (C10_UNLIKELY(t.op_epoch != epoch)) {
+    // An operator was taken off the dispatcher: its name's address may now be another's.
+    t.op_epoch = epoch;
+    t.local_ops.clear();
+    for (auto& slot : t.op_cache) slot = OpCacheSlot{};
+  }
   const char* key = fn.name();
   OpCacheSlot& slot = t.op_cache[(reinterpret_cast<uintptr_t>(key) >> 3) & (kOpCacheSlots - 1)];
   if (slot.key == key && key != nullptr) return *slot.info;
@@ -1398,7 +1411,29 @@ void forget_codes() {
   S->code_cache.clear();
 }
 
+// Takes the kind of an operator being deregistered (a torch.library.Library destroyed) out of
+// the table by address. Called by the dispatcher, its lock held, before the schema goes.
+struct OpsListener final : c10::OpRegistrationListener {
+  void onOperatorRegistered(const c10::OperatorHandle&) override {}
+  void onOperatorDeregistered(const c10::OperatorHandle& op) override {
+    if (!op.hasSchema()) return;
+    const char* key = op.schema().name().c_str();
+    std::lock_guard<std::mutex> g(S->mu);
+    auto node = S->ops.extract(key);
+    if (node.empty()) return;
+    S->retired_ops.push_back(std::move(node));
+    S->op_epoch.fetch_add(1, std::memory_order_release);
+  }
+};
+
 void install(bool with_cuda) {
+  static bool listening = false;
+  if (!listening) {
+    // Never removed: the handle outlives every check (the dispatcher owns the listener).
+    new c10::RegistrationHandleRAII(
+        c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<OpsListener>()));
+    listening = true;
+  }
   if (with_cuda && !S->tracker_attached) {
     c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(on_trace);
     S->tracker_attached = true;
@@ -1982,6 +2017,7 @@ py::dict counters() {
   d["live_device_buffers"] = S->device_bufs.size();
   d["live_pinned_buffers"] = S->pinned_bufs.size();
   d["op_kinds"] = S->ops.size() + S->labels.size();
+  d["op_kinds_retired"] = S->retired_ops.size();
   d["tracker"] = S->tracker_attached;
   return d;
 }
