@@ -6,6 +6,7 @@
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
     python tests/python/bench_overhead.py startup [--device cpu]        # a check's enter and exit
     python tests/python/bench_overhead.py floor WORKLOAD [--device cpu] # what being called costs
+    python tests/python/bench_overhead.py loop WORKLOAD MODE [--device cpu] # a loop for a profiler
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), `tiny`, the
 same at 16→32→32→4, batch 8 (launch-bound), `streams`, a two-stream launch-bound loop
@@ -292,6 +293,29 @@ def _floor(workload: str, iters: int, rounds: int, device: str) -> dict:
     }
 
 
+def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
+    """A plain loop for a profiler (valgrind --tool=callgrind, perf): 50 steps, then `iters`
+    steps plain, checked (`streamsan`) or observed only (`observe`), one intra-op thread on the
+    CPU; the microseconds per step inside the check (entering and leaving it are `startup`'s)."""
+    import torch
+
+    import streamsan.torch
+
+    if device == "cpu":
+        torch.set_num_threads(1)
+    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
+    for _ in range(50):
+        step()
+    _sync(device)
+    if mode == "plain":
+        us = _block(step, iters, device)
+    else:
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
+                                 _profile="observe" if mode == "observe" else "0"):
+            us = _block(step, iters, device)
+    return {"workload": workload, "mode": mode, "device": device, "iters": iters, "us": round(us, 1)}
+
+
 def startup(device: str = "cuda", n: int = 20) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed."""
@@ -400,7 +424,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup", "floor"])
+    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup", "floor", "loop"])
     p.add_argument("mode", nargs="?")
     p.add_argument("workload", nargs="?")
     p.add_argument("--backend", default="auto")
@@ -408,7 +432,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--sync-every", type=int, default=0, help="memory: loss.item() every N steps")
     p.add_argument("--device", default="cuda",
-                   help="memory, paired, floor: cpu runs on CPU tensors standing for device memory")
+                   help="memory, paired, floor, loop: cpu runs on CPU tensors standing for device memory")
     p.add_argument("--rounds", type=int, default=5, help="paired, floor: timed rounds")
     p.add_argument("--max-rss-mib", type=int, default=12288)
     p.add_argument("--max-seconds", type=float, default=120.0)
@@ -425,6 +449,11 @@ def main() -> None:
         return
     if a.what == "floor":
         print(json.dumps(floor(a.mode or "mlp", a.iters, a.rounds, a.device)))
+        return
+    if a.what == "loop":
+        if a.workload not in ("plain", "streamsan", "observe"):
+            p.error("loop WORKLOAD MODE: MODE is plain, streamsan or observe")
+        print(json.dumps(loop(a.mode or "mlp", a.workload, a.iters, a.device)))
         return
     if a.what == "memory":
         print(json.dumps(memory(a.steps, a.backend, a.sync_every, a.device, a.max_rss_mib, a.max_seconds)))
