@@ -30,6 +30,7 @@ history, generations and graveyard by at most 2x + 4096.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -142,7 +143,7 @@ def run(mode: str, workload: str, backend: str, iters: int) -> dict:
     return res
 
 
-PROFILE = {"observe": "observe", "stages": "1"}  # paired's profiling modes: Run(_profile=…)
+PROFILE = {"observe": "observe", "stages": "1"}  # the profiling modes of paired, floor and loop: Run(_profile=…)
 
 
 def _sync(device: str) -> None:
@@ -160,6 +161,47 @@ def _block(step, iters: int, device: str = "cuda") -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
+@contextlib.contextmanager
+def _workload(what: str, workload: str, device: str, warmup: int):
+    """The workload's step, run `warmup` times; on the CPU with one intra-op thread (the ops' own
+    cost, not a thread pool's) until the block ends."""
+    import torch
+
+    if device == "cpu" and workload == "streams":
+        raise SystemExit(f"{what} --device cpu: the streams workload needs a GPU")
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
+        for _ in range(warmup):
+            step()
+        _sync(device)
+        yield step
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _checked_block(step, iters: int, device: str, profile: str) -> float:
+    """`_block` inside a check of the C++ recorder (`profile`: its STREAMSAN_PROFILE), the check's
+    entering and leaving not timed."""
+    import streamsan.torch
+
+    with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
+                             _profile=profile):
+        return _block(step, iters, device)
+
+
+def _medians(samples: dict) -> dict:
+    """Each mode's median µs per iteration, its ratio to `plain`, and the samples."""
+    med = {m: statistics.median(v) for m, v in samples.items()}
+    return {
+        "us": {m: round(v, 1) for m, v in med.items()},
+        "ratio": {m: round(v / med["plain"], 3) for m, v in med.items() if m != "plain"},
+        "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
+    }
+
+
 def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> dict:
     """Plain and checked in one process, interleaved: each round a plain block of `iters`
     iterations, then the same block under a check of its own (entered and finished in the timing:
@@ -170,15 +212,12 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     workload (mlp or tiny) on CPU tensors standing for device memory (the recorder's fake device,
     one intra-op thread), where no GPU is: the recorder's own cost per op, against CPU ops of a
     few microseconds (`tiny`: launch-bound, as a GPU program's small ops are)."""
+    with _workload("paired", workload, device, warmup=20) as step:
+        return _paired(step, workload, iters, rounds, device)
+
+
+def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
     import streamsan.torch
-
-    if device == "cpu" and workload == "streams":
-        raise SystemExit("paired --device cpu: the streams workload needs a GPU")
-    if device == "cpu":
-        import torch
-
-        torch.set_num_threads(1)  # the ops' own cost, not a thread pool's
-    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
 
     def checked(mode: str):
         t0 = time.perf_counter()
@@ -191,9 +230,6 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
         us = (time.perf_counter() - t0) / iters * 1e6
         return us, r, stats
 
-    for _ in range(20):
-        step()
-    _sync(device)
     modes = ["plain", "streamsan", "observe", "stages"]
     samples: dict = {m: [] for m in modes}
     stages, errors = [], set()
@@ -211,7 +247,6 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
                                   | {k: stats[k] for k in ("checker_busy_seconds", "queue_waited_seconds") if k in stats})
             if rnd:
                 samples[m].append(us)
-    med = {m: statistics.median(v) for m, v in samples.items()}
     stages.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
     prof = stages[len(stages) // 2] if stages else {}
     unwritten = prof.pop("unwritten_ops", None)
@@ -221,9 +256,7 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
         "device": device,
         "iters": iters,
         "rounds": rounds,
-        "us": {m: round(v, 1) for m, v in med.items()},
-        "ratio": {m: round(med[m] / med["plain"], 3) for m in modes if m != "plain"},
-        "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
+        **_medians(samples),
         "stages_us_per_iter": per_iter,
         "ops_per_iter": round(prof.get("ops", 0) / iters, 1),
         "callbacks_per_iter": round(prof.get("callbacks", 0) / iters, 1),
@@ -243,76 +276,36 @@ def floor(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> d
     tracker, the Python-level hooks); and under a full check (`streamsan`). The checks' blocks
     time the loop inside the check only (entering and leaving it are `startup`'s). Microseconds
     per iteration, the median of `rounds` rounds after a warm-up round."""
-    if device == "cpu" and workload == "streams":
-        raise SystemExit("floor --device cpu: the streams workload needs a GPU")
-    import torch
-
-    threads = torch.get_num_threads()
-    if device == "cpu":
-        torch.set_num_threads(1)  # the ops' own cost, not a thread pool's
-    try:
-        return _floor(workload, iters, rounds, device)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _floor(workload: str, iters: int, rounds: int, device: str) -> dict:
-    import streamsan.torch
     from streamsan.torch import _native
 
     ext = _native.load()
-    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
-    for _ in range(20):
-        step()
-    _sync(device)
     samples: dict = {m: [] for m in FLOOR_MODES}
-    for rnd in range(rounds + 1):
-        for m in FLOOR_MODES:
-            if m in ("plain", "observer", "observer+io"):
-                if m != "plain":
-                    ext.bench_floor(True, m == "observer+io")
-                try:
-                    us = _block(step, iters, device)
-                finally:
-                    ext.bench_floor(False)
-            else:
-                with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
-                                         _profile="observe" if m == "observe" else "0"):
-                    us = _block(step, iters, device)
-            if rnd:
-                samples[m].append(us)
-    med = {m: statistics.median(v) for m, v in samples.items()}
-    return {
-        "workload": workload,
-        "device": device,
-        "iters": iters,
-        "rounds": rounds,
-        "us": {m: round(v, 1) for m, v in med.items()},
-        "ratio": {m: round(med[m] / med["plain"], 3) for m in FLOOR_MODES if m != "plain"},
-        "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
-    }
+    with _workload("floor", workload, device, warmup=20) as step:
+        for rnd in range(rounds + 1):
+            for m in FLOOR_MODES:
+                if m in ("observe", "streamsan"):
+                    us = _checked_block(step, iters, device, PROFILE.get(m, "0"))
+                else:
+                    if m != "plain":
+                        ext.bench_floor(True, m == "observer+io")
+                    try:
+                        us = _block(step, iters, device)
+                    finally:
+                        ext.bench_floor(False)
+                if rnd:
+                    samples[m].append(us)
+    return {"workload": workload, "device": device, "iters": iters, "rounds": rounds, **_medians(samples)}
 
 
 def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
     """A plain loop for a profiler (valgrind --tool=callgrind, perf): 50 steps, then `iters`
     steps plain, checked (`streamsan`) or observed only (`observe`), one intra-op thread on the
     CPU; the microseconds per step inside the check (entering and leaving it are `startup`'s)."""
-    import torch
-
-    import streamsan.torch
-
-    if device == "cpu":
-        torch.set_num_threads(1)
-    step = WORKLOADS[workload](device) if device == "cpu" else WORKLOADS[workload]()
-    for _ in range(50):
-        step()
-    _sync(device)
-    if mode == "plain":
-        us = _block(step, iters, device)
-    else:
-        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
-                                 _profile="observe" if mode == "observe" else "0"):
+    with _workload("loop", workload, device, warmup=50) as step:
+        if mode == "plain":
             us = _block(step, iters, device)
+        else:
+            us = _checked_block(step, iters, device, PROFILE.get(mode, "0"))
     return {"workload": workload, "mode": mode, "device": device, "iters": iters, "us": round(us, 1)}
 
 
