@@ -297,6 +297,41 @@ def floor(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> d
     return {"workload": workload, "device": device, "iters": iters, "rounds": rounds, **_medians(samples)}
 
 
+# What `ablate` leaves out of a check, by mode: the recorder's bench_ablate mask.
+ABLATIONS = {"no-site": 1, "no-checker": 2, "no-allocator": 4, "no-write": 8, "no-all": 15}
+
+
+def ablate(workload: str, iters: int, rounds: int = 5, device: str = "cuda", micro: int = 20000) -> dict:
+    """What each part of recording costs in place: in one process, interleaved, the workload
+    plain, observed only, checked, and checked with one part of the recording left out (the
+    recorder's bench_ablate: `no-site` takes no user frame, `no-checker` drops the batches
+    instead of handing them to the checker, `no-allocator` ignores the allocator's events,
+    `no-write` takes each op's regions and writes nothing, `no-all` all four). The ablated
+    checks record a wrong trace: only their time counts. Also the recorder's building blocks on
+    this host (bench_micro: ns per call of the clock, the GIL taken and dropped, the user's site,
+    a mutex, a small allocation). Microseconds per iteration, the median of `rounds` rounds."""
+    from streamsan.torch import _native
+
+    ext = _native.load()
+    modes = ["plain", "observe", "streamsan", *ABLATIONS]
+    samples: dict = {m: [] for m in modes}
+    with _workload("ablate", workload, device, warmup=20) as step:
+        for rnd in range(rounds + 1):
+            for m in modes:
+                if m == "plain":
+                    us = _block(step, iters, device)
+                else:
+                    ext.bench_ablate(ABLATIONS.get(m, 0))
+                    try:
+                        us = _checked_block(step, iters, device, PROFILE.get(m, "0"))
+                    finally:
+                        ext.bench_ablate(0)
+                if rnd:
+                    samples[m].append(us)
+    return {"workload": workload, "device": device, "iters": iters, "rounds": rounds, **_medians(samples),
+            "micro_ns": dict(ext.bench_micro(micro))}
+
+
 def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
     """A plain loop for a profiler (valgrind --tool=callgrind, perf): 50 steps, then `iters`
     steps plain, checked (`streamsan`) or observed only (`observe`), one intra-op thread on the
@@ -417,7 +452,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup", "floor", "loop"])
+    p.add_argument("what", choices=["all", "run", "memory", "paired", "startup", "floor", "loop", "ablate"])
     p.add_argument("mode", nargs="?")
     p.add_argument("workload", nargs="?")
     p.add_argument("--backend", default="auto")
@@ -442,6 +477,9 @@ def main() -> None:
         return
     if a.what == "floor":
         print(json.dumps(floor(a.mode or "mlp", a.iters, a.rounds, a.device)))
+        return
+    if a.what == "ablate":
+        print(json.dumps(ablate(a.mode or "mlp", a.iters, a.rounds, a.device)))
         return
     if a.what == "loop":
         if a.workload not in ("plain", "streamsan", "observe"):

@@ -48,6 +48,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <charconv>
 #include <chrono>
@@ -237,6 +238,17 @@ uint64_t now_ns() {
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
 }
+
+// Benchmarks only (bench_overhead.py ablate): parts of recording left out, to measure what each
+// costs in place. A check with any of them on records a wrong trace; tests never set them.
+enum Ablate : uint32_t {
+  kAblateSite = 1,       // no user frame: the site is the latest one seen (no GIL taken)
+  kAblateChecker = 2,    // batches are dropped, not handed to the checker
+  kAblateAllocator = 4,  // the allocator's tracker returns at once
+  kAblateWrite = 8,      // an op's regions are taken, nothing is resolved or written
+};
+std::atomic<uint32_t> ablated{0};
+bool ablating(Ablate what) { return (ablated.load(std::memory_order_relaxed) & what) != 0; }
 
 // The checker's own entry point for batches (a capsule of the Rust extension's Checker,
 // `_raw_sink()`): `push(ctx, data, len)` copies the JSON Lines into its queue, waiting only while
@@ -480,7 +492,7 @@ Site user_site() {
 // latest site seen (ops of the autograd engine's threads belong to the `backward()` that
 // started them).
 Site op_site() {
-  if (PyGILState_GetThisThreadState() == nullptr) {
+  if (PyGILState_GetThisThreadState() == nullptr || ablating(kAblateSite)) {
     S->foreign_threads++;
     return S->last_site.load(std::memory_order_relaxed);
   }
@@ -923,6 +935,10 @@ void flush_batch() {
     std::unique_lock<std::mutex> g(S->mu);
     if (S->batch.size() < S->threshold) return;
     std::unique_lock<std::mutex> r(S->raw_mu);
+    if (S->raw_sink != nullptr && ablating(kAblateChecker)) {
+      S->batch.clear();
+      return;
+    }
     if (S->raw_sink != nullptr) {
       cut_batch(out);
       g.unlock();
@@ -1205,6 +1221,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     pass_pending(fr, parent);
     return;
   }
+  if (ablating(kAblateWrite)) {
+    pass_pending(fr, parent);
+    return;
+  }
   const std::string& site = *fr.site;
   bool flush = false;
   uint64_t t_resolved = 0;
@@ -1391,6 +1411,7 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
   if (e.action_ != A::ALLOC && e.action_ != A::FREE_REQUESTED) return;
+  if (ablating(kAblateAllocator)) return;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
   {
@@ -1472,6 +1493,55 @@ void bench_floor(bool on, bool io) {
                                                     .needsOutputs(io)
                                                     .scopes({at::RecordScope::FUNCTION}));
   floor_callback.added = true;
+}
+
+// Benchmarks: the parts of recording left out (a mask of `Ablate`), 0 for none.
+void bench_ablate(uint32_t mask) { ablated.store(mask); }
+
+// Benchmarks: nanoseconds per call of the recorder's building blocks on this host, `n` calls
+// each: the clock, taking and dropping the GIL from a thread that released it, the user's site
+// (GIL held), an uncontended mutex, a small heap allocation. GIL held on entry.
+py::dict bench_micro(int n) {
+  py::dict d;
+  if (n <= 0) return d;
+  auto per = [n](uint64_t t0) { return static_cast<double>(now_ns() - t0) / n; };
+  uint64_t t0 = now_ns();
+  uint64_t sink = 0;
+  for (int i = 0; i < n; i++) sink += now_ns();
+  d["clock_ns"] = per(t0);
+  Site site = kNullSite;
+  t0 = now_ns();
+  for (int i = 0; i < n; i++) site = user_site();
+  d["site_ns"] = per(t0);
+  double gil = 0, mutex = 0, heap = 0;
+  {
+    py::gil_scoped_release nogil;
+    uint64_t t = now_ns();
+    for (int i = 0; i < n; i++) {
+      PyGILState_STATE st = PyGILState_Ensure();
+      PyGILState_Release(st);
+    }
+    gil = per(t);
+    std::mutex m;
+    t = now_ns();
+    for (int i = 0; i < n; i++) {
+      std::lock_guard<std::mutex> g(m);
+      sink++;
+    }
+    mutex = per(t);
+    t = now_ns();
+    for (int i = 0; i < n; i++) {
+      auto p = std::make_unique<std::array<char, 64>>();
+      sink += reinterpret_cast<uintptr_t>(p.get()) & 1;
+    }
+    heap = per(t);
+  }
+  d["gil_ensure_release_ns"] = gil;
+  d["mutex_ns"] = mutex;
+  d["heap_64b_ns"] = heap;
+  d["site"] = site == kNullSite ? std::string("null") : *site;
+  d["_"] = sink & 1;
+  return d;
 }
 
 // Takes the observer off the dispatcher (the tracker cannot be detached: it checks `active`).
@@ -2030,6 +2100,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("uninstall", &uninstall);
   m.def("bench_floor", &bench_floor, py::arg("on"), py::arg("io") = true);
   m.def("bench_floor_on", &bench_floor_on);
+  m.def("bench_ablate", &bench_ablate, py::arg("mask"));
+  m.def("bench_micro", &bench_micro, py::arg("n"));
   m.def("configure", &configure);
   m.def("set_active", &set_active);
   m.def("set_stdlib_dir", &set_stdlib_dir);
