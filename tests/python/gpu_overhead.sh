@@ -16,6 +16,9 @@
 #   4. `realcode_report.py cost --profile --no-python` on the real-code suite's programs that
 #      capture no CUDA graph (OVERHEAD_ONLY=NAME[,NAME...]: those), then CSAN's cost on them;
 #   5. the table (realcode_report.py table: the cost, and "Where the time goes").
+# OVERHEAD_ABLATE=1 adds, before step 2, `bench_overhead.py ablate` on the MLP step, the two-stream
+# loop and ResNet-18 (and on CPU tensors: the tiny MLP step, ablated and paired); OVERHEAD_PAIRED=0
+# leaves out step 2's paired runs.
 # OVERHEAD_REALCODE=0 leaves out steps 4 and 5 (gpu_realcode.sh with REALCODE_PROFILE=1 measures
 # the same table beside its verdicts).
 #
@@ -63,7 +66,21 @@ step build 300 "$out/build.txt" python3 -c "from streamsan.torch import _native;
 cat "$out/build.txt"
 
 bench=tests/python/bench_overhead.py
-for w in mlp streams tiny; do
+if [ "${OVERHEAD_ABLATE:-0}" != 0 ]; then
+  # What each part of recording costs in place (bench_overhead.py ablate), on the GPU and, for
+  # the same code on CPU tensors, on this host's CPU (to set beside the machine without a GPU).
+  for w in mlp streams resnet; do
+    iters=200; [ "$w" = resnet ] && iters=20; [ "$w" = streams ] && iters=400
+    step "ablate $w" 120 "$out/ablate-$w.json" python3 $bench ablate "$w" --iters $iters --rounds 3
+    cat "$out/ablate-$w.json"
+  done
+  step "ablate tiny (cpu)" 120 "$out/ablate-tiny-cpu.json" python3 $bench ablate tiny --device cpu --iters 300 --rounds 3
+  cat "$out/ablate-tiny-cpu.json"
+  step "paired tiny (cpu)" 120 "$out/paired-tiny-cpu.json" python3 $bench paired tiny --device cpu --iters 300 --rounds 3
+  cat "$out/paired-tiny-cpu.json"
+fi
+[ "${OVERHEAD_PAIRED:-1}" = 0 ] && workloads=() || workloads=(mlp streams tiny)
+for w in "${workloads[@]}"; do
   step "paired $w" 90 "$out/paired-$w.json" python3 $bench paired "$w" --iters 200
   cat "$out/paired-$w.json"
   step "csan $w" 60 "$out/csan-$w.json" python3 $bench run csan "$w" --iters 100
