@@ -18,6 +18,19 @@ _module = None
 _error: str | None = None
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "recorder.cpp")
+# Headers recorder.cpp includes: torch rebuilds when a source or a flag changes, not a header,
+# so their digest is one of the flags.
+HEADERS = [os.path.join(os.path.dirname(__file__), "csrc", "pyframes.h")]
+
+
+def _headers_digest() -> str:
+    import hashlib
+
+    h = hashlib.sha1()
+    for path in HEADERS:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
 
 
 def _name() -> str:
@@ -165,7 +178,7 @@ def load(verbose: bool = False):
                     sources=[SOURCE],
                     build_directory=directory,
                     extra_include_paths=_cuda_includes(),
-                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard()],
+                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard(), f"-DSTREAMSAN_HEADERS={_headers_digest()}"],
                     extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
                     with_cuda=False,
                     verbose=verbose,

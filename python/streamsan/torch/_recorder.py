@@ -852,6 +852,9 @@ class NativeBackend:
         return c
 
     def start(self) -> None:
+        if hasattr(self.ext, "check_frames"):
+            # Sites without the GIL where this interpreter's frame walk agrees with its API here.
+            self.ext.check_frames()
         self.ext.install(self.cuda)
         if self.profiling is not None and hasattr(self.ext, "set_profile"):
             self.ext.set_profile(True, self.profiling == "observe")

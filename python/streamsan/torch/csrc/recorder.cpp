@@ -40,6 +40,8 @@
 #include <frameobject.h>
 #include <torch/version.h>
 
+#include "pyframes.h"
+
 // The GPU trace hook (events, waits, synchronizations) is written against the interpreter
 // interface of the torch versions listed here; elsewhere they come from Python's callbacks.
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
@@ -309,6 +311,12 @@ struct State {
   // text itself is interned in site_texts, never freed. GIL held for both.
   std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> site_cache;
   std::unordered_set<std::string> site_texts;
+  // Bumped whenever code_cache is emptied: each thread's caches of codes are then stale.
+  std::atomic<uint64_t> code_epoch{1};
+  // Whether sites are found without the GIL (pyframes.h): where this CPython is one it reads,
+  // and its walk agreed with the public API's at the latest check's start.
+  std::atomic<bool> fast_frames{false};
+  std::atomic<uint64_t> fast_sites{0}, slow_sites{0};  // ops' sites found without the GIL, with it
   uint64_t external_accesses = 0, bad_regions = 0;
   std::atomic<uint64_t> foreign_threads{0};  // ops of threads that run no Python
   // Allocations into a graph pool or a MemPool while no capture was recorded in progress
@@ -353,6 +361,12 @@ struct ThreadState {
   std::unordered_map<std::string, const OpInfo*> local_labels;
   OpCacheSlot op_cache[kOpCacheSlots];
   uint64_t op_epoch = 0;  // S->op_epoch when the caches by address were last valid
+  // What this thread knows of code objects, to find its user's frame without the GIL: whether a
+  // code is internal (not the user's), and the site of a user line by code and instruction.
+  // Valid while `code_epoch` is S->code_epoch (the process-wide caches keep the codes alive).
+  std::unordered_map<const void*, bool> internal_codes;
+  std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> sites;
+  uint64_t code_epoch = 0;
 };
 thread_local ThreadState ts;
 
@@ -430,51 +444,58 @@ bool rewritten_by_dynamo(PyCodeObject* code) {
   return in == 1;
 }
 
-// The interned site of frame `f` running `code` (kept alive by code_cache), `shown` its file;
-// GIL held. Cached by the instruction the frame is at (Python 3.11 on), which is cheaper to read
-// than its line.
-Site site_text(PyFrameObject* f, PyObject* code, const std::string& shown) {
-#if PY_VERSION_HEX >= 0x030B0000
-  auto key = std::make_pair(code, PyFrame_GetLasti(f));
-#else
-  auto key = std::make_pair(code, PyFrame_GetLineNumber(f));
-#endif
-  auto it = S->site_cache.find(key);
+// What code_cache knows of `code` (looked up on first sight: whether it is internal, the file
+// shown); GIL held. The cache keeps the code alive: its address is the key.
+const std::pair<bool, std::string>& code_info(PyCodeObject* code) {
+  auto it = S->code_cache.find(reinterpret_cast<PyObject*>(code));
+  if (it != S->code_cache.end()) return it->second;
+  std::string file;
+  PyObject* fn = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename");
+  if (fn && PyUnicode_Check(fn)) {
+    const char* s = PyUnicode_AsUTF8(fn);
+    if (s) file = s;
+  }
+  Py_XDECREF(fn);
+  PyErr_Clear();
+  bool internal = internal_file(file) || rewritten_by_dynamo(code);
+  Py_INCREF(code);
+  std::string shown = file;
+  if (!S->cwd.empty() && file.compare(0, S->cwd.size(), S->cwd) == 0) shown = file.substr(S->cwd.size());
+  return S->code_cache.emplace(reinterpret_cast<PyObject*>(code), std::make_pair(internal, shown))
+      .first->second;
+}
+
+// The interned site of a user line: `code` (kept alive by code_cache) at instruction offset
+// `key` (its line number before Python 3.11), `shown` its file, `line` computes its line; GIL
+// held. Cached by the instruction, which is cheaper to read than the line.
+template <typename Line>
+Site line_site(PyObject* code, int key, const std::string& shown, Line&& line) {
+  auto k = std::make_pair(code, key);
+  auto it = S->site_cache.find(k);
   if (it != S->site_cache.end()) return it->second;
-  int line = PyFrame_GetLineNumber(f);
-  Site text = &*S->site_texts.insert(jstr(shown + ":" + std::to_string(line))).first;
-  S->site_cache.emplace(key, text);
+  Site text = &*S->site_texts.insert(jstr(shown + ":" + std::to_string(line()))).first;
+  S->site_cache.emplace(k, text);
   return text;
 }
 
-// The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
-Site user_site() {
+// The quoted `file:line` of the innermost frame outside torch and streamsan, through the public
+// API (frame objects); GIL held.
+Site user_site_api() {
   PyFrameObject* f = PyEval_GetFrame();
   if (!f) return kNullSite;
   Py_INCREF(f);
   Site site = kNullSite;
   for (int depth = 0; f && depth < 64; depth++) {
     PyCodeObject* code = PyFrame_GetCode(f);
-    auto it = S->code_cache.find(reinterpret_cast<PyObject*>(code));
-    if (it == S->code_cache.end()) {
-      std::string file;
-      PyObject* fn = PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename");
-      if (fn && PyUnicode_Check(fn)) {
-        const char* s = PyUnicode_AsUTF8(fn);
-        if (s) file = s;
-      }
-      Py_XDECREF(fn);
-      PyErr_Clear();
-      bool internal = internal_file(file) || rewritten_by_dynamo(code);
-      // Keep the code object alive: its address is the cache key.
-      Py_INCREF(code);
-      std::string shown = file;
-      if (!S->cwd.empty() && file.compare(0, S->cwd.size(), S->cwd) == 0) shown = file.substr(S->cwd.size());
-      it = S->code_cache.emplace(reinterpret_cast<PyObject*>(code),
-                                 std::make_pair(internal, shown)).first;
-    }
-    if (!it->second.first) {
-      site = site_text(f, reinterpret_cast<PyObject*>(code), it->second.second);
+    const auto& info = code_info(code);
+    if (!info.first) {
+#if PY_VERSION_HEX >= 0x030B0000
+      const int key = PyFrame_GetLasti(f);
+#else
+      const int key = PyFrame_GetLineNumber(f);
+#endif
+      site = line_site(reinterpret_cast<PyObject*>(code), key, info.second,
+                       [f] { return PyFrame_GetLineNumber(f); });
       Py_DECREF(code);
       Py_DECREF(f);
       return site;
@@ -488,17 +509,99 @@ Site user_site() {
   return site;
 }
 
+// Empties this thread's caches of codes when code_cache was emptied since they were filled.
+// Returns whether they were stale.
+bool refresh_thread_codes(ThreadState& t) {
+  const uint64_t epoch = S->code_epoch.load(std::memory_order_acquire);
+  if (t.code_epoch == epoch) return false;
+  t.internal_codes.clear();
+  t.sites.clear();
+  t.code_epoch = epoch;
+  return true;
+}
+
+// The same, through the interpreter's frame records (pyframes.h), filling this thread's caches
+// for site_without_gil; GIL held.
+Site user_site_walk() {
+  ThreadState& t = ts;
+  refresh_thread_codes(t);
+  PyThreadState* tstate = PyThreadState_Get();
+  Site site = kNullSite;
+  pyframes::walk(tstate, 64, [&](PyCodeObject* code, int lasti) {
+    const auto& info = code_info(code);
+    t.internal_codes.emplace(code, info.first);
+    if (info.first) return false;
+    site = line_site(reinterpret_cast<PyObject*>(code), lasti, info.second,
+                     [code, lasti] { return PyCode_Addr2Line(code, lasti); });
+    t.sites.emplace(std::make_pair(reinterpret_cast<PyObject*>(code), lasti), site);
+    return true;
+  });
+  return site;
+}
+
+// The user's site on this thread (`tstate`, its own state) without the GIL, from what the
+// thread's caches know; false when they miss a frame's code or line (then the GIL is needed).
+bool site_without_gil(PyThreadState* tstate, Site* out) {
+  ThreadState& t = ts;
+  if (refresh_thread_codes(t)) return false;
+  bool missed = false;
+  Site site = kNullSite;
+  pyframes::walk(tstate, 64, [&](PyCodeObject* code, int lasti) {
+    auto c = t.internal_codes.find(code);
+    if (c == t.internal_codes.end()) return missed = true;
+    if (c->second) return false;
+    auto it = t.sites.find(std::make_pair(reinterpret_cast<PyObject*>(code), lasti));
+    if (it == t.sites.end()) return missed = true;
+    site = it->second;
+    return true;
+  });
+  if (missed) return false;
+  *out = site;
+  return true;
+}
+
+// The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
+Site user_site() {
+  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed)) return user_site_walk();
+  return user_site_api();
+}
+
+// Whether the frame walk without the GIL finds the same site as the public API here (the
+// caller's stack); turns it on when it does, off when not (or where this CPython has none). GIL
+// held.
+bool check_frames() {
+  bool agree = false;
+  if (pyframes::kFastFrames) {
+    Site api = user_site_api();
+    Site walked = user_site_walk();
+    PyThreadState* tstate = PyThreadState_Get();
+    Site again = nullptr;
+    agree = api == walked && site_without_gil(tstate, &again) && again == api;
+  }
+  S->fast_frames.store(agree);
+  return agree;
+}
+
 // The site of an op on this thread: the user's frame when the thread runs Python, else the
 // latest site seen (ops of the autograd engine's threads belong to the `backward()` that
-// started them).
+// started them). The user's frame is found without the GIL where this thread has seen its
+// frames' code before.
 Site op_site() {
-  if (PyGILState_GetThisThreadState() == nullptr || ablating(kAblateSite)) {
+  PyThreadState* tstate = PyGILState_GetThisThreadState();
+  if (tstate == nullptr) {
     S->foreign_threads++;
     return S->last_site.load(std::memory_order_relaxed);
   }
-  PyGILState_STATE st = PyGILState_Ensure();
-  Site site = user_site();
-  PyGILState_Release(st);
+  if (ablating(kAblateSite)) return S->last_site.load(std::memory_order_relaxed);
+  Site site = kNullSite;
+  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed) && site_without_gil(tstate, &site)) {
+    S->fast_sites.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    PyGILState_STATE st = PyGILState_Ensure();
+    site = user_site();
+    PyGILState_Release(st);
+    S->slow_sites.fetch_add(1, std::memory_order_relaxed);
+  }
   if (site != kNullSite) {
     S->last_site.store(site, std::memory_order_relaxed);
     return site;
@@ -1427,6 +1530,7 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
 
 // Forgets what is known of code objects (their sites with them); GIL held.
 void forget_codes() {
+  S->code_epoch.fetch_add(1, std::memory_order_release);
   S->site_cache.clear();
   for (auto& kv : S->code_cache) Py_DECREF(kv.first);
   S->code_cache.clear();
@@ -1608,6 +1712,8 @@ void reset() {
   S->last_site.store(kNullSite);
   S->external_accesses = S->bad_regions = 0;
   S->foreign_threads.store(0);
+  S->fast_sites.store(0);
+  S->slow_sites.store(0);
   S->pool_allocations_outside_capture = 0;
   S->pool_names.clear();
   S->triton_launches = 0;
@@ -2076,6 +2182,9 @@ py::dict counters() {
   py::dict d;
   d["external_accesses"] = S->external_accesses;
   d["foreign_threads"] = S->foreign_threads.load();
+  d["frames_without_gil"] = S->fast_frames.load();
+  d["sites_without_gil"] = S->fast_sites.load();
+  d["sites_with_gil"] = S->slow_sites.load();
   d["bad_regions"] = S->bad_regions;
   d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
   d["triton_launches"] = S->triton_launches;
@@ -2102,6 +2211,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bench_floor_on", &bench_floor_on);
   m.def("bench_ablate", &bench_ablate, py::arg("mask"));
   m.def("bench_micro", &bench_micro, py::arg("n"));
+  m.def("check_frames", &check_frames);
   m.def("configure", &configure);
   m.def("set_active", &set_active);
   m.def("set_stdlib_dir", &set_stdlib_dir);
