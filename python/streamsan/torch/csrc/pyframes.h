@@ -26,6 +26,9 @@ namespace pyframes {
     !defined(Py_LIMITED_API)
 constexpr bool kFastFrames = true;
 
+// A code unit of CPython's bytecode (`_Py_CODEUNIT`: 16 bits, not public in 3.13).
+using CodeUnit = uint16_t;
+
 // CPython's `_PyInterpreterFrame` (Include/internal/pycore_frame.h), the fields read here.
 #if PY_VERSION_HEX < 0x030C0000
 struct InterpreterFrame {  // 3.11
@@ -36,7 +39,7 @@ struct InterpreterFrame {  // 3.11
   PyCodeObject* f_code;
   PyObject* frame_obj;
   InterpreterFrame* previous;
-  _Py_CODEUNIT* instr;  // prev_instr
+  CodeUnit* instr;  // prev_instr
   int stacktop;
   bool is_entry;
   char owner;
@@ -50,7 +53,7 @@ struct InterpreterFrame {  // 3.12 (f_code, prev_instr) and 3.13 (f_executable, 
   PyObject* f_builtins;
   PyObject* f_locals;
   PyObject* frame_obj;
-  _Py_CODEUNIT* instr;
+  CodeUnit* instr;
   int stacktop;
   uint16_t return_offset;
   char owner;
@@ -84,13 +87,13 @@ inline PyCodeObject* code_of(const InterpreterFrame* f) {
 // such frames are skipped by PyEval_GetFrame and PyFrame_GetBack).
 inline bool incomplete(const InterpreterFrame* f, PyCodeObject* code) {
   return f->owner != kOwnedByGenerator &&
-         f->instr < reinterpret_cast<_Py_CODEUNIT*>(code->co_code_adaptive) + code->_co_firsttraceable;
+         f->instr < reinterpret_cast<CodeUnit*>(code->co_code_adaptive) + code->_co_firsttraceable;
 }
 
 // The frame's instruction offset in bytes, as PyFrame_GetLasti gives it (the key of its line).
 inline int lasti(const InterpreterFrame* f, PyCodeObject* code) {
-  return static_cast<int>(f->instr - reinterpret_cast<_Py_CODEUNIT*>(code->co_code_adaptive)) *
-         static_cast<int>(sizeof(_Py_CODEUNIT));
+  return static_cast<int>(f->instr - reinterpret_cast<CodeUnit*>(code->co_code_adaptive)) *
+         static_cast<int>(sizeof(CodeUnit));
 }
 
 // Calls `visit(code, lasti)` for each complete Python frame of `tstate`, innermost first, until
