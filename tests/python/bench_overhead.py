@@ -298,7 +298,7 @@ def floor(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> d
 
 
 # What `ablate` leaves out of a check, by mode: the recorder's bench_ablate mask.
-ABLATIONS = {"no-site": 1, "no-checker": 2, "no-allocator": 4, "no-write": 8, "no-all": 15}
+ABLATIONS = {"no-site": 1, "no-checker": 2, "no-allocator": 4, "no-write": 8, "no-all": 15, "gil-site": 16}
 
 
 def ablate(workload: str, iters: int, rounds: int = 5, device: str = "cuda", micro: int = 20000) -> dict:
@@ -306,7 +306,9 @@ def ablate(workload: str, iters: int, rounds: int = 5, device: str = "cuda", mic
     plain, observed only, checked, and checked with one part of the recording left out (the
     recorder's bench_ablate: `no-site` takes no user frame, `no-checker` drops the batches
     instead of handing them to the checker, `no-allocator` ignores the allocator's events,
-    `no-write` takes each op's regions and writes nothing, `no-all` all four). The ablated
+    `no-write` takes each op's regions and writes nothing, `no-all` all four; `gil-site` leaves
+    nothing out but finds every op's user frame under the GIL, as the recorder did before it
+    read frames without it). The ablated
     checks record a wrong trace: only their time counts. Also the recorder's building blocks on
     this host (bench_micro: ns per call of the clock, the GIL taken and dropped, the user's site,
     a mutex, a small allocation). Microseconds per iteration, the median of `rounds` rounds."""

@@ -248,6 +248,7 @@ enum Ablate : uint32_t {
   kAblateChecker = 2,    // batches are dropped, not handed to the checker
   kAblateAllocator = 4,  // the allocator's tracker returns at once
   kAblateWrite = 8,      // an op's regions are taken, nothing is resolved or written
+  kSiteWithGil = 16,     // not left out: the user's frame always found under the GIL (as before)
 };
 std::atomic<uint32_t> ablated{0};
 bool ablating(Ablate what) { return (ablated.load(std::memory_order_relaxed) & what) != 0; }
@@ -594,7 +595,8 @@ Site op_site() {
   }
   if (ablating(kAblateSite)) return S->last_site.load(std::memory_order_relaxed);
   Site site = kNullSite;
-  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed) && site_without_gil(tstate, &site)) {
+  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed) && !ablating(kSiteWithGil) &&
+      site_without_gil(tstate, &site)) {
     S->fast_sites.fetch_add(1, std::memory_order_relaxed);
   } else {
     PyGILState_STATE st = PyGILState_Ensure();
