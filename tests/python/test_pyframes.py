@@ -19,6 +19,10 @@ PYTHONS = [sys.executable] + os.environ.get("STREAMSAN_PYFRAMES_PYTHONS", "").sp
 def test_frame_walk_without_the_gil_agrees_with_the_interpreter(python, tmp_path):
     if shutil.which(os.environ.get("CXX", "g++")) is None:
         pytest.skip("no C++ compiler to build the probe")
+    include = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        pytest.skip(f"{python}: no Python.h to build the probe against (the interpreter's headers are not installed)")
     out = subprocess.run([python, CHECK, str(tmp_path)], capture_output=True, text=True, timeout=300)
     print(out.stdout, out.stderr)
     assert out.returncode == 0, out.stdout + out.stderr
