@@ -459,11 +459,13 @@ const std::pair<bool, std::string>& code_info(PyCodeObject* code) {
   Py_XDECREF(fn);
   PyErr_Clear();
   bool internal = internal_file(file) || rewritten_by_dynamo(code);
-  Py_INCREF(code);
   std::string shown = file;
   if (!S->cwd.empty() && file.compare(0, S->cwd.size(), S->cwd) == 0) shown = file.substr(S->cwd.size());
-  return S->code_cache.emplace(reinterpret_cast<PyObject*>(code), std::make_pair(internal, shown))
-      .first->second;
+  // The Python above may have let another thread put the same code in first: one reference each.
+  auto [entry, inserted] =
+      S->code_cache.emplace(reinterpret_cast<PyObject*>(code), std::make_pair(internal, shown));
+  if (inserted) Py_INCREF(code);
+  return entry->second;
 }
 
 // The interned site of a user line: `code` (kept alive by code_cache) at instruction offset
@@ -1209,15 +1211,19 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   }
   fr.active = true;
   // The user's frame, for this op and for what the allocator does inside it.
+  // Finding the site may run Python (a code seen for the first time), and Python may run ops of
+  // its own on this thread, which push and pop frames: `fr` is not used across it.
+  Site site;
   if (profiling) {
     uint64_t t1 = now_ns();
     S->prof.regions += t1 - t0;
-    fr.site = op_site();
+    site = op_site();
     S->prof.site += now_ns() - t1;
   } else {
-    fr.site = op_site();
+    site = op_site();
   }
-  t.cur_site = fr.site;
+  t.frames.back().site = site;
+  t.cur_site = site;
   return pushed;
 }
 
@@ -1532,10 +1538,14 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
 
 // Forgets what is known of code objects (their sites with them); GIL held.
 void forget_codes() {
-  S->code_epoch.fetch_add(1, std::memory_order_release);
-  S->site_cache.clear();
-  for (auto& kv : S->code_cache) Py_DECREF(kv.first);
+  // The caches are emptied and the epoch bumped before any code is released: releasing one may
+  // run Python (weak references' callbacks), which may find sites and fill the caches again,
+  // and must not see the codes about to go.
+  auto codes = std::move(S->code_cache);
   S->code_cache.clear();
+  S->site_cache.clear();
+  S->code_epoch.fetch_add(1, std::memory_order_release);
+  for (auto& kv : codes) Py_DECREF(kv.first);
 }
 
 // Takes the kind of an operator being deregistered (a torch.library.Library destroyed) out of
