@@ -7,6 +7,7 @@
     python tests/python/bench_overhead.py startup [--device cpu]        # a check's enter and exit
     python tests/python/bench_overhead.py floor WORKLOAD [--device cpu] # what being called costs
     python tests/python/bench_overhead.py loop WORKLOAD MODE [--device cpu] # a loop for a profiler
+    python tests/python/bench_overhead.py ablate WORKLOAD [--device cpu] # each part of recording left out
 
 Workloads: `mlp`, a small MLP training step (Linear 256→512→512→10, batch 64, SGD), `tiny`, the
 same at 16→32→32→4, batch 8 (launch-bound), `streams`, a two-stream launch-bound loop
@@ -462,8 +463,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10000)
     p.add_argument("--sync-every", type=int, default=0, help="memory: loss.item() every N steps")
     p.add_argument("--device", default="cuda",
-                   help="memory, paired, floor, loop: cpu runs on CPU tensors standing for device memory")
-    p.add_argument("--rounds", type=int, default=5, help="paired, floor: timed rounds")
+                   help="memory, paired, floor, loop, ablate: cpu runs on CPU tensors standing for device memory")
+    p.add_argument("--rounds", type=int, default=5, help="paired, floor, ablate: timed rounds")
     p.add_argument("--max-rss-mib", type=int, default=12288)
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")

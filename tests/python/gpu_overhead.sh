@@ -88,6 +88,7 @@ for w in "${workloads[@]}"; do
 done
 step startup 60 "$out/startup.json" python3 $bench startup
 cat "$out/startup.json"
+if [ "${#workloads[@]}" -gt 0 ]; then
 python3 - "$out" <<'PY' | tee "$out/bench.md"
 import json, os, sys
 d = sys.argv[1]
@@ -109,6 +110,7 @@ for w in ("mlp", "streams", "tiny"):
     print(f"| {w} | {us['plain']} | {us['streamsan']} ({r['streamsan']}×) | {us['observe']} ({r['observe']}×) | {csan} "
           f"| {p['ops_per_iter']} | {st} |")
 PY
+fi
 
 if [ "${OVERHEAD_MEMORY:-1}" != 0 ]; then
   step memory 150 "$out/memory.json" python3 $bench memory --steps 10000 --sync-every 100 --backend native --max-seconds 120

@@ -563,11 +563,12 @@ bool site_without_gil(PyThreadState* tstate, Site* out) {
   return true;
 }
 
+// Whether sites are found through the frame records (this CPython has them, and they agreed
+// with its public API at the check's start).
+bool frames_without_gil() { return pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed); }
+
 // The quoted `file:line` of the innermost frame outside torch and streamsan; GIL held.
-Site user_site() {
-  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed)) return user_site_walk();
-  return user_site_api();
-}
+Site user_site() { return frames_without_gil() ? user_site_walk() : user_site_api(); }
 
 // Whether the frame walk without the GIL finds the same site as the public API here (the
 // caller's stack); turns it on when it does, off when not (or where this CPython has none). GIL
@@ -597,8 +598,7 @@ Site op_site() {
   }
   if (ablating(kAblateSite)) return S->last_site.load(std::memory_order_relaxed);
   Site site = kNullSite;
-  if (pyframes::kFastFrames && S->fast_frames.load(std::memory_order_relaxed) && !ablating(kSiteWithGil) &&
-      site_without_gil(tstate, &site)) {
+  if (frames_without_gil() && !ablating(kSiteWithGil) && site_without_gil(tstate, &site)) {
     S->fast_sites.fetch_add(1, std::memory_order_relaxed);
   } else {
     PyGILState_STATE st = PyGILState_Ensure();
