@@ -835,6 +835,7 @@ class NativeBackend:
         self.fake_pin = self.ext.fake_pin
         self.fake_trace = self.ext.fake_trace
         self.record_kernel = self.ext.record_kernel
+        self.record_triton = self.ext.record_triton
         self.on_alloc = None
         self.on_free = None
         # Events, waits and syncs straight from c10's GPU trace, in C++ (where this torch's
@@ -1243,6 +1244,13 @@ class Recorder:
                 break
         self.backend.record_kernel(name, int(stream), self.device() if device is None else device, accesses)
 
+    def _on_kernel_fast(self, name: str, stream: int, roles: bytes, args: tuple) -> bool:
+        """A Triton kernel launch handed to the C++ recorder whole (see TritonHooks.install):
+        False when it cannot take it (an argument is a tuple or a descriptor)."""
+        if not self.on or _active is not self:
+            return True
+        return self.backend.record_triton(name, stream, roles, args) >= 0
+
     def device(self) -> int:
         try:
             return self.torch.cuda.current_device()
@@ -1302,7 +1310,8 @@ class Recorder:
             from ._triton import TritonHooks
 
             hooks = TritonHooks(on_error=lambda message: self.warn("triton-error", message))
-            if hooks.install(self._on_kernel):
+            fast = self._on_kernel_fast if hasattr(self.backend, "record_triton") else None
+            if hooks.install(self._on_kernel, fast):
                 self.triton = hooks
         except Exception as e:  # the check goes on without Triton's launches, and says so
             self.warn("triton-error", f"could not hook Triton's kernel launches: {type(e).__name__}: {e}")

@@ -710,6 +710,22 @@ def _apply(slots: list, args: Sequence, positions: Optional[dict] = None, kwargs
     return out
 
 
+def _fast_roles(slots: list) -> Optional[bytes]:
+    """The slots of a kernel whose parameters are all single values, one byte each for the C++
+    recorder's `record_triton` (0 untouched, 1 read, 2 written, 3 both; a parameter with no
+    memory through it is 3, as `_apply` takes a tensor passed there), or None when a parameter
+    is a tuple (`_apply` walks those)."""
+    out = bytearray()
+    for slot in slots:
+        if slot is None:
+            out.append(3)
+        elif type(slot) is tuple:
+            out.append((1 if slot[0] else 0) | (2 if slot[1] else 0))
+        else:
+            return None
+    return bytes(out)
+
+
 def _kernel_ttir(kernel: Any) -> Optional[str]:
     asm = getattr(kernel, "asm", None)
     if asm is None:
@@ -753,7 +769,8 @@ _KERNEL_PLANS = _Cache()
 
 
 def _kernel_plan(kernel: Any) -> tuple:
-    """(slots, analysis) of a CompiledKernel, computed once per kernel."""
+    """(slots, analysis, fast roles: see `_fast_roles`) of a CompiledKernel, computed once per
+    kernel."""
     hit = _KERNEL_PLANS.get(kernel)
     if hit is not None:
         return hit
@@ -766,7 +783,7 @@ def _kernel_plan(kernel: Any) -> tuple:
         slots = [_role(a) for a in analysis["args"]]  # compiled from IR: the TTIR's arguments
     else:
         slots = _plan(arg_names, getattr(src, "signature", None), getattr(src, "constants", None), analysis)
-    hit = (slots, analysis)
+    hit = (slots, analysis, _fast_roles(slots))
     _KERNEL_PLANS.put(kernel, hit)
     return hit
 
@@ -783,7 +800,7 @@ def user_kernel_roles(compiled_kernel: Any, args: Sequence) -> list:
     descriptor are paired too. A tensor whose role is not known is read and written; one the
     kernel does not touch comes with (False, False). The analysis is cached per kernel: a launch
     costs a lookup and a pass over `args`."""
-    slots, _analysis = _kernel_plan(compiled_kernel)
+    slots, _analysis, _roles = _kernel_plan(compiled_kernel)
     return _apply(slots, args)
 
 
@@ -1036,15 +1053,24 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
                     _autotuner_names(autotuner), bool(getattr(autotuner, "custom_kernel", False))):
                 return _DEFER  # not compiled yet: recorded once `run` has compiled it
             slots, positions, note = _autotuner_plan(autotuner, launcher)
-            hit = (launcher, slots, positions, _autotuner_name(autotuner))
+            hit = (launcher, slots, positions, _autotuner_name(autotuner), _fast_roles(slots))
             _AUTOTUNER_PLANS.put(autotuner, hit)
             if note is not None:
                 for h in listeners:
                     h._error(f"Triton kernel {_autotuner_name(autotuner)}: {note}")
-        _launcher, slots, positions, name = hit
+        _launcher, slots, positions, name, roles = hit
+        stream = _stream_handle(kwargs.get("stream"))
+        if roles is not None and kwargs.keys().isdisjoint(positions):
+            # Listeners that record a launch from its arguments themselves (the C++ recorder).
+            if len(listeners) == 1:
+                if listeners[0]._launch_fast(name, stream, roles, args, "inductor"):
+                    return None
+            else:
+                listeners = tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, "inductor"))
+                if not listeners:
+                    return None
         named = {k: v for k, v in kwargs.items() if k in positions}
         accesses = [a for a in _apply(slots, args, positions, named) if a[1] or a[2]]
-        stream = _stream_handle(kwargs.get("stream"))
     except Exception as e:  # noqa: BLE001 - never break the program's launch
         for h in listeners:
             h._error(f"recording an Inductor Triton launch failed: {type(e).__name__}: {e}")
@@ -1056,9 +1082,14 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
 
 def _record_kernel(listeners: tuple, kernel: Any, stream: Any, args: tuple) -> None:
     try:
-        accesses = [a for a in user_kernel_roles(kernel, args) if a[1] or a[2]]
+        slots, _analysis, roles = _kernel_plan(kernel)
         name = str(getattr(kernel, "name", None) or "triton_kernel")
         stream = _stream_handle(stream)
+        if roles is not None:
+            listeners = tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, "triton"))
+            if not listeners:
+                return
+        accesses = [a for a in _apply(slots, args) if a[1] or a[2]]
     except Exception as e:  # noqa: BLE001 - never break the program's launch
         for h in listeners:
             h._error(f"recording a Triton launch failed: {type(e).__name__}: {e}")
@@ -1160,6 +1191,7 @@ class TritonHooks:
     ) -> None:
         self._on_error = on_error
         self._on_launch: Optional[Callable[..., Any]] = None
+        self._on_launch_fast: Optional[Callable[..., Any]] = None
         self._targets = [(t, "autotuner") for t in [autotuner_target] if t]
         self._targets += [(t, "kernel") for t in [kernel_target] if t]
         self._attached: list = []
@@ -1176,11 +1208,21 @@ class TritonHooks:
     def patched(self) -> list:
         return [f"{p.owner.__name__}.{p.attr}" for p in self._attached]
 
-    def install(self, on_launch: Callable[[str, Any, list, str], Any]) -> bool:
+    def install(
+        self,
+        on_launch: Callable[[str, Any, list, str], Any],
+        on_launch_fast: Optional[Callable[[str, int, bytes, tuple], Any]] = None,
+    ) -> bool:
         """Start recording: `on_launch(name, stream, accesses, kind)` is called for each launch,
         before it is issued, with `stream` the raw CUDA stream handle (an int), `accesses` a list
         of (tensor, read, write) for the tensors the kernel reads or writes, `kind` "inductor" or
         "triton".
+
+        `on_launch_fast(name, stream, roles, args)`, where given, is offered each launch first,
+        when the kernel's parameters are single values and none is passed by name: `args` the
+        launch's positional arguments, `roles` one byte per position (0 untouched, 1 read, 2
+        written, 3 both; positions past its end read and written). It returns True when it
+        recorded the launch (or had nothing to record), False to get it through `on_launch`.
 
         Returns False, patching nothing, when Triton is not installed (the top-level package of
         the kernel target cannot be found). A class whose module is not imported yet is patched
@@ -1190,10 +1232,12 @@ class TritonHooks:
         with _LOCK:
             if self._installed:
                 self._on_launch = on_launch
+                self._on_launch_fast = on_launch_fast
                 return True
             if not self._available():
                 return False
             self._on_launch = on_launch
+            self._on_launch_fast = on_launch_fast
             self._installed = True
             for target in self._targets:
                 (module_name, cls_name, _attr), _kind = target
@@ -1223,6 +1267,7 @@ class TritonHooks:
                                 "patched it: streamsan's wrapper stays there, recording nothing")
             self._attached = []
             self._on_launch = None
+            self._on_launch_fast = None
 
     def _available(self) -> bool:
         kernel = [t for t, kind in self._targets if kind == "kernel"]
@@ -1279,6 +1324,21 @@ class TritonHooks:
             on_launch(name, stream, accesses, kind)
         except Exception as e:  # noqa: BLE001 - the program's launch goes on regardless
             self._error(f"recording Triton kernel {name} failed: {type(e).__name__}: {e}")
+
+    def _launch_fast(self, name: str, stream: Any, roles: bytes, args: tuple, kind: str) -> bool:
+        """Offers a launch to `on_launch_fast`: True when it took it (nothing more to do)."""
+        fast = self._on_launch_fast
+        if fast is None or self._on_launch is None:
+            return False
+        try:
+            taken = bool(fast(name, int(stream), roles, args))
+        except Exception as e:  # noqa: BLE001 - the program's launch goes on regardless
+            self.launches[kind] = self.launches.get(kind, 0) + 1
+            self._error(f"recording Triton kernel {name} failed: {type(e).__name__}: {e}")
+            return True
+        if taken:
+            self.launches[kind] = self.launches.get(kind, 0) + 1
+        return taken
 
     def _error(self, message: str) -> None:
         self.errors += 1

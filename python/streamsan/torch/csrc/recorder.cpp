@@ -1794,8 +1794,36 @@ py::object pool_name(int64_t a, int64_t b) {
 // raw stream `stream` of `device`, named `name`, with `accesses` = [(tensor, read, write)].
 // Written like a nested op: after the host ops its enclosing op issued before it, and an
 // enclosing op (a custom op around the kernel) does not write these regions again. GIL held.
+// Writes a kernel launched outside the dispatcher (a Triton kernel) named `name` on `stream`,
+// with the regions `all`: a `launch` after the host ops the op around it issued before it.
+// GIL held.
+void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
+  const std::string& site = *op_site();
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
+    S->triton_launches++;
+    Used used;
+    const std::string& stream_id = stream_name(stream, static_cast<c10::DeviceIndex>(device));
+    for (Access& a : all) {
+      if (resolve(a, site, &stream_id)) used.push_back(&a);
+    }
+    put_launch(S->batch, stream_id, jstr(name), used, site);
+    if (!ts.frames.empty()) {
+      Frame& parent = ts.frames.back();
+      for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
+    }
+  }
+  flush_batch();
+}
+
+// Whether a check records now (not only observing: benchmarks).
+bool recording() {
+  return S->active.load(std::memory_order_relaxed) && !S->observe_only.load(std::memory_order_relaxed);
+}
+
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
-  if (!S->active.load(std::memory_order_relaxed)) return false;
+  if (!recording()) return false;
   c10::SmallVector<Access, 8> all;
   for (py::handle item : accesses) {
     auto tup = item.cast<py::tuple>();
@@ -1809,24 +1837,59 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     Access a;
     if (region_of(t, write, a)) merge_region(all, std::move(a));
   }
-  const std::string& site = *op_site();
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
-    S->triton_launches++;
-    Used used;
-    for (Access& a : all) {
-      if (resolve(a, site, &stream_name(stream, static_cast<c10::DeviceIndex>(device)))) used.push_back(&a);
+  record_launch(name, stream, device, all);
+  return true;
+}
+
+// One launch of a Triton kernel whose positional arguments are `args`, the role of each given
+// by `roles` (one byte per position: 0 untouched, 1 read, 2 written, 3 both; positions past its
+// end are read and written): the tensors' regions, on `stream`, on the device of the first
+// device tensor (else the current device). GIL held. Returns 1 when recorded, 0 when the check
+// does not record now, -1 when an argument in a touched position is neither a tensor nor a
+// Python scalar (a tuple, a descriptor: the caller records the launch itself).
+int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
+  if (!recording()) return 0;
+  char* role_data = nullptr;
+  Py_ssize_t n_roles = 0;
+  if (PyBytes_AsStringAndSize(roles.ptr(), &role_data, &n_roles) != 0) {
+    PyErr_Clear();
+    return -1;
+  }
+  const Py_ssize_t n = PyTuple_GET_SIZE(args.ptr());
+  for (Py_ssize_t i = 0; i < n; i++) {
+    const uint8_t role = i < n_roles ? static_cast<uint8_t>(role_data[i]) : 3;
+    if (role == 0) continue;
+    PyObject* o = PyTuple_GET_ITEM(args.ptr(), i);
+    if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+        PyUnicode_CheckExact(o) || THPVariable_Check(o)) {
+      continue;
     }
-    put_launch(S->batch, stream_name(stream, static_cast<c10::DeviceIndex>(device)), jstr(name),
-               used, site);
-    if (!ts.frames.empty()) {
-      Frame& parent = ts.frames.back();
-      for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
+    return -1;
+  }
+  c10::SmallVector<Access, 8> all;
+  int device = -1;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    const uint8_t role = i < n_roles ? static_cast<uint8_t>(role_data[i]) : 3;
+    if (role == 0) continue;
+    PyObject* o = PyTuple_GET_ITEM(args.ptr(), i);
+    if (!THPVariable_Check(o)) continue;
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (device < 0 && t.defined() && t.is_cuda()) device = t.device().index();
+    Access a;
+    if (region_of(t, (role & 2) != 0, a)) merge_region(all, std::move(a));
+  }
+  if (device < 0) {
+    device = 0;
+    if (!S->fake_device) {
+      try {
+        device = static_cast<int>(c10::cuda::current_device());
+      } catch (const std::exception&) {
+        device = 0;  // no device: the launch itself will fail
+      }
     }
   }
-  flush_batch();
-  return true;
+  record_launch(name, stream, device, all);
+  return 1;
 }
 
 // Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned block
@@ -2239,6 +2302,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_pool_name", &set_pool_name);
   m.def("pool_name", &pool_name);
   m.def("record_kernel", &record_kernel);
+  m.def("record_triton", &record_triton);
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);

@@ -1,0 +1,120 @@
+"""Triton launches recorded by a check, on the CPU: the stand-ins of test_triton_cpu.py launched
+with CPU tensors standing for device memory (`_fake_device`), recorded by the C++ recorder from
+the launch's arguments (`record_triton`, TritonHooks' fast path) and through the list of
+(tensor, read, write) the hooks compute (`record_kernel`): the same trace either way."""
+
+import json
+import warnings
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import streamsan.torch  # noqa: E402
+from test_triton_cpu import FakeDescriptor, fakes, generated_autotuner, user_kernel  # noqa: E402,F401
+
+
+def _native_or_skip():
+    try:
+        from streamsan.torch import _native
+
+        _native.load()
+    except Exception as e:  # noqa: BLE001 - no compiler, no headers: nothing to test here
+        pytest.skip(f"the C++ recorder cannot be built here: {e}")
+
+
+def _launches(trace_path) -> list:
+    ops = [json.loads(line) for line in open(trace_path) if line.strip()]
+    return [o for o in ops if o.get("op") == "launch" and not o.get("name", "").startswith("aten::")]
+
+
+def _record(fakes, tmp_path, tag, fast, launch, profile=None):  # noqa: F811
+    """Runs `launch(args)` under a check whose hooks take the fast path or not; returns the
+    launch ops of its trace and the hooks' launch counts."""
+    trace = tmp_path / f"{tag}.jsonl"
+    x, y, out = torch.ones(64), torch.ones(64), torch.zeros(64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True,
+                                 trace=trace, _profile=profile) as run:
+            rec = run._recorder
+            hooks = fakes.hooks()
+            assert hooks.install(rec._on_kernel, rec._on_kernel_fast if fast else None)
+            try:
+                launch(x, y, out)
+            finally:
+                hooks.uninstall()
+    return _launches(trace), hooks.launches, run.stats()
+
+
+def _same_shape(a: list, b: list) -> None:
+    """The same launches: names, streams, regions (buffer names may differ between checks)."""
+    def shape(ops):
+        return [(o["name"], o["stream"], [(r["offset"], r["bytes"]) for r in o.get("reads", [])],
+                 [(r["offset"], r["bytes"]) for r in o.get("writes", [])], o.get("site")) for o in ops]
+    assert shape(a) == shape(b)
+
+
+@pytest.fixture
+def native():
+    _native_or_skip()
+
+
+def test_an_inductor_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        at.run(x, y, out, 64, stream=0)  # in_ptr0 read, in_out_ptr0 both, out_ptr0 written
+
+    slow, n_slow, _ = _record(fakes, tmp_path, "slow", False, launch)
+    fast, n_fast, stats = _record(fakes, tmp_path, "fast", True, launch)
+    assert len(fast) == 1 and n_fast == n_slow == {"inductor": 1, "triton": 0}
+    _same_shape(fast, slow)
+    op = fast[0]
+    assert op["name"] == "triton_poi_fused_add_0"
+    # x read; y (in_out_ptr0: read and written) and out written (a write covers the read)
+    assert [r["bytes"] for r in op["reads"]] == [256]
+    assert [r["bytes"] for r in op["writes"]] == [256, 256]
+    assert stats["recorder_triton_launches"] == 1
+
+
+def test_a_user_kernel_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811
+    k = user_kernel(fakes)
+
+    def launch(x, y, out):
+        k[(4,)](x, y, out, 64, 1024, stream=0)
+
+    slow, n_slow, _ = _record(fakes, tmp_path, "slow", False, launch)
+    fast, n_fast, _ = _record(fakes, tmp_path, "fast", True, launch)
+    assert len(fast) == 1 and n_fast == n_slow == {"inductor": 0, "triton": 1}
+    _same_shape(fast, slow)
+    assert len(fast[0]["reads"]) == 2 and len(fast[0]["writes"]) == 1, fast
+
+
+def test_a_descriptor_argument_falls_back_to_the_hooks_list(fakes, tmp_path, native):  # noqa: F811
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        at.run(x, FakeDescriptor(y), out, 64, stream=0)  # not a tensor: record_triton declines
+
+    slow, _, _ = _record(fakes, tmp_path, "slow", False, launch)
+    fast, n_fast, _ = _record(fakes, tmp_path, "fast", True, launch)
+    assert n_fast == {"inductor": 1, "triton": 0}
+    assert len(fast) == 1
+    _same_shape(fast, slow)
+
+
+def test_observing_only_records_no_launch(fakes, tmp_path, native):  # noqa: F811
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        at.run(x, y, out, 64, stream=0)
+
+    for fast in (False, True):
+        ops, n, stats = _record(fakes, tmp_path, f"observe{fast}", fast, launch, profile="observe")
+        assert ops == [] and n["inductor"] == 1
+        assert stats["recorder_triton_launches"] == 0
