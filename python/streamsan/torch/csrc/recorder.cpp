@@ -132,6 +132,17 @@ struct Buf {
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> owner;
 };
 
+// A live buffer starting at `addr` (see State::buf_slots).
+struct BufSlot {
+  uint64_t addr = 0;
+  const Buf* buf = nullptr;
+};
+constexpr size_t kBufSlots = 1024;
+
+size_t buf_slot(uint64_t addr) {
+  return static_cast<size_t>(((addr >> 9) * 0x9E3779B97F4A7C15ull) >> 54) & (kBufSlots - 1);
+}
+
 // Whether the live buffer `b` is still the storage `impl` (always, when it has no known owner).
 bool same_storage(const Buf& b, const c10::StorageImpl* impl) {
   if (!b.owner || impl == nullptr) return true;
@@ -286,6 +297,10 @@ struct State {
   std::deque<std::string> spare_names[2];
   std::map<uint64_t, Buf> device_bufs;  // by address
   std::map<uint64_t, Buf> pinned_bufs;
+  // The live buffers found last at their first byte, by address (device, pinned): most
+  // tensors' storages start where their block does, and a tree's walk costs a cache miss a level.
+  // A buffer's slot is emptied when it is freed.
+  std::array<std::array<BufSlot, kBufSlots>, 2> buf_slots{};
   std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
   // Records without an operator schema, by their text: their names are strings of their own,
@@ -386,13 +401,23 @@ const std::string& stream_name(uint64_t raw, c10::DeviceIndex device) {
   return S->stream_names.emplace(raw, jstr(name)).first->second;
 }
 
+std::array<BufSlot, kBufSlots>& slots_of(const std::map<uint64_t, Buf>& bufs) {
+  return S->buf_slots[&bufs == &S->device_bufs ? 0 : 1];
+}
+
 // The live buffer containing [addr, addr + 1), or null; `mu` held.
 const Buf* find_buf(std::map<uint64_t, Buf>& bufs, uint64_t addr, uint64_t* base) {
+  BufSlot& slot = slots_of(bufs)[buf_slot(addr)];
+  if (slot.buf != nullptr && slot.addr == addr) {
+    *base = addr;
+    return slot.buf;
+  }
   auto it = bufs.upper_bound(addr);
   if (it == bufs.begin()) return nullptr;
   --it;
   if (addr >= it->first + std::max<uint64_t>(it->second.size, 1)) return nullptr;
   *base = it->first;
+  if (it->first == addr) slot = BufSlot{addr, &it->second};
   return &it->second;
 }
 
@@ -881,6 +906,8 @@ void free_buf(std::map<uint64_t, Buf>& bufs, std::map<uint64_t, Buf>::iterator i
   S->batch += it->second.name;
   put_site(S->batch, site);
   S->spare_names[it->second.mem == Mem::Device ? 0 : 1].push_back(std::move(it->second.name));
+  BufSlot& slot = slots_of(bufs)[buf_slot(it->first)];
+  if (slot.buf == &it->second) slot = BufSlot{};
   bufs.erase(it);
 }
 
@@ -912,19 +939,19 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   auto& bufs = mem == Mem::Device ? S->device_bufs : S->pinned_bufs;
   if (mem == Mem::Device && S->fake_device && impl != nullptr) sweep_fake_device(site);
   // Memory handed out again: what still overlaps it was freed (pinned memory's frees are not
-  // traced; they are inferred here).
+  // traced; they are inferred here). One walk of the tree a buffer: the one before `addr` when
+  // it reaches `addr`, else the first after it when it starts before `addr + size`.
+  std::map<uint64_t, Buf>::iterator next;
   for (;;) {
-    uint64_t base = 0;
-    const Buf* old = find_buf(bufs, addr, &base);
-    if (!old) {
-      auto it = bufs.lower_bound(addr);
-      if (it != bufs.end() && it->first < addr + size) {
-        base = it->first;
-        old = &it->second;
-      }
+    next = bufs.upper_bound(addr);
+    auto old = bufs.end();
+    if (next != bufs.begin()) {
+      auto prev = std::prev(next);
+      if (addr < prev->first + std::max<uint64_t>(prev->second.size, 1)) old = prev;
     }
-    if (!old) break;
-    free_buf(bufs, bufs.find(base), site);
+    if (old == bufs.end() && next != bufs.end() && next->first < addr + size) old = next;
+    if (old == bufs.end()) break;
+    free_buf(bufs, old, site);
   }
   Buf b;
   b.name = new_name(mem);
@@ -951,7 +978,7 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   S->batch += ",\"addr\":";
   put_u64(S->batch, addr);
   put_site(S->batch, site);
-  bufs.emplace(addr, std::move(b));
+  bufs.emplace_hint(next, addr, std::move(b));
 }
 
 // Resolves an access's buffer; false when it cannot be written (a region past its allocation).
@@ -1715,6 +1742,7 @@ void reset() {
   S->batch.clear();
   S->device_bufs.clear();
   S->pinned_bufs.clear();
+  S->buf_slots = {};
   S->stream_names.clear();
   S->next_buf = 0;
   S->host_values_allocated = false;
