@@ -1182,7 +1182,36 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 // What on_start returns for an op it gave a frame: the end callback pops it. Ops without one
 // (skipped ops, ops while no check records) pass straight through, and the host ops issued
 // inside them belong to the enclosing op's frame, as if it had issued them.
-struct Pushed final : at::ObserverContext {};
+// Kept for reuse on the thread that frees them (one start and end a recorded op): no heap
+// allocation per op once a thread has as many as it nests.
+struct Pushed final : at::ObserverContext {
+  static void* operator new(size_t size);
+  static void operator delete(void* p, size_t size);
+};
+
+// Trivially destructible (a Pushed freed during the thread's exit finds it intact); what it holds
+// when its thread ends is left to the process (a few bytes per thread).
+struct PushedPool {
+  static constexpr int kMax = 64;
+  void* free[kMax] = {};
+  int n = 0;
+};
+thread_local PushedPool pushed_pool;
+
+void* Pushed::operator new(size_t size) {
+  PushedPool& pool = pushed_pool;
+  if (size == sizeof(Pushed) && pool.n > 0) return pool.free[--pool.n];
+  return ::operator new(size);
+}
+
+void Pushed::operator delete(void* p, size_t size) {
+  PushedPool& pool = pushed_pool;
+  if (size == sizeof(Pushed) && pool.n < PushedPool::kMax) {
+    pool.free[pool.n++] = p;
+    return;
+  }
+  ::operator delete(p);
+}
 
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   ThreadState& t = ts;  // one TLS lookup for the whole callback
@@ -1407,9 +1436,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     } else {
       Used used;
       bool any_host = false;
+      const std::string& own_stream = stream_name(fr.stream, fr.device);
       for (Access& a : all) {
         if (is_covered(fr, a)) continue;
-        if (!resolve(a, site, &stream_name(fr.stream, fr.device))) continue;
+        if (!resolve(a, site, &own_stream)) continue;
         any_host |= !a.device;
         used.push_back(&a);
       }
@@ -1420,7 +1450,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
       // A collective runs on the process group's stream: after the wait that hands the work to
       // that stream, which it names (written already when the collective called another op).
       size_t split = 0;
-      const std::string* stream_ptr = &stream_name(fr.stream, fr.device);
+      const std::string* stream_ptr = &own_stream;
       std::string collective;  // the stream a collective's wait named
       if (info.kind == Kind::Collective) {
         if (!fr.collective_stream.empty()) {
