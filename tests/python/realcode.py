@@ -1144,7 +1144,9 @@ def resnet_prefetcher_without_record_stream(fixed: bool, widen: bool) -> bool:
     the copy stream and freed, after its use on the default stream, with nothing telling the
     allocator; two steps later the copy of a new batch gets its memory while the default stream
     may still read it. Fix: the `record_stream`. Widened: the default stream spins before the
-    first step's use, so the copy of the fourth batch overwrites the first before it is read.
+    first step's use, so the copy of the fourth batch overwrites the first before it is read; the
+    spin outlasts the host's queueing of two training steps (8 × SLEEP, about 200 ms: at 25 ms,
+    a host that queued a step in more than about 12 ms read the first batch in time).
     Reported: reuse-race at the prefetcher's copy (`preload`), unsafe-free at the loop's line
     (where the old batch is freed)."""
     tv = _need("torchvision")
@@ -1160,7 +1162,7 @@ def resnet_prefetcher_without_record_stream(fixed: bool, widen: bool) -> bool:
     seen = []
     for i, batch in enumerate(CudaPrefetcher(host, record_stream=fixed)):  # RACE
         if widen and i == 0:
-            torch.cuda._sleep(SLEEP)
+            torch.cuda._sleep(8 * SLEEP)
         seen.append(batch.sum())
         x = (batch.float() / 255 - mean) / std
         loss = F.cross_entropy(model(x), y)
