@@ -1,12 +1,15 @@
 """What recording a Triton launch costs, on the CPU: the stand-in for Inductor's
 CachingAutotuner (tests/python/test_triton_cpu.py) launched with CPU tensors standing for device
-memory, plain, hooked with a listener that does nothing, and recorded by a check with the C++
-recorder (`_fake_device`). A benchmark, not a test: it asserts nothing about time.
+memory, plain, hooked with listeners that do nothing, and recorded by a check (`_fake_device`):
+the C++ recorder from the launch's arguments (`record_triton`, the hooks' fast path) and from
+the hooks' list of accesses (`record_kernel`), and the Python recorder. A benchmark, not a test:
+it asserts nothing about time.
 
     python -m pytest -q -s tests/python/bench_triton_record.py
 """
 
 import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -19,16 +22,16 @@ from test_triton_cpu import fakes, generated_autotuner  # noqa: E402,F401
 N = 20000
 
 
-def _per_call(fn) -> float:
+def _per_call(fn, n: int = N) -> float:
     fn()
     t0 = time.perf_counter()
-    for _ in range(N):
+    for _ in range(n):
         fn()
-    return (time.perf_counter() - t0) / N * 1e6
+    return (time.perf_counter() - t0) / n * 1e6
 
 
-@pytest.mark.parametrize("backend", ["native", "python"])
-def test_recorded_launch_cost(fakes, backend):  # noqa: F811
+@pytest.mark.parametrize("how", ["native fast", "native list", "python"])
+def test_recorded_launch_cost(fakes, how):  # noqa: F811
     at = generated_autotuner(fakes, compiled=None)
     at.launchers = [SimpleNamespace(cache_hash="h0")]
     x, y, out = (torch.ones(256) for _ in range(3))
@@ -38,28 +41,30 @@ def test_recorded_launch_cost(fakes, backend):  # noqa: F811
         fakes.events.clear()
 
     plain = _per_call(launch)
-    hooks = fakes.hooks()
-    assert hooks.install(lambda *a: None)
-    try:
-        hooked = _per_call(launch)
-    finally:
-        hooks.uninstall()
-    try:
-        import streamsan.torch._recorder as R
-    except ImportError:
-        pytest.skip("no recorder")
-    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
-    with run:
-        rec = run._recorder
+    hooked = {}
+    for fast in (False, True):
         hooks = fakes.hooks()
-        assert hooks.install(rec._on_kernel)
+        assert hooks.install(lambda *a: None, (lambda *a: True) if fast else None)
         try:
-            n = N // 4
-            t0 = time.perf_counter()
-            for _ in range(n):
-                launch()
-            recorded = (time.perf_counter() - t0) / n * 1e6
+            hooked[fast] = _per_call(launch)
         finally:
             hooks.uninstall()
-    assert hooks.launches["inductor"] == n
-    print(f"\n{backend}: plain {plain:.2f} µs, hooked {hooked:.2f} µs, recorded {recorded:.2f} µs a launch")
+    backend = how.split()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True) as run:
+            rec = run._recorder
+            # On a GPU the launch's tensors name their device; CPU tensors would make the list
+            # path ask torch.cuda for the current one (a failing CUDA initialization) each time.
+            rec.device = lambda: 0
+            hooks = fakes.hooks()
+            assert hooks.install(rec._on_kernel, rec._on_kernel_fast if how == "native fast" else None)
+            try:
+                n = N // 4
+                recorded = _per_call(launch, n)
+            finally:
+                hooks.uninstall()
+    assert hooks.launches["inductor"] == n + 1
+    assert run.stats()["recorder_triton_launches"] >= n
+    print(f"\n{how}: plain {plain:.2f} µs; hooked, listeners doing nothing: {hooked[False]:.2f} µs "
+          f"(list), {hooked[True]:.2f} µs (fast); recorded {recorded:.2f} µs a launch")
