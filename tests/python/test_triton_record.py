@@ -118,3 +118,67 @@ def test_observing_only_records_no_launch(fakes, tmp_path, native):  # noqa: F81
         ops, n, stats = _record(fakes, tmp_path, f"observe{fast}", fast, launch, profile="observe")
         assert ops == [] and n["inductor"] == 1
         assert stats["recorder_triton_launches"] == 0
+
+
+class _Spy:
+    """Counts the hooks' list path (`_apply`) while it runs."""
+
+    def __init__(self, monkeypatch):
+        from streamsan.torch import _triton
+
+        self.calls = 0
+        original = _triton._apply
+
+        def spied(*a, **k):
+            self.calls += 1
+            return original(*a, **k)
+
+        monkeypatch.setattr(_triton, "_apply", spied)
+
+
+def test_the_fast_path_takes_plain_launches(fakes, tmp_path, native, monkeypatch):  # noqa: F811
+    spy = _Spy(monkeypatch)
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+    k = user_kernel(fakes)
+
+    def launch(x, y, out):
+        at.run(x, y, out, 64, stream=0)
+        k[(4,)](x, y, out, 64, 1024, stream=0)
+
+    fast, n, _ = _record(fakes, tmp_path, "fast", True, launch)
+    assert n == {"inductor": 1, "triton": 1} and len(fast) == 2
+    assert spy.calls == 0  # neither launch went through the hooks' list of accesses
+
+
+def test_what_the_fast_path_declines_goes_through_the_list(fakes, tmp_path, native, monkeypatch):  # noqa: F811
+    spy = _Spy(monkeypatch)
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        at.run(x, y, out, xnumel=64, stream=0)  # a parameter by name: the list path
+        at.run(x, (y,), out, 64, stream=0)  # a tuple in a pointer's place: declined by C++
+
+    fast, n, _ = _record(fakes, tmp_path, "fast", True, launch)
+    assert spy.calls == 2 and n == {"inductor": 2, "triton": 0}
+    slow, _, _ = _record(fakes, tmp_path, "slow", False, launch)
+    _same_shape(fast, slow)
+
+
+def test_the_fast_path_agrees_on_extra_tensors_and_objects(fakes, tmp_path, native, monkeypatch):  # noqa: F811
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+    extra = torch.ones(8)
+
+    def launch(x, y, out):
+        # an object in xnumel's place (no memory: skipped), a tensor past the parameters (read
+        # and written: its role is not known), None and a float among them
+        at.run(x, y, out, SimpleNamespace(), None, 1.5, extra, stream=0)
+
+    slow, _, _ = _record(fakes, tmp_path, "slow", False, launch)
+    spy = _Spy(monkeypatch)
+    fast, _, _ = _record(fakes, tmp_path, "fast", True, launch)
+    assert spy.calls == 0
+    _same_shape(fast, slow)
+    assert [r["bytes"] for r in fast[0]["writes"]] == [256, 256, 32]  # y, out, extra

@@ -1848,13 +1848,10 @@ py::object pool_name(int64_t a, int64_t b) {
   return py::str(it->second);
 }
 
-// A kernel launched outside the dispatcher (a Triton kernel: Inductor's or the user's), on the
-// raw stream `stream` of `device`, named `name`, with `accesses` = [(tensor, read, write)].
-// Written like a nested op: after the host ops its enclosing op issued before it, and an
-// enclosing op (a custom op around the kernel) does not write these regions again. GIL held.
-// Writes a kernel launched outside the dispatcher (a Triton kernel) named `name` on `stream`,
-// with the regions `all`: a `launch` after the host ops the op around it issued before it.
-// GIL held.
+// Writes a kernel launched outside the dispatcher (a Triton kernel: Inductor's or the user's),
+// named `name`, on the raw stream `stream` of `device`, with the regions `all`. Written like a
+// nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
+// op around the kernel) does not write these regions again. GIL held.
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
   const std::string& site = *op_site();
   {
@@ -1880,6 +1877,7 @@ bool recording() {
   return S->active.load(std::memory_order_relaxed) && !S->observe_only.load(std::memory_order_relaxed);
 }
 
+// A Triton kernel's launch with `accesses` = [(tensor, read, write)] (see record_launch).
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
   if (!recording()) return false;
   c10::SmallVector<Access, 8> all;
@@ -1903,8 +1901,10 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
 // by `roles` (one byte per position: 0 untouched, 1 read, 2 written, 3 both; positions past its
 // end are read and written): the tensors' regions, on `stream`, on the device of the first
 // device tensor (else the current device). GIL held. Returns 1 when recorded, 0 when the check
-// does not record now, -1 when an argument in a touched position is neither a tensor nor a
-// Python scalar (a tuple, a descriptor: the caller records the launch itself).
+// does not record now, -1 when an argument in a touched position may hold tensors the hooks
+// find and this does not (a tuple or list, an object with a `base`: a tensor descriptor), for
+// the caller to record the launch itself. Any other object there (a scalar of another type, a
+// `tl.dtype` constexpr) holds no memory, as for the hooks' `_apply`.
 int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
   if (!recording()) return 0;
   char* role_data = nullptr;
@@ -1922,7 +1922,7 @@ int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py:
         PyUnicode_CheckExact(o) || THPVariable_Check(o)) {
       continue;
     }
-    return -1;
+    if (PyTuple_Check(o) || PyList_Check(o) || PyObject_HasAttrString(o, "base")) return -1;
   }
   c10::SmallVector<Access, 8> all;
   int device = -1;
