@@ -39,14 +39,23 @@ fn page_span(lo: u64, hi: u64) -> (u64, u64) {
     (lo >> PAGE_BITS, (hi - 1) >> PAGE_BITS)
 }
 
+/// A small record's listing on a page, with its bytes: finding what overlaps a range reads the
+/// page's list alone, not every record on the page.
+#[derive(Clone, Copy, Debug)]
+struct Listed {
+    slot: u32,
+    lo: u64,
+    hi: u64,
+}
+
 /// The tombstones of one memory kind.
 #[derive(Clone, Debug, Default)]
 struct Space {
     /// Small records, by slot.
     records: Vec<Option<Arc<Record>>>,
     free_slots: Vec<u32>,
-    /// Page → the slots of the records touching it (emptied lists stay until a sweep).
-    pages: rustc_hash::FxHashMap<u64, Vec<u32>>,
+    /// Page → the records touching it (emptied lists stay until a sweep).
+    pages: rustc_hash::FxHashMap<u64, Vec<Listed>>,
     /// Small records kept.
     count: usize,
     /// Records no longer listed, for reuse (each uniquely owned, its entries empty).
@@ -80,7 +89,7 @@ impl Space {
         let (first, last) = page_span(lo, hi);
         for p in first..=last {
             if let Some(v) = self.pages.get_mut(&p) {
-                if let Some(k) = v.iter().position(|&s| s == slot) {
+                if let Some(k) = v.iter().position(|l| l.slot == slot) {
                     v.swap_remove(k);
                 }
             }
@@ -105,13 +114,22 @@ impl Space {
             into.extend((0..self.records.len() as u32).filter(|&s| overlaps(s)));
             return;
         }
+        // A record is listed once per page: only a range over several pages meets it twice.
+        let single = first == last;
         for p in first..=last {
             let Some(v) = self.pages.get(&p) else {
                 continue;
             };
-            for &s in v {
-                if overlaps(s) && !into.contains(&s) {
-                    into.push(s);
+            for l in v {
+                debug_assert!(self.records[l.slot as usize]
+                    .as_ref()
+                    .is_none_or(|r| (r.lo, r.hi) == (l.lo, l.hi)));
+                if l.lo < hi
+                    && lo < l.hi
+                    && self.records[l.slot as usize].is_some()
+                    && (single || !into.contains(&l.slot))
+                {
+                    into.push(l.slot);
                 }
             }
         }
@@ -267,8 +285,9 @@ impl Graveyard {
                 space.records.len() as u32 - 1
             }
         };
+        let listed = Listed { slot, lo: base, hi };
         for p in first..=last {
-            space.pages.entry(p).or_default().push(slot);
+            space.pages.entry(p).or_default().push(listed);
         }
         returned
     }
