@@ -1043,6 +1043,14 @@ def _stream_handle(stream: Any) -> Any:
         return stream
 
 
+def _not_taken(listeners: tuple, name: str, stream: Any, roles: bytes, args: tuple, kind: str) -> tuple:
+    """Offers a launch to the listeners that record it from its arguments themselves (the C++
+    recorder: `TritonHooks._launch_fast`); returns those that did not take it."""
+    if len(listeners) == 1:  # the common case, without a generator
+        return () if listeners[0]._launch_fast(name, stream, roles, args, kind) else listeners
+    return tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, kind))
+
+
 def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dict, before: bool) -> Any:
     try:
         launchers = getattr(autotuner, "launchers", None) or []
@@ -1061,14 +1069,9 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
         _launcher, slots, positions, name, roles = hit
         stream = _stream_handle(kwargs.get("stream"))
         if roles is not None and kwargs.keys().isdisjoint(positions):
-            # Listeners that record a launch from its arguments themselves (the C++ recorder).
-            if len(listeners) == 1:
-                if listeners[0]._launch_fast(name, stream, roles, args, "inductor"):
-                    return None
-            else:
-                listeners = tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, "inductor"))
-                if not listeners:
-                    return None
+            listeners = _not_taken(listeners, name, stream, roles, args, "inductor")
+            if not listeners:
+                return None
         named = {k: v for k, v in kwargs.items() if k in positions}
         accesses = [a for a in _apply(slots, args, positions, named) if a[1] or a[2]]
     except Exception as e:  # noqa: BLE001 - never break the program's launch
@@ -1086,7 +1089,7 @@ def _record_kernel(listeners: tuple, kernel: Any, stream: Any, args: tuple) -> N
         name = str(getattr(kernel, "name", None) or "triton_kernel")
         stream = _stream_handle(stream)
         if roles is not None:
-            listeners = tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, "triton"))
+            listeners = _not_taken(listeners, name, stream, roles, args, "triton")
             if not listeners:
                 return
         accesses = [a for a in _apply(slots, args) if a[1] or a[2]]

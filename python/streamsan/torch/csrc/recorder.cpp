@@ -1913,24 +1913,22 @@ int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py:
     PyErr_Clear();
     return -1;
   }
+  // One pass: the regions found before an argument sends the launch back are only dropped.
+  c10::SmallVector<Access, 8> all;
+  int device = -1;
   const Py_ssize_t n = PyTuple_GET_SIZE(args.ptr());
   for (Py_ssize_t i = 0; i < n; i++) {
     const uint8_t role = i < n_roles ? static_cast<uint8_t>(role_data[i]) : 3;
     if (role == 0) continue;
     PyObject* o = PyTuple_GET_ITEM(args.ptr(), i);
-    if (o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
-        PyUnicode_CheckExact(o) || THPVariable_Check(o)) {
+    if (!THPVariable_Check(o)) {
+      // No memory of its own; a tuple, a list or a descriptor (`base`) may hold tensors. (Python
+      // scalars first: no attribute lookup for them.)
+      const bool scalar = o == Py_None || PyBool_Check(o) || PyLong_CheckExact(o) ||
+                          PyFloat_CheckExact(o) || PyUnicode_CheckExact(o);
+      if (!scalar && (PyTuple_Check(o) || PyList_Check(o) || PyObject_HasAttrString(o, "base"))) return -1;
       continue;
     }
-    if (PyTuple_Check(o) || PyList_Check(o) || PyObject_HasAttrString(o, "base")) return -1;
-  }
-  c10::SmallVector<Access, 8> all;
-  int device = -1;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    const uint8_t role = i < n_roles ? static_cast<uint8_t>(role_data[i]) : 3;
-    if (role == 0) continue;
-    PyObject* o = PyTuple_GET_ITEM(args.ptr(), i);
-    if (!THPVariable_Check(o)) continue;
     const at::Tensor& t = THPVariable_Unpack(o);
     if (device < 0 && t.defined() && t.is_cuda()) device = t.device().index();
     Access a;
