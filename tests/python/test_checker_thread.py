@@ -198,6 +198,25 @@ def test_stats_answer_from_what_the_thread_has_checked():
     assert (s["ops"], s["queue_bytes"], c.ops) == (89, 0, 89)
 
 
+def test_the_thread_finds_batches_by_itself_and_wakes_from_a_long_sleep():
+    """A batch handed over does not wake the thread while batches are coming (it looks at the
+    queue every millisecond); once it has found the queue empty for a while it sleeps until a
+    batch wakes it. Either way the batch is checked without a call that waits for it."""
+    c = streamsan.Checker(threaded=True, explain=False)
+    c.push_lines(numbered_ops(0, 10))
+    until = time.monotonic() + 30
+    while c.stats()["ops"] < 29 and time.monotonic() < until:
+        time.sleep(0.002)
+    assert c.stats()["ops"] == 29 and c.stats()["queue_bytes"] == 0
+    time.sleep(0.5)  # far past its looks: it sleeps until woken
+    c.push_lines(numbered_ops(10, 10))
+    until = time.monotonic() + 30
+    while c.stats()["ops"] < 59 and time.monotonic() < until:
+        time.sleep(0.002)
+    assert c.stats()["ops"] == 59 and c.stats()["queue_bytes"] == 0
+    assert c.drain() == [] and c.finish().ops == 59
+
+
 BAD = (
     '{"op":"alloc","buffer":"a","bytes":16}\n{"op":"free","buffer":"a"}\n{"op":"free","buffer":"a"}\n'
     '{"op":"bad"}\n{"op":"device_sync"}\n'

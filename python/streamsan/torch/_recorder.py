@@ -798,6 +798,13 @@ class PythonBackend:
 # A pinned tensor, made once per process: the C++ recorder tells pinned memory by its deleter.
 _PINNED_EXAMPLE: Any = None
 
+# Bytes of JSON Lines (about a hundred ops) after which the C++ recorder hands its batch to the
+# checker's queue: small enough that the checker works beside the program rather than after it
+# (what is left to check when the program ends is at most one batch), large enough that the
+# hand-overs cost nothing measurable (one copy into the queue; the checker's thread is not woken
+# for each, docs/performance.md, "The checker beside the program").
+BATCH_BYTES = 16 << 10
+
 
 class NativeBackend:
     """Records ops with the C++ recorder (RecordFunction observer + allocator trace tracker)."""
@@ -819,7 +826,7 @@ class NativeBackend:
             _PINNED_EXAMPLE = torch.empty(1, pin_memory=True)  # its deleter is the host allocator's
         pinned = _PINNED_EXAMPLE if cuda else None
         self.ext.configure(
-            self.sites.torch_dir, self.sites.own_dir, self.sites.cwd, 1 << 18, rec._sink, fake_device, pinned
+            self.sites.torch_dir, self.sites.own_dir, self.sites.cwd, BATCH_BYTES, rec._sink, fake_device, pinned
         )
         self.cuda = cuda
         self.ext.reset()
