@@ -26,7 +26,8 @@
 #      CSAN's (processes of their own: the programs that capture CUDA graphs in a second one),
 #      and the widened runs (REALCODE_RUNS, default 5);
 #   3. alone on the machine: the cost (a warm-up, then plain / native interleaved, REALCODE_COST_RUNS
-#      rounds, default 3; then the Python recorder's rounds: it turns on torch's GPU trace for good), then CSAN's cost (plain first, then CSAN enabled, a
+#      rounds, default 9, as many as each program's share of the time allows; then the Python
+#      recorder's rounds (3 at most): it turns on torch's GPU trace for good), then CSAN's cost (plain first, then CSAN enabled, a
 #      warm-up and the rounds); in both, the programs that capture CUDA graphs (realcode.captures():
 #      realcode.CAPTURES, realcode_compiled.COMPILED_CAPTURES) last, each in a process of its own;
 #   4. the table and the summary (PASS/FAIL per criterion; for the compiled programs, the Triton
@@ -36,7 +37,7 @@
 # while a TorchDispatchMode is active): their verdicts and costs on them are the eager program's.
 #
 # Environment: OUT (default /tmp/realcode-out), REALCODE_SET (all, realcode or compiled: the
-# suites), REALCODE_SECONDS (480 / 560 / 570 by suite), REALCODE_RUNS (5), REALCODE_COST_RUNS (3),
+# suites), REALCODE_SECONDS (480 / 560 / 570 by suite), REALCODE_RUNS (5), REALCODE_COST_RUNS (9),
 # REALCODE_ONLY (NAME[,NAME...]: only these programs), REALCODE_PROFILE=1 (the cost step also
 # times the C++ recorder observing only and with its stages timed: `cost --profile`, the table's
 # "Where the time goes"), REALCODE_PYTHON_COST=0 (the cost step without the Python recorder),
@@ -79,7 +80,7 @@ case "$suite" in
 esac
 deadline=$((start + ${REALCODE_SECONDS:-$def_s}))
 runs=${REALCODE_RUNS:-5}
-cost_runs=${REALCODE_COST_RUNS:-3}
+cost_runs=${REALCODE_COST_RUNS:-9}
 cost_s=${REALCODE_COST_SECONDS:-$def_cost}
 csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-$def_csan}
 only=()

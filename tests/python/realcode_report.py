@@ -612,6 +612,9 @@ def run_warm(a) -> Out:
 # `1`: each stage's time counted, Run.stats()'s recorder_profile_*)
 PROFILE_MODES = {"native-observe": "observe", "native-stages": "1"}
 
+# Timed rounds of the Python recorder in `cost` (at most; `--runs` bounds the others).
+PYTHON_COST_RUNS = 3
+
 
 def _once(fn, mode: str) -> tuple[float, dict]:
     """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan, or a
@@ -632,13 +635,19 @@ def _once(fn, mode: str) -> tuple[float, dict]:
         warnings.simplefilter("ignore")
         with streamsan.torch.Run(raise_on_hazard=False, backend=backend,
                                  _profile=PROFILE_MODES.get(mode, "0")) as run:
+            t1 = time.perf_counter()
             fn(True, False)
             torch.cuda.synchronize()
             stats = run.stats() if mode in PROFILE_MODES else {}
+            t2 = time.perf_counter()
     seconds = time.perf_counter() - t0
+    # entering the check, the program in it, leaving it (what the checker had left to check,
+    # the report)
+    phases = {"enter": t1 - t0, "body": t2 - t1, "exit": t0 + seconds - t2}
     if mode == "native-observe":
-        return seconds, info  # nothing was checked: no verdict
-    info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
+        return seconds, {"phases": phases}  # nothing was checked: no verdict
+    info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend,
+            "phases": phases}
     if mode == "native-stages":
         info["profile"] = {k[len("recorder_profile_"):]: v for k, v in stats.items() if k.startswith("recorder_profile_")}
         for k in ("checker_busy_seconds", "queue_waited_seconds", "ops"):
@@ -676,7 +685,8 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
         profiles: list = []
         warm: dict = {}
         failed: dict = {}
-        t0 = time.monotonic()
+        phase_samples: dict = {}
+        started = t0 = time.monotonic()
         out.current = (name, "cost")
         for rnd in range(runs + 1):  # round 0 is the warm-up
             if rnd:
@@ -705,6 +715,8 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                     samples[m].append(s)
                     if "profile" in info:
                         profiles.append(info["profile"])
+                    if "phases" in info:
+                        phase_samples.setdefault(m, []).append(info["phases"])
                 else:
                     warm[m] = round(s, 5)
                 if info.get("errors"):
@@ -712,6 +724,10 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
             if rnd == 0 and freeze_after_warmup:
                 gc.collect()  # the warm-up's imports (torchvision, Dynamo) out of the collector's way
                 gc.freeze()
+            if rnd == 0:
+                # The share is for the timed rounds: a warm-up that compiles (Dynamo, Inductor,
+                # cuDNN's autotuning) must not leave a program a single timed round.
+                t0 = time.monotonic()
         out.current = None
         cell = row.setdefault(field, {})
         for m in modes:
@@ -720,6 +736,9 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                 row.setdefault("samples", {})[m] = [round(x, 5) for x in samples[m]]
         if warm:
             row.setdefault("warmup", {}).update(warm)
+        for m, ph in phase_samples.items():  # medians, ms
+            row.setdefault("phases_ms", {})[m] = {
+                k: round(statistics.median(p[k] for p in ph) * 1e3, 3) for k in ("enter", "body", "exit")}
         if profiles:  # the stages of the median round (by the recorder's total)
             profiles.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
             row["profile"] = {k: round(v, 6) if isinstance(v, float) else v
@@ -735,7 +754,7 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
         _log(f"cost {i + 1}/{len(progs)} {name}: " + ", ".join(
             f"{m} {cell[m] * 1e3:.1f} ms (warm-up {warm[m] * 1e3:.0f} ms, {len(samples[m])} rounds)"
             for m in modes if m in cell)
-             + (f"; failed {failed}" if failed else "") + f" ({time.monotonic() - t0:.1f} s)")
+             + (f"; failed {failed}" if failed else "") + f" ({time.monotonic() - started:.1f} s)")
 
 
 # seconds kept for each program of realcode.captures(), run in a process of its own (its imports, its
@@ -852,7 +871,8 @@ def run_cost(a) -> Out:
             end = time.monotonic() + 0.75 * (end - time.monotonic())
         _cost_rows(out, own, modes, a.runs, until=end, freeze_after_warmup=a.child)
         if not a.no_python:
-            _cost_rows(out, own, ["python"], a.runs, until=python_end)
+            # a few rounds: it is 3-20x slower, and its cost is not the one with a goal
+            _cost_rows(out, own, ["python"], min(a.runs, PYTHON_COST_RUNS), until=python_end)
     elif own:
         # the plain rounds first (a quarter of the time at most), then CSAN, which cannot be
         # turned off. Not even imported before: importing torch.cuda._sanitizer makes its dispatch
