@@ -618,7 +618,20 @@ PYTHON_COST_RUNS = 3
 
 def _once(fn, mode: str) -> tuple[float, dict]:
     """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan, or a
-    PROFILE_MODES one)."""
+    PROFILE_MODES one), with the garbage collector off, as `timeit` times (a collection that
+    the allocations of earlier runs set off would land in whichever run crossed the threshold);
+    the young garbage of the run is collected after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _once_timed(fn, mode)
+    finally:
+        if enabled:
+            gc.enable()
+        gc.collect(1)
+
+
+def _once_timed(fn, mode: str) -> tuple[float, dict]:
     import torch
 
     info: dict = {}

@@ -8,6 +8,13 @@
 //! their callers entered (a ticket taken with the GIL held), so two threads that hand batches
 //! over in turn keep their order even when one of them had to wait for room.
 //!
+//! A hand-over does not wake the thread while batches are coming: it looks at the queue every
+//! [`POLL`] by itself, so the program's thread pays a copy and a lock per batch, not the system
+//! call of a wake-up. Only a thread that found the queue empty [`POLLS_BEFORE_SLEEP`] times in a
+//! row sleeps until a batch wakes it; a caller that waits for it to catch up wakes it too.
+//! Wake-ups are made after `state` is let go (a thread woken while it is held only waits again,
+//! for the lock), and only when someone waits.
+//!
 //! What the thread finds comes back through [`State`]: the hazards not handed out yet, the
 //! errors of bad input not raised yet (each raised once, in order, by the caller's next call),
 //! and why the thread died if it panicked. Every wait ends when the thread makes progress, has
@@ -594,7 +601,6 @@ impl Drop for Exit<'_> {
 /// The checker's thread: serves the queue; a panic is caught and kept in [`State::dead`].
 fn run(shared: &Shared) {
     let _exit = Exit(shared);
-    beside_the_program();
     if let Err(payload) = catch_unwind(AssertUnwindSafe(|| shared.serve())) {
         let message = payload
             .downcast_ref::<String>()
@@ -604,23 +610,6 @@ fn run(shared: &Shared) {
         lock(&shared.state).dead = Some(format!(
             "the checker's thread panicked: {message}; the check is incomplete"
         ));
-    }
-}
-
-/// Tells the scheduler that this thread (the checker's) is batch work: a batch handed over does
-/// not preempt the program's thread to check it on the program's CPU, the thread runs where a
-/// CPU is free. Linux only; elsewhere, and where it is refused, nothing changes.
-fn beside_the_program() {
-    #[cfg(target_os = "linux")]
-    {
-        if std::env::var_os("STREAMSAN_CHECKER_SCHED").is_some_and(|v| v == "normal") {
-            return;
-        }
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
-        unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
-        }
     }
 }
 
