@@ -653,10 +653,11 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
             torch.cuda.synchronize()
             stats = run.stats() if mode in PROFILE_MODES else {}
             t2 = time.perf_counter()
-    seconds = time.perf_counter() - t0
+    t3 = time.perf_counter()
+    seconds = t3 - t0
     # entering the check, the program in it, leaving it (what the checker had left to check,
     # the report)
-    phases = {"enter": t1 - t0, "body": t2 - t1, "exit": t0 + seconds - t2}
+    phases = {"enter": t1 - t0, "body": t2 - t1, "exit": t3 - t2}
     if mode == "native-observe":
         return seconds, {"phases": phases}  # nothing was checked: no verdict
     info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend,

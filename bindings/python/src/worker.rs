@@ -450,12 +450,7 @@ impl Shared {
     pub(crate) fn catch_up(&self, py: pyo3::Python<'_>) -> pyo3::PyResult<()> {
         loop {
             let done = py.detach(|| {
-                let s = lock(&self.state);
-                if s.caught_up() {
-                    return true;
-                }
                 // The thread may be between looks at the queue: it looks now.
-                drop(s);
                 self.work.notify_one();
                 let s = lock(&self.state);
                 if s.caught_up() {
