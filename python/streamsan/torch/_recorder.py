@@ -33,6 +33,9 @@ _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # run name distinct buffers, and the checker's table of names stays bounded (as in the C++
 # recorder).
 NAME_DELAY = 4096
+# Tests (fake device): where the addresses written for CPU storages standing for device memory
+# begin (above any address a process maps, and any a test's fake allocator trace gives).
+_FAKE_ADDR_BASE = 1 << 56
 
 # The recorder that is on, if any (one at a time in a process).
 _active: Optional["Recorder"] = None
@@ -297,6 +300,7 @@ class PythonBackend:
         self.pending_allocs: dict[int, tuple[int, int, Optional[str]]] = {}  # ptr -> (stream, dev, site)
         self.streams: dict[int, str] = {}
         self.next_buf = 0
+        self.fake_next_addr = _FAKE_ADDR_BASE
         self.spare_names = {False: collections.deque(), True: collections.deque()}  # by pinned
         self.fake_pinned: set[int] = set()  # tests: CPU storages standing for pinned memory
         self.local = threading.local()
@@ -456,8 +460,17 @@ class PythonBackend:
                 self.free_buf(base, pinned, site)
         name = self.new_name(pinned)
         mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
+        written = addr
+        if self.fake_device and storage is not None and not pinned:
+            # Tests (fake device): a CPU storage standing for device memory gets an address never
+            # written before (its own stays the key here). The CPU allocator hands an address
+            # freed on one stream to another stream at once, where the caching allocator gives a
+            # block to another stream only through the driver, which synchronizes the device
+            # (the spec's rule for device memory seen again on another stream).
+            written = self.fake_next_addr
+            self.fake_next_addr += (max(size, 1) + 511) // 512 * 512
         self.batch.append(
-            '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, addr, _site(site))
+            '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, written, _site(site))
         )
         owner = None
         if storage is not None and (pinned or self.fake_device):

@@ -215,6 +215,9 @@ struct Frame {
 // A freed buffer's name is given to a new buffer only after this many other frees: reports of
 // a run name distinct buffers, and the checker's table of names stays bounded.
 constexpr size_t kNameDelay = 4096;
+// Tests (fake device): where the addresses written for CPU storages standing for device memory
+// begin (above any address a process maps, and any a test's fake allocator trace gives).
+constexpr uint64_t kFakeAddrBase = uint64_t{1} << 56;
 
 // Where values copied to the host land: managed memory, an address space the program's own
 // (device and pinned) allocations never use.
@@ -289,6 +292,7 @@ struct State {
   bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
   uint64_t fake_stream = 0;
   std::unordered_set<uint64_t> fake_pinned;  // tests: CPU storages standing for pinned memory
+  uint64_t fake_next_addr = kFakeAddrBase;  // tests: the next address written for a CPU storage
   size_t threshold = 1 << 18;
   py::object sink;  // called with the batch (bytes) when it passes the threshold
   uint64_t next_buf = 0;
@@ -933,6 +937,17 @@ void sweep_fake_device(const std::string& site) {
   }
 }
 
+// Tests (fake device): the address written for a CPU storage standing for device memory, one
+// never written before (its own address stays the recorder's key). The CPU allocator hands an
+// address freed on one stream to another stream at once, where the caching allocator gives a
+// block to another stream only through the driver (which synchronizes the device: the spec's
+// rule for device memory seen again on another stream); `mu` held.
+uint64_t fake_addr(uint64_t size) {
+  uint64_t a = S->fake_next_addr;
+  S->fake_next_addr += (std::max<uint64_t>(size, 1) + 511) / 512 * 512;
+  return a;
+}
+
 void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
                const std::string& site, c10::StorageImpl* impl = nullptr,
                const std::string* pool = nullptr) {
@@ -976,7 +991,7 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
     S->batch += ",\"memory\":\"pinned\"";
   }
   S->batch += ",\"addr\":";
-  put_u64(S->batch, addr);
+  put_u64(S->batch, mem == Mem::Device && S->fake_device && impl != nullptr ? fake_addr(size) : addr);
   put_site(S->batch, site);
   bufs.emplace_hint(next, addr, std::move(b));
 }
@@ -1775,6 +1790,7 @@ void reset() {
   S->buf_slots = {};
   S->stream_names.clear();
   S->next_buf = 0;
+  S->fake_next_addr = kFakeAddrBase;
   S->host_values_allocated = false;
   S->spare_names[0].clear();
   S->spare_names[1].clear();
