@@ -301,6 +301,8 @@ class PythonBackend:
         self.streams: dict[int, str] = {}
         self.next_buf = 0
         self.fake_next_addr = _FAKE_ADDR_BASE
+        self.fake_written: dict[int, tuple[int, str, int]] = {}  # tests: key -> (written, stream, size)
+        self.fake_free: dict[tuple[str, int], list[int]] = {}  # tests: (stream, size) -> written, freed
         self.spare_names = {False: collections.deque(), True: collections.deque()}  # by pinned
         self.fake_pinned: set[int] = set()  # tests: CPU storages standing for pinned memory
         self.local = threading.local()
@@ -431,6 +433,9 @@ class PythonBackend:
         name = (self.pinned_bufs if pinned else self.device_bufs).pop(base)[0]
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
+        if not pinned and base in self.fake_written:
+            written, stream, size = self.fake_written.pop(base)
+            self.fake_free.setdefault((stream, size), []).append(written)
 
     def host_values(self) -> str:
         """The host memory that values copied from the device land in (allocated once)."""
@@ -462,13 +467,20 @@ class PythonBackend:
         mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
         written = addr
         if self.fake_device and storage is not None and not pinned:
-            # Tests (fake device): a CPU storage standing for device memory gets an address never
-            # written before (its own stays the key here). The CPU allocator hands an address
-            # freed on one stream to another stream at once, where the caching allocator gives a
-            # block to another stream only through the driver, which synchronizes the device
-            # (the spec's rule for device memory seen again on another stream).
-            written = self.fake_next_addr
-            self.fake_next_addr += (max(size, 1) + 511) // 512 * 512
+            # Tests (fake device): a CPU storage standing for device memory is written with an
+            # address of the recorder's (its own stays the key here). The CPU allocator hands an
+            # address freed on one stream to another stream at once, where the caching allocator
+            # gives a block back to the stream that allocated it, and to another stream only
+            # through the driver, which synchronizes the device (the spec's rule for device
+            # memory seen again on another stream). So an address freed is written again for the
+            # same size on the same stream only, as the caching allocator reuses its blocks.
+            spare = self.fake_free.get((stream, size))
+            if spare:
+                written = spare.pop()
+            else:
+                written = self.fake_next_addr
+                self.fake_next_addr += (max(size, 1) + 511) // 512 * 512
+            self.fake_written[addr] = (written, stream, size)
         self.batch.append(
             '{"op":"alloc","buffer":%s,"bytes":%d%s,"addr":%d%s' % (name, size, mem, written, _site(site))
         )

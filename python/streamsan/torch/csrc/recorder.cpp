@@ -130,6 +130,9 @@ struct Buf {
   // block is a new allocation when another storage holds it. Weak: the check never keeps a
   // program's memory alive.
   std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> owner;
+  // Tests (fake device): the address the trace gave it (0: its own) and its stream (quoted).
+  uint64_t written = 0;
+  std::string stream;
 };
 
 // A live buffer starting at `addr` (see State::buf_slots).
@@ -293,6 +296,8 @@ struct State {
   uint64_t fake_stream = 0;
   std::unordered_set<uint64_t> fake_pinned;  // tests: CPU storages standing for pinned memory
   uint64_t fake_next_addr = kFakeAddrBase;  // tests: the next address written for a CPU storage
+  // Tests: written addresses freed, by stream (quoted) and size: given again on that stream only.
+  std::map<std::pair<std::string, uint64_t>, std::vector<uint64_t>> fake_free;
   size_t threshold = 1 << 18;
   py::object sink;  // called with the batch (bytes) when it passes the threshold
   uint64_t next_buf = 0;
@@ -910,6 +915,9 @@ void free_buf(std::map<uint64_t, Buf>& bufs, std::map<uint64_t, Buf>::iterator i
   S->batch += it->second.name;
   put_site(S->batch, site);
   S->spare_names[it->second.mem == Mem::Device ? 0 : 1].push_back(std::move(it->second.name));
+  if (it->second.written != 0) {
+    S->fake_free[{std::move(it->second.stream), it->second.size}].push_back(it->second.written);
+  }
   BufSlot& slot = slots_of(bufs)[buf_slot(it->first)];
   if (slot.buf == &it->second) slot = BufSlot{};
   bufs.erase(it);
@@ -937,12 +945,20 @@ void sweep_fake_device(const std::string& site) {
   }
 }
 
-// Tests (fake device): the address written for a CPU storage standing for device memory, one
-// never written before (its own address stays the recorder's key). The CPU allocator hands an
+// Tests (fake device): the address written for a CPU storage standing for device memory of
+// `size` bytes on `stream` (its own address stays the recorder's key). The CPU allocator hands an
 // address freed on one stream to another stream at once, where the caching allocator gives a
-// block to another stream only through the driver (which synchronizes the device: the spec's
-// rule for device memory seen again on another stream); `mu` held.
-uint64_t fake_addr(uint64_t size) {
+// block back to the stream that allocated it, and to another stream only through the driver
+// (which synchronizes the device: the spec's rule for device memory seen again on another
+// stream). So an address freed is written again for the same size on the same stream only, as
+// the caching allocator reuses its blocks; `mu` held.
+uint64_t fake_addr(const std::string& stream, uint64_t size) {
+  auto it = S->fake_free.find({stream, size});
+  if (it != S->fake_free.end() && !it->second.empty()) {
+    uint64_t a = it->second.back();
+    it->second.pop_back();
+    return a;
+  }
   uint64_t a = S->fake_next_addr;
   S->fake_next_addr += (std::max<uint64_t>(size, 1) + 511) / 512 * 512;
   return a;
@@ -990,8 +1006,12 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
   } else {
     S->batch += ",\"memory\":\"pinned\"";
   }
+  if (mem == Mem::Device && S->fake_device && impl != nullptr) {
+    b.written = fake_addr(stream, size);
+    b.stream = stream;
+  }
   S->batch += ",\"addr\":";
-  put_u64(S->batch, mem == Mem::Device && S->fake_device && impl != nullptr ? fake_addr(size) : addr);
+  put_u64(S->batch, b.written != 0 ? b.written : addr);
   put_site(S->batch, site);
   bufs.emplace_hint(next, addr, std::move(b));
 }
@@ -1791,6 +1811,7 @@ void reset() {
   S->stream_names.clear();
   S->next_buf = 0;
   S->fake_next_addr = kFakeAddrBase;
+  S->fake_free.clear();
   S->host_values_allocated = false;
   S->spare_names[0].clear();
   S->spare_names[1].clear();
