@@ -369,3 +369,73 @@ def test_an_operator_taken_off_the_dispatcher_leaves_the_table_of_kinds(tmp_path
     bump, peek = ops["streamsan_retire_a::bump_"], ops["streamsan_retire_b::peek"]
     assert len(bump.get("writes", [])) == 1 and not bump.get("reads")
     assert len(peek.get("reads", [])) == 1 and not peek.get("writes")
+
+
+def _collective_library():
+    """A process-group collective on the fake device: `c10d::streamsan_test_allreduce_` writes its
+    tensor in place on the "process group's stream" 0xC, as ProcessGroupNCCL's collectives do:
+    the stream waits for the current one's event, the kernel, then the work's end event recorded
+    on 0xC. After the end event, `inside` 1 has the caching allocator hand out and take back a
+    block, 2 calls an op (ProcessGroupNCCL's bookkeeping does either inside a collective at
+    times, or frees there memory allocated before the check)."""
+    import torch
+
+    global _COLLECTIVE_LIB
+    if "_COLLECTIVE_LIB" in globals():
+        return _COLLECTIVE_LIB
+    ext = _ext_or_skip()
+    lib = torch.library.Library("c10d", "FRAGMENT")
+    lib.define("streamsan_test_allreduce_(Tensor(a!) t, int inside) -> Tensor(a!)")
+
+    def impl(t, inside):
+        ext.fake_gpu_trace("record", 0xE0, 0xA)  # the current stream's work so far
+        ext.fake_gpu_trace("wait", 0xE0, 0xC)  # the process group's stream waits for it
+        # (the kernel: on 0xC)
+        ext.fake_gpu_trace("record", 0xE2, 0xC)  # the work's end event
+        if inside == 1:
+            ext.fake_trace(True, 1 << 44, 512, 0xA)
+            ext.fake_trace(False, 1 << 44, 0, 0xA)
+        elif inside == 2:
+            torch.ops.aten.view.default(t, [-1])
+        return t
+
+    lib.impl("streamsan_test_allreduce_", impl, "CPU")
+    _COLLECTIVE_LIB = lib
+    return lib
+
+
+@pytest.mark.parametrize("inside", [0, 1, 2], ids=["nothing", "allocator", "op"])
+def test_a_collective_s_end_event_comes_after_its_kernel_whatever_happens_inside(inside, tmp_path):
+    """`work.wait()` makes the current stream wait on the collective's end event: the reads
+    after it are ordered after the collective's kernel, also when the allocator allocated or
+    freed or an op was called inside the collective after the event (that used to write the
+    event before the collective's launch: a false race, seen with DDP's broadcasts on one NCCL
+    rank)."""
+    import json
+
+    ext = _ext_or_skip()
+    import torch
+
+    _collective_library()
+    path = tmp_path / "t.jsonl"
+    run = _run(trace=path)
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(8)
+        x.add_(1)
+        torch.ops.c10d.streamsan_test_allreduce_(x, inside)
+        ext.fake_gpu_trace("wait", 0xE2, 0xA)  # work.wait()
+        y = x * 2
+        # Without the wait, the same read races with the collective's write.
+        torch.ops.c10d.streamsan_test_allreduce_(x, inside)
+        z = x * 2  # RACE
+    del y, z
+    assert [(h["kind"], int(h["access"]["site"].rsplit(":", 1)[1])) for h in run.report.hazards] == [
+        ("data-race", _line_of("z = x * 2  # RACE"))
+    ], run.report.to_text()
+    ops = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    order = [o.get("name", o["op"]) for o in ops if o["op"] in ("launch", "event_record", "event_wait")]
+    first = order.index("c10d::streamsan_test_allreduce_")
+    assert order[first - 2 : first + 2] == ["event_record", "event_wait", "c10d::streamsan_test_allreduce_", "event_record"], order
+    launch = ops[[i for i, o in enumerate(ops) if o.get("name") == "c10d::streamsan_test_allreduce_"][0]]
+    assert launch["stream"] == "stream 0xc" and launch["writes"][0]["bytes"] == 32, launch

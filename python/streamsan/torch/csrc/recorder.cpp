@@ -1180,11 +1180,25 @@ std::string collective_stream_of(const Frame& fr, size_t from, size_t* split = n
   return std::string();
 }
 
-// Writes the host ops issued inside `fr` so far (its op is calling another op, whose work comes
-// after them); a collective keeps the stream its wait named.
+// Writes the host ops issued inside `fr` so far (its op is calling another op, or the allocator
+// is allocating or freeing for it: what comes after them). A collective keeps the stream its
+// wait named, and keeps what it issued after that wait for after its own launch: the process
+// group launches its kernel right after the wait that hands the work to its stream, then records
+// the events that stand for the kernel's end (the work's end event, its future's). Written here,
+// before the launch the collective's end writes, a stream waiting on such an event would be
+// ordered before the kernel instead of after it.
 void flush_pending_locked(Frame& fr) {
-  if (fr.info && fr.info->kind == Kind::Collective && fr.collective_stream.empty()) {
-    fr.collective_stream = collective_stream_of(fr, 0);
+  if (fr.info && fr.info->kind == Kind::Collective) {
+    size_t split = 0;  // what was issued before the wait (none once the wait was written)
+    if (fr.collective_stream.empty()) {
+      split = fr.pending.size();
+      size_t past_wait = 0;
+      fr.collective_stream = collective_stream_of(fr, 0, &past_wait);
+      if (!fr.collective_stream.empty()) split = past_wait;
+    }
+    for (size_t i = 0; i < split; i++) S->batch += fr.pending[i];
+    fr.pending.erase(fr.pending.begin(), fr.pending.begin() + static_cast<std::ptrdiff_t>(split));
+    return;
   }
   for (auto& p : fr.pending) S->batch += p;
   fr.pending.clear();
