@@ -146,6 +146,65 @@ def test_a_cpu_address_freed_on_one_stream_and_used_on_another_is_no_sync(backen
         pytest.skip("this CPU heap gave no address to both streams (the race is checked anyway)")
 
 
+_PG_LIBRARY = []
+
+
+def _pg_allreduce(f, inside: int):
+    """Calls `c10d::streamsan_test_pg_allreduce_` on a CPU tensor: as ProcessGroupNCCL's
+    collectives, the process group's stream 3 waits for the current stream's event 10, the
+    kernel writes the tensor on 3, then the work's end event 11 is recorded on 3; after it,
+    `inside` 1 has the caching allocator hand out and take back a block, 2 calls an op."""
+    import torch
+
+    if not _PG_LIBRARY:
+        lib = torch.library.Library("c10d", "FRAGMENT")
+        lib.define("streamsan_test_pg_allreduce_(Tensor(a!) t, int inside) -> Tensor(a!)")
+
+        def impl(t, inside):
+            fake = _PG_LIBRARY[1]
+            fake.record(10, 1)
+            fake.wait(3, 10)
+            fake.record(11, 3)  # the end event, after the kernel
+            if inside == 1:
+                fake.b.fake_trace(True, 1 << 44, 512, 1)
+                fake.b.fake_trace(False, 1 << 44, 0, 1)
+            elif inside == 2:
+                torch.ops.aten.view.default(t, [-1])
+            return t
+
+        lib.impl("streamsan_test_pg_allreduce_", impl, "CPU")
+        _PG_LIBRARY[:] = [lib, f]
+    _PG_LIBRARY[1] = f
+    return lambda t: torch.ops.c10d.streamsan_test_pg_allreduce_(t, inside)
+
+
+@pytest.mark.parametrize("inside", [0, 1, 2], ids=["nothing", "allocator", "op"])
+def test_a_collective_is_waited_for_through_its_end_event(backend, inside):
+    """The current stream waiting on a collective's end event (`work.wait()`) is ordered after
+    the collective's kernel, also when the allocator or an op ran inside the collective after
+    the event (which used to write the event before the collective's launch, on the stream
+    current then: a false race)."""
+    import torch
+
+    def body(f):
+        f.stream(3, "pg")
+        f.stream(1, "a")
+        allreduce = _pg_allreduce(f, inside)
+        x = torch.ones(8)
+        x.add_(1)
+        allreduce(x)
+        f.wait(1, 11)  # work.wait()
+        y = x * 2
+        allreduce(x)
+        z = x * 2  # RACE after the collective
+        del y, z
+
+    run = checked(backend, body)
+    assert sites(run) == {("data-race", line_of("RACE after the collective"))}, run.report.to_text()
+    race = run.report.hazards[0]
+    assert race["conflicts"][-1]["participant"] == "pg", race
+
+
 def test_event_orders_streams(backend):
     import torch
 

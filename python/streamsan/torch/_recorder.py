@@ -36,6 +36,7 @@ NAME_DELAY = 4096
 # Tests (fake device): where the addresses written for CPU storages standing for device memory
 # begin (above any address a process maps, and any a test's fake allocator trace gives).
 _FAKE_ADDR_BASE = 1 << 56
+_WAIT_PREFIX = '{"op":"event_wait","stream":'
 
 # The recorder that is on, if any (one at a time in a process).
 _active: Optional["Recorder"] = None
@@ -564,11 +565,30 @@ class PythonBackend:
 
     def issued_before(self) -> None:
         """What this thread issued inside the op it is running (an event wait) comes before
-        what the allocator does now (a free): written first. `mu` held."""
+        what the allocator does now (a free): written first. A collective keeps what it issued
+        after the wait that hands its work to the process group's stream (the events standing
+        for its kernel's end) for after its own launch, and remembers that stream (as the C++
+        recorder's `flush_pending_locked`). `mu` held."""
         frames = self.frames()
-        if frames and frames[-1][1]:
-            self.batch.extend(frames[-1][1])
-            frames[-1][1].clear()
+        if not frames or not frames[-1][1]:
+            return
+        entry = frames[-1]
+        pending = entry[1]
+        n = len(pending)
+        if entry[2] is not None:
+            if entry[3] is None:
+                own = self.stream_id(entry[2][0], entry[2][1])
+                for i, p in enumerate(pending):
+                    if p.startswith(_WAIT_PREFIX):
+                        waiting = p[len(_WAIT_PREFIX) :].split(',"event"', 1)[0]
+                        if waiting != own:
+                            entry[3] = waiting
+                            n = i + 1
+                            break
+            else:
+                n = 0
+        self.batch.extend(pending[:n])
+        del pending[:n]
 
     def on_free(self, ptr: int) -> None:
         with self.mu:
@@ -682,7 +702,10 @@ class PythonBackend:
         site = self.sites.quoted(4)
         frames = self.frames()
         pending: list[str] = []
-        frames.append((site, pending))
+        # [site, host ops issued inside, a collective's (raw stream, device), the stream its
+        # wait named once written (see issued_before)]
+        entry = [site, pending, (stream or 0, frame["device"]) if info.kind == "collective" else None, None]
+        frames.append(entry)
         try:
             out = func(*args, **kwargs)
         finally:
@@ -731,10 +754,12 @@ class PythonBackend:
                 lines.extend(pending)
             else:
                 split = 0
-                if info.kind == "collective":
+                if info.kind == "collective" and entry[3] is not None:
+                    sid = entry[3]
+                elif info.kind == "collective":
                     for i, p in enumerate(pending):
-                        if p.startswith('{"op":"event_wait","stream":'):
-                            s = p[len('{"op":"event_wait","stream":'):].split(',"event"', 1)[0]
+                        if p.startswith(_WAIT_PREFIX):
+                            s = p[len(_WAIT_PREFIX) :].split(',"event"', 1)[0]
                             if s != sid:
                                 sid, split = s, i + 1
                                 break
