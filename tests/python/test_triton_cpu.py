@@ -664,6 +664,29 @@ def test_hooks_record_an_inductor_launch_once(fakes):
     hooks.uninstall()
 
 
+def test_a_first_run_that_benchmarks_its_configs_is_recorded_after_them(fakes):
+    """Inductor's first `run` of a kernel with several configs benchmarks them, which ends with
+    `torch.cuda.synchronize()`, then launches the best one: the launch is recorded after the
+    synchronization (recorded before, it would look ordered before whatever comes next, and a
+    side stream reading its output without a wait would not be reported); once the kernel has
+    its config, each launch is recorded before it is issued."""
+    hooks = fakes.hooks()
+    hooks.install(fakes.events.launch)
+    inner = fakes.CompiledKernel("triton_poi_fn", "garbage", ["in_ptr0", "in_out_ptr0", "out_ptr0", "xnumel"], {})
+    at = generated_autotuner(fakes, compile_on_run=inner)
+    at.during_run = lambda: fakes.events.append(("synchronize",))  # the benchmark's end
+    a, b, c = FakeTensor("a"), FakeTensor("b"), FakeTensor("c")
+    at.run(a, b, c, 100, stream=4)
+    assert [e[0] for e in fakes.events] == ["synchronize", "metadata", "launch", "record"]
+    assert fakes.events[-1] == ("record", "triton_poi_fused_add_0", 4, {"a": "R", "b": "RW", "c": "W"}, "inductor")
+    del fakes.events[:]
+    at.during_run = None
+    at.run(a, b, c, 100, stream=4)
+    assert [e[0] for e in fakes.events] == ["record", "metadata", "launch"]
+    assert hooks.launches == {"inductor": 2, "triton": 0}
+    hooks.uninstall()
+
+
 def test_hooks_skip_benchmark_runs(fakes):
     hooks = fakes.hooks()
     hooks.install(fakes.events.launch)
@@ -679,12 +702,13 @@ def test_hooks_use_inductor_names_and_mutations(fakes):
     hooks.install(fakes.events.launch)
     at = generated_autotuner(fakes, mutated_arg_names=["in_ptr0"])  # not compiled yet: names are enough
     at.run(FakeTensor("a"), FakeTensor("b"), FakeTensor("c"), 100, stream=3)
-    assert fakes.events[0] == ("record", "triton_poi_fused_add_0", 3, {"a": "RW", "b": "RW", "c": "W"}, "inductor")
+    # (no config yet: recorded when run returns)
+    assert fakes.events[1] == ("record", "triton_poi_fused_add_0", 3, {"a": "RW", "b": "RW", "c": "W"}, "inductor")
     # no kernel_name: the function's name
     at = generated_autotuner(fakes)
     at.inductor_meta = {}
     at.run(FakeTensor("a"), FakeTensor("b"), FakeTensor("c"), 100, stream=3)
-    assert fakes.events[-2][1] == "triton_poi_fn"
+    assert fakes.events[-1][1] == "triton_poi_fn"
     hooks.uninstall()
 
 
@@ -933,7 +957,8 @@ def test_launches_on_another_thread_during_a_run_are_recorded(fakes):
     at.during_run = launch_elsewhere
     at.run(FakeTensor("a"), FakeTensor("b"), FakeTensor("c"), 1, stream=2)
     records = [(e[2], e[4]) for e in fakes.events if e[0] == "record"]
-    assert records == [(2, "inductor"), (77, "triton")]
+    # (the autotuner has no config yet: its launch is recorded when run returns)
+    assert records == [(77, "triton"), (2, "inductor")]
     assert seen_here == ["metadata"]
     assert hooks.launches == {"inductor": 1, "triton": 1}
     hooks.uninstall()

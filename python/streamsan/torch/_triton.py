@@ -22,9 +22,13 @@ What is seen:
   real launches on the current stream. While `CachingAutotuner.run` is running on a thread, this
   entry point records nothing on that thread (Inductor's launches are recorded once, by `run`).
 
-Launches are recorded before they are issued. The one exception: the first launch of an
-Inductor kernel whose roles need its TTIR (a user kernel, a template) and that is not compiled
-yet is recorded when `run` returns, once it is.
+Launches are recorded before they are issued. The one exception: an Inductor kernel that does not
+have one config yet (its first launch in a process, unless Inductor's caches give it its config)
+is recorded when `run` returns. That `run` compiles the kernel and, with several configs,
+benchmarks them (their launches and copies, and `torch.cuda.synchronize()`) before it launches
+the best one; recorded before all that, the kernel would be ordered before the synchronization
+and before nothing that follows it, and a race of its output with the next stream's work would
+not be seen.
 
 What is not seen: kernels launched by paths that bypass both entry points (Triton's or a
 library's own C++ launchers, Inductor's C++ wrapper and AOTInductor, AOT-compiled Triton
@@ -1055,11 +1059,14 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
     try:
         launchers = getattr(autotuner, "launchers", None) or []
         launcher = launchers[0] if len(launchers) == 1 else None
+        if launcher is None and before:
+            # Not one config yet: `run` compiles the kernel and, with several configs, benchmarks
+            # them (launches, copies, a device synchronization) before it launches the best one.
+            # Recorded once `run` returns, after what it did: before it, the device
+            # synchronization would order the kernel before the work that follows it.
+            return _DEFER
         hit = _AUTOTUNER_PLANS.get(autotuner)
         if hit is None or hit[0] is not launcher:
-            if launcher is None and before and _needs_ttir(
-                    _autotuner_names(autotuner), bool(getattr(autotuner, "custom_kernel", False))):
-                return _DEFER  # not compiled yet: recorded once `run` has compiled it
             slots, positions, note = _autotuner_plan(autotuner, launcher)
             hit = (launcher, slots, positions, _autotuner_name(autotuner), _fast_roles(slots))
             _AUTOTUNER_PLANS.put(autotuner, hit)
