@@ -687,6 +687,26 @@ def test_a_first_run_that_benchmarks_its_configs_is_recorded_after_them(fakes):
     hooks.uninstall()
 
 
+def test_a_run_that_coordinate_descent_still_tunes_is_recorded_after_it(fakes):
+    """With `coordinate_descent_tuning` (gpt-fast turns it on), `run` tunes its one config by
+    benchmarks before the launch until the config is marked `found_by_coordesc`: recorded when
+    `run` returns until then, before the launch afterwards."""
+    hooks = fakes.hooks()
+    hooks.install(fakes.events.launch)
+    inner = fakes.CompiledKernel("triton_poi_fn", "garbage", ["in_ptr0", "in_out_ptr0", "out_ptr0", "xnumel"], {})
+    at = generated_autotuner(fakes, compiled=inner)
+    at.inductor_meta["coordinate_descent_tuning"] = True
+    at.launchers = [SimpleNamespace(cache_hash="h0", config=SimpleNamespace(found_by_coordesc=False))]
+    a, b, c = FakeTensor("a"), FakeTensor("b"), FakeTensor("c")
+    at.run(a, b, c, 100, stream=4)
+    assert [e[0] for e in fakes.events] == ["metadata", "launch", "record"]
+    del fakes.events[:]
+    at.launchers = [SimpleNamespace(cache_hash="h0", config=SimpleNamespace(found_by_coordesc=True))]
+    at.run(a, b, c, 100, stream=4)
+    assert [e[0] for e in fakes.events] == ["record", "metadata", "launch"]
+    hooks.uninstall()
+
+
 def test_hooks_skip_benchmark_runs(fakes):
     hooks = fakes.hooks()
     hooks.install(fakes.events.launch)

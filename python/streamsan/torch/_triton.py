@@ -22,13 +22,13 @@ What is seen:
   real launches on the current stream. While `CachingAutotuner.run` is running on a thread, this
   entry point records nothing on that thread (Inductor's launches are recorded once, by `run`).
 
-Launches are recorded before they are issued. The one exception: an Inductor kernel that does not
-have one config yet (its first launch in a process, unless Inductor's caches give it its config)
-is recorded when `run` returns. That `run` compiles the kernel and, with several configs,
-benchmarks them (their launches and copies, and `torch.cuda.synchronize()`) before it launches
-the best one; recorded before all that, the kernel would be ordered before the synchronization
-and before nothing that follows it, and a race of its output with the next stream's work would
-not be seen.
+Launches are recorded before they are issued. The one exception: an Inductor kernel that is not
+tuned yet (its first launch in a process, unless Inductor's caches give it its config: several
+configs, or none compiled, or one that coordinate descent or combo autotuning has not settled)
+is recorded when `run` returns. That `run` compiles the kernel and benchmarks its configs (their
+launches and copies, and `torch.cuda.synchronize()`) before it launches the best one; recorded
+before all that, the kernel would be ordered before the synchronization and before nothing that
+follows it, and a race of its output with the next stream's work would not be seen.
 
 What is not seen: kernels launched by paths that bypass both entry points (Triton's or a
 library's own C++ launchers, Inductor's C++ wrapper and AOTInductor, AOT-compiled Triton
@@ -1055,15 +1055,31 @@ def _not_taken(listeners: tuple, name: str, stream: Any, roles: bytes, args: tup
     return tuple(h for h in listeners if not h._launch_fast(name, stream, roles, args, kind))
 
 
+def _tuned(autotuner: Any, launcher: Any) -> bool:
+    """Whether `CachingAutotuner.run` launches `launcher` (its only one, or None) without tuning
+    first: it tunes while it has several configs (or none compiled yet), and, one config left,
+    while coordinate descent (`coordinate_descent_tuning`, which gpt-fast turns on) or combo
+    autotuning has not settled it."""
+    if launcher is None:
+        return False
+    meta = getattr(autotuner, "inductor_meta", None) or {}
+    config = getattr(launcher, "config", None)
+    if meta.get("coordinate_descent_tuning") and not getattr(config, "found_by_coordesc", False):
+        return False
+    if meta.get("combo_tuning_groups") and not getattr(config, "found_by_combo_autotune", False):
+        return False
+    return True
+
+
 def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dict, before: bool) -> Any:
     try:
         launchers = getattr(autotuner, "launchers", None) or []
         launcher = launchers[0] if len(launchers) == 1 else None
-        if launcher is None and before:
-            # Not one config yet: `run` compiles the kernel and, with several configs, benchmarks
-            # them (launches, copies, a device synchronization) before it launches the best one.
-            # Recorded once `run` returns, after what it did: before it, the device
-            # synchronization would order the kernel before the work that follows it.
+        if before and not _tuned(autotuner, launcher):
+            # Not tuned yet: `run` compiles the kernel and benchmarks its configs (launches,
+            # copies, a device synchronization) before it launches the best one. Recorded once
+            # `run` returns, after what it did: before it, the device synchronization would
+            # order the kernel before the work that follows it.
             return _DEFER
         hit = _AUTOTUNER_PLANS.get(autotuner)
         if hit is None or hit[0] is not launcher:
