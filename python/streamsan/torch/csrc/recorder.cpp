@@ -77,6 +77,41 @@ void put_u64(std::string& out, uint64_t v) {
   out.append(buf, r.ptr);
 }
 
+// Writes pieces of an op's line into `out` through a pointer, room for at most `room` bytes made
+// once: no call and no capacity check per piece (the op's line is most of a recorded op's
+// writing). The string is cut to what was written when the writer goes.
+class Put {
+ public:
+  Put(std::string& out, size_t room) : out_(out) {
+    size_t start = out.size();
+    out.resize(start + room);
+    p_ = out.data() + start;
+  }
+  ~Put() { out_.resize(static_cast<size_t>(p_ - out_.data())); }
+  Put(const Put&) = delete;
+  Put& operator=(const Put&) = delete;
+
+  template <size_t N>
+  void lit(const char (&s)[N]) {
+    std::memcpy(p_, s, N - 1);
+    p_ += N - 1;
+  }
+  void str(const std::string& s) {
+    std::memcpy(p_, s.data(), s.size());
+    p_ += s.size();
+  }
+  void ch(char c) { *p_++ = c; }
+  void u64(uint64_t v) { p_ = std::to_chars(p_, p_ + 20, v).ptr; }
+  void hex(uint64_t v) {
+    lit("0x");
+    p_ = std::to_chars(p_, p_ + 16, v, 16).ptr;
+  }
+
+ private:
+  std::string& out_;
+  char* p_;
+};
+
 void put_hex(std::string& out, uint64_t v) {
   char buf[24];
   auto r = std::to_chars(buf, buf + sizeof buf, v, 16);
@@ -883,37 +918,56 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
 // ---------------------------------------------------------------------------------------------
 // Writing ops (`mu` held)
 
+// The most bytes put_site writes for `site`.
+size_t site_room(const std::string& site) { return site.size() + 12; }
+
 // Ends an op's line: its site when there is one (an op may have none), the closing brace.
-void put_site(std::string& out, const std::string& site) {
+void put_site(Put& w, const std::string& site) {
   if (site != "null") {
-    out += ",\"site\":";
-    out += site;
+    w.lit(",\"site\":");
+    w.str(site);
   }
-  out += "}\n";
+  w.lit("}\n");
+}
+
+void put_site(std::string& out, const std::string& site) {
+  Put w(out, site_room(site));
+  put_site(w, site);
+}
+
+// The most bytes put_region writes for `a`.
+size_t region_room(const Access& a) { return 72 + (a.buf ? a.buf->name.size() : 24); }
+
+void put_region(Put& w, const Access& a) {
+  w.lit("{\"buffer\":");
+  if (a.buf) {
+    w.str(a.buf->name);
+  } else {
+    w.lit("\"ext ");
+    w.hex(a.base);
+    w.ch('"');
+  }
+  w.lit(",\"offset\":");
+  w.u64(a.offset);
+  w.lit(",\"bytes\":");
+  w.u64(a.bytes);
+  w.ch('}');
 }
 
 void put_region(std::string& out, const Access& a) {
-  out += "{\"buffer\":";
-  if (a.buf) {
-    out += a.buf->name;
-  } else {
-    out += "\"ext ";
-    put_hex(out, a.base);
-    out += '"';
-  }
-  out += ",\"offset\":";
-  put_u64(out, a.offset);
-  out += ",\"bytes\":";
-  put_u64(out, a.bytes);
-  out += '}';
+  Put w(out, region_room(a));
+  put_region(w, a);
 }
 
 // Writes the free of a live buffer and forgets it; its name waits to be given again.
 void free_buf(std::map<uint64_t, Buf>& bufs, std::map<uint64_t, Buf>::iterator it,
               const std::string& site) {
-  S->batch += "{\"op\":\"free\",\"buffer\":";
-  S->batch += it->second.name;
-  put_site(S->batch, site);
+  {
+    Put w(S->batch, 24 + it->second.name.size() + site_room(site));
+    w.lit("{\"op\":\"free\",\"buffer\":");
+    w.str(it->second.name);
+    put_site(w, site);
+  }
   S->spare_names[it->second.mem == Mem::Device ? 0 : 1].push_back(std::move(it->second.name));
   if (it->second.written != 0) {
     S->fake_free[{std::move(it->second.stream), it->second.size}].push_back(it->second.written);
@@ -992,27 +1046,30 @@ void new_alloc(uint64_t addr, uint64_t size, Mem mem, const std::string& stream,
     // The storage is alive (its op is running): a weak reference to it from a new strong one.
     b.owner.emplace(c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(impl));
   }
-  S->batch += "{\"op\":\"alloc\",\"buffer\":";
-  S->batch += b.name;
-  S->batch += ",\"bytes\":";
-  put_u64(S->batch, size);
-  if (mem == Mem::Device) {
-    S->batch += ",\"stream\":";
-    S->batch += stream;
-    if (pool) {
-      S->batch += ",\"pool\":";
-      S->batch += *pool;
-    }
-  } else {
-    S->batch += ",\"memory\":\"pinned\"";
-  }
   if (mem == Mem::Device && S->fake_device && impl != nullptr) {
     b.written = fake_addr(stream, size);
     b.stream = stream;
   }
-  S->batch += ",\"addr\":";
-  put_u64(S->batch, b.written != 0 ? b.written : addr);
-  put_site(S->batch, site);
+  {
+    Put w(S->batch, 120 + b.name.size() + stream.size() + (pool ? pool->size() : 0) + site_room(site));
+    w.lit("{\"op\":\"alloc\",\"buffer\":");
+    w.str(b.name);
+    w.lit(",\"bytes\":");
+    w.u64(size);
+    if (mem == Mem::Device) {
+      w.lit(",\"stream\":");
+      w.str(stream);
+      if (pool) {
+        w.lit(",\"pool\":");
+        w.str(*pool);
+      }
+    } else {
+      w.lit(",\"memory\":\"pinned\"");
+    }
+    w.lit(",\"addr\":");
+    w.u64(b.written != 0 ? b.written : addr);
+    put_site(w, site);
+  }
   bufs.emplace_hint(next, addr, std::move(b));
 }
 
@@ -1341,20 +1398,22 @@ bool is_covered(const Frame& fr, const Access& a) {
   return false;
 }
 
-void put_regions(std::string& out, const char* key, const Used& v, bool write) {
+// The regions of `v` that `write` (or read), as `key` and a list; nothing when there are none.
+template <size_t N>
+void put_regions(Put& w, const char (&key)[N], const Used& v, bool write) {
   bool first = true;
   for (Access* a : v) {
     if (a->write != write) continue;
     if (first) {
-      out += key;
-      out += '[';
+      w.lit(key);
+      w.ch('[');
     } else {
-      out += ',';
+      w.ch(',');
     }
     first = false;
-    put_region(out, *a);
+    put_region(w, *a);
   }
-  if (!first) out += ']';
+  if (!first) w.ch(']');
 }
 
 // Adds `a` to `all` unless its region is there already (then that one is written when either
@@ -1372,13 +1431,16 @@ void merge_region(AccessList& all, Access&& a) {
 // A kernel's `launch` on `stream` (quoted), named `name` (quoted), with its regions.
 void put_launch(std::string& out, const std::string& stream, const std::string& name,
                 const Used& used, const std::string& site) {
-  out += "{\"op\":\"launch\",\"stream\":";
-  out += stream;
-  out += ",\"name\":";
-  out += name;
-  put_regions(out, ",\"reads\":", used, false);
-  put_regions(out, ",\"writes\":", used, true);
-  put_site(out, site);
+  size_t room = 64 + stream.size() + name.size() + site_room(site);
+  for (const Access* a : used) room += region_room(*a) + 1;
+  Put w(out, room);
+  w.lit("{\"op\":\"launch\",\"stream\":");
+  w.str(stream);
+  w.lit(",\"name\":");
+  w.str(name);
+  put_regions(w, ",\"reads\":", used, false);
+  put_regions(w, ",\"writes\":", used, true);
+  put_site(w, site);
 }
 
 // Host ops of a frame that ends without writing anything of its own go to its parent, or out.
