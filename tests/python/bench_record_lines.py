@@ -1,0 +1,35 @@
+"""A fixed recorded workload for instruction counts of the C++ recorder (docs/performance.md,
+"An op's line written through a pointer"): a small MLP's training step (16→32→4, batch 8, SGD)
+on CPU tensors standing for device memory, 200 steps, checked on this thread (no checker
+thread: the counts do not depend on scheduling).
+
+    valgrind --tool=callgrind --callgrind-out-file=cg.out python tests/python/bench_record_lines.py t.jsonl
+    callgrind_annotate --inclusive=yes --tree=calling cg.out | grep -E "put_launch|put_region|free_buf"
+
+Prints the number of ops checked. Needs torch (CPU is enough) and the C++ recorder.
+"""
+
+import sys
+
+import torch
+
+import streamsan.torch
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 else "bench_record_lines.jsonl"
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, trace=path, threaded=False)
+    with run:
+        for _ in range(200):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    print(run.report.ops)
+
+
+if __name__ == "__main__":
+    main()
