@@ -38,6 +38,18 @@ NAME_DELAY = 4096
 _FAKE_ADDR_BASE = 1 << 56
 _WAIT_PREFIX = '{"op":"event_wait","stream":'
 
+
+def _collective_stream(pending: list, own: str) -> tuple[Optional[str], int]:
+    """The stream a collective's first wait on another stream than `own` names (its process
+    group's: the collective runs there after it), and the index past that wait; (None, 0) when
+    no such wait was issued (as the C++ recorder's `collective_stream_of`)."""
+    for i, p in enumerate(pending):
+        if p.startswith(_WAIT_PREFIX):
+            waiting = p[len(_WAIT_PREFIX) :].split(',"event"', 1)[0]
+            if waiting != own:
+                return waiting, i + 1
+    return None, 0
+
 # The recorder that is on, if any (one at a time in a process).
 _active: Optional["Recorder"] = None
 _callbacks_registered = False
@@ -577,14 +589,9 @@ class PythonBackend:
         n = len(pending)
         if entry[2] is not None:
             if entry[3] is None:
-                own = self.stream_id(entry[2][0], entry[2][1])
-                for i, p in enumerate(pending):
-                    if p.startswith(_WAIT_PREFIX):
-                        waiting = p[len(_WAIT_PREFIX) :].split(',"event"', 1)[0]
-                        if waiting != own:
-                            entry[3] = waiting
-                            n = i + 1
-                            break
+                waiting, past = _collective_stream(pending, self.stream_id(entry[2][0], entry[2][1]))
+                if waiting is not None:
+                    entry[3], n = waiting, past
             else:
                 n = 0
         self.batch.extend(pending[:n])
@@ -757,12 +764,9 @@ class PythonBackend:
                 if info.kind == "collective" and entry[3] is not None:
                     sid = entry[3]
                 elif info.kind == "collective":
-                    for i, p in enumerate(pending):
-                        if p.startswith(_WAIT_PREFIX):
-                            s = p[len(_WAIT_PREFIX) :].split(',"event"', 1)[0]
-                            if s != sid:
-                                sid, split = s, i + 1
-                                break
+                    waiting, split = _collective_stream(pending, sid)
+                    if waiting is not None:
+                        sid = waiting
                     lines.extend(pending[:split])
                 host_value = False
                 if info.syncs_first:

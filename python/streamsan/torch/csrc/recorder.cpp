@@ -71,12 +71,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // JSON writing
 
-void put_u64(std::string& out, uint64_t v) {
-  char buf[24];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, r.ptr);
-}
-
 // Writes pieces of an op's line into `out` through a pointer, room for at most `room` bytes made
 // once: no call and no capacity check per piece (the op's line is most of a recorded op's
 // writing). The string is cut to what was written when the writer goes.
@@ -113,10 +107,8 @@ class Put {
 };
 
 void put_hex(std::string& out, uint64_t v) {
-  char buf[24];
-  auto r = std::to_chars(buf, buf + sizeof buf, v, 16);
-  out.append("0x");
-  out.append(buf, r.ptr);
+  Put w(out, 18);
+  w.hex(v);
 }
 
 // A JSON string literal of `s`.
