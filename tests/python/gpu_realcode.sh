@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The real-code suite (tests/python/realcode.py) and the compiled suite
-# (tests/python/realcode_compiled.py: torch.compile, CUDA graph trees, user Triton kernels) on a GPU,
-# in one run of at most REALCODE_SECONDS (default 480 for REALCODE_SET=realcode, 560 for compiled,
+# The real-code suite (tests/python/realcode.py), the compiled suite
+# (tests/python/realcode_compiled.py: torch.compile, CUDA graph trees, user Triton kernels) and the
+# extra one (tests/python/realcode_extra.py: more library code paths) on a GPU, in one run of at
+# most REALCODE_SECONDS (default 480 for REALCODE_SET=realcode, 560 for compiled, 300 for extra,
 # 570 for all):
 #
 #   bash tests/python/gpu_realcode.sh WHEELDIR                          # both suites (REALCODE_SET=all)
 #   REALCODE_SET=compiled bash tests/python/gpu_realcode.sh WHEELDIR    # the compiled suite alone
+#   REALCODE_SET=extra bash tests/python/gpu_realcode.sh WHEELDIR       # the extra suite alone
 #
 # Both suites in one run need more than 570 s to be measured in full (each alone needs most of its
-# default); under a limit of 600 s a command, run REALCODE_SET=realcode and REALCODE_SET=compiled
-# as two commands. A step the deadline cuts short still prints what it has ("not run: deadline").
+# default); under a limit of 600 s a command, run REALCODE_SET=realcode, REALCODE_SET=compiled and
+# REALCODE_SET=extra as separate commands. A step the deadline cuts short still prints what it has ("not run: deadline").
 #
 # WHEELDIR holds the streamsan wheel built on a machine with Rust (abi3, any CPython >= 3.9):
 #   maturin build --release --strip --out .device/wheels
@@ -36,8 +38,8 @@
 # The Python recorder and CSAN run the compiled programs eagerly (Dynamo leaves a frame uncompiled
 # while a TorchDispatchMode is active): their verdicts and costs on them are the eager program's.
 #
-# Environment: OUT (default /tmp/realcode-out), REALCODE_SET (all, realcode or compiled: the
-# suites), REALCODE_SECONDS (480 / 560 / 570 by suite), REALCODE_RUNS (5), REALCODE_COST_RUNS (9),
+# Environment: OUT (default /tmp/realcode-out), REALCODE_SET (all, realcode, compiled or extra: the
+# suites), REALCODE_SECONDS (480 / 560 / 300 / 570 by suite), REALCODE_RUNS (5), REALCODE_COST_RUNS (9),
 # REALCODE_ONLY (NAME[,NAME...]: only these programs), REALCODE_PROFILE=1 (the cost step also
 # times the C++ recorder observing only and with its stages timed: `cost --profile`, the table's
 # "Where the time goes"), REALCODE_PYTHON_COST=0 (the cost step without the Python recorder),
@@ -75,8 +77,9 @@ suite=${REALCODE_SET:-all}
 case "$suite" in
   realcode) def_s=480 def_cost=120 def_csan=150 warm_limit=150 ;;
   compiled) def_s=560 def_cost=150 def_csan=110 warm_limit=240 ;;
+  extra) def_s=300 def_cost=90 def_csan=90 warm_limit=30 ;;
   all) def_s=570 def_cost=150 def_csan=150 warm_limit=240 ;;
-  *) echo "REALCODE_SET=$suite: expected realcode, compiled or all" >&2; exit 2 ;;
+  *) echo "REALCODE_SET=$suite: expected realcode, compiled, extra or all" >&2; exit 2 ;;
 esac
 deadline=$((start + ${REALCODE_SECONDS:-$def_s}))
 runs=${REALCODE_RUNS:-5}

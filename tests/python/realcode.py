@@ -1376,41 +1376,61 @@ CAPTURES = {graphed_mlp_batch_before_copy, graphed_mlp_set_to_none, graphed_mlp_
 
 
 # The suites: "realcode" (the programs of this file), "compiled" (tests/python/realcode_compiled.py:
-# torch.compile and user Triton kernels; it imports this module, so it is imported on first use)
-# and "all" (both, this file's first; a program of both, compiled_llm_decode, once).
-SUITES = ("realcode", "compiled", "all")
+# torch.compile and user Triton kernels), "extra" (tests/python/realcode_extra.py: more library
+# code paths) and "all" (every one, in that order; a program of two, compiled_llm_decode, once).
+# The other files import this module, so they are imported on first use.
+SUITES = ("realcode", "compiled", "extra", "all")
 
 
-def _compiled_suite():
-    """The module realcode_compiled (beside this file)."""
+def _suite_module(name: str):
+    """The module `name` (realcode_compiled or realcode_extra, beside this file)."""
     try:
-        return importlib.import_module("realcode_compiled")
+        return importlib.import_module(name)
     except ModuleNotFoundError as e:
-        if e.name != "realcode_compiled":
+        if e.name != name:
             raise
         import os
         import sys
 
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        return importlib.import_module("realcode_compiled")
+        return importlib.import_module(name)
+
+
+def _compiled_suite():
+    """The module realcode_compiled (beside this file)."""
+    return _suite_module("realcode_compiled")
+
+
+def _extra_suite():
+    """The module realcode_extra (beside this file)."""
+    return _suite_module("realcode_extra")
 
 
 def _suite_parts(suite: str) -> list[tuple[dict, dict]]:
     """[(buggy-and-fixed programs, clean programs)] of `suite`, in suite order."""
     if suite == "realcode":
         return [(BUGS, CLEAN)]
-    if suite in ("compiled", "all"):
+    if suite == "compiled":
         rc = _compiled_suite()
-        compiled = (rc.COMPILED_BUGS, rc.COMPILED_CLEAN)
-        return [compiled] if suite == "compiled" else [(BUGS, CLEAN), compiled]
+        return [(rc.COMPILED_BUGS, rc.COMPILED_CLEAN)]
+    if suite == "extra":
+        rx = _extra_suite()
+        return [(rx.EXTRA_BUGS, rx.EXTRA_CLEAN)]
+    if suite == "all":
+        return [part for s in ("realcode", "compiled", "extra") for part in _suite_parts(s)]
     raise ValueError(f"unknown suite {suite!r}: expected {', '.join(SUITES)}")
 
 
 def captures(suite: str = "all") -> set:
-    """The programs of `suite` that capture CUDA graphs: CAPTURES, and realcode_compiled's
-    COMPILED_CAPTURES unless `suite` is "realcode"."""
+    """The programs of `suite` that capture CUDA graphs: CAPTURES unless `suite` is "compiled" or
+    "extra", and realcode_compiled's COMPILED_CAPTURES unless it is "realcode" or "extra" (none of
+    realcode_extra's captures)."""
+    if suite == "extra":
+        return set()
     if suite == "realcode":
         return set(CAPTURES)
+    if suite == "compiled":
+        return set(_compiled_suite().COMPILED_CAPTURES)
     return set(CAPTURES) | set(_compiled_suite().COMPILED_CAPTURES)
 
 
@@ -1432,16 +1452,17 @@ def suite_of(fn) -> str:
 
 def program_sets(which: str = "all") -> tuple[dict, dict]:
     """(buggy-and-fixed programs, clean programs): "all", "bugs" (no clean ones) or "clean" of
-    this file's suite, or "compiled" (realcode_compiled's COMPILED_BUGS and COMPILED_CLEAN)."""
+    this file's suite, "compiled" (realcode_compiled's COMPILED_BUGS and COMPILED_CLEAN) or
+    "extra" (realcode_extra's EXTRA_BUGS and EXTRA_CLEAN)."""
     if which == "all":
         return BUGS, CLEAN
     if which == "bugs":
         return BUGS, {}
     if which == "clean":
         return {}, CLEAN
-    if which == "compiled":
-        return _suite_parts("compiled")[0]
-    raise ValueError(f"unknown program set {which!r}: expected all, bugs, clean or compiled")
+    if which in ("compiled", "extra"):
+        return _suite_parts(which)[0]
+    raise ValueError(f"unknown program set {which!r}: expected all, bugs, clean, compiled or extra")
 
 
 def programs(only=None, graphs: str = "all", suite: str = "realcode") -> list[tuple[str, object, bool]]:

@@ -12,8 +12,9 @@ the widened runs and the cost, in one table.
     python tests/python/realcode_report.py table native.json python.json csan.json widen.json cost.json csan-cost.json
     python tests/python/realcode_report.py summary FILES… [--allow-skips]
 
-Every subcommand takes `--set realcode|compiled|all` (the suite: realcode.py's programs, the
-compiled ones of realcode_compiled.py, or both; default all, a program of both once), `--only
+Every subcommand takes `--set realcode|compiled|extra|all` (the suite: realcode.py's programs,
+the compiled ones of realcode_compiled.py, realcode_extra.py's, or all of them; default all, a
+program of two once), `--only
 NAME[,NAME…]` (exact names, or substrings of names), `--graphs all|without|only|last` (the
 programs that capture CUDA graphs, realcode.captures(): realcode.CAPTURES and
 realcode_compiled.COMPILED_CAPTURES; CSAN runs them
@@ -111,7 +112,7 @@ sys.path.insert(0, HERE)
 START = time.monotonic()  # the deadline counts from here (imports of torch and the libraries included)
 MIN_LEFT = 4.0  # seconds: a program is not started with less left before the deadline
 TEXT_LINES = 40
-SUITES = ("realcode", "compiled", "all")  # realcode.SUITES (that module needs torch)
+SUITES = ("realcode", "compiled", "extra", "all")  # realcode.SUITES (that module needs torch)
 COST_GOAL = 1.3  # the compiled programs' cost goal: the C++ recorder at most this times plain
 
 

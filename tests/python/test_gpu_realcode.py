@@ -4,7 +4,8 @@ computes the right result; every buggy program is reported at one of its `# RACE
 fixed variant checks clean. A program whose library is missing is skipped. The compiled suite
 (tests/python/realcode_compiled.py: torch.compile, CUDA graph trees, user Triton kernels) the
 same, in `test_compiled_verdicts` (the Python recorder runs compiled code eagerly: its verdict is
-of the eager program).
+of the eager program), and the extra suite (tests/python/realcode_extra.py: more library code
+paths, every program clean) in `test_extra_verdicts`.
 
 `STREAMSAN_REALCODE_ONLY=NAME[,NAME…]` (exact names or substrings) runs only those programs. The
 widened runs, CSAN and the cost are `realcode_report.py`'s (run by `gpu_realcode.sh`, which covers
@@ -49,8 +50,8 @@ def _program(realcode, name):
     return realcode.CLEAN[name], True
 
 
-def _compiled_program(name):
-    bugs, clean = _realcode().program_sets("compiled")
+def _suite_program(suite, name):
+    bugs, clean = _realcode().program_sets(suite)
     if name in bugs:
         return bugs[name], False
     return clean[name], True
@@ -109,7 +110,7 @@ def test_compiled_verdicts(gpu, name, backend):
     import inspect
 
     realcode = _realcode()
-    fn, clean = _compiled_program(name)
+    fn, clean = _suite_program("compiled", name)
     if not clean:
         buggy, _ = _run(fn, False, backend)
         lines = realcode.race_lines(fn)
@@ -120,3 +121,15 @@ def test_compiled_verdicts(gpu, name, backend):
     assert run.backend == backend
     assert run.report.errors == 0, run.report.to_text()
     assert ok, f"{name}: wrong result under the check (fixed or clean variant)"
+
+
+@pytest.mark.parametrize("name", _cases("extra"))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_extra_verdicts(gpu, name, backend):
+    """The extra suite: every program checks clean and computes the right result."""
+    fn, clean = _suite_program("extra", name)
+    assert clean, f"{name}: the extra suite has clean programs only"
+    run, ok = _run(fn, True, backend)
+    assert run.backend == backend
+    assert run.report.errors == 0, run.report.to_text()
+    assert ok, f"{name}: wrong result under the check"
