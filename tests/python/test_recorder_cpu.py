@@ -240,6 +240,60 @@ def test_in_place_and_out_writes(backend):
     assert ("data-race", line_of("OUT")) in kinds and ("data-race", line_of("INPLACE")) in kinds
 
 
+def test_ops_on_a_tensors_metadata_write_no_memory(backend):
+    """`unsqueeze_`, `t_`, `squeeze_`, `as_strided_`, `transpose_`, `detach_` and `set_` change
+    the tensor object only (its sizes, strides, storage), though their schemas mark `self`
+    written: on one stream while another reads the memory, they are no race."""
+    import torch
+
+    kept = []
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(64)
+        kept.append(x[:])  # x's first storage outlives set_ (its free would be unsafe: the read runs)
+        f.record(1, 0)
+        f.wait(1, 1)
+        f.stream(1, "side")
+        y = x * 2
+        f.stream(0)
+        x.unsqueeze_(0)
+        x.t_()
+        x.squeeze_()
+        x.as_strided_((8, 8), (8, 1))
+        x.transpose_(0, 1)
+        x.detach_()
+        x.set_(torch.zeros(4).untyped_storage())
+        z = x + 1  # the new storage's, on the current stream
+        del y, z
+
+    run = checked(backend, body)
+    assert run.report.errors == 0, run.report.to_text()
+
+
+def test_a_storage_dropped_inside_an_op_is_not_looked_at_after(backend):
+    """`set_` drops its tensor's old storage while it runs, and `copy.deepcopy` of a tensor does
+    that (an empty tensor `set_` to the copied storage): the check goes on, and what the copy
+    holds is a new buffer written on the current stream."""
+    import copy
+
+    import torch
+
+    def body(f):
+        f.stream(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+        twin = copy.deepcopy(m)
+        for _ in range(3):
+            t = torch.ones(16)
+            t.set_(torch.ones(8).untyped_storage())  # t's own storage is freed inside set_
+            t.add_(1)
+        out = twin(torch.ones(4, 8))
+        del out
+
+    run = checked(backend, body)
+    assert run.report.errors == 0, run.report.to_text()
+
+
 def test_nested_ops_are_written_once(backend, tmp_path):
     import json
 

@@ -273,6 +273,11 @@ _SKIP = {
     "aten::can_cast", "aten::promote_types", "aten::detach", "aten::alias", "aten::lift_fresh",
     "aten::_unsafe_view", "aten::_reshape_alias", "aten::view", "aten::resolve_conj",
     "aten::resolve_neg",
+    # In place, but on the tensor object alone (its sizes, strides, storage): no memory is read
+    # or written, though the schemas mark `self` written. As in the C++ recorder.
+    "aten::set_", "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
+    "aten::transpose_", "aten::swapaxes_", "aten::swapdims_", "aten::detach_", "aten::rename_",
+    "aten::_coalesced_",
 }
 
 

@@ -188,7 +188,13 @@ struct Access {
   bool device = true;  // device memory (else pinned host memory)
   uint64_t storage_bytes = 0;
   c10::DeviceIndex device_index = 0;
-  c10::StorageImpl* impl = nullptr;  // the storage (alive while the op runs)
+  // The storage: compared by address only (device memory), or held (`hold`).
+  c10::StorageImpl* impl = nullptr;
+  // Host memory (pinned, and CPU storage standing for device memory in tests): the storage held
+  // from when the region was seen until the op's end, where an unknown block is allocated from
+  // it. An op may drop an input's storage while it runs (`set_` replaces its tensor's), and a
+  // new allocation takes a reference to what it names.
+  c10::intrusive_ptr<c10::StorageImpl> hold;
 };
 
 // An op's regions, and the ones it writes: inline up to a few (most ops), on the heap past that.
@@ -719,6 +725,7 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   a.base = reinterpret_cast<uint64_t>(st.data());
   a.storage_bytes = st.nbytes();
   a.impl = st.unsafeGetStorageImpl();
+  if (!cuda) a.hold = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(a.impl);
   a.offset = static_cast<uint64_t>(t.storage_offset()) * itemsize;
   a.bytes = extent * itemsize;
   a.write = write;
@@ -840,6 +847,11 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
       "aten::promote_types", "aten::detach",       "aten::alias",       "aten::lift_fresh",
       "aten::_unsafe_view", "aten::_reshape_alias", "aten::view",       "aten::resolve_conj",
       "aten::resolve_neg",  "aten::record_stream",
+      // In place, but on the tensor object alone (its sizes, strides, storage): no memory is
+      // read or written, though the schemas mark `self` written.
+      "aten::set_",         "aten::as_strided_",   "aten::squeeze_",    "aten::unsqueeze_",
+      "aten::t_",           "aten::transpose_",    "aten::swapaxes_",   "aten::swapdims_",
+      "aten::detach_",      "aten::rename_",       "aten::_coalesced_",
   };
   info.pins = name == "aten::_pin_memory" || name == "aten::pin_memory";
   info.factory = starts_with(name, "aten::empty") || starts_with(name, "aten::new_empty");
