@@ -1,0 +1,195 @@
+"""What observing every op costs, by the mechanism that observes it (docs/performance.md, "Two
+ways to see every op"): a RecordFunction callback (as the C++ recorder uses), with and without the
+ops' inputs and outputs, against a boxed fallback kernel on a dispatch key put in the thread's
+included set (`TESTING_ONLY_GenericMode`), which sees the same aten ops with their arguments on
+the stack. Each observer reads every tensor argument's storage pointer and nothing more.
+
+    python tests/python/bench_observer_floor.py [--rounds 21] [--steps 300] [--threads 1]
+
+The workload is the CPU proxy of bench_overhead.py (an MLP 16-32-32-4, batch 8, SGD: forward,
+backward, step), plain and under each observer, interleaved in rounds (the order rotated each
+round), the collector off; prints the median microseconds per step, the ratio to plain and the
+observer's calls per step. Needs torch and a C++ compiler (the observers are built once, under
+$STREAMSAN_BENCH_EXT_DIR or a temporary directory). CPU only: on a GPU the ops cost their
+launch, and the ratios are smaller.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import tempfile
+import time
+
+SOURCE = r'''#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/record_function.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+namespace {
+constexpr c10::DispatchKey kKey = c10::DispatchKey::TESTING_ONLY_GenericMode;
+uint64_t calls = 0;
+uintptr_t sink = 0;  // what the storage reads add up to (kept, so they are not optimized out)
+at::CallbackHandle handle = 0;
+bool rf_on = false;
+bool fb_top = false;
+
+void read_ivalue(const c10::IValue& v) {
+  auto read = [](const at::Tensor& t) {
+    if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return;
+    sink += reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()->data_ptr().get());
+  };
+  if (v.isTensor()) {
+    read(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) read(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) if (e.isTensor()) read(e.toTensor());
+  }
+}
+
+std::unique_ptr<at::ObserverContext> start_plain(const at::RecordFunction&) { ++calls; return nullptr; }
+void end_plain(const at::RecordFunction&, at::ObserverContext*) {}
+std::unique_ptr<at::ObserverContext> start_io(const at::RecordFunction& fn) {
+  ++calls;
+  for (const auto& v : fn.inputs()) read_ivalue(v);
+  return nullptr;
+}
+void end_io(const at::RecordFunction& fn, at::ObserverContext*) {
+  for (const auto& v : fn.outputs()) read_ivalue(v);
+}
+
+void rf(bool on, bool io) {
+  if (on && !rf_on) {
+    auto cb = io ? at::RecordFunctionCallback(start_io, end_io).needsInputs(true).needsOutputs(true)
+                 : at::RecordFunctionCallback(start_plain, end_plain);
+    cb.scopes({at::RecordScope::FUNCTION});
+    handle = at::addGlobalCallback(std::move(cb));
+    rf_on = true;
+  } else if (!on && rf_on) {
+    at::removeCallback(handle);
+    rf_on = false;
+  }
+}
+
+// Every op dispatched while the key is in this thread's included set (the autograd engine carries
+// the set to the ops it runs) comes here boxed: its arguments read, the op run below the key,
+// its returns read.
+void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  ++calls;
+  const auto n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) read_ivalue((*stack)[i]);
+  const auto below = ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, kKey);
+  if (fb_top) {
+    c10::impl::ExcludeDispatchKeyGuard g(kKey);  // the ops it calls are not seen
+    op.redispatchBoxed(below, stack);
+  } else {
+    op.redispatchBoxed(below, stack);
+  }
+  const auto r = op.schema().returns().size();
+  for (size_t i = stack->size() - r; i < stack->size(); ++i) read_ivalue((*stack)[i]);
+}
+
+void fb(bool on, bool top) {
+  fb_top = top;
+  c10::impl::tls_set_dispatch_key_included(kKey, on);
+}
+
+uint64_t take_calls() { uint64_t c = calls; calls = 0; return c; }
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericMode, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rf", &rf);
+  m.def("fb", &fb);
+  m.def("take_calls", &take_calls);
+  m.def("sink", []() { return static_cast<uint64_t>(sink); });
+}
+'''
+
+
+def build():
+    import shutil
+    import sys
+
+    from torch.utils.cpp_extension import load_inline
+
+    if shutil.which("ninja") is None:  # a virtual environment's ninja, run without activating it
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    where = os.environ.get("STREAMSAN_BENCH_EXT_DIR") or os.path.join(tempfile.gettempdir(), "streamsan-observer-floor")
+    os.makedirs(where, exist_ok=True)
+    return load_inline(name="streamsan_observer_floor", cpp_sources=[SOURCE], functions=None,
+                       build_directory=where, extra_cflags=["-O2", "-DNDEBUG"], verbose=False)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=21)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (1: the steadiest)")
+    a = p.parse_args()
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(a.threads)
+    ext = build()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    modes = {
+        "plain": (lambda: None, lambda: None),
+        "RecordFunction": (lambda: ext.rf(True, False), lambda: ext.rf(False, False)),
+        "RecordFunction, inputs and outputs": (lambda: ext.rf(True, True), lambda: ext.rf(False, True)),
+        "boxed fallback": (lambda: ext.fb(True, False), lambda: ext.fb(False, False)),
+        "boxed fallback, outermost ops only": (lambda: ext.fb(True, True), lambda: ext.fb(False, True)),
+    }
+    names = list(modes)
+    calls = {}
+    for n in names:  # warm-up, and each observer's calls per step
+        on, off = modes[n]
+        on()
+        ext.take_calls()
+        for _ in range(50):
+            step()
+        calls[n] = ext.take_calls() / 50
+        off()
+    times = {n: [] for n in names}
+    gc.disable()
+    try:
+        for r in range(a.rounds):
+            for n in names[r % len(names):] + names[:r % len(names)]:
+                on, off = modes[n]
+                on()
+                t0 = time.perf_counter_ns()
+                for _ in range(a.steps):
+                    step()
+                t1 = time.perf_counter_ns()
+                off()
+                times[n].append((t1 - t0) / a.steps / 1000)
+    finally:
+        gc.enable()
+    base = statistics.median(times["plain"])
+    print(f"torch {torch.__version__}, {a.threads} thread(s), {a.rounds} rounds of {a.steps} steps")
+    print(f"{'observer':36s} {'us/step':>9s} {'x plain':>8s} {'calls/step':>11s}")
+    for n in names:
+        m = statistics.median(times[n])
+        print(f"{n:36s} {m:9.1f} {m / base:8.2f} {calls[n]:11.0f}")
+
+
+if __name__ == "__main__":
+    main()
