@@ -5,7 +5,7 @@
 # most REALCODE_SECONDS (default 480 for REALCODE_SET=realcode, 560 for compiled, 300 for extra,
 # 570 for all):
 #
-#   bash tests/python/gpu_realcode.sh WHEELDIR                          # both suites (REALCODE_SET=all)
+#   bash tests/python/gpu_realcode.sh WHEELDIR                          # every suite (REALCODE_SET=all)
 #   REALCODE_SET=compiled bash tests/python/gpu_realcode.sh WHEELDIR    # the compiled suite alone
 #   REALCODE_SET=extra bash tests/python/gpu_realcode.sh WHEELDIR       # the extra suite alone
 #
