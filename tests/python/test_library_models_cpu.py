@@ -160,14 +160,14 @@ def _plain_pytorch(tmp_path):
     torch.load(path)
 
 
-PROGRAMS = {
-    "torchvision Mask R-CNN train and eval": _maskrcnn,
-    "torchvision Swin-T AdamW and a deep-copied EMA": _swin_with_ema,
-    "timm EfficientNet-B0 channels_last with ModelEma": _timm_efficientnet_ema,
-    "transformers Llama generate (greedy, sampling, beams, static cache)": _llama_generate,
-    "transformers T5 generate": _t5_generate,
-    "transformers BERT fused AdamW": _bert_fused_adamw,
-    "plain PyTorch corners": _plain_pytorch,
+PROGRAMS = {  # name: (program, the library it needs)
+    "torchvision Mask R-CNN train and eval": (_maskrcnn, "torchvision"),
+    "torchvision Swin-T AdamW and a deep-copied EMA": (_swin_with_ema, "torchvision"),
+    "timm EfficientNet-B0 channels_last with ModelEma": (_timm_efficientnet_ema, "timm"),
+    "transformers Llama generate (greedy, sampling, beams, static cache)": (_llama_generate, "transformers"),
+    "transformers T5 generate": (_t5_generate, "transformers"),
+    "transformers BERT fused AdamW": (_bert_fused_adamw, "transformers"),
+    "plain PyTorch corners": (_plain_pytorch, None),
 }
 
 
@@ -176,7 +176,9 @@ def test_library_model_checks_clean_on_one_stream(backend, name, tmp_path):
     torch_or_skip()
     import streamsan.torch
 
-    fn = PROGRAMS[name]
+    fn, library = PROGRAMS[name]
+    if library:
+        _need(library)  # a missing library skips before the check starts
     run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
     with run:
         if fn is _plain_pytorch:

@@ -271,22 +271,75 @@ def test_ops_on_a_tensors_metadata_write_no_memory(backend):
     assert run.report.errors == 0, run.report.to_text()
 
 
+def test_set_is_recorded_only_when_it_grows_the_storage(backend, tmp_path):
+    """`set_` to a storage that holds the view changes the tensor object alone: nothing is
+    written. `set_` to a view past the storage's end grows the storage (a new block, the old
+    bytes copied on the current stream): that call is written as an op."""
+    import json
+
+    import torch
+
+    path = tmp_path / "t.jsonl"
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(64)
+        y = torch.ones(8)
+        x.set_(y.untyped_storage())  # FITS: the whole storage
+        x.set_(y.untyped_storage(), 2, (2, 3))  # FITS: elements 2..7
+        x.set_(y, 0, (4,), (2,))  # FITS: elements 0, 2, 4, 6 of y's storage
+        z = torch.ones(4)
+        z.set_(z.untyped_storage(), 0, (16,))  # GROWS
+        z.add_(1)
+
+    checked(backend, body, trace=path)
+    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    sets = [int(o["site"].rsplit(":", 1)[1]) for o in ops if o.get("name") == "aten::set_"]
+    assert sets == [line_of("GROWS")], sets
+
+
+_rebind_op = None
+
+
+def _rebind():
+    """`streamsan_rebind::rebind(Tensor(a!) t, Tensor src)`: an op that gives `t` the storage of
+    `src` (`set_` inside it), so that `t`'s own storage dies while the op runs (defined once per
+    process)."""
+    global _rebind_op
+    if _rebind_op is None:
+        import torch
+
+        lib = torch.library.Library("streamsan_rebind", "DEF")
+        lib.define("rebind(Tensor(a!) t, Tensor src) -> ()")
+        def impl(t, src):
+            t.set_(src.untyped_storage())
+
+        lib.impl("rebind", impl, "CompositeExplicitAutograd")
+        _rebind_op = (lib, torch.ops.streamsan_rebind.rebind)
+    return _rebind_op[1]
+
+
 def test_a_storage_dropped_inside_an_op_is_not_looked_at_after(backend):
-    """`set_` drops its tensor's old storage while it runs, and `copy.deepcopy` of a tensor does
-    that (an empty tensor `set_` to the copied storage): the check goes on, and what the copy
-    holds is a new buffer written on the current stream."""
+    """An op may drop the storage of a tensor it was given while it runs: `rebind` below, or
+    `copy.deepcopy` of a tensor (an empty tensor `set_` to the copied storage). The storage the
+    recorder saw at the op's start stays valid until the op's end (the C++ recorder used to
+    make a new allocation from it after it was freed, and crashed), and the check goes on."""
     import copy
 
     import torch
+
+    rebind = _rebind()
 
     def body(f):
         f.stream(0)
         m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
         twin = copy.deepcopy(m)
-        for _ in range(3):
+        for i in range(20):
             t = torch.ones(16)
-            t.set_(torch.ones(8).untyped_storage())  # t's own storage is freed inside set_
+            rebind(t, torch.ones(8))  # t's own storage is freed inside the op
             t.add_(1)
+            u = torch.ones(16 + i)  # may take the freed block
+            u.mul_(2)
         out = twin(torch.ones(4, 8))
         del out
 

@@ -254,6 +254,8 @@ class _OpInfo:
             self.kind = "record_stream"
         elif name.startswith("c10d::"):
             self.kind = "collective"
+        elif name == "aten::set_":
+            self.kind = "set"
         elif name in _SKIP:
             self.kind = "skip"
         elif returns and all(r.alias_info is not None for r in returns) and not any(self.arg_write):
@@ -274,11 +276,46 @@ _SKIP = {
     "aten::_unsafe_view", "aten::_reshape_alias", "aten::view", "aten::resolve_conj",
     "aten::resolve_neg",
     # In place, but on the tensor object alone (its sizes, strides, storage): no memory is read
-    # or written, though the schemas mark `self` written. As in the C++ recorder.
-    "aten::set_", "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
+    # or written, though the schemas mark `self` written (`set_`: see _set_grows). As in the C++
+    # recorder.
+    "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
     "aten::transpose_", "aten::swapaxes_", "aten::swapdims_", "aten::detach_", "aten::rename_",
     "aten::_coalesced_",
 }
+
+
+def _set_grows(args, kwargs) -> bool:
+    """Whether an `aten::set_` call needs more bytes than its source storage holds (then PyTorch
+    grows the storage: a new block, the old bytes copied on the current stream, the old block
+    freed, and the call is recorded as any op is; else it changes the tensor object alone). As
+    the C++ recorder's set_grows."""
+    kwargs = kwargs or {}
+    vals = list(args) + [kwargs[k] for k in ("source", "storage_offset", "size", "stride") if k in kwargs]
+    if len(vals) < 4:
+        return False
+    try:
+        self_t, source, offset, sizes = vals[0], vals[1], int(vals[2]), [int(x) for x in vals[3]]
+        strides = [int(x) for x in vals[4]] if len(vals) > 4 else []
+        storage = source.untyped_storage() if hasattr(source, "untyped_storage") else source
+        nbytes = storage.nbytes()
+        itemsize = self_t.element_size()
+    except Exception:  # noqa: BLE001 - symbolic sizes, an unexpected overload: record it
+        return True
+    if strides and len(strides) != len(sizes):
+        return True
+    if not strides:
+        strides, step = [0] * len(sizes), 1
+        for d in range(len(sizes) - 1, -1, -1):
+            strides[d] = step
+            step *= max(sizes[d], 1)
+    last = offset
+    for n, st in zip(sizes, strides):
+        if n == 0:
+            return False
+        if n < 0 or st < 0:
+            return True
+        last += (n - 1) * st
+    return (last + 1) * itemsize > nbytes
 
 
 class _Access:
@@ -674,7 +711,7 @@ class PythonBackend:
 
     def dispatch(self, func, types, args, kwargs):
         info = self.info(func)
-        if info.kind == "skip" or not self.rec.on:
+        if info.kind == "skip" or not self.rec.on or (info.kind == "set" and not _set_grows(args, kwargs)):
             return func(*args, **(kwargs or {}))
         frame = {"any_device": False, "device": 0}
         ins: list[_Access] = []

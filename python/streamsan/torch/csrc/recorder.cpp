@@ -211,6 +211,7 @@ enum class Kind : uint8_t {
   RecordStream,  // aten::record_stream
   Collective,    // c10d::*: runs on the process group's stream
   Composite,     // an aten op whose device work is all in the ops it calls (see op_info_slow)
+  SetStorage,    // aten::set_: the tensor object only, unless the storage must grow (set_grows)
 };
 
 struct OpInfo {
@@ -848,8 +849,8 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
       "aten::_unsafe_view", "aten::_reshape_alias", "aten::view",       "aten::resolve_conj",
       "aten::resolve_neg",  "aten::record_stream",
       // In place, but on the tensor object alone (its sizes, strides, storage): no memory is
-      // read or written, though the schemas mark `self` written.
-      "aten::set_",         "aten::as_strided_",   "aten::squeeze_",    "aten::unsqueeze_",
+      // read or written, though the schemas mark `self` written (`set_`: see Kind::SetStorage).
+      "aten::as_strided_",   "aten::squeeze_",    "aten::unsqueeze_",
       "aten::t_",           "aten::transpose_",    "aten::swapaxes_",   "aten::swapdims_",
       "aten::detach_",      "aten::rename_",       "aten::_coalesced_",
   };
@@ -861,6 +862,8 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
     info.kind = Kind::RecordStream;
   } else if (starts_with(name, "c10d::")) {
     info.kind = Kind::Collective;
+  } else if (name == "aten::set_") {
+    info.kind = Kind::SetStorage;
   } else {
     for (const char* s : skip) {
       if (name == s) info.kind = Kind::Skip;
@@ -1323,6 +1326,44 @@ void Pushed::operator delete(void* p, size_t size) {
   ::operator delete(p);
 }
 
+// Whether an `aten::set_` call (its inputs: self, then the source storage or tensor, the
+// storage offset, the sizes and the strides) needs more bytes than the source storage holds.
+// Then PyTorch grows the storage (a new block, the old bytes copied on the current stream, the
+// old block freed), and the call is recorded as any op is; else it changes the tensor object
+// alone and is not recorded. An argument of another shape (symbolic sizes) counts as growing.
+bool set_grows(const at::RecordFunction& fn) {
+  auto in = fn.inputs();
+  if (in.size() < 4) return false;  // set_(), set_(storage), set_(tensor): the source's own extent
+  c10::StorageImpl* st = nullptr;
+  if (in[1].isStorage()) {
+    st = in[1].toStorage().unsafeGetStorageImpl();
+  } else if (in[1].isTensor() && in[1].toTensor().has_storage()) {
+    st = in[1].toTensor().storage().unsafeGetStorageImpl();
+  }
+  if (st == nullptr || !in[0].isTensor() || !in[2].isInt() || !in[3].isIntList()) return true;
+  const int64_t offset = in[2].toInt();
+  const std::vector<int64_t> sizes = in[3].toIntVector();
+  std::vector<int64_t> strides;
+  if (in.size() > 4 && in[4].isIntList()) strides = in[4].toIntVector();
+  if (!strides.empty() && strides.size() != sizes.size()) return true;
+  if (strides.empty()) {  // contiguous
+    strides.resize(sizes.size());
+    int64_t step = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      strides[d] = step;
+      step *= std::max<int64_t>(sizes[d], 1);
+    }
+  }
+  int64_t last = offset;
+  for (size_t d = 0; d < sizes.size(); d++) {
+    if (sizes[d] == 0) return false;  // an empty view needs nothing
+    if (sizes[d] < 0 || strides[d] < 0) return true;
+    last += (sizes[d] - 1) * strides[d];
+  }
+  const uint64_t need = static_cast<uint64_t>(last + 1) * in[0].toTensor().element_size();
+  return need > st->nbytes();
+}
+
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   ThreadState& t = ts;  // one TLS lookup for the whole callback
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
@@ -1336,6 +1377,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   if (profiling) S->prof.callbacks++;
   const OpInfo& info = op_info(fn);
   if (info.kind == Kind::Skip) return nullptr;
+  if (info.kind == Kind::SetStorage && !set_grows(fn)) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
   t.frames.emplace_back();
   Frame& fr = t.frames.back();
@@ -1510,6 +1552,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   const std::string& site = *fr.site;
   bool flush = false;
   uint64_t t_resolved = 0;
+  // The op's regions, each once (filled under `mu`). Declared before the lock: the host
+  // storages they hold are released after it, since a storage released last frees its memory
+  // (the host allocator records events, which reach the GPU trace and take `mu`).
+  c10::SmallVector<Access, 8> all;
   {
     std::lock_guard<std::mutex> g(S->mu);
     std::string& out = S->batch;
@@ -1535,7 +1581,6 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     }
     // Each region once: an output that is an input (in-place ops return `self`), or an input
     // given twice (`x.add_(x)`), is one access, written when any of them writes.
-    c10::SmallVector<Access, 8> all;
     for (Access& a : fr.accesses) merge_region(all, std::move(a));
     for (Access& o : outs) merge_region(all, std::move(o));
     if (info.kind == Kind::RecordStream) {
