@@ -2,7 +2,8 @@
 ways to see every op"): a RecordFunction callback (as the C++ recorder uses), with and without the
 ops' inputs and outputs, against a boxed fallback kernel on a dispatch key put in the thread's
 included set (`TESTING_ONLY_GenericMode`), which sees the same aten ops with their arguments on
-the stack. Each observer reads every tensor argument's storage pointer and nothing more.
+the stack. The observers given inputs and outputs, and the fallback, read every tensor
+argument's storage pointer and nothing more; the plain RecordFunction observer counts its calls.
 
     python tests/python/bench_observer_floor.py [--rounds 21] [--steps 300] [--threads 1]
 
