@@ -1446,8 +1446,14 @@ def compiled_programs() -> set:
 
 def suite_of(fn) -> str:
     """"compiled" for a program of the compiled suite (it compiles: torch.compile or a Triton
-    kernel; runners warm it up first), else "realcode"."""
-    return "compiled" if fn in compiled_programs() else "realcode"
+    kernel; runners warm it up first), "extra" for one of realcode_extra's, else "realcode"."""
+    if fn in compiled_programs():
+        return "compiled"
+    try:
+        extra = set(_extra_suite().EXTRA_CLEAN.values()) | set(_extra_suite().EXTRA_BUGS.values())
+    except Exception:  # noqa: BLE001 - realcode_extra cannot be imported here
+        extra = set()
+    return "extra" if fn in extra else "realcode"
 
 
 def program_sets(which: str = "all") -> tuple[dict, dict]:
