@@ -5,14 +5,16 @@ included set (`TESTING_ONLY_GenericMode`), which sees the same aten ops with the
 the stack. The observers given inputs and outputs, and the fallback, read every tensor
 argument's storage pointer and nothing more; the plain RecordFunction observer counts its calls.
 
-    python tests/python/bench_observer_floor.py [--rounds 21] [--steps 300] [--threads 1]
+    python tests/python/bench_observer_floor.py [--workload tiny] [--device cpu] [--rounds 21]
+        [--steps 300] [--threads 1] [--check]
 
-The workload is the CPU proxy of bench_overhead.py (an MLP 16-32-32-4, batch 8, SGD: forward,
-backward, step), plain and under each observer, interleaved in rounds (the order rotated each
-round), the collector off; prints the median microseconds per step, the ratio to plain and the
-observer's calls per step. Needs torch and a C++ compiler (the observers are built once, under
-$STREAMSAN_BENCH_EXT_DIR or a temporary directory). CPU only: on a GPU the ops cost their
-launch, and the ratios are smaller.
+The workloads are bench_overhead.py's (`tiny`: an MLP 16-32-32-4, batch 8, SGD, the CPU proxy of
+a launch-bound step; `mlp`, `streams`, `resnet` on a GPU), plain and under each observer,
+interleaved in rounds (the order rotated each round), the collector off; prints the median
+microseconds per step, the ratio to plain and the observer's calls per step. With `--check`, the
+C++ recorder observing only and checking in full join the rounds (the recorder installed). On a
+GPU each block of steps ends with a device synchronization. Needs torch and a C++ compiler (the
+observers are built once, under $STREAMSAN_BENCH_EXT_DIR or a temporary directory).
 """
 
 from __future__ import annotations
@@ -131,26 +133,34 @@ def build():
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="tiny", choices=["tiny", "mlp", "streams", "resnet"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--rounds", type=int, default=21)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--threads", type=int, default=1, help="torch's intra-op threads (1: the steadiest)")
+    p.add_argument("--check", action="store_true", help="also the C++ recorder: observing only, and checking")
+    p.add_argument("--json", help="also write the medians to this file")
     a = p.parse_args()
 
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
+    import sys
 
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_overhead as bo
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_observer_floor: --device cuda needs a GPU")
+    if a.device == "cpu" and a.workload == "streams":
+        raise SystemExit("bench_observer_floor: the streams workload needs a GPU")
     torch.set_num_threads(a.threads)
     ext = build()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    make = bo.WORKLOADS[a.workload]
+    step = make(a.device) if a.device == "cpu" or a.workload != "streams" else make()
 
-    def step():
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+    def sync():
+        if a.device == "cuda":
+            torch.cuda.synchronize()
 
     modes = {
         "plain": (lambda: None, lambda: None),
@@ -159,6 +169,29 @@ def main() -> None:
         "boxed fallback": (lambda: ext.fb(True, False), lambda: ext.fb(False, False)),
         "boxed fallback, outermost ops only": (lambda: ext.fb(True, True), lambda: ext.fb(False, True)),
     }
+    if a.check:
+        import streamsan.torch
+
+        class Checked:
+            """A check entered before the block and left after it (its own cost not timed: the
+            block's clock stops before `off`)."""
+
+            def __init__(self, profile):
+                self.profile, self.run = profile, None
+
+            def on(self):
+                self.run = streamsan.torch.Run(raise_on_hazard=False, backend="native",
+                                               _fake_device=a.device == "cpu", _profile=self.profile)
+                self.run.__enter__()
+
+            def off(self):
+                self.run.__exit__(None, None, None)
+                if self.run.report.errors:
+                    raise SystemExit(f"bench_observer_floor: the check reported {self.run.report.errors} error(s)")
+
+        for label, prof in (("recorder, observing only", "observe"), ("recorder, checking", "0")):
+            c = Checked(prof)
+            modes[label] = (c.on, c.off)
     names = list(modes)
     calls = {}
     for n in names:  # warm-up, and each observer's calls per step
@@ -167,6 +200,7 @@ def main() -> None:
         ext.take_calls()
         for _ in range(50):
             step()
+        sync()
         calls[n] = ext.take_calls() / 50
         off()
     times = {n: [] for n in names}
@@ -179,17 +213,27 @@ def main() -> None:
                 t0 = time.perf_counter_ns()
                 for _ in range(a.steps):
                     step()
+                sync()
                 t1 = time.perf_counter_ns()
                 off()
                 times[n].append((t1 - t0) / a.steps / 1000)
     finally:
         gc.enable()
     base = statistics.median(times["plain"])
-    print(f"torch {torch.__version__}, {a.threads} thread(s), {a.rounds} rounds of {a.steps} steps")
+    print(f"torch {torch.__version__}, {a.workload} on {a.device}, {a.threads} thread(s), "
+          f"{a.rounds} rounds of {a.steps} steps")
     print(f"{'observer':36s} {'us/step':>9s} {'x plain':>8s} {'calls/step':>11s}")
     for n in names:
         m = statistics.median(times[n])
         print(f"{n:36s} {m:9.1f} {m / base:8.2f} {calls[n]:11.0f}")
+    if a.json:
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump({"workload": a.workload, "device": a.device, "rounds": a.rounds, "steps": a.steps,
+                       "torch": torch.__version__, "calls": calls,
+                       "us": {n: statistics.median(times[n]) for n in names},
+                       "samples": times}, f, indent=1)
 
 
 if __name__ == "__main__":
