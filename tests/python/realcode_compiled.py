@@ -2,6 +2,9 @@
 mode and `mode="reduce-overhead"`'s CUDA graph trees) and user Triton kernels (`@triton.jit`
 launched eagerly, and a `torch.library.triton_op`), in the conventions of realcode.py (read its
 docstring: `fn(fixed, widen) -> bool`, `# RACE` lines, `widen`, `_gen()`, "needs X").
+Those whose check runs the eager model (or another reference computation) again return it as a
+`Later`: it runs after the program, outside the check and the clock, so that a compiled program's
+check and cost are the compiled program's, not its eager reference's.
 
 - `COMPILED_BUGS`: planted synchronization bugs in compiled code, each with a buggy and a fixed
   variant; the docstring says where `widen` spins and what is reported where.
@@ -46,6 +49,7 @@ import torch.nn.functional as F
 
 from realcode import (
     SLEEP,
+    Later,
     TinyGPT,
     TinyLlama,
     _all_close,
@@ -284,7 +288,7 @@ def _prompt(g: torch.Generator) -> torch.Tensor:
 
 
 @_race_helpers(_norm_gelu)
-def compiled_reads_side_stream_tensor(fixed: bool, widen: bool) -> bool:
+def compiled_reads_side_stream_tensor(fixed: bool, widen: bool) -> bool | Later:
     """Bug: a batch of uint8 rows is normalized on a side stream (a preprocessing stream that
     waited for the batch's copy) and fed to a compiled function (`torch.compile`, default mode:
     LayerNorm + GELU in one Triton kernel) on the default stream, which does not wait for the
@@ -309,10 +313,8 @@ def compiled_reads_side_stream_tensor(fixed: bool, widen: bool) -> bool:
         main.wait_stream(side)
     y = f(x, w, b)  # RACE
     main.wait_stream(side)
-    want = _norm_gelu(x, w, b)  # eager, after the wait: the right batch
-    ok = _close(y, want, 1e-4)
     torch.cuda.synchronize()
-    return ok
+    return Later(lambda: _close(y, _norm_gelu(x, w, b), 1e-4))  # eager, after the run: the right batch
 
 
 def side_stream_reads_compiled_output(fixed: bool, widen: bool) -> bool:
@@ -415,7 +417,7 @@ def _ro_mlp():
     return _cached("ro-mlp", build)
 
 
-def reduce_overhead_weights_overwritten_during_replay(fixed: bool, widen: bool) -> bool:
+def reduce_overhead_weights_overwritten_during_replay(fixed: bool, widen: bool) -> bool | Later:
     """Bug: an MLP compiled with `mode="reduce-overhead"` (CUDA graph trees) serves 4 batches
     while new weights arrive after each (an RL weight sync onto an inference copy, an EMA loaded
     for evaluation): `torch._foreach_copy_` copies them into its parameters, the graph's static
@@ -450,17 +452,21 @@ def reduce_overhead_weights_overwritten_during_replay(fixed: bool, widen: bool) 
                 with torch.cuda.stream(side):
                     torch._foreach_copy_(params, loads[i + 1])  # RACE
                 main.wait_stream(side)
-        want = []
-        for w, x in zip(loads, xs):
-            torch._foreach_copy_(params, w)
-            want.append(model(x))
-    ok = _all_close(outs, want, 1e-4)
     torch.cuda.synchronize()
-    return ok
+
+    def right() -> bool:
+        with torch.no_grad():
+            want = []
+            for w, x in zip(loads, xs):
+                torch._foreach_copy_(params, w)
+                want.append(model(x))
+        return _all_close(outs, want, 1e-4)
+
+    return Later(right)  # the eager MLP's outputs, after the run
 
 
 @_race_helpers(_gptfast_decode, GPTFastLlama)
-def gptfast_next_input_on_side_stream(fixed: bool, widen: bool) -> bool:
+def gptfast_next_input_on_side_stream(fixed: bool, widen: bool) -> bool | Later:
     """Bug: gpt-fast's decode loop (`decode_one_token` compiled with `mode="reduce-overhead",
     fullgraph=True`, 64 tokens; see `gptfast_decode`) with the next step's inputs, a token
     buffer and the position, written on a side stream (after it waited for the step), and the
@@ -473,10 +479,8 @@ def gptfast_next_input_on_side_stream(fixed: bool, widen: bool) -> bool:
     _need_compile()
     g = _gen()
     got, inputs = _gptfast_decode(_prompt(g), torch.cuda.Stream(), fixed, widen)
-    want = _gptfast_eager(inputs)
-    ok = _close(got, want, 1e-3)
     torch.cuda.synchronize()
-    return ok
+    return Later(lambda: _close(got, _gptfast_eager(inputs), 1e-3))  # the eager model's, after the run
 
 
 COMPILED_BUGS = {
@@ -508,7 +512,7 @@ def _resnet():
     return _cached("resnet18", build)
 
 
-def compiled_resnet_training(fixed: bool, widen: bool) -> bool:
+def compiled_resnet_training(fixed: bool, widen: bool) -> bool | Later:
     """torchvision ResNet-18 (random weights, 10 classes) compiled (`torch.compile(model)`, default
     mode: Inductor's Triton kernels around cuDNN's convolutions, forward and backward) trained 3
     SGD steps (momentum, weight decay) on one 8x3x64x64 batch, from the same weights every run;
@@ -522,8 +526,6 @@ def compiled_resnet_training(fixed: bool, widen: bool) -> bool:
     g = _gen()
     x = torch.randn(8, 3, 64, 64, generator=g).cuda()
     y = torch.randint(0, 10, (8,), generator=g).cuda()
-    with torch.no_grad():
-        first = F.cross_entropy(ref(x), y)
     losses = []
     for _ in range(3):
         opt.zero_grad(set_to_none=True)
@@ -531,10 +533,16 @@ def compiled_resnet_training(fixed: bool, widen: bool) -> bool:
         loss.backward()
         opt.step()
         losses.append(loss.detach())
-    return _finite(losses) and _close(losses[0], first, 1e-2)
+
+    def right() -> bool:
+        with torch.no_grad():  # the eager copy keeps the initial weights
+            first = F.cross_entropy(ref(x), y)
+        return _finite(losses) and _close(losses[0], first, 1e-2)
+
+    return Later(right)
 
 
-def compiled_vit_inference(fixed: bool, widen: bool) -> bool:
+def compiled_vit_inference(fixed: bool, widen: bool) -> bool | Later:
     """timm ViT-Tiny/16 (random weights, img_size 64, 10 classes) compiled (default mode),
     inference on 2 batches of 4x3x64x64; right when the logits are the eager model's (1e-3)."""
     timm = _need("timm")
@@ -552,11 +560,15 @@ def compiled_vit_inference(fixed: bool, widen: bool) -> bool:
     xs = [torch.randn(4, 3, 64, 64, generator=g).cuda() for _ in range(2)]
     with torch.no_grad():
         got = [compiled(x) for x in xs]
-        want = [model(x) for x in xs]
-    return _all_close(got, want, 1e-3)
+
+    def right() -> bool:
+        with torch.no_grad():
+            return _all_close(got, [model(x) for x in xs], 1e-3)
+
+    return Later(right)
 
 
-def compiled_sdpa(fixed: bool, widen: bool) -> bool:
+def compiled_sdpa(fixed: bool, widen: bool) -> bool | Later:
     """A compiled function (default mode) of causal `F.scaled_dot_product_attention` in bf16
     (2x4x128x64: the flash kernel) and an fp32 weighted sum of its output (a Triton kernel),
     forward and backward; right when output and gradients match the math backend in fp32 (3e-2,
@@ -570,11 +582,15 @@ def compiled_sdpa(fixed: bool, widen: bool) -> bool:
     w = torch.randn(2, 4, 128, 64, generator=g).cuda()
     out, loss = f(q, k, v, w)
     loss.backward()
-    q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
-    with sdpa_kernel(SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
-    (ref * w).sum().backward()
-    return _close(out, ref, 3e-2) and _all_close([q.grad, k.grad, v.grad], [q2.grad, k2.grad, v2.grad], 3e-2)
+
+    def right() -> bool:
+        q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = F.scaled_dot_product_attention(q2, k2, v2, is_causal=True)
+        (ref * w).sum().backward()
+        return _close(out, ref, 3e-2) and _all_close([q.grad, k.grad, v.grad], [q2.grad, k2.grad, v2.grad], 3e-2)
+
+    return Later(right)
 
 
 def _gpt(key: str):
@@ -590,7 +606,7 @@ def _gpt(key: str):
     return _cached(key, build)
 
 
-def compiled_nanogpt_loop(fixed: bool, widen: bool) -> bool:
+def compiled_nanogpt_loop(fixed: bool, widen: bool) -> bool | Later:
     """nanoGPT's train.py loop with `compile=True` (the model compiled, default mode), 10 steps:
     the next batch fetched between forward and backward as nanoGPT does
     (`x.pin_memory().to("cuda", non_blocking=True)`: a new pinned batch every step), AdamW,
@@ -614,8 +630,7 @@ def compiled_nanogpt_loop(fixed: bool, widen: bool) -> bool:
         return x.pin_memory().to("cuda", non_blocking=True), y.pin_memory().to("cuda", non_blocking=True)
 
     X, Y = get_batch(0)
-    with torch.no_grad():
-        first = ref(X, Y)
+    X0, Y0 = X, Y
     steps = 10
     for it in range(steps):
         seen.append(X.sum() + Y.sum())
@@ -627,11 +642,17 @@ def compiled_nanogpt_loop(fixed: bool, widen: bool) -> bool:
         losses.append(loss.detach())
         if it % 5 == 4:
             logged.append(loss.item())
-    return (torch.equal(torch.stack(seen).cpu(), torch.stack(want[:steps])) and all(map(math.isfinite, logged))
-            and _close(losses[0], first, 1e-3))
+
+    def right() -> bool:
+        with torch.no_grad():  # the eager copy keeps the initial weights
+            first = ref(X0, Y0)
+        return (torch.equal(torch.stack(seen).cpu(), torch.stack(want[:steps])) and all(map(math.isfinite, logged))
+                and _close(losses[0], first, 1e-3))
+
+    return Later(right)
 
 
-def compiled_amp_bf16(fixed: bool, widen: bool) -> bool:
+def compiled_amp_bf16(fixed: bool, widen: bool) -> bool | Later:
     """realcode's AMP program compiled: nanoGPT's model compiled (default mode) under
     `torch.autocast("cuda", torch.bfloat16)`, a `torch.amp.GradScaler`, `unscale_`, gradient
     clipping, AdamW, 4 steps; right when the losses and the scale are finite and the first loss is
@@ -644,14 +665,12 @@ def compiled_amp_bf16(fixed: bool, widen: bool) -> bool:
     scaler = torch.amp.GradScaler("cuda")
     g = _gen()
     data = _tokens(g)
-    losses, first = [], None
+    losses, batches = [], []
     for _ in range(4):
         x, y = _get_batch(data, g)
         x, y = x.cuda(), y.cuda()
+        batches.append((x, y))
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            if first is None:
-                with torch.no_grad():
-                    first = ref(x, y).float()
             loss = compiled(x, y)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
@@ -660,7 +679,13 @@ def compiled_amp_bf16(fixed: bool, widen: bool) -> bool:
         scaler.update()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach().float())
-    return _finite(losses) and math.isfinite(scaler.get_scale()) and _close(losses[0], first, 2e-2)
+
+    def right() -> bool:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):  # the eager copy: the initial weights
+            first = ref(*batches[0]).float()
+        return _finite(losses) and math.isfinite(scaler.get_scale()) and _close(losses[0], first, 2e-2)
+
+    return Later(right)
 
 
 def triton_op_on_side_stream(fixed: bool, widen: bool) -> bool:
@@ -694,7 +719,7 @@ def triton_op_on_side_stream(fixed: bool, widen: bool) -> bool:
     return ok
 
 
-def gptfast_decode(fixed: bool, widen: bool) -> bool:
+def gptfast_decode(fixed: bool, widen: bool) -> bool | Later:
     """gpt-fast's decode loop: a random Llama-style model (`GPTFastLlama`: 2 layers, hidden 128,
     vocabulary 256) with static KV caches, `decode_one_token` compiled with
     `mode="reduce-overhead", fullgraph=True` (CUDA graph trees), a prompt of 4 tokens fed one at a
@@ -703,8 +728,7 @@ def gptfast_decode(fixed: bool, widen: bool) -> bool:
     _need_compile()
     g = _gen()
     got, inputs = _gptfast_decode(_prompt(g), None, True, False)
-    want = _gptfast_eager(inputs)
-    return _close(got, want, 1e-3)
+    return Later(lambda: _close(got, _gptfast_eager(inputs), 1e-3))  # the eager model's, after the run
 
 
 COMPILED_CLEAN = {  # those that capture CUDA graphs last

@@ -326,8 +326,9 @@ def check_variant(realcode, fn, variant: str, backend: str) -> dict:
         warnings.simplefilter("always")
         try:
             with run:
-                res["result_ok"] = bool(fn(variant != "buggy", False))
+                got = fn(variant != "buggy", False)
                 _sync()
+            res["result_ok"] = realcode.judged(got)  # a `Later` runs its reference outside the check
         except Exception as e:  # noqa: BLE001
             skip = _skip_reason(e)
             if skip:
@@ -437,9 +438,9 @@ def run_csan(a) -> Out:
             _collect()
             t0 = time.perf_counter()
             try:
-                ok = fn(variant != "buggy", False)
+                ok = realcode.judged(fn(variant != "buggy", False))
                 torch.cuda.synchronize()
-                r = {"reported": False, "result_ok": bool(ok)}
+                r = {"reported": False, "result_ok": ok}
             except Exception as e:  # noqa: BLE001  CUDASanitizerErrors, or the program failing under it
                 skip = _skip_reason(e)
                 reported = _csan_error(e)
@@ -487,8 +488,9 @@ def run_widen(a) -> Out:
                         r["cut_short"] = "deadline"
                         break
                     _collect()
-                    ok = fn(variant != "buggy", True)
+                    got = fn(variant != "buggy", True)
                     _sync()
+                    ok = realcode.judged(got)
                     done += 1
                     bad += not ok
                     note = realcode.take_note(fn)
@@ -529,7 +531,7 @@ def _warm_one(out: Out, realcode, name: str, fn, clean: bool) -> None:
     t0 = time.perf_counter()
     r: dict = {}
     try:
-        r["result_ok"] = bool(fn(True, False))
+        r["result_ok"] = realcode.judged(fn(True, False))
         _sync()
     except Exception as e:  # noqa: BLE001
         skip = _skip_reason(e)
@@ -621,7 +623,8 @@ def _once(fn, mode: str) -> tuple[float, dict]:
     """Seconds of one run of `fn(True, False)` in `mode` (plain, native, python, csan, or a
     PROFILE_MODES one), with the garbage collector off, as `timeit` times (a collection that
     the allocations of earlier runs set off would land in whichever run crossed the threshold);
-    the young garbage of the run is collected after it."""
+    the young garbage of the run is collected after it. A result check the program returned as
+    a `Later` (its reference) is not run: what is timed is the program."""
     enabled = gc.isenabled()
     gc.disable()
     try:
