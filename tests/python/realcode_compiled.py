@@ -2,9 +2,10 @@
 mode and `mode="reduce-overhead"`'s CUDA graph trees) and user Triton kernels (`@triton.jit`
 launched eagerly, and a `torch.library.triton_op`), in the conventions of realcode.py (read its
 docstring: `fn(fixed, widen) -> bool`, `# RACE` lines, `widen`, `_gen()`, "needs X").
-Those whose check runs the eager model (or another reference computation) again return it as a
-`Later`: it runs after the program, outside the check and the clock, so that a compiled program's
-check and cost are the compiled program's, not its eager reference's.
+Those whose check runs the eager model (or function) again return it as a `Later`: it runs after
+the program, outside the check and the clock, so that a compiled program's check and cost are the
+compiled program's, not its eager reference's. A check against a reference computed on the host
+(`torch.tanh(host)`) is still part of its program.
 
 - `COMPILED_BUGS`: planted synchronization bugs in compiled code, each with a buggy and a fixed
   variant; the docstring says where `widen` spins and what is reported where.
