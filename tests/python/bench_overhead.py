@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import os
 import subprocess
 import sys
 import time
@@ -347,14 +348,22 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
     return {"workload": workload, "mode": mode, "device": device, "iters": iters, "us": round(us, 1)}
 
 
-def startup(device: str = "cuda", n: int = 20) -> dict:
+def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
-    per check): milliseconds, the median of `n` after three not timed."""
+    per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
+    more checks run under cProfile: `profile` gives each function's calls and microseconds per
+    check (own time and with what it calls), the 25 largest by own time. With `compiled`, a
+    function is compiled with `torch.compile` and run first (Dynamo and Inductor imported,
+    Triton's classes there to hook, as in a compiled program)."""
     import torch
 
     import streamsan.torch
 
     x = torch.ones(4, device=device)
+    if compiled:
+        f = torch.compile(lambda t: torch.sin(t) * 2 + 1)
+        f(x)
+        _sync(device)
 
     def once() -> tuple:
         r = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu")
@@ -370,8 +379,26 @@ def startup(device: str = "cuda", n: int = 20) -> dict:
     for _ in range(3):
         once()
     runs = [once() for _ in range(n)]
-    return {"device": device, "enter_ms": round(statistics.median(t[0] for t in runs), 3),
-            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
+    out = {"device": device, "compiled": compiled, "enter_ms": round(statistics.median(t[0] for t in runs), 3),
+           "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(profile):
+            once()
+        prof.disable()
+        st = pstats.Stats(prof)
+        rows = []
+        for (file, line, fn), (_cc, calls, tt, ct, _callers) in st.stats.items():
+            rows.append((tt, ct, calls, f"{os.path.basename(file)}:{line}({fn})" if line else fn))
+        rows.sort(reverse=True)
+        out["profile"] = [{"function": name, "calls_per_check": round(calls / profile, 2),
+                           "own_us": round(tt / profile * 1e6, 1), "cumulative_us": round(ct / profile * 1e6, 1)}
+                          for tt, ct, calls, name in rows[:25]]
+    return out
 
 
 def _vm() -> dict:
@@ -468,12 +495,14 @@ def main() -> None:
     p.add_argument("--max-rss-mib", type=int, default=12288)
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")
+    p.add_argument("--profile", type=int, default=0, help="startup: that many more checks under cProfile")
+    p.add_argument("--compiled", action="store_true", help="startup: a torch.compile'd function run first")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "startup":
-        print(json.dumps(startup(a.device)))
+        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
