@@ -110,7 +110,8 @@ class Later:
 
 def judged(result) -> bool:
     """Whether a program's result is right: `result` itself, or, where the program returned a
-    `Later`, what it says (call it after the run, outside any check or clock)."""
+    `Later`, what it says (call it after the run, outside streamsan's check and any clock; CSAN,
+    enabled for the whole process, still sees it)."""
     return result() if isinstance(result, Later) else bool(result)
 
 
