@@ -905,3 +905,38 @@ def test_a_build_killed_midway_does_not_hang_later_loads():
         if os.path.exists(os.path.join(directory, "lock")):
             os.remove(os.path.join(directory, "lock"))
     assert done.returncode == 0, done.stderr
+
+
+def _add_one():
+    import torch
+
+    torch.ones(4).add_(1)  # SITE-A
+
+
+def _times_two():
+    import torch
+
+    torch.ones(4).mul_(2)  # SITE-B
+
+
+def test_each_check_has_its_own_sites_after_others(backend, tmp_path, monkeypatch):
+    """What a recorder knows of the program's code (which frames are the user's, their lines) may
+    outlive a check: the checks after it still name their own lines, shown relative to the
+    directory each started in."""
+    import json
+
+    cwd = os.getcwd().rstrip(os.sep) + os.sep
+    rel = HERE[len(cwd):] if HERE.startswith(cwd) else HERE
+
+    def sites_of(fn, name):
+        path = tmp_path / name
+        checked(backend, lambda f: (f.stream(0), fn()), trace=path)
+        ops = [json.loads(line) for line in path.read_text().splitlines()]
+        return {o["site"] for o in ops if o.get("op") == "launch"}
+
+    a, b = f"{rel}:{line_of('SITE-A')}", f"{rel}:{line_of('SITE-B')}"
+    assert sites_of(_add_one, "1.jsonl") == {a}
+    assert sites_of(_times_two, "2.jsonl") == {b}
+    assert sites_of(_add_one, "3.jsonl") == {a}
+    monkeypatch.chdir(tmp_path)  # this file is outside it now: shown whole
+    assert sites_of(_add_one, "4.jsonl") == {f"{HERE}:{line_of('SITE-A')}"}

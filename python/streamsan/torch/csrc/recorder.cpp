@@ -1917,13 +1917,24 @@ void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libr
   S->libraries = libraries;
 }
 
+// At most this many code objects are known (and kept alive by code_cache) from one check to the
+// next: a check that starts with more forgets them all.
+constexpr size_t kMaxKnownCodes = 1 << 16;
+
 // Code outside torch that is not the user's either (`dirs`: folder prefixes), and Dynamo's map
-// of rewritten code (or None).
+// of rewritten code (None: looked up when needed). What is known of code objects (whether they
+// are the user's, their lines' sites) holds from one check to the next while the folders and the
+// map are the same: a short check would otherwise find each of its sites again (a code object
+// Dynamo rewrites is a new one, in the map before it runs).
 void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
   std::lock_guard<std::mutex> g(S->mu);
-  forget_codes();
+  const bool same_map =
+      rewritten.is_none() || (S->rewritten_codes && rewritten.is(S->rewritten_codes));
+  if (dirs != S->internal_dirs || !same_map || S->code_cache.size() > kMaxKnownCodes) {
+    forget_codes();
+  }
   S->internal_dirs = dirs;
-  S->rewritten_codes = rewritten;
+  if (!same_map) S->rewritten_codes = rewritten;
 }
 
 // Starts a new check: forgets every buffer, name and counter.
