@@ -18,8 +18,15 @@ allocator while another stream still uses it: streamsan checks programs for both
 
 from __future__ import annotations
 
+import atexit
+
 from ._streamsan import Checker, Report, TraceError, __version__, check_trace
+from ._streamsan import _remove_spools
 from ._syncs import describe as describe_syncs
+
+# The temporary copies of the ops a process's checks keep for their reports go when it exits,
+# also those of a check still running then or of a report still held.
+atexit.register(_remove_spools)
 
 __all__ = [
     "Checker",

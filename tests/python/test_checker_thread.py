@@ -396,10 +396,13 @@ def test_an_abandoned_check_neither_hangs_nor_crashes(how, tmp_path):
         dropped = float(out.stdout.split("dropped in ")[1].split()[0])
         assert dropped < 1.0
         assert "spool left 0" in out.stdout
+    # Dropped or alive at exit, its temporary copy of the ops is gone once the process is.
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]
 
 
-def test_exit_with_a_streamsan_torch_check_running(backend):
-    """A script that ends inside a check (no __exit__): the process exits, status 0."""
+def test_exit_with_a_streamsan_torch_check_running(backend, tmp_path):
+    """A script that ends inside a check (no __exit__): the process exits, status 0, and leaves
+    no temporary copy of the ops behind."""
     code = f"""
         import time, torch, streamsan.torch
         run = streamsan.torch.Run(raise_on_hazard=False, backend={backend!r}, threaded=True, _fake_device=True)
@@ -410,11 +413,12 @@ def test_exit_with_a_streamsan_torch_check_running(backend):
                 x.add_(1)
         print("exiting at", time.monotonic(), run._checker.threaded)
         """
-    out = run_python(code, timeout=120)
+    out = run_python(code, timeout=120, tmpdir=tmp_path)
     end = time.monotonic()
     assert out.returncode == 0, out.stderr
     last = out.stdout.splitlines()[-1].split()
     assert last[-1] == "True" and end - float(last[-2]) < 5
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]
 
 
 def test_bad_input_from_the_recorder_is_raised_at_exit(backend):

@@ -940,3 +940,42 @@ def test_each_check_has_its_own_sites_after_others(backend, tmp_path, monkeypatc
     assert sites_of(_add_one, "3.jsonl") == {a}
     monkeypatch.chdir(tmp_path)  # this file is outside it now: shown whole
     assert sites_of(_add_one, "4.jsonl") == {f"{HERE}:{line_of('SITE-A')}"}
+
+
+def test_a_finished_check_goes_with_its_run_and_leaves_no_file(backend, tmp_path):
+    """A check keeps the ops in a temporary file for its report's explanations; the file goes
+    with the report. Nothing of a finished check is kept alive by the recorder: the Run goes
+    when its user lets it go (no collector needed), and a process that ends with a check in a
+    global leaves no file behind."""
+    import gc
+    import weakref
+
+    torch_or_skip()
+    import torch
+
+    import streamsan.torch
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+        with run:
+            torch.ones(4).add_(1)
+        gone = weakref.ref(run)
+        del run
+        assert gone() is None, "the finished Run is still held"
+    finally:
+        if enabled:
+            gc.enable()
+    code = (
+        "import torch, streamsan.torch\n"
+        "with streamsan.torch.Run(raise_on_hazard=False, backend=%r, _fake_device=True) as run:\n"
+        "    torch.ones(4).add_(1)\n"
+        "assert run.report.errors == 0\n" % backend
+    )
+    spool = tmp_path / "tmp"
+    spool.mkdir()
+    env = dict(os.environ, TMPDIR=str(spool))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert not [p.name for p in spool.iterdir() if p.name.startswith("streamsan-ops-")]

@@ -75,9 +75,31 @@ struct KeptFile {
 impl Drop for KeptFile {
     fn drop(&mut self) {
         if self.temporary {
-            let _ = std::fs::remove_file(&self.path);
+            remove_spool(&self.path);
         }
     }
+}
+
+/// The temporary copies of the ops this process made and has not removed yet. What is left of
+/// them when the interpreter exits (a check still running then, a report still held) goes
+/// with it: `remove_spools`, which the package registers with `atexit`.
+static SPOOLS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes a temporary copy of the ops (and forgets it).
+fn remove_spool(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    lock(&SPOOLS).retain(|p| p != path);
+}
+
+/// Removes the temporary copies of the ops this process still has (at the interpreter's exit:
+/// a report read after it cannot explain its hazards any more). Returns how many there were.
+#[pyfunction]
+fn _remove_spools() -> usize {
+    let paths = std::mem::take(&mut *lock(&SPOOLS));
+    for p in &paths {
+        let _ = std::fs::remove_file(p);
+    }
+    paths.len()
 }
 
 /// A new temporary spool file, readable by its owner only.
@@ -96,7 +118,10 @@ fn spool() -> Result<(PathBuf, File), String> {
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         match options.open(&path) {
-            Ok(f) => return Ok((path, f)),
+            Ok(f) => {
+                lock(&SPOOLS).push(path.clone());
+                return Ok((path, f));
+            }
             Err(e) => last = format!("{}: cannot create: {e}", path.display()),
         }
     }
@@ -395,7 +420,7 @@ impl Drop for Checker {
             temporary: true,
         } = &*lock(&self.kept)
         {
-            let _ = std::fs::remove_file(path);
+            remove_spool(path);
         }
     }
 }
@@ -1024,5 +1049,6 @@ fn _streamsan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Report>()?;
     m.add_function(wrap_pyfunction!(check_trace, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(_remove_spools, m)?)?;
     Ok(())
 }

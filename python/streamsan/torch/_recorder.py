@@ -979,6 +979,10 @@ class NativeBackend:
             self.ext.set_profile(False, False)
         # Off the dispatcher: no RecordFunction cost once the check is over.
         self.ext.uninstall()
+        if hasattr(self.ext, "release_sink"):
+            # Nothing of this check kept alive by the extension (the Run holding it goes when
+            # its user lets it go, and its report's temporary copy of the ops with it).
+            self.ext.release_sink()
 
 
 def _profile_mode(value: Optional[str] = None) -> str | None:
@@ -1433,6 +1437,8 @@ class Recorder:
         with _lock:
             if _active is self:
                 _active = None
+        # The sink is the Run's: a finished recorder holds nothing that holds its Run.
+        self.sink = _finished_sink
         c = self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
@@ -1457,6 +1463,10 @@ class Recorder:
         if self.error is not None:
             e, self.error = self.error, None
             raise e
+
+
+def _finished_sink(data: bytes) -> None:
+    raise RuntimeError("streamsan.torch: ops recorded after the check ended")
 
 
 def note_host_access(t, write: bool) -> bool:

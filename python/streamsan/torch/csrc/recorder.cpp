@@ -1192,6 +1192,19 @@ void flush_batch() {
   PyGILState_Release(st);
 }
 
+// Lets go of the check's Python sink once the check has ended, so that nothing of a finished
+// check is kept alive here (the recorder's sink holds its Run: the report, and the temporary copy
+// of its ops the report removes when it goes). GIL held; the sink is released with `mu` not held
+// (releasing it may run Python).
+void release_sink() {
+  py::object old;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    old = std::move(S->sink);
+    S->sink = py::object();
+  }
+}
+
 // The checker's raw sink (a capsule), or None: batches go to Python's sink. GIL held. False when
 // `capsule` is not one (the Python sink stays).
 bool set_raw_sink(py::object capsule) {
@@ -2544,6 +2557,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_syncs", &native_syncs);
   m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
   m.def("set_raw_sink", &set_raw_sink);
+  m.def("release_sink", &release_sink);
   m.def("profile", &profile);
   m.def("set_captures", &set_captures);
 }
