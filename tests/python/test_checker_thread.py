@@ -509,3 +509,30 @@ def test_streamsan_torch_reports_are_the_same_on_a_thread(backend, syncs, tmp_pa
         key = lambda h: (h["op"], h["kind"], h["buffer"])  # noqa: E731
         assert sorted(map(key, run.hazards)) == sorted(map(key, run.report.hazards))
         assert [h["op"] for h in run.hazards] == sorted(h["op"] for h in run.hazards)
+
+
+def test_a_forked_child_leaves_its_parents_copies_of_the_ops(tmp_path):
+    """A child forked while its parent holds a report ends normally (its `atexit`, its objects
+    released): the parent's temporary copy of the ops stays for the parent's report, and goes
+    when the parent exits."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    code = """
+        import os, sys, streamsan
+        c = streamsan.Checker(explain=True)
+        c.push_lines('{"op":"alloc","buffer":"a","bytes":16}\\n{"op":"launch","stream":"s1","writes":["a"]}\\n')
+        report = c.finish()
+        def spools():
+            return len([n for n in os.listdir(os.environ["TMPDIR"]) if n.startswith("streamsan-ops-")])
+        print("before fork", spools())
+        pid = os.fork()
+        if pid == 0:
+            del report
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child status", status, "after the child", spools())
+        """
+    out = run_python(code, timeout=60, tmpdir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "before fork 1" in out.stdout and "child status 0 after the child 1" in out.stdout, out.stdout
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]

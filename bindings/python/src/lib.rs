@@ -80,26 +80,40 @@ impl Drop for KeptFile {
     }
 }
 
-/// The temporary copies of the ops this process made and has not removed yet. What is left of
-/// them when the interpreter exits (a check still running then, a report still held) goes
-/// with it: `remove_spools`, which the package registers with `atexit`.
-static SPOOLS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The temporary copies of the ops this process made and has not removed yet, each with the
+/// process that made it (a child forked with them removes none: they are its parent's). What
+/// is left of them when the interpreter exits (a check still running then, a report still held)
+/// goes with it: `remove_spools`, which the package registers with `atexit`.
+static SPOOLS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
-/// Removes a temporary copy of the ops (and forgets it).
+/// Removes a temporary copy of the ops this process made (and forgets it).
 fn remove_spool(path: &Path) {
-    let _ = std::fs::remove_file(path);
-    lock(&SPOOLS).retain(|p| p != path);
+    let me = std::process::id();
+    let mut spools = lock(&SPOOLS);
+    if let Some(i) = spools.iter().position(|(pid, p)| *pid == me && p == path) {
+        spools.swap_remove(i);
+        drop(spools);
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// Removes the temporary copies of the ops this process still has (at the interpreter's exit:
 /// a report read after it cannot explain its hazards any more). Returns how many there were.
 #[pyfunction]
 fn _remove_spools() -> usize {
-    let paths = std::mem::take(&mut *lock(&SPOOLS));
-    for p in &paths {
+    let me = std::process::id();
+    let mine: Vec<PathBuf> = {
+        let mut spools = lock(&SPOOLS);
+        let (mine, theirs) = std::mem::take(&mut *spools)
+            .into_iter()
+            .partition(|(pid, _)| *pid == me);
+        *spools = theirs;
+        mine.into_iter().map(|(_, p)| p).collect()
+    };
+    for p in &mine {
         let _ = std::fs::remove_file(p);
     }
-    paths.len()
+    mine.len()
 }
 
 /// A new temporary spool file, readable by its owner only.
@@ -119,7 +133,7 @@ fn spool() -> Result<(PathBuf, File), String> {
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         match options.open(&path) {
             Ok(f) => {
-                lock(&SPOOLS).push(path.clone());
+                lock(&SPOOLS).push((std::process::id(), path.clone()));
                 return Ok((path, f));
             }
             Err(e) => last = format!("{}: cannot create: {e}", path.display()),
