@@ -938,8 +938,36 @@ def test_each_check_has_its_own_sites_after_others(backend, tmp_path, monkeypatc
     assert sites_of(_add_one, "1.jsonl") == {a}
     assert sites_of(_times_two, "2.jsonl") == {b}
     assert sites_of(_add_one, "3.jsonl") == {a}
+    # This file's folder taken for Inductor's output (code that is not the user's): its lines
+    # are no site any more, though the check before knew them as the user's.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.dirname(HERE))
+    assert not [s for s in sites_of(_add_one, "4.jsonl") if os.path.basename(HERE) in s]
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert sites_of(_add_one, "5.jsonl") == {a}
     monkeypatch.chdir(tmp_path)  # this file is outside it now: shown whole
-    assert sites_of(_add_one, "4.jsonl") == {f"{HERE}:{line_of('SITE-A')}"}
+    assert sites_of(_add_one, "6.jsonl") == {f"{HERE}:{line_of('SITE-A')}"}
+
+
+def test_a_check_refused_inside_another_leaves_it_whole(backend):
+    """A check entered while another runs (a `streamsan.torch.check()` in a test that
+    `pytest --streamsan` checks already) is refused, and the running one still sees the race
+    after it: the refused one set nothing up."""
+    torch_or_skip()
+    import torch
+
+    import streamsan.torch
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(64)
+        with pytest.raises(RuntimeError, match="already running"):
+            with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True):
+                pass
+        f.stream(1, "side")
+        x.add_(1)  # RACES-WITH-THE-FILL
+
+    run = checked(backend, body)
+    assert sites(run) == {("data-race", line_of("RACES-WITH-THE-FILL"))}
 
 
 def test_a_finished_check_goes_with_its_run_and_leaves_no_file(backend, tmp_path):

@@ -82,8 +82,9 @@ impl Drop for KeptFile {
 
 /// The temporary copies of the ops this process made and has not removed yet, each with the
 /// process that made it (a child forked with them removes none: they are its parent's). What
-/// is left of them when the interpreter exits (a check still running then, a report still held)
-/// goes with it: `remove_spools`, which the package registers with `atexit`.
+/// is left of them when the interpreter exits normally (a check still running then, a report
+/// still held) goes with it: `_remove_spools`, which the package registers with `atexit` (a
+/// process ended by `os._exit` or a signal runs no `atexit` handler: its copies stay).
 static SPOOLS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
 /// Removes a temporary copy of the ops this process made (and forgets it).

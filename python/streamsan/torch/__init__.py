@@ -199,10 +199,13 @@ class Run:
         try:
             self._recorder.stop()
         finally:
-            if self._file is not None:
-                self._file.close()
-            if self._checker is not None:
-                error = self._end_check()
+            try:
+                if self._file is not None:
+                    self._file.close()
+                if self._checker is not None:
+                    error = self._end_check()
+            finally:
+                self._recorder.detach()
         if error is not None:
             raise error
         if self.report is not None and self.analyse_syncs:

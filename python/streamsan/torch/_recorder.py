@@ -1290,6 +1290,9 @@ class Recorder:
     ) -> None:
         import torch
 
+        if _active is not None:
+            # Before anything is set up: the C++ recorder's state is the running check's.
+            raise RuntimeError("streamsan.torch: a check or record is already running in this process")
         self.torch = torch
         self.on = False
         self.sink = sink
@@ -1383,6 +1386,12 @@ class Recorder:
             if self.error is None:
                 self.error = e
 
+    def detach(self) -> None:
+        """Lets go of the sink (the Run's) once the Run has its report: a finished recorder
+        holds nothing that holds its Run. Ops that reach it later raise in the sink, as they
+        would in a finished checker."""
+        self.sink = _finished_sink
+
     def start(self) -> None:
         global _active
         with _lock:
@@ -1437,8 +1446,6 @@ class Recorder:
         with _lock:
             if _active is self:
                 _active = None
-        # The sink is the Run's: a finished recorder holds nothing that holds its Run.
-        self.sink = _finished_sink
         c = self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(

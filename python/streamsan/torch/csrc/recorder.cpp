@@ -1930,8 +1930,9 @@ void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libr
   S->libraries = libraries;
 }
 
-// At most this many code objects are known (and kept alive by code_cache) from one check to the
-// next: a check that starts with more forgets them all.
+// At most this many code objects are known (and kept alive by code_cache, with what they hold:
+// a generated module's top-level code holds its sources) from one check to the next: a check
+// that starts with more forgets them all.
 constexpr size_t kMaxKnownCodes = 1 << 16;
 
 // Code outside torch that is not the user's either (`dirs`: folder prefixes), and Dynamo's map
