@@ -1007,3 +1007,48 @@ def test_a_finished_check_goes_with_its_run_and_leaves_no_file(backend, tmp_path
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
     assert done.returncode == 0, done.stderr
     assert not [p.name for p in spool.iterdir() if p.name.startswith("streamsan-ops-")]
+
+
+def test_a_check_set_up_elsewhere_refuses_others_until_it_is_given_up(backend):
+    """The C++ recorder's state is one per process: a recorder claims it before it sets
+    anything up (so a second check, from another thread, cannot empty it between the first's
+    set-up and its start), and gives it back when it stops or is given up."""
+    torch_or_skip()
+    import torch
+
+    import streamsan.torch
+    from streamsan.torch import _recorder
+
+    first = _recorder.Recorder(lambda data: None, backend, fake_device=True)
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True).__enter__()
+    finally:
+        first.abandon()
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(64)
+        f.stream(1, "side")
+        x.add_(1)  # RACES-AFTER-A-GIVEN-UP-ONE
+
+    assert sites(checked(backend, body)) == {("data-race", line_of("RACES-AFTER-A-GIVEN-UP-ONE"))}
+
+
+def test_a_check_whose_start_failed_lets_the_next_one_run(backend, monkeypatch):
+    torch_or_skip()
+    import torch
+
+    import streamsan.torch
+    from streamsan.torch import _recorder
+
+    def broken(rec):
+        raise OSError("patching failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(_recorder, "_install_patches", broken)
+        with pytest.raises(OSError, match="patching failed"):
+            with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True):
+                pass
+    run = checked(backend, lambda f: (f.stream(0), torch.ones(4).add_(1)))
+    assert run.report.errors == 0 and run.report.ops > 0

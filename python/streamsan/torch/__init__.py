@@ -174,6 +174,8 @@ class Run:
                 self._recorder.raw_sink = self._checker._raw_sink()
             self._recorder.start()
         except BaseException:
+            if self._recorder is not None:
+                self._recorder.abandon()  # the next check may run
             if self._file is not None:
                 self._file.close()
             raise

@@ -52,6 +52,9 @@ def _collective_stream(pending: list, own: str) -> tuple[Optional[str], int]:
 
 # The recorder that is on, if any (one at a time in a process).
 _active: Optional["Recorder"] = None
+# The recorder being set up or on (claimed under `_lock` before it touches the C++ recorder's
+# state, which is one per process): a second one is refused before it sets anything up.
+_claimed: Optional["Recorder"] = None
 _callbacks_registered = False
 _alloc_callbacks_registered = False
 _lock = threading.Lock()
@@ -1290,9 +1293,19 @@ class Recorder:
     ) -> None:
         import torch
 
-        if _active is not None:
-            # Before anything is set up: the C++ recorder's state is the running check's.
-            raise RuntimeError("streamsan.torch: a check or record is already running in this process")
+        global _claimed
+        with _lock:
+            if _claimed is not None or _active is not None:
+                # Before anything is set up: the C++ recorder's state is the running check's.
+                raise RuntimeError("streamsan.torch: a check or record is already running in this process")
+            _claimed = self
+        try:
+            self._setup(torch, sink, backend, fake_device, profile)
+        except BaseException:
+            self._unclaim()
+            raise
+
+    def _setup(self, torch, sink, backend: str, fake_device: bool, profile: Optional[str]) -> None:
         self.torch = torch
         self.on = False
         self.sink = sink
@@ -1386,6 +1399,25 @@ class Recorder:
             if self.error is None:
                 self.error = e
 
+    def _unclaim(self) -> None:
+        global _claimed, _active
+        with _lock:
+            if _claimed is self:
+                _claimed = None
+            if _active is self:
+                _active = None
+
+    def abandon(self) -> None:
+        """Gives up a recorder whose start failed or never came: what it installed is taken
+        off, and the next check may run."""
+        try:
+            if _active is self:
+                self.stop()
+        except Exception:  # noqa: BLE001 - taking off what a failed start left; its error is raised
+            pass
+        finally:
+            self._unclaim()
+
     def detach(self) -> None:
         """Lets go of the sink (the Run's) once the Run has its report: a finished recorder
         holds nothing that holds its Run. Ops that reach it later raise in the sink, as they
@@ -1395,7 +1427,7 @@ class Recorder:
     def start(self) -> None:
         global _active
         with _lock:
-            if _active is not None:
+            if _active is not None or _claimed is not self:
                 raise RuntimeError("streamsan.torch: a check or record is already running in this process")
             _active = self
         if not getattr(self.backend, "native_syncs", False):
@@ -1443,9 +1475,7 @@ class Recorder:
         data = self.backend.drain()
         if data:
             self._sink(data)
-        with _lock:
-            if _active is self:
-                _active = None
+        self._unclaim()
         c = self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
