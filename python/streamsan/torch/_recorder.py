@@ -1465,17 +1465,19 @@ class Recorder:
             self.warn("triton-error", f"could not hook Triton's kernel launches: {type(e).__name__}: {e}")
 
     def stop(self) -> None:
-        global _active
-        self.backend.stop()
-        self.on = False
-        if self.triton is not None:
-            self.triton.uninstall()
-        if self.patches is not None:
-            self.patches.restore()
-        data = self.backend.drain()
-        if data:
-            self._sink(data)
-        self._unclaim()
+        try:
+            self.backend.stop()
+            self.on = False
+            if self.triton is not None:
+                self.triton.uninstall()
+            if self.patches is not None:
+                self.patches.restore()
+            data = self.backend.drain()
+            if data:
+                self._sink(data)
+        finally:
+            self.on = False
+            self._unclaim()  # whatever failed above, the next check may run
         c = self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
