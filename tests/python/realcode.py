@@ -1476,7 +1476,8 @@ def suite_of(fn) -> str:
     if fn in compiled_programs():
         return "compiled"
     try:
-        extra = set(_extra_suite().EXTRA_CLEAN.values()) | set(_extra_suite().EXTRA_BUGS.values())
+        rx = _extra_suite()
+        extra = set(rx.EXTRA_CLEAN.values()) | set(rx.EXTRA_BUGS.values())
     except Exception:  # noqa: BLE001 - realcode_extra cannot be imported here
         extra = set()
     return "extra" if fn in extra else "realcode"

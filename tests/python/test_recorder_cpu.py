@@ -75,6 +75,13 @@ def checked(backend, body, trace=None):
     return run
 
 
+def trace_ops(path):
+    """The ops of the trace file at `path`, as dicts."""
+    import json
+
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def sites(run):
     return {(h["kind"], int(h["access"]["site"].rsplit(":", 1)[1])) for h in run.report.hazards if h["access"]}
 
@@ -275,7 +282,6 @@ def test_set_is_recorded_only_when_it_grows_the_storage(backend, tmp_path):
     """`set_` to a storage that holds the view changes the tensor object alone: nothing is
     written. `set_` to a view past the storage's end grows the storage (a new block, the old
     bytes copied on the current stream): that call is written as an op."""
-    import json
 
     import torch
 
@@ -293,7 +299,7 @@ def test_set_is_recorded_only_when_it_grows_the_storage(backend, tmp_path):
         z.add_(1)
 
     checked(backend, body, trace=path)
-    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    ops = trace_ops(path)
     sets = [int(o["site"].rsplit(":", 1)[1]) for o in ops if o.get("name") == "aten::set_"]
     assert sets == [line_of("GROWS")], sets
 
@@ -348,8 +354,6 @@ def test_a_storage_dropped_inside_an_op_is_not_looked_at_after(backend):
 
 
 def test_nested_ops_are_written_once(backend, tmp_path):
-    import json
-
     import torch
 
     path = tmp_path / "t.jsonl"
@@ -361,7 +365,7 @@ def test_nested_ops_are_written_once(backend, tmp_path):
         torch.nn.functional.linear(x, w)
 
     checked(backend, body, trace=path)
-    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    ops = trace_ops(path)
     launches = [o for o in ops if o["op"] == "launch"]
     # two fills and one matrix product: linear and matmul add nothing of their own
     assert len([o for o in launches if o["name"] in ("aten::mm", "aten::addmm")]) == 1
@@ -656,8 +660,6 @@ def test_a_wait_inside_an_enclosing_op_comes_before_the_ops_it_orders(backend, w
     # The default stream zeroes g (zero_grad); the side stream waits for it inside an enclosing
     # scope (the autograd engine's wait for the gradient's producer, a hook) and then adds to g
     # (AccumulateGrad's add_). The wait must be written before the add_ it orders.
-    import json
-
     import torch
 
     scoped = _scoped_op()
@@ -683,7 +685,7 @@ def test_a_wait_inside_an_enclosing_op_comes_before_the_ops_it_orders(backend, w
     run = checked(backend, body, trace=path)
     if wait:
         assert run.report.errors == 0, run.report.to_text()
-        ops = [json.loads(line) for line in path.read_text().splitlines()]
+        ops = trace_ops(path)
         side = [i for i, o in enumerate(ops) if o.get("stream") == "side"]
         # on the side stream: the wait, then the work it orders
         assert ops[side[0]]["op"] == "event_wait", ops
@@ -698,7 +700,6 @@ def test_a_wait_inside_an_enclosing_op_comes_before_the_ops_it_orders(backend, w
 def test_syncs_of_nested_ops_keep_the_threads_order(tmp_path):
     # Host ops interleaved with the ops a custom op calls: wait, op, record, wait, op: the trace
     # lists them in that order (C++ recorder: every nested op is seen).
-    import json
 
     torch = torch_or_skip()
     native_ext_or_skip()
@@ -722,7 +723,7 @@ def test_syncs_of_nested_ops_keep_the_threads_order(tmp_path):
         scoped(a)
 
     checked("native", body, trace=path)
-    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    ops = trace_ops(path)
     seq = [
         (o["op"], o.get("name"), o.get("event"))
         for o in ops
@@ -738,8 +739,6 @@ def test_syncs_of_nested_ops_keep_the_threads_order(tmp_path):
 
 
 def test_an_in_place_op_on_one_region_writes_it_once(backend, tmp_path):
-    import json
-
     import torch
 
     path = tmp_path / "t.jsonl"
@@ -752,7 +751,7 @@ def test_an_in_place_op_on_one_region_writes_it_once(backend, tmp_path):
         x.add_(y)
 
     checked(backend, body, trace=path)
-    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    ops = trace_ops(path)
     adds = [o for o in ops if o["op"] == "launch" and o["name"] == "aten::add_"]
     assert len(adds) == 2
     assert len(adds[0]["writes"]) == 1 and "reads" not in adds[0], adds[0]
@@ -773,8 +772,6 @@ def test_a_pinned_block_handed_out_again_is_a_new_buffer(backend, reuse, tmp_pat
     # The new batch's storage is a new buffer (the old one was freed, untraced): the host's fill
     # of it does not race the old copy. Writing the old batch again while its copy may still
     # read it (reuse=False: the same storage) is a race.
-    import json
-
     import torch
 
     path = tmp_path / "t.jsonl"
@@ -794,7 +791,7 @@ def test_a_pinned_block_handed_out_again_is_a_new_buffer(backend, reuse, tmp_pat
         del dev
 
     run = checked(backend, body, trace=path)
-    ops = [json.loads(line) for line in path.read_text().splitlines()]
+    ops = trace_ops(path)
     pinned = [o["buffer"] for o in ops if o["op"] == "alloc" and o.get("memory") == "pinned"]
     if reuse:
         assert run.report.errors == 0, run.report.to_text()
@@ -923,7 +920,6 @@ def test_each_check_has_its_own_sites_after_others(backend, tmp_path, monkeypatc
     """What a recorder knows of the program's code (which frames are the user's, their lines) may
     outlive a check: the checks after it still name their own lines, shown relative to the
     directory each started in."""
-    import json
 
     cwd = os.getcwd().rstrip(os.sep) + os.sep
     rel = HERE[len(cwd):] if HERE.startswith(cwd) else HERE
@@ -931,7 +927,7 @@ def test_each_check_has_its_own_sites_after_others(backend, tmp_path, monkeypatc
     def sites_of(fn, name):
         path = tmp_path / name
         checked(backend, lambda f: (f.stream(0), fn()), trace=path)
-        ops = [json.loads(line) for line in path.read_text().splitlines()]
+        ops = trace_ops(path)
         return {o["site"] for o in ops if o.get("op") == "launch"}
 
     a, b = f"{rel}:{line_of('SITE-A')}", f"{rel}:{line_of('SITE-B')}"

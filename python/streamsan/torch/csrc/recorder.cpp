@@ -34,6 +34,7 @@
 #include <c10/core/Stream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/core/impl/GPUTrace.h>
+#include <c10/util/strides.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/SmallVector.h>
@@ -1200,8 +1201,7 @@ void release_sink() {
   py::object old;
   {
     std::lock_guard<std::mutex> g(S->mu);
-    old = std::move(S->sink);
-    S->sink = py::object();
+    old = std::exchange(S->sink, py::object());
   }
 }
 
@@ -1356,17 +1356,11 @@ bool set_grows(const at::RecordFunction& fn) {
   if (st == nullptr || !in[0].isTensor() || !in[2].isInt() || !in[3].isIntList()) return true;
   const int64_t offset = in[2].toInt();
   const std::vector<int64_t> sizes = in[3].toIntVector();
-  std::vector<int64_t> strides;
-  if (in.size() > 4 && in[4].isIntList()) strides = in[4].toIntVector();
-  if (!strides.empty() && strides.size() != sizes.size()) return true;
-  if (strides.empty()) {  // contiguous
-    strides.resize(sizes.size());
-    int64_t step = 1;
-    for (size_t d = sizes.size(); d-- > 0;) {
-      strides[d] = step;
-      step *= std::max<int64_t>(sizes[d], 1);
-    }
-  }
+  std::vector<int64_t> given;
+  if (in.size() > 4 && in[4].isIntList()) given = in[4].toIntVector();
+  if (!given.empty() && given.size() != sizes.size()) return true;
+  const c10::DimVector strides =
+      given.empty() ? c10::contiguous_strides(sizes) : c10::DimVector(given.begin(), given.end());
   int64_t last = offset;
   for (size_t d = 0; d < sizes.size(); d++) {
     if (sizes[d] == 0) return false;  // an empty view needs nothing
