@@ -967,6 +967,12 @@ class NativeBackend:
             self.ext.set_profile(True, self.profiling == "observe")
         if self.native_syncs:
             self.ext.install_gpu_trace()
+        if hasattr(self.ext, "set_defer"):
+            # Records written off the program's thread (the default), or on it (`0`: for
+            # benchmarks); `all`: the fake device's ops too (tests and CPU benchmarks whose
+            # tensors outlive the check: see State::defer_fake in the recorder).
+            defer = os.environ.get("STREAMSAN_DEFER", "1").strip().lower()
+            self.ext.set_defer(defer != "0", defer == "all")
         if self.rec.raw_sink is not None and hasattr(self.ext, "set_raw_sink"):
             self.ext.set_raw_sink(self.rec.raw_sink)
         self.ext.set_active(True)

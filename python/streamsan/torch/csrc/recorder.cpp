@@ -55,15 +55,19 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <optional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <pthread.h>
 
 namespace py = pybind11;
 
@@ -250,6 +254,37 @@ struct Frame {
   bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
 };
 
+// What an op, a launch, an allocation, a free or a host op leaves to be written: the trace's
+// lines are written from records, either at once (the program's thread, `mu` held) or later, in
+// the order they were made, by the resolver (see "Deferred writing"). A record holds only what
+// the program's thread saw when it happened; naming buffers and streams, finding the
+// allocations regions fall in and the text are the writer's.
+enum class RecKind : uint8_t {
+  Op,      // a dispatcher op's launch, host accesses, record_stream (`info`)
+  Launch,  // a kernel launched outside the dispatcher (Triton), named `text` (quoted)
+  Alloc,   // an allocation of the caching allocator
+  Free,    // its free
+  Text,    // host ops, as finished lines (`text`)
+};
+
+struct Rec {
+  RecKind kind = RecKind::Text;
+  Site site = kNullSite;
+  const OpInfo* info = nullptr;  // Op
+  uint64_t stream = 0;           // Op, Launch, Alloc: the raw handle
+  c10::DeviceIndex device = 0;
+  bool non_blocking = false;     // Op
+  bool any_device = false;       // Op: some region is device memory (else a CPU op on pinned)
+  bool outside_capture = false;  // Alloc: into a pool while no capture was recorded in progress
+  uint64_t addr = 0, size = 0;   // Alloc, Free
+  std::pair<int64_t, int64_t> pool{0, 0};  // Alloc
+  // Op, Launch: the regions, each once, less those the ops it called wrote (Op).
+  c10::SmallVector<Access, 4> all;
+  std::vector<Access> fresh;         // Op: outputs in fresh storage (pinned; the fake device)
+  std::vector<std::string> pending;  // Op: the host ops it issued (its frame's `pending`)
+  std::string text;  // Launch: the name; Text: the lines; Op: a collective's stream, once named
+};
+
 // A freed buffer's name is given to a new buffer only after this many other frees: reports of
 // a run name distinct buffers, and the checker's table of names stays bounded.
 constexpr size_t kNameDelay = 4096;
@@ -282,6 +317,10 @@ struct Profile {
   std::atomic<uint64_t> handover{0};   // batches handed to the checker (Python's sink)
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> callback_total{0};  // everything inside the RecordFunction callbacks
+  std::atomic<uint64_t> resolver{0};   // records written (resolved and turned into text), any thread
+  std::atomic<uint64_t> resolved{0};   // records written from the queue
+  std::atomic<uint64_t> deferred{0};   // records queued
+  std::atomic<uint64_t> caught_up{0};  // times a program thread found the queue full and wrote it
   // Ops recorded in full that wrote nothing of their own (their accesses written by the ops
   // they called, or none), by name; `mu` held.
   std::unordered_map<std::string, uint64_t> unwritten;
@@ -318,6 +357,22 @@ constexpr const char* kRawSinkName = "streamsan._streamsan.RawSink";
 
 struct State {
   std::mutex mu;
+  // Records waiting to be written, in the order they were made (`q_mu` held; taken after `mu`,
+  // or alone): see "Deferred writing".
+  std::mutex q_mu;
+  std::condition_variable q_cv;  // the resolver sleeps on it while nothing is deferred
+  std::vector<Rec> queue;
+  std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
+  std::atomic<bool> defer{false};     // records are queued (a check with the raw sink runs)
+  std::atomic<bool> defer_wanted{true};
+  // Tests: ops on the fake device are deferred too. Not by default: a CPU storage standing for
+  // device memory is freed when the recorder finds it gone, and a record written later finds
+  // more gone than were when it was made (a free written before ops that came before it).
+  std::atomic<bool> defer_fake{false};
+  bool resolver_started = false;      // `q_mu` held
+  // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
+  // which need no other state.
+  std::mutex names_mu;
   // Held while a batch is handed to the raw sink, and to change it; taken after `mu` (never
   // `mu` while holding it), so that batches reach the checker in the order they were cut.
   std::mutex raw_mu;
@@ -345,7 +400,7 @@ struct State {
   // tensors' storages start where their block does, and a tree's walk costs a cache miss a level.
   // A buffer's slot is emptied when it is freed.
   std::array<std::array<BufSlot, kBufSlots>, 2> buf_slots{};
-  std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id
+  std::unordered_map<uint64_t, std::string> stream_names;  // raw handle -> quoted id (`names_mu`)
   std::unordered_map<const char*, OpInfo> ops;              // by the schema name's pointer
   // Records without an operator schema, by their text: their names are strings of their own,
   // made for each call (autograd's "autograd::engine::evaluate_function: AddmmBackward0"), whose
@@ -430,8 +485,9 @@ struct ThreadState {
 };
 thread_local ThreadState ts;
 
-// The quoted stream id of a raw handle; `mu` held.
+// The quoted stream id of a raw handle (a name once given stays: the reference too).
 const std::string& stream_name(uint64_t raw, c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> n(S->names_mu);
   auto it = S->stream_names.find(raw);
   if (it != S->stream_names.end()) return it->second;
   std::string name;
@@ -1162,8 +1218,9 @@ void maybe_flush() {
 
 // Hands the batch over when it is large enough, `mu` not held: to the checker's raw sink where
 // it gave one (from any thread, GIL or not), else to Python's sink (GIL taken, on a thread that
-// runs Python; elsewhere the batch waits for the next hand-over).
-void flush_batch() {
+// runs Python, unless not `python`: the resolver's; elsewhere the batch waits for the next
+// hand-over).
+void flush_batch(bool python = true) {
   std::string out;
   {
     std::unique_lock<std::mutex> g(S->mu);
@@ -1187,11 +1244,13 @@ void flush_batch() {
       return;
     }
   }
-  if (PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
+  if (!python || PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
   PyGILState_STATE st = PyGILState_Ensure();
   maybe_flush();
   PyGILState_Release(st);
 }
+
+void set_deferring(bool on);
 
 // Lets go of the check's Python sink once the check has ended, so that nothing of a finished
 // check is kept alive here (the recorder's sink holds its Run: the report, and the temporary copy
@@ -1225,7 +1284,17 @@ bool set_raw_sink(py::object capsule) {
     old = std::move(S->raw_sink_owner);
     S->raw_sink_owner = raw ? capsule : py::object();
   }
+  // Records are deferred while the raw sink takes the batches (the resolver hands them over
+  // without Python); once it is gone, written at once (what is queued: by `drain`).
+  set_deferring(raw != nullptr && S->defer_wanted.load());
   return true;  // `old` released here, no lock held
+}
+
+// Whether a check with the raw sink defers its records to the resolver (the default), or writes
+// them on the program's threads (benchmarks: STREAMSAN_DEFER=0).
+void set_defer(bool on, bool fake_device) {
+  S->defer_wanted.store(on);
+  S->defer_fake.store(fake_device);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1237,14 +1306,15 @@ uint64_t current_stream(c10::DeviceIndex device) {
   return reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream(device).stream());
 }
 
-// The stream a collective runs on: the one named by the first wait among its host ops from
-// `from` that is not its own current stream (PyTorch makes the process group's stream wait for
-// the current one before the collective), quoted; empty when none. Sets `*split` past that wait.
-std::string collective_stream_of(const Frame& fr, size_t from, size_t* split = nullptr) {
+// The stream a collective runs on: the one named by the first wait among its host ops
+// `pending` from `from` that is not its own current stream `own` (PyTorch makes the process
+// group's stream wait for the current one before the collective), quoted; empty when none. Sets
+// `*split` past that wait.
+std::string collective_stream_of(const std::vector<std::string>& pending, const std::string& own,
+                                 size_t from, size_t* split = nullptr) {
   static const std::string prefix = "{\"op\":\"event_wait\",\"stream\":";
-  const std::string& own = stream_name(fr.stream, fr.device);
-  for (size_t i = from; i < fr.pending.size(); i++) {
-    const std::string& w = fr.pending[i];
+  for (size_t i = from; i < pending.size(); i++) {
+    const std::string& w = pending[i];
     if (w.rfind(prefix, 0) != 0) continue;
     size_t start = prefix.size();
     size_t end = w.find(",\"event\"", start);
@@ -1257,33 +1327,185 @@ std::string collective_stream_of(const Frame& fr, size_t from, size_t* split = n
   return std::string();
 }
 
-// Writes the host ops issued inside `fr` so far (its op is calling another op, or the allocator
-// is allocating or freeing for it: what comes after them). A collective keeps the stream its
-// wait named, and keeps what it issued after that wait for after its own launch: the process
-// group launches its kernel right after the wait that hands the work to its stream, then records
-// the events that stand for the kernel's end (the work's end event, its future's). Written here,
-// before the launch the collective's end writes, a stream waiting on such an event would be
-// ordered before the kernel instead of after it.
-void flush_pending_locked(Frame& fr) {
+// ---------------------------------------------------------------------------------------------
+// Deferred writing
+//
+// While a check hands its batches to the checker's raw sink, the program's threads do not write
+// the trace: an op's end callback, a Triton launch, the allocator's tracker and the host ops
+// outside ops each queue a record of what they saw (`push`: one short lock, no map, no text),
+// and the resolver, a thread of the recorder's own, writes the queued records every half
+// millisecond, in the order they were queued: it finds the allocation each region falls in,
+// names buffers and streams, writes the lines, and hands the batch over. Whatever writes under
+// `mu` (`StateLock`) first writes what is queued, so the trace keeps each thread's order
+// whoever writes it: what is written at once (ops on pinned memory, whose storages a record
+// would keep alive; Python's calls) comes after every record queued before it. The queue is
+// bounded: a thread that finds it full writes it itself, the only time the program waits for
+// the resolver. `drain()` writes what is left when the check ends.
+
+// The most records queued: a thread that queues the last one writes them all.
+constexpr size_t kMaxQueued = 4096;
+
+void write_rec(Rec& r);
+
+// Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
+// host memory (write_at_once), whose release may reach the GPU trace.
+void resolve_queued() {
+  std::vector<Rec>& work = S->resolving;
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    if (S->queue.empty()) return;
+    work.swap(S->queue);
+  }
+  struct Clear {
+    std::vector<Rec>& w;
+    ~Clear() { w.clear(); }
+  } clear{work};
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  for (Rec& r : work) write_rec(r);
+  if (profiling) {
+    S->prof.resolver += now_ns() - t0;
+    S->prof.resolved += work.size();
+  }
+}
+
+// `mu`, taken once what is queued is written: what is written under it comes after that.
+struct StateLock {
+  std::unique_lock<std::mutex> g;
+  StateLock() : g(S->mu) { resolve_queued(); }
+};
+
+// Queues `r` for the resolver.
+void push(Rec&& r) {
+  size_t n;
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    S->queue.push_back(std::move(r));
+    n = S->queue.size();
+  }
+  if (S->profiling.load(std::memory_order_relaxed)) S->prof.deferred++;
+  if (n >= kMaxQueued) {
+    // The resolver is behind: this thread writes the queue itself (the batch is handed over by
+    // the resolver, or the next op that writes at once).
+    S->prof.caught_up++;
+    StateLock g;
+  }
+}
+
+// Writes `r` now, or queues it while records are deferred (unless `now`: it must be written at
+// once). A batch written here is handed over when large enough where `may_flush` (never in the
+// allocator's tracker, which must not take the GIL). `r` is left for the caller to release,
+// after every lock.
+void submit(Rec& r, bool now, bool may_flush) {
+  if (!now && S->defer.load(std::memory_order_relaxed)) {
+    push(std::move(r));
+    return;
+  }
+  bool flush;
+  {
+    StateLock g;
+    write_rec(r);
+    flush = S->batch.size() >= S->threshold;
+  }
+  if (flush && may_flush) flush_batch();
+}
+
+// Host ops, as finished lines, in their place among the records.
+void emit_text(std::string&& text, bool may_flush) {
+  Rec r;
+  r.kind = RecKind::Text;
+  r.text = std::move(text);
+  submit(r, false, may_flush);
+}
+
+// The resolver's thread: while records are deferred, writes the queue every half millisecond
+// and hands the batch over when it is large enough; else sleeps until a check defers again.
+void resolver_main() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> q(S->q_mu);
+      S->q_cv.wait(q, [] { return S->defer.load(); });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    bool flush;
+    {
+      std::lock_guard<std::mutex> g(S->mu);
+      resolve_queued();
+      flush = S->batch.size() >= S->threshold;
+    }
+    if (flush) flush_batch(false);
+  }
+}
+
+// Fork: the child gets every lock free and no resolver (its threads are not copied); it writes
+// at once until a check of its own starts one.
+void before_fork() {
+  S->mu.lock();
+  S->raw_mu.lock();
+  S->q_mu.lock();
+  S->names_mu.lock();
+}
+void after_fork_parent() {
+  S->names_mu.unlock();
+  S->q_mu.unlock();
+  S->raw_mu.unlock();
+  S->mu.unlock();
+}
+void after_fork_child() {
+  S->defer.store(false);
+  S->resolver_started = false;
+  new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
+  after_fork_parent();
+}
+
+// Records are deferred from now on (`on`: a check with the raw sink starts; the resolver is
+// started the first time), or written at once (the check ends: `drain` writes what is queued).
+void set_deferring(bool on) {
+  static std::once_flag fork_handlers;
+  std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_parent, after_fork_child); });
+  std::lock_guard<std::mutex> q(S->q_mu);
+  if (on && !S->resolver_started) {
+    try {
+      std::thread(resolver_main).detach();
+      S->resolver_started = true;
+    } catch (const std::system_error&) {
+      on = false;  // no thread to be had: written at once
+    }
+  }
+  S->defer.store(on);
+  if (on) S->q_cv.notify_all();
+}
+
+// Takes the host ops issued inside `fr` so far (its op is calling another op, or the allocator
+// is allocating or freeing for it: what comes after them) into `out`. A collective keeps the
+// stream its wait named, and keeps what it issued after that wait for after its own launch: the
+// process group launches its kernel right after the wait that hands the work to its stream, then
+// records the events that stand for the kernel's end (the work's end event, its future's).
+// Written here, before the launch the collective's end writes, a stream waiting on such an event
+// would be ordered before the kernel instead of after it.
+void take_pending(Frame& fr, std::string& out) {
   if (fr.info && fr.info->kind == Kind::Collective) {
     size_t split = 0;  // what was issued before the wait (none once the wait was written)
     if (fr.collective_stream.empty()) {
       split = fr.pending.size();
       size_t past_wait = 0;
-      fr.collective_stream = collective_stream_of(fr, 0, &past_wait);
+      fr.collective_stream =
+          collective_stream_of(fr.pending, stream_name(fr.stream, fr.device), 0, &past_wait);
       if (!fr.collective_stream.empty()) split = past_wait;
     }
-    for (size_t i = 0; i < split; i++) S->batch += fr.pending[i];
+    for (size_t i = 0; i < split; i++) out += fr.pending[i];
     fr.pending.erase(fr.pending.begin(), fr.pending.begin() + static_cast<std::ptrdiff_t>(split));
     return;
   }
-  for (auto& p : fr.pending) S->batch += p;
+  for (auto& p : fr.pending) out += p;
   fr.pending.clear();
 }
 
-void flush_pending(Frame& fr) {
-  std::lock_guard<std::mutex> g(S->mu);
-  flush_pending_locked(fr);
+// Writes (or queues) the host ops issued inside `fr` so far (take_pending).
+void flush_pending(Frame& fr, bool may_flush = true) {
+  std::string text;
+  take_pending(fr, text);
+  if (!text.empty()) emit_text(std::move(text), may_flush);
 }
 
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn);
@@ -1503,8 +1725,195 @@ void pass_pending(Frame& fr, Frame* parent) {
     for (auto& p : fr.pending) parent->pending.push_back(std::move(p));
     return;
   }
-  std::lock_guard<std::mutex> g(S->mu);
-  for (auto& p : fr.pending) S->batch += p;
+  std::string text;
+  for (auto& p : fr.pending) text += p;
+  emit_text(std::move(text), true);
+}
+
+// The quoted name of the pool with the allocator's id `id`; `mu` held.
+const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
+  auto it = S->pool_names.find(id);
+  if (it != S->pool_names.end()) return it->second;
+  std::string name = "pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
+  return S->pool_names.emplace(id, jstr(name)).first->second;
+}
+
+// Writes a dispatcher op's record (see on_end_impl); `mu` held.
+void write_op(Rec& r) {
+  const OpInfo& info = *r.info;
+  const std::string& site = *r.site;
+  std::string& out = S->batch;
+  const std::string& own_stream = stream_name(r.stream, r.device);
+  // Fresh pinned storage (and, in tests, CPU storage standing for device memory) is a new
+  // allocation; device allocations come from the allocator's tracker.
+  for (Access& o : r.fresh) {
+    auto& bufs = o.device ? S->device_bufs : S->pinned_bufs;
+    auto known = bufs.find(o.base);
+    // The same storage seen again, or (pinned) a block handed out again to a new storage.
+    if (known != bufs.end() && same_storage(known->second, o.impl)) continue;
+    new_alloc(o.base, o.storage_bytes, o.device ? Mem::Device : Mem::Pinned, own_stream, site, o.impl);
+  }
+  if (info.factory) {
+    for (auto& p : r.pending) out += p;
+    return;
+  }
+  if (info.kind == Kind::RecordStream) {
+    for (Access& a : r.all) {
+      if (!resolve(a, site, &own_stream) || !a.buf) continue;
+      out += "{\"op\":\"record_stream\",\"buffer\":";
+      out += a.buf->name;
+      out += ",\"stream\":";
+      out += own_stream;
+      put_site(out, site);
+    }
+    for (auto& p : r.pending) out += p;
+    return;
+  }
+  Used used;
+  bool any_host = false;
+  for (Access& a : r.all) {
+    if (!resolve(a, site, &own_stream)) continue;
+    any_host |= !a.device;
+    used.push_back(&a);
+  }
+  if (used.empty() && S->profiling.load(std::memory_order_relaxed)) S->prof.unwritten[info.name]++;
+  // A collective runs on the process group's stream: after the wait that hands the work to
+  // that stream, which it names (written already when the collective called another op).
+  size_t split = 0;
+  const std::string* stream_ptr = &own_stream;
+  std::string collective;  // the stream a collective's wait named
+  if (info.kind == Kind::Collective) {
+    if (!r.text.empty()) {
+      stream_ptr = &r.text;
+    } else {
+      collective = collective_stream_of(r.pending, own_stream, 0, &split);
+      if (!collective.empty()) stream_ptr = &collective;
+    }
+    for (size_t i = 0; i < split; i++) out += r.pending[i];
+  }
+  const std::string& stream_id = *stream_ptr;
+  bool host_value = false;
+  if (info.syncs_first) {
+    for (size_t i = split; i < r.pending.size(); i++) out += r.pending[i];
+    split = r.pending.size();
+  }
+  if (!used.empty() && r.any_device) {
+    // Work on a stream: kernels, and copies to and from pinned memory.
+    put_launch(out, stream_id, info.name, used, site);
+    // A value the host takes from device memory and waits for (`.item()`, `.cpu()`,
+    // `print(t)`): a copy into host memory, the synchronization, and the host's read of
+    // what was copied — the sync is what makes the value there, needed by construction.
+    bool writes = false;
+    for (Access* a : used) writes |= a->write;
+    for (size_t i = split; i < r.pending.size() && !writes; i++) {
+      const std::string& p = r.pending[i];
+      host_value |= p.rfind("{\"op\":\"stream_sync\"", 0) == 0 ||
+                    p.rfind("{\"op\":\"device_sync\"", 0) == 0 ||
+                    p.rfind("{\"op\":\"event_sync\"", 0) == 0;
+    }
+    if (host_value) {
+      if (!S->host_values_allocated) {
+        S->host_values_allocated = true;
+        out += kHostValuesAlloc;
+      }
+      out += "{\"op\":\"launch\",\"stream\":";
+      out += stream_id;
+      out += ",\"name\":";
+      out += info.name;
+      out += ",\"writes\":[";
+      out += kHostValues;
+      out += "]";
+      put_site(out, site);
+    }
+    if (any_host && info.copy && r.non_blocking) {
+      // PyTorch's host allocator records an event for the copy: the pinned block is not
+      // handed out again before the copy is done.
+      for (Access* a : used) {
+        if (a->device || !a->buf) continue;
+        out += "{\"op\":\"record_stream\",\"buffer\":";
+        out += a->buf->name;
+        out += ",\"stream\":";
+        out += stream_id;
+        put_site(out, site);
+      }
+    }
+  } else {
+    // A CPU op on pinned memory: the host reads or writes it.
+    for (Access* a : used) {
+      out += a->write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
+      put_region(out, *a);
+      put_site(out, site);
+    }
+  }
+  for (size_t i = split; i < r.pending.size(); i++) out += r.pending[i];
+  if (host_value) {
+    out += "{\"op\":\"host_read\",\"buffer\":";
+    out += kHostValues;
+    put_site(out, site);
+  }
+}
+
+// An allocation or a free of the caching allocator (its record); `mu` held. An allocation into
+// a pool outside a capture (cudagraph trees' warm-up, torch.cuda.use_mem_pool) names its pool:
+// its block goes back to that pool, not to the stream's. During a capture the checker puts the
+// capture's allocations in the capture's pool itself.
+void write_alloc(const Rec& r) {
+  if (r.kind == RecKind::Alloc) {
+    if (r.size == 0) return;
+    const std::string* pool_name = nullptr;
+    if (r.outside_capture) {
+      S->pool_allocations_outside_capture++;
+      pool_name = &pool_name_of(r.pool);
+    }
+    new_alloc(r.addr, r.size, Mem::Device, stream_name(r.stream, r.device), *r.site, nullptr, pool_name);
+  } else {
+    auto it = S->device_bufs.find(r.addr);
+    if (it == S->device_bufs.end()) return;  // allocated before the check began
+    free_buf(S->device_bufs, it, *r.site);
+  }
+}
+
+// A kernel launched outside the dispatcher (record_launch); `mu` held.
+void write_launch(Rec& r) {
+  S->triton_launches++;
+  Used used;
+  const std::string& stream_id = stream_name(r.stream, r.device);
+  for (Access& a : r.all) {
+    if (resolve(a, *r.site, &stream_id)) used.push_back(&a);
+  }
+  put_launch(S->batch, stream_id, r.text, used, *r.site);
+}
+
+void write_rec(Rec& r) {
+  switch (r.kind) {
+    case RecKind::Op:
+      write_op(r);
+      break;
+    case RecKind::Launch:
+      write_launch(r);
+      break;
+    case RecKind::Alloc:
+    case RecKind::Free:
+      write_alloc(r);
+      break;
+    case RecKind::Text:
+      S->batch += r.text;
+      break;
+  }
+}
+
+// Whether a record is written at once: it holds pinned memory (its storages held by its regions:
+// no storage is kept alive past its op, nor released where `mu` is held), or it is of the fake
+// device (see State::defer_fake).
+bool write_at_once(const Rec& r) {
+  if (S->fake_device && !S->defer_fake.load(std::memory_order_relaxed)) return true;
+  for (const Access& a : r.all) {
+    if (!a.device) return true;
+  }
+  for (const Access& a : r.fresh) {
+    if (!a.device) return true;
+  }
+  return false;
 }
 
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
@@ -1517,14 +1926,14 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
     // Nothing of its own: the host ops issued inside it after the last op it called, then
     // what the ops it called wrote, covered for its caller.
-    {
-      std::lock_guard<std::mutex> g(S->mu);
-      for (auto& p : fr.pending) S->batch += p;
-      if (parent) {
-        for (auto& c : fr.covered) parent->covered.push_back(c);
-      }
+    if (parent) {
+      for (auto& c : fr.covered) parent->covered.push_back(c);
     }
-    if (!fr.pending.empty()) flush_batch();
+    if (!fr.pending.empty()) {
+      std::string text;
+      for (auto& p : fr.pending) text += p;
+      emit_text(std::move(text), true);
+    }
     return;
   }
   if (!fr.active || !S->active.load(std::memory_order_relaxed)) {
@@ -1556,190 +1965,75 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     pass_pending(fr, parent);
     return;
   }
-  const std::string& site = *fr.site;
-  bool flush = false;
-  uint64_t t_resolved = 0;
-  // The op's regions, each once (filled under `mu`). Declared before the lock: the host
-  // storages they hold are released after it, since a storage released last frees its memory
-  // (the host allocator records events, which reach the GPU trace and take `mu`).
-  c10::SmallVector<Access, 8> all;
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    std::string& out = S->batch;
-    // Fresh pinned storage (and, in tests, CPU storage standing for device memory) is a new
-    // allocation; device allocations come from the allocator's tracker.
-    if (info.fresh_returns || info.factory) {
-      for (Access& o : outs) {
-        if (o.device && !S->fake_device) continue;
-        bool input_storage = false;
-        for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
-        if (input_storage) continue;
-        auto& bufs = o.device ? S->device_bufs : S->pinned_bufs;
-        auto known = bufs.find(o.base);
-        // The same storage seen again, or (pinned) a block handed out again to a new storage.
-        if (known != bufs.end() && same_storage(known->second, o.impl)) continue;
-        new_alloc(o.base, o.storage_bytes, o.device ? Mem::Device : Mem::Pinned,
-                  stream_name(fr.stream, fr.device), site, o.impl);
-      }
+  // The op's record (declared first: the host storages its regions hold are released after
+  // any lock, since a storage released last frees its memory, and the host allocator records
+  // events, which reach the GPU trace and take `mu`).
+  Rec r;
+  r.kind = RecKind::Op;
+  r.info = &info;
+  r.site = fr.site;
+  r.stream = fr.stream;
+  r.device = fr.device;
+  r.non_blocking = fr.non_blocking;
+  r.any_device = fr.any_device;
+  r.pending = std::move(fr.pending);
+  r.text = std::move(fr.collective_stream);
+  if (info.fresh_returns || info.factory) {
+    for (const Access& o : outs) {
+      if (o.device && !S->fake_device) continue;
+      bool input_storage = false;
+      for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
+      if (!input_storage) r.fresh.push_back(o);
     }
-    if (info.factory) {
-      for (auto& p : fr.pending) out += p;
-      return;
-    }
+  }
+  if (!info.factory) {
     // Each region once: an output that is an input (in-place ops return `self`), or an input
     // given twice (`x.add_(x)`), is one access, written when any of them writes.
-    for (Access& a : fr.accesses) merge_region(all, std::move(a));
-    for (Access& o : outs) merge_region(all, std::move(o));
-    if (info.kind == Kind::RecordStream) {
-      for (Access& a : all) {
-        if (!resolve(a, site, &stream_name(fr.stream, fr.device)) || !a.buf) continue;
-        out += "{\"op\":\"record_stream\",\"buffer\":";
-        out += a.buf->name;
-        out += ",\"stream\":";
-        out += stream_name(fr.stream, fr.device);
-        put_site(out, site);
-      }
-      for (auto& p : fr.pending) out += p;
-    } else {
-      Used used;
-      bool any_host = false;
-      const std::string& own_stream = stream_name(fr.stream, fr.device);
-      for (Access& a : all) {
-        if (is_covered(fr, a)) continue;
-        if (!resolve(a, site, &own_stream)) continue;
-        any_host |= !a.device;
-        used.push_back(&a);
-      }
-      if (profiling) {
-        t_resolved = now_ns();
-        if (used.empty()) S->prof.unwritten[info.name]++;
-      }
-      // A collective runs on the process group's stream: after the wait that hands the work to
-      // that stream, which it names (written already when the collective called another op).
-      size_t split = 0;
-      const std::string* stream_ptr = &own_stream;
-      std::string collective;  // the stream a collective's wait named
-      if (info.kind == Kind::Collective) {
-        if (!fr.collective_stream.empty()) {
-          stream_ptr = &fr.collective_stream;
-        } else {
-          collective = collective_stream_of(fr, 0, &split);
-          if (!collective.empty()) stream_ptr = &collective;
-        }
-        for (size_t i = 0; i < split; i++) out += fr.pending[i];
-      }
-      const std::string& stream_id = *stream_ptr;
-      bool host_value = false;
-      if (info.syncs_first) {
-        for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
-        split = fr.pending.size();
-      }
-      if (!used.empty() && fr.any_device) {
-        // Work on a stream: kernels, and copies to and from pinned memory.
-        put_launch(out, stream_id, info.name, used, site);
-        // A value the host takes from device memory and waits for (`.item()`, `.cpu()`,
-        // `print(t)`): a copy into host memory, the synchronization, and the host's read of
-        // what was copied — the sync is what makes the value there, needed by construction.
-        bool writes = false;
-        for (Access* a : used) writes |= a->write;
-        for (size_t i = split; i < fr.pending.size() && !writes; i++) {
-          const std::string& p = fr.pending[i];
-          host_value |= p.rfind("{\"op\":\"stream_sync\"", 0) == 0 ||
-                        p.rfind("{\"op\":\"device_sync\"", 0) == 0 ||
-                        p.rfind("{\"op\":\"event_sync\"", 0) == 0;
-        }
-        if (host_value) {
-          if (!S->host_values_allocated) {
-            S->host_values_allocated = true;
-            out += kHostValuesAlloc;
-          }
-          out += "{\"op\":\"launch\",\"stream\":";
-          out += stream_id;
-          out += ",\"name\":";
-          out += info.name;
-          out += ",\"writes\":[";
-          out += kHostValues;
-          out += "]";
-          put_site(out, site);
-        }
-        if (any_host && info.copy && fr.non_blocking) {
-          // PyTorch's host allocator records an event for the copy: the pinned block is not
-          // handed out again before the copy is done.
-          for (Access* a : used) {
-            if (a->device || !a->buf) continue;
-            out += "{\"op\":\"record_stream\",\"buffer\":";
-            out += a->buf->name;
-            out += ",\"stream\":";
-            out += stream_id;
-            put_site(out, site);
-          }
-        }
-      } else {
-        // A CPU op on pinned memory: the host reads or writes it.
-        for (Access* a : used) {
-          out += a->write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
-          put_region(out, *a);
-          put_site(out, site);
-        }
-      }
-      for (size_t i = split; i < fr.pending.size(); i++) out += fr.pending[i];
-      if (host_value) {
-        out += "{\"op\":\"host_read\",\"buffer\":";
-        out += kHostValues;
-        put_site(out, site);
+    for (Access& a : fr.accesses) merge_region(r.all, std::move(a));
+    for (Access& o : outs) merge_region(r.all, std::move(o));
+    if (info.kind != Kind::RecordStream) {
+      // What the ops it called wrote is theirs; what it touches is covered for its caller.
+      if (!fr.covered.empty()) {
+        auto kept = std::remove_if(r.all.begin(), r.all.end(), [&](const Access& a) { return is_covered(fr, a); });
+        r.all.erase(kept, r.all.end());
       }
       if (parent) {
-        for (Access* a : used) parent->covered.emplace_back(a->base, a->offset, a->bytes, a->write);
+        for (const Access& a : r.all) parent->covered.emplace_back(a.base, a.offset, a.bytes, a.write);
         for (auto& c : fr.covered) parent->covered.push_back(c);
       }
     }
-    flush = out.size() >= S->threshold;
   }
+  const uint64_t t_built = profiling ? now_ns() : 0;
+  submit(r, write_at_once(r), true);
   if (profiling) {
-    uint64_t t2 = now_ns();
-    if (t_resolved == 0) t_resolved = t2;
-    S->prof.regions += t_resolved - t0;
-    S->prof.serialize += t2 - t_resolved;
+    S->prof.regions += t_built - t0;
+    S->prof.serialize += now_ns() - t_built;
     S->prof.ops++;
   }
-  if (flush) flush_batch();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The allocator's trace tracker (allocator lock held: no GIL here)
 
-// The quoted name of the pool with the allocator's id `id`; `mu` held.
-const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
-  auto it = S->pool_names.find(id);
-  if (it != S->pool_names.end()) return it->second;
-  std::string name = "pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
-  return S->pool_names.emplace(id, jstr(name)).first->second;
-}
-
 // An allocation or a free of the caching allocator (`pool`: the id of the graph pool or MemPool
-// the allocation comes from, {0, 0} for none); `mu` held. An allocation into a pool outside a
-// capture (cudagraph trees' warm-up, torch.cuda.use_mem_pool) names its pool: its block goes
-// back to that pool, not to the stream's. During a capture the checker puts the capture's
-// allocations in the capture's pool itself.
+// the allocation comes from, {0, 0} for none), on the thread that allocates or frees: what that
+// thread issued before (an event wait inside an enclosing op) comes first. Only the innermost
+// frame holds host ops. Never hands a batch over (no GIL here).
 void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device,
             std::pair<int64_t, int64_t> pool) {
-  // The allocator runs on the thread that allocates or frees: what that thread issued before
-  // (an event wait inside an enclosing op) comes first. Only the innermost frame holds host ops.
-  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
-  if (alloc) {
-    if (size == 0) return;
-    const std::string* pool_name = nullptr;
-    if ((pool.first != 0 || pool.second != 0) && S->captures.load(std::memory_order_relaxed) == 0) {
-      S->pool_allocations_outside_capture++;
-      pool_name = &pool_name_of(pool);
-    }
-    const std::string& name = stream_name(stream, device);
-    new_alloc(addr, size, Mem::Device, name, *ts.cur_site, nullptr, pool_name);
-  } else {
-    auto it = S->device_bufs.find(addr);
-    if (it == S->device_bufs.end()) return;  // allocated before the check began
-    free_buf(S->device_bufs, it, *ts.cur_site);
-  }
+  if (alloc && size == 0) return;
+  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back(), false);
+  Rec r;
+  r.kind = alloc ? RecKind::Alloc : RecKind::Free;
+  r.site = ts.cur_site;
+  r.addr = addr;
+  r.size = size;
+  r.stream = stream;
+  r.device = device;
+  r.pool = pool;
+  r.outside_capture = alloc && (pool.first != 0 || pool.second != 0) &&
+                      S->captures.load(std::memory_order_relaxed) == 0;
+  submit(r, false, false);
 }
 
 void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
@@ -1749,11 +2043,8 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   if (ablating(kAblateAllocator)) return;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
-           {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
-  }
+  traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
+         {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
   if (profiling) S->prof.allocator += now_ns() - t0;
 }
 
@@ -1947,12 +2238,15 @@ void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
 
 // Starts a new check: forgets every buffer, name and counter.
 void reset() {
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   S->batch.clear();
   S->device_bufs.clear();
   S->pinned_bufs.clear();
   S->buf_slots = {};
-  S->stream_names.clear();
+  {
+    std::lock_guard<std::mutex> n(S->names_mu);
+    S->stream_names.clear();
+  }
   S->next_buf = 0;
   S->fake_next_addr = kFakeAddrBase;
   S->fake_free.clear();
@@ -1975,7 +2269,8 @@ void reset() {
   }
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
                   &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
-                  &S->prof.callback_total}) {
+                  &S->prof.callback_total, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
+                  &S->prof.caught_up}) {
     c->store(0);
   }
   S->prof.unwritten.clear();
@@ -1987,19 +2282,18 @@ void set_captures(int n) { S->captures.store(n); }
 py::bytes drain() {
   std::string out;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    StateLock g;
     out.swap(S->batch);
   }
   return py::bytes(out);
 }
 
 void name_stream(uint64_t raw, const std::string& name) {
-  std::lock_guard<std::mutex> g(S->mu);
+  std::lock_guard<std::mutex> n(S->names_mu);
   S->stream_names.emplace(raw, jstr(name));
 }
 
 std::string stream_id(uint64_t raw, int device) {
-  std::lock_guard<std::mutex> g(S->mu);
   return stream_name(raw, static_cast<c10::DeviceIndex>(device));
 }
 
@@ -2010,20 +2304,19 @@ void set_fake_stream(uint64_t raw) { S->fake_stream = raw; }
 void fake_trace(bool alloc, uint64_t addr, uint64_t size, uint64_t stream,
                 std::pair<int64_t, int64_t> pool) {
   if (!S->fake_device) return;
-  std::lock_guard<std::mutex> g(S->mu);
   traced(alloc, addr, size, stream, 0, pool);
 }
 
 // The graph recorder named the pool with the allocator's id (a, b): allocations into it outside
 // a capture are written with that name.
 void set_pool_name(int64_t a, int64_t b, const std::string& quoted) {
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   S->pool_names[{a, b}] = quoted;
 }
 
 // The quoted name already given to the pool with id (a, b), or None.
 py::object pool_name(int64_t a, int64_t b) {
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   auto it = S->pool_names.find({a, b});
   if (it == S->pool_names.end()) return py::none();
   return py::str(it->second);
@@ -2034,23 +2327,20 @@ py::object pool_name(int64_t a, int64_t b) {
 // nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
 // op around the kernel) does not write these regions again. GIL held.
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
-  const std::string& site = *op_site();
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending_locked(ts.frames.back());
-    S->triton_launches++;
-    Used used;
-    const std::string& stream_id = stream_name(stream, static_cast<c10::DeviceIndex>(device));
-    for (Access& a : all) {
-      if (resolve(a, site, &stream_id)) used.push_back(&a);
-    }
-    put_launch(S->batch, stream_id, jstr(name), used, site);
-    if (!ts.frames.empty()) {
-      Frame& parent = ts.frames.back();
-      for (Access* a : used) parent.covered.emplace_back(a->base, a->offset, a->bytes, a->write);
-    }
+  Site site = op_site();
+  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
+  Rec r;
+  r.kind = RecKind::Launch;
+  r.site = site;
+  r.stream = stream;
+  r.device = static_cast<c10::DeviceIndex>(device);
+  r.text = jstr(name);
+  for (Access& a : all) r.all.push_back(std::move(a));
+  if (!ts.frames.empty()) {
+    Frame& parent = ts.frames.back();
+    for (const Access& a : r.all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
   }
-  flush_batch();
+  submit(r, write_at_once(r), true);
 }
 
 // Whether a check records now (not only observing: benchmarks).
@@ -2135,7 +2425,7 @@ void fake_pin(const at::Tensor& t) {
   if (!S->fake_device || !t.has_storage() || !t.storage().data()) return;
   uint64_t base = reinterpret_cast<uint64_t>(t.storage().data());
   const std::string& site = *user_site();
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   S->fake_pinned.insert(base);
   c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
   auto known = S->pinned_bufs.find(base);
@@ -2154,11 +2444,7 @@ void put_host_op(std::string line) {
     ts.frames.back().pending.push_back(std::move(line));
     return;
   }
-  {
-    std::lock_guard<std::mutex> g(S->mu);
-    S->batch += line;
-  }
-  flush_batch();
+  emit_text(std::move(line), true);
 }
 
 void host_op(const std::string& partial) {
@@ -2215,7 +2501,6 @@ void traced_host_op(const char* op, const char* key1, const std::string& v1, con
 }
 
 std::string traced_stream(uintptr_t stream) {
-  std::lock_guard<std::mutex> g(S->mu);
   return stream_name(stream, trace_device());
 }
 
@@ -2456,9 +2741,12 @@ py::dict profile() {
   d["syncs_seconds"] = sec(S->prof.syncs);
   d["handover_seconds"] = sec(S->prof.handover);
   d["callbacks_seconds"] = sec(S->prof.callback_total);
+  d["resolver_seconds"] = sec(S->prof.resolver);
+  d["resolved"] = S->prof.resolved.load();
+  d["deferred"] = S->prof.deferred.load();
   std::vector<std::pair<uint64_t, std::string>> unwritten;
   {
-    std::lock_guard<std::mutex> g(S->mu);
+    StateLock g;
     for (const auto& kv : S->prof.unwritten) unwritten.emplace_back(kv.second, kv.first);
   }
   std::sort(unwritten.rbegin(), unwritten.rend());
@@ -2478,7 +2766,7 @@ bool host_access(const at::Tensor& t, bool write) {
   Access a;
   if (!region_of(t, write, a) || a.device) return false;
   const std::string& site = *user_site();
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   if (!resolve(a, site)) return false;
   std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
   put_region(line, a);
@@ -2492,7 +2780,7 @@ bool host_access(const at::Tensor& t, bool write) {
 }
 
 py::dict counters() {
-  std::lock_guard<std::mutex> g(S->mu);
+  StateLock g;
   py::dict d;
   d["external_accesses"] = S->external_accesses;
   d["foreign_threads"] = S->foreign_threads.load();
@@ -2512,6 +2800,8 @@ py::dict counters() {
   d["op_kinds"] = S->ops.size() + S->labels.size();
   d["op_kinds_retired"] = S->retired_ops.size();
   d["tracker"] = S->tracker_attached;
+  d["deferring"] = S->defer.load();
+  d["queue_caught_up"] = S->prof.caught_up.load();
   return d;
 }
 
@@ -2552,6 +2842,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_syncs", &native_syncs);
   m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
   m.def("set_raw_sink", &set_raw_sink);
+  m.def("set_defer", &set_defer, py::arg("on"), py::arg("fake_device") = false);
   m.def("release_sink", &release_sink);
   m.def("profile", &profile);
   m.def("set_captures", &set_captures);

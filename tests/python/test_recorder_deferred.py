@@ -1,0 +1,141 @@
+"""The C++ recorder's deferred writing: while a check hands its batches to the checker's raw
+sink, the program's threads queue records of ops, launches, allocations, frees and host ops, and
+the recorder's own thread writes them, in order (docs/architecture.md). On the CPU (fake device:
+CPU tensors stand for device memory; `STREAMSAN_DEFER=all` defers its ops too)."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+
+def _ext():
+    from conftest import native_ext_or_skip
+
+    ext = native_ext_or_skip()
+    if not hasattr(ext, "set_defer") or not ext.native_syncs():
+        pytest.skip("this recorder does not defer, or records syncs through Python")
+    return ext
+
+
+def _run(**kw):
+    import streamsan.torch
+
+    return streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, **kw)
+
+
+def _program(ext, torch):
+    """Two streams ordered by events, allocations and frees of the allocator, launches outside
+    the dispatcher, one race; every tensor lives through the check."""
+    ext.set_fake_stream(0xA)
+    x = torch.ones(64)
+    y = torch.ones(64)
+    z = torch.zeros(32)
+    for i in range(600):
+        ext.set_fake_stream(0xA)
+        x.add_(y)
+        ext.fake_trace(True, 0x100000 + 0x1000 * (i % 5), 512, 0xA)
+        ext.record_kernel("triton_poi_fused_add_0", 0xA, 0, [(x, True, False), (z, False, True)])
+        ext.fake_gpu_trace("record", 0xE1, 0xA)
+        ext.fake_gpu_trace("wait", 0xE1, 0xB)
+        ext.set_fake_stream(0xB)
+        y.mul_(x[:64])
+        ext.fake_trace(False, 0x100000 + 0x1000 * (i % 5), 512, 0xA)
+        if i == 400:
+            ext.set_fake_stream(0xA)
+            z.add_(1.0)  # a race: 0xB's next use of z waited only for what 0xA did before
+        ext.set_fake_stream(0xB)
+        z.mul_(y[:32])
+        ext.fake_gpu_trace("record", 0xE2, 0xB)
+        ext.fake_gpu_trace("wait", 0xE2, 0xA)
+    return x, y, z
+
+
+def _check(tmp_path, monkeypatch, defer, name):
+    import torch
+
+    ext = _ext()
+    monkeypatch.setenv("STREAMSAN_DEFER", defer)
+    monkeypatch.setenv("STREAMSAN_PROFILE", "1")
+    path = tmp_path / f"{name}.jsonl"
+    run = _run(trace=path, threaded=True)
+    with run:
+        kept = _program(ext, torch)
+        during = run.stats()
+    after = ext.counters()
+    del kept
+    text = re.sub(r'"addr":\d+', '"addr":0', path.read_text())
+    return run, text, during, after
+
+
+def test_deferred_records_write_the_trace_written_at_once(tmp_path, monkeypatch):
+    """Every record queued and written by the recorder's thread (ops of the fake device too)
+    makes the trace and the report that writing each op at once makes."""
+    at_once, text0, during0, _ = _check(tmp_path, monkeypatch, "0", "now")
+    deferred, text1, during1, after = _check(tmp_path, monkeypatch, "all", "later")
+    assert during0["recorder_deferring"] is False and during0["recorder_profile_deferred"] == 0
+    assert during1["recorder_deferring"] is True
+    # Ops, launches, allocations, frees and host ops: more than 5 records a step were queued,
+    # and the recorder's thread (or the end of the check) wrote every one.
+    prof = deferred.stats()
+    assert prof["recorder_profile_deferred"] >= 600 * 9, prof
+    assert after["deferring"] is False  # the check's end writes at once again
+    assert text1 == text0
+    assert deferred.report.to_json() == at_once.report.to_json()
+    assert deferred.report.errors >= 1 and {h["kind"] for h in deferred.report.hazards} == {"data-race"}
+    assert text1.count('"name":"triton_poi_fused_add_0"') == 600
+    assert text1.count('"op":"free"') >= 600
+
+
+def test_the_default_defers_host_ops_and_the_allocator_and_keeps_the_trace(tmp_path, monkeypatch):
+    """By default the fake device's ops are written at once (their CPU storages may go while
+    queued) and everything else is queued: the trace is the one written at once."""
+    _, text0, _, _ = _check(tmp_path, monkeypatch, "0", "now")
+    run, text1, during, _ = _check(tmp_path, monkeypatch, "1", "default")
+    assert during["recorder_deferring"] is True
+    assert run.stats()["recorder_profile_deferred"] >= 600 * 4
+    assert text1 == text0
+
+
+def test_a_child_forked_during_a_deferred_check_does_not_hang(monkeypatch):
+    """The recorder's locks are taken around fork (its thread may hold them): a child forked
+    while records are being written runs torch ops and exits."""
+    import torch
+
+    ext = _ext()
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    run = _run(threaded=True)
+    children = []
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(16)
+        for _ in range(8):
+            for _ in range(200):
+                x.add_(x)
+                ext.fake_trace(True, 0x200000, 256, 0xA)
+                ext.fake_trace(False, 0x200000, 256, 0xA)
+            pid = os.fork()
+            if pid == 0:  # the child: a few ops, then out without Python's exit handlers
+                try:
+                    y = torch.ones(4)
+                    y.add_(y)
+                    ext.counters()
+                finally:
+                    os._exit(0)
+            children.append(pid)
+    deadline = time.monotonic() + 30
+    for pid in children:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail("a child forked during the check hung")
+            time.sleep(0.01)
