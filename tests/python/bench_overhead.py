@@ -208,8 +208,9 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     """Plain and checked in one process, interleaved: each round a plain block of `iters`
     iterations, then the same block under a check of its own (entered and finished in the timing:
     its set-up and report are part of the cost), then under a check whose recorder observes only
-    (STREAMSAN_PROFILE=observe: called at every op, recording nothing) and one with its stages
-    timed (STREAMSAN_PROFILE=1). Microseconds per iteration, the median of `rounds` rounds after a
+    (STREAMSAN_PROFILE=observe: called at every op, recording nothing), one with its stages
+    timed (STREAMSAN_PROFILE=1), and one writing its records on the program's thread
+    (`at_once`: STREAMSAN_DEFER=0). Microseconds per iteration, the median of `rounds` rounds after a
     warm-up of each; the stages of the median timed round, per iteration. `device="cpu"`: the
     workload (mlp or tiny) on CPU tensors standing for device memory (the recorder's fake device,
     one intra-op thread), where no GPU is: the recorder's own cost per op, against CPU ops of a
@@ -221,18 +222,30 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
 def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
     import streamsan.torch
 
+    # Records written off the program's thread (the default; on the CPU the fake device's ops
+    # too), or at once ("at_once": STREAMSAN_DEFER=0), in the same rounds.
+    deferred = "all" if device == "cpu" else "1"
+
     def checked(mode: str):
-        t0 = time.perf_counter()
-        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
-                                 _profile=PROFILE.get(mode, "0")) as r:
-            for _ in range(iters):
-                step()
-            _sync(device)
-            stats = r.stats()
-        us = (time.perf_counter() - t0) / iters * 1e6
+        old = os.environ.get("STREAMSAN_DEFER")
+        os.environ["STREAMSAN_DEFER"] = "0" if mode == "at_once" else deferred
+        try:
+            t0 = time.perf_counter()
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
+                                     _profile=PROFILE.get(mode, "0")) as r:
+                for _ in range(iters):
+                    step()
+                _sync(device)
+                stats = r.stats()
+            us = (time.perf_counter() - t0) / iters * 1e6
+        finally:
+            if old is None:
+                os.environ.pop("STREAMSAN_DEFER", None)
+            else:
+                os.environ["STREAMSAN_DEFER"] = old
         return us, r, stats
 
-    modes = ["plain", "streamsan", "observe", "stages"]
+    modes = ["plain", "streamsan", "at_once", "observe", "stages"]
     samples: dict = {m: [] for m in modes}
     stages, errors = [], set()
     for rnd in range(rounds + 1):
