@@ -619,6 +619,9 @@ def run_warm(a) -> Out:
 # (`observe`: its callbacks return at once, nothing is recorded: the cost of being called at all;
 # `1`: each stage's time counted, Run.stats()'s recorder_profile_*)
 PROFILE_MODES = {"native-observe": "observe", "native-stages": "1"}
+# And the C++ recorder writing its records on the program's thread (STREAMSAN_DEFER=0), against
+# its default (records written by its own thread), in the same rounds.
+AT_ONCE = "native-at-once"
 
 # Timed rounds of the Python recorder in `cost` (at most; `--runs` bounds the others).
 PYTHON_COST_RUNS = 3
@@ -651,18 +654,26 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
         return time.perf_counter() - t0, info
     import streamsan.torch
 
-    backend = "native" if mode in PROFILE_MODES else mode
-    t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with streamsan.torch.Run(raise_on_hazard=False, backend=backend,
-                                 _profile=PROFILE_MODES.get(mode, "0")) as run:
-            t1 = time.perf_counter()
-            fn(True, False)
-            torch.cuda.synchronize()
-            stats = run.stats() if mode in PROFILE_MODES else {}
-            t2 = time.perf_counter()
-    t3 = time.perf_counter()
+    backend = "native" if mode in PROFILE_MODES or mode == AT_ONCE else mode
+    old_defer = os.environ.pop("STREAMSAN_DEFER", None)
+    if mode == AT_ONCE:
+        os.environ["STREAMSAN_DEFER"] = "0"
+    try:
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with streamsan.torch.Run(raise_on_hazard=False, backend=backend,
+                                     _profile=PROFILE_MODES.get(mode, "0")) as run:
+                t1 = time.perf_counter()
+                fn(True, False)
+                torch.cuda.synchronize()
+                stats = run.stats() if mode in PROFILE_MODES else {}
+                t2 = time.perf_counter()
+        t3 = time.perf_counter()
+    finally:
+        os.environ.pop("STREAMSAN_DEFER", None)
+        if old_defer is not None:
+            os.environ["STREAMSAN_DEFER"] = old_defer
     seconds = t3 - t0
     # entering the check, the program in it, leaving it (what the checker had left to check,
     # the report)
@@ -888,7 +899,7 @@ def run_cost(a) -> Out:
         # The Python recorder last: it turns on torch's own GPU trace, which cannot be turned off
         # (a Python call at every allocation and free from then on, plain runs included); the C++
         # recorder puts back what it found.
-        modes = ["plain", "native"] + (list(PROFILE_MODES) if a.profile else [])
+        modes = ["plain", "native"] + (list(PROFILE_MODES) + [AT_ONCE] if a.profile else [])
         python_end = end
         if not a.no_python and end is not None:
             end = time.monotonic() + 0.75 * (end - time.monotonic())
@@ -1177,7 +1188,7 @@ def table(files: list[str]) -> str:
 
 # The recorder's stages (STREAMSAN_PROFILE=1), and `callbacks`: all the time inside its dispatcher
 # callbacks (the stages there, and the ops it passes by)
-PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks")
+PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks", "resolver")
 
 
 def profile_table(cost: dict) -> str:
@@ -1189,7 +1200,7 @@ def profile_table(cost: dict) -> str:
     rows = [(n, r) for n, r in cost.items() if isinstance(r, dict) and r.get("profile")]
     if not rows:
         return ""
-    head = ("| program | plain ms | checked ms (×) | observe only ms (×) | ops | "
+    head = ("| program | plain ms | checked ms (×) | written at once ms (×) | observe only ms (×) | ops | "
             + " | ".join(f"{st} ms (µs/op)" for st in PROFILE_STAGES)
             + " | checker thread ms | program waited ms |")
     out = ["Where the time goes (C++ recorder; `cost --profile`: STREAMSAN_PROFILE=observe and =1, one run "
@@ -1211,7 +1222,7 @@ def profile_table(cost: dict) -> str:
                 return "-"
             return f"{v * 1e3:.1f}" + (f" ({v / base:.2f}×)" if base and m != "plain" else "")
 
-        out.append(f"| {name} | {ms('plain')} | {ms('native')} | {ms('native-observe')} | {ops} | "
+        out.append(f"| {name} | {ms('plain')} | {ms('native')} | {ms(AT_ONCE)} | {ms('native-observe')} | {ops} | "
                    + " | ".join(stage(k) for k in PROFILE_STAGES)
                    + f" | {p.get('checker_busy_seconds', 0) * 1e3:.1f} | {p.get('queue_waited_seconds', 0) * 1e3:.1f} |")
     return "\n".join(out)
