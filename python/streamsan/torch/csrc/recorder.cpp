@@ -24,9 +24,17 @@
 // allocator hands it out again without tracing the free (a new storage at a known address is
 // a new allocation, wherever it was made: the DataLoader's pin-memory thread too).
 //
-// Locks: the allocator calls the tracker with its own lock held, so the tracker never takes the
-// GIL; it only takes `mu`. The op callbacks take the GIL (to find the user's frame) before `mu`,
-// never while holding it. Python reads the batch holding the GIL, then `mu`.
+// Who writes: while a check hands its batches to the checker's raw sink, the program's threads
+// only queue records of what they saw, and the recorder's own thread writes them, in order
+// ("Deferred writing" below); ops on pinned memory, Python's calls and checks without the raw
+// sink write at once, after what is queued.
+//
+// Locks, in the order they are taken: `mu` (the buffers, the batch), `raw_mu` (the hand-over),
+// `q_mu` (the queue), `names_mu` (the streams' names). The allocator calls the tracker with its
+// own lock held, so the tracker never takes the GIL; it takes `q_mu` (or `mu` when it writes at
+// once). The op callbacks take the GIL (to find the user's frame) before any of them, never while
+// holding one. Python reads the batch holding the GIL, then `mu`. The recorder's thread never
+// touches Python.
 
 #include <torch/extension.h>
 
