@@ -1,7 +1,10 @@
 """A fixed recorded workload for instruction counts of the C++ recorder (docs/performance.md,
 "An op's line written through a pointer"): a small MLP's training step (16→32→4, batch 8, SGD)
 on CPU tensors standing for device memory, 200 steps, checked on this thread (no checker
-thread: the counts do not depend on scheduling).
+thread: the counts do not depend on scheduling). `BENCH_THREADED=1`: checked on the checker's
+thread, the recorder's records written by its own thread (with `STREAMSAN_DEFER=all`: the fake
+device's ops too) or at once (`STREAMSAN_DEFER=0`): the callbacks' counts, on the program's
+thread, of either way.
 
     valgrind --tool=callgrind --callgrind-out-file=cg.out python tests/python/bench_record_lines.py t.jsonl
     callgrind_annotate --inclusive=yes --tree=calling cg.out | grep -E "put_launch|put_region|free_buf"
@@ -9,6 +12,7 @@ thread: the counts do not depend on scheduling).
 Prints the number of ops checked. Needs torch (CPU is enough) and the C++ recorder.
 """
 
+import os
 import sys
 
 import torch
@@ -22,7 +26,8 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(8, 16)
-    run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, trace=path, threaded=False)
+    run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, trace=path,
+                              threaded=os.environ.get("BENCH_THREADED") == "1")
     with run:
         for _ in range(200):
             opt.zero_grad()

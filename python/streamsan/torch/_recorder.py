@@ -1492,6 +1492,12 @@ class Recorder:
                 "torch._C._activate_gpu_trace()): the events, waits and synchronizations issued "
                 "after that were not recorded",
             )
+        if c.get("resolver_errors"):
+            self.warn(
+                "recorder",
+                "the C++ recorder ran out of memory writing some ops: the trace is incomplete "
+                "and the check may miss hazards",
+            )
         if c.get("external_accesses"):
             self.warn(
                 "external",

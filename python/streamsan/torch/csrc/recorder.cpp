@@ -378,6 +378,7 @@ struct State {
   // more gone than were when it was made (a free written before ops that came before it).
   std::atomic<bool> defer_fake{false};
   bool resolver_started = false;      // `q_mu` held
+  std::atomic<uint64_t> resolver_errors{0};  // rounds of the resolver that failed (records lost)
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
   std::mutex names_mu;
@@ -490,7 +491,31 @@ struct ThreadState {
   std::unordered_map<const void*, bool> internal_codes;
   std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> sites;
   uint64_t code_epoch = 0;
+  // Direct-mapped caches in front of those two (a frame's lookup is one compare): an op's walk
+  // visits several frames (torch's modules, then the user's line).
+  struct CodeSlot {
+    const void* code = nullptr;
+    bool internal = false;
+  };
+  struct SiteSlot {
+    const void* code = nullptr;
+    int lasti = -1;
+    Site site = nullptr;
+  };
+  static constexpr size_t kCodeSlots = 256, kSiteSlots = 512;
+  CodeSlot code_slots[kCodeSlots];
+  SiteSlot site_slots[kSiteSlots];
 };
+
+size_t code_slot(const void* code) {
+  return static_cast<size_t>((reinterpret_cast<uintptr_t>(code) >> 4) * 0x9E3779B97F4A7C15ull >> 56) &
+         (ThreadState::kCodeSlots - 1);
+}
+size_t site_slot(const void* code, int lasti) {
+  return static_cast<size_t>(((reinterpret_cast<uintptr_t>(code) >> 4) ^ (static_cast<uint64_t>(lasti) << 20)) *
+                                 0x9E3779B97F4A7C15ull >> 55) &
+         (ThreadState::kSiteSlots - 1);
+}
 thread_local ThreadState ts;
 
 // The quoted stream id of a raw handle (a name once given stays: the reference too).
@@ -652,6 +677,8 @@ bool refresh_thread_codes(ThreadState& t) {
   if (t.code_epoch == epoch) return false;
   t.internal_codes.clear();
   t.sites.clear();
+  std::fill(std::begin(t.code_slots), std::end(t.code_slots), ThreadState::CodeSlot{});
+  std::fill(std::begin(t.site_slots), std::end(t.site_slots), ThreadState::SiteSlot{});
   t.code_epoch = epoch;
   return true;
 }
@@ -683,12 +710,20 @@ bool site_without_gil(PyThreadState* tstate, Site* out) {
   bool missed = false;
   Site site = kNullSite;
   pyframes::walk(tstate, 64, [&](PyCodeObject* code, int lasti) {
-    auto c = t.internal_codes.find(code);
-    if (c == t.internal_codes.end()) return missed = true;
-    if (c->second) return false;
-    auto it = t.sites.find(std::make_pair(reinterpret_cast<PyObject*>(code), lasti));
-    if (it == t.sites.end()) return missed = true;
-    site = it->second;
+    ThreadState::CodeSlot& cs = t.code_slots[code_slot(code)];
+    if (cs.code != code) {
+      auto c = t.internal_codes.find(code);
+      if (c == t.internal_codes.end()) return missed = true;
+      cs = ThreadState::CodeSlot{code, c->second};
+    }
+    if (cs.internal) return false;
+    ThreadState::SiteSlot& ss = t.site_slots[site_slot(code, lasti)];
+    if (ss.code != code || ss.lasti != lasti) {
+      auto it = t.sites.find(std::make_pair(reinterpret_cast<PyObject*>(code), lasti));
+      if (it == t.sites.end()) return missed = true;
+      ss = ThreadState::SiteSlot{code, lasti, it->second};
+    }
+    site = ss.site;
     return true;
   });
   if (missed) return false;
@@ -1384,7 +1419,7 @@ struct StateLock {
 };
 
 // Queues `r` for the resolver.
-void push(Rec&& r) {
+void push(Rec&& r, bool may_flush) {
   size_t n;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
@@ -1393,10 +1428,17 @@ void push(Rec&& r) {
   }
   if (S->profiling.load(std::memory_order_relaxed)) S->prof.deferred++;
   if (n >= kMaxQueued) {
-    // The resolver is behind: this thread writes the queue itself (the batch is handed over by
-    // the resolver, or the next op that writes at once).
+    // The resolver is behind: this thread writes the queue itself, and hands the batch over
+    // where it may (waiting, as the resolver would, while the checker's queue is full: the
+    // program is held back, memory stays bounded); the allocator's tracker leaves it to the
+    // resolver or the next op.
     S->prof.caught_up++;
-    StateLock g;
+    bool flush;
+    {
+      StateLock g;
+      flush = S->batch.size() >= S->threshold;
+    }
+    if (flush && may_flush) flush_batch();
   }
 }
 
@@ -1406,7 +1448,7 @@ void push(Rec&& r) {
 // after every lock.
 void submit(Rec& r, bool now, bool may_flush) {
   if (!now && S->defer.load(std::memory_order_relaxed)) {
-    push(std::move(r));
+    push(std::move(r), may_flush);
     return;
   }
   bool flush;
@@ -1435,34 +1477,48 @@ void resolver_main() {
       S->q_cv.wait(q, [] { return S->defer.load(); });
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
-    bool flush;
-    {
-      std::lock_guard<std::mutex> g(S->mu);
-      resolve_queued();
-      flush = S->batch.size() >= S->threshold;
+    try {
+      bool flush;
+      {
+        std::lock_guard<std::mutex> g(S->mu);
+        resolve_queued();
+        flush = S->batch.size() >= S->threshold;
+      }
+      if (flush) flush_batch(false);
+    } catch (...) {
+      // Out of memory writing a line: the records are lost, and the check says so
+      // (`resolver_errors`: the trace is incomplete) rather than ending the process.
+      S->resolver_errors.fetch_add(1);
     }
-    if (flush) flush_batch(false);
   }
 }
 
 // Fork: the child gets every lock free and no resolver (its threads are not copied); it writes
 // at once until a check of its own starts one.
+// The parent's check is not the child's: what it had queued and not handed over is dropped
+// there, and its raw sink (the checker's queue, whose thread is not in the child) is let go of.
+// `raw_mu` may be held across a hand-over that waits for the checker: it is not waited for, but
+// made anew in the child.
 void before_fork() {
   S->mu.lock();
-  S->raw_mu.lock();
   S->q_mu.lock();
   S->names_mu.lock();
 }
 void after_fork_parent() {
   S->names_mu.unlock();
   S->q_mu.unlock();
-  S->raw_mu.unlock();
   S->mu.unlock();
 }
 void after_fork_child() {
   S->defer.store(false);
   S->resolver_started = false;
   new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
+  new (&S->raw_mu) std::mutex();
+  S->raw_sink = nullptr;
+  S->raw_sink_owner.release();  // the capsule's reference stays (no Python here)
+  S->queue.clear();
+  S->resolving.clear();
+  S->batch.clear();
   after_fork_parent();
 }
 
@@ -2247,6 +2303,13 @@ void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
 // Starts a new check: forgets every buffer, name and counter.
 void reset() {
   StateLock g;
+  // Room for a full queue in both of its buffers (they are swapped): a record's move may copy
+  // (SmallVector's is not noexcept), and the queue never grows while the program queues.
+  S->resolving.reserve(kMaxQueued + 64);
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    S->queue.reserve(kMaxQueued + 64);
+  }
   S->batch.clear();
   S->device_bufs.clear();
   S->pinned_bufs.clear();
@@ -2297,6 +2360,7 @@ py::bytes drain() {
 }
 
 void name_stream(uint64_t raw, const std::string& name) {
+  StateLock g;  // queued ops on that stream named first: names do not depend on the resolver's pace
   std::lock_guard<std::mutex> n(S->names_mu);
   S->stream_names.emplace(raw, jstr(name));
 }
@@ -2788,28 +2852,44 @@ bool host_access(const at::Tensor& t, bool write) {
 }
 
 py::dict counters() {
-  StateLock g;
+  // Read under the locks, turned into Python objects after them (making them may run Python).
+  uint64_t external, bad, pool_outside, triton, refused, device_bufs, pinned_bufs, kinds, retired;
+  bool raw_sink;
+  {
+    StateLock g;
+    external = S->external_accesses;
+    bad = S->bad_regions;
+    pool_outside = S->pool_allocations_outside_capture;
+    triton = S->triton_launches;
+    {
+      std::lock_guard<std::mutex> r(S->raw_mu);
+      raw_sink = S->raw_sink != nullptr;
+      refused = S->raw_refused_bytes;
+    }
+    device_bufs = S->device_bufs.size();
+    pinned_bufs = S->pinned_bufs.size();
+    kinds = S->ops.size() + S->labels.size();
+    retired = S->retired_ops.size();
+  }
   py::dict d;
-  d["external_accesses"] = S->external_accesses;
+  d["external_accesses"] = external;
   d["foreign_threads"] = S->foreign_threads.load();
   d["frames_without_gil"] = S->fast_frames.load();
   d["sites_without_gil"] = S->fast_sites.load();
   d["sites_with_gil"] = S->slow_sites.load();
-  d["bad_regions"] = S->bad_regions;
-  d["pool_allocations_outside_capture"] = S->pool_allocations_outside_capture;
-  d["triton_launches"] = S->triton_launches;
-  {
-    std::lock_guard<std::mutex> r(S->raw_mu);
-    d["raw_sink"] = S->raw_sink != nullptr;
-    d["raw_refused_bytes"] = S->raw_refused_bytes;
-  }
-  d["live_device_buffers"] = S->device_bufs.size();
-  d["live_pinned_buffers"] = S->pinned_bufs.size();
-  d["op_kinds"] = S->ops.size() + S->labels.size();
-  d["op_kinds_retired"] = S->retired_ops.size();
+  d["bad_regions"] = bad;
+  d["pool_allocations_outside_capture"] = pool_outside;
+  d["triton_launches"] = triton;
+  d["raw_sink"] = raw_sink;
+  d["raw_refused_bytes"] = refused;
+  d["live_device_buffers"] = device_bufs;
+  d["live_pinned_buffers"] = pinned_bufs;
+  d["op_kinds"] = kinds;
+  d["op_kinds_retired"] = retired;
   d["tracker"] = S->tracker_attached;
   d["deferring"] = S->defer.load();
   d["queue_caught_up"] = S->prof.caught_up.load();
+  d["resolver_errors"] = S->resolver_errors.load();
   return d;
 }
 
