@@ -1391,7 +1391,7 @@ constexpr size_t kMaxQueued = 4096;
 void write_rec(Rec& r);
 
 // Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
-// host memory (write_at_once), whose release may reach the GPU trace.
+// host memory (see on_end_impl), whose release may reach the GPU trace.
 void resolve_queued() {
   std::vector<Rec>& work = S->resolving;
   {
@@ -1418,14 +1418,8 @@ struct StateLock {
   StateLock() : g(S->mu) { resolve_queued(); }
 };
 
-// Queues `r` for the resolver.
-void push(Rec&& r, bool may_flush) {
-  size_t n;
-  {
-    std::lock_guard<std::mutex> q(S->q_mu);
-    S->queue.push_back(std::move(r));
-    n = S->queue.size();
-  }
+// After a record was queued (`n` are queued now).
+void queued(size_t n, bool may_flush) {
   if (S->profiling.load(std::memory_order_relaxed)) S->prof.deferred++;
   if (n >= kMaxQueued) {
     // The resolver is behind: this thread writes the queue itself, and hands the batch over
@@ -1442,15 +1436,25 @@ void push(Rec&& r, bool may_flush) {
   }
 }
 
-// Writes `r` now, or queues it while records are deferred (unless `now`: it must be written at
-// once). A batch written here is handed over when large enough where `may_flush` (never in the
-// allocator's tracker, which must not take the GIL). `r` is left for the caller to release,
-// after every lock.
-void submit(Rec& r, bool now, bool may_flush) {
+// The record `fill` makes: queued while records are deferred, built in its slot of the queue (a
+// record is a few hundred bytes: not moved), unless `now` (it must be written at once); else
+// written at once, and the batch handed over when large enough where `may_flush` (never in the
+// allocator's tracker, which must not take the GIL). `fill` sets the record's kind last (a
+// record left unfinished, by an exception, is an empty host op) and takes no lock.
+template <class Fill>
+void submit(bool now, bool may_flush, Fill&& fill) {
   if (!now && S->defer.load(std::memory_order_relaxed)) {
-    push(std::move(r), may_flush);
+    size_t n;
+    {
+      std::lock_guard<std::mutex> q(S->q_mu);
+      fill(S->queue.emplace_back());
+      n = S->queue.size();
+    }
+    queued(n, may_flush);
     return;
   }
+  Rec r;  // released after every lock: the storages its regions hold may free pinned memory
+  fill(r);
   bool flush;
   {
     StateLock g;
@@ -1462,10 +1466,7 @@ void submit(Rec& r, bool now, bool may_flush) {
 
 // Host ops, as finished lines, in their place among the records.
 void emit_text(std::string&& text, bool may_flush) {
-  Rec r;
-  r.kind = RecKind::Text;
-  r.text = std::move(text);
-  submit(r, false, may_flush);
+  submit(false, may_flush, [&](Rec& r) { r.text = std::move(text); });  // a Text record
 }
 
 // The resolver's thread: while records are deferred, writes the queue every half millisecond
@@ -1966,19 +1967,6 @@ void write_rec(Rec& r) {
   }
 }
 
-// Whether a record is written at once: it holds pinned memory (its storages held by its regions:
-// no storage is kept alive past its op, nor released where `mu` is held), or it is of the fake
-// device (see State::defer_fake).
-bool write_at_once(const Rec& r) {
-  if (S->fake_device && !S->defer_fake.load(std::memory_order_relaxed)) return true;
-  for (const Access& a : r.all) {
-    if (!a.device) return true;
-  }
-  for (const Access& a : r.fresh) {
-    if (!a.device) return true;
-  }
-  return false;
-}
 
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   ThreadState& t = ts;  // one TLS lookup for the whole callback
@@ -2029,46 +2017,50 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     pass_pending(fr, parent);
     return;
   }
-  // The op's record (declared first: the host storages its regions hold are released after
-  // any lock, since a storage released last frees its memory, and the host allocator records
-  // events, which reach the GPU trace and take `mu`).
-  Rec r;
-  r.kind = RecKind::Op;
-  r.info = &info;
-  r.site = fr.site;
-  r.stream = fr.stream;
-  r.device = fr.device;
-  r.non_blocking = fr.non_blocking;
-  r.any_device = fr.any_device;
-  r.pending = std::move(fr.pending);
-  r.text = std::move(fr.collective_stream);
-  if (info.fresh_returns || info.factory) {
-    for (const Access& o : outs) {
-      if (o.device && !S->fake_device) continue;
-      bool input_storage = false;
-      for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
-      if (!input_storage) r.fresh.push_back(o);
-    }
-  }
-  if (!info.factory) {
-    // Each region once: an output that is an input (in-place ops return `self`), or an input
-    // given twice (`x.add_(x)`), is one access, written when any of them writes.
-    for (Access& a : fr.accesses) merge_region(r.all, std::move(a));
-    for (Access& o : outs) merge_region(r.all, std::move(o));
-    if (info.kind != Kind::RecordStream) {
-      // What the ops it called wrote is theirs; what it touches is covered for its caller.
-      if (!fr.covered.empty()) {
-        auto kept = std::remove_if(r.all.begin(), r.all.end(), [&](const Access& a) { return is_covered(fr, a); });
-        r.all.erase(kept, r.all.end());
-      }
-      if (parent) {
-        for (const Access& a : r.all) parent->covered.emplace_back(a.base, a.offset, a.bytes, a.write);
-        for (auto& c : fr.covered) parent->covered.push_back(c);
-      }
-    }
-  }
+  // The op's record: written at once when it holds pinned memory (a record keeps the storages
+  // of its host regions alive, and the last one released may free a pinned block, whose event
+  // reaches the GPU trace: released on this thread, after every lock) or on the fake device (see
+  // State::defer_fake); else queued, built in its slot of the queue.
   const uint64_t t_built = profiling ? now_ns() : 0;
-  submit(r, write_at_once(r), true);
+  bool now = S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
+  for (const Access& a : fr.accesses) now |= !a.device;
+  for (const Access& o : outs) now |= !o.device;
+  submit(now, true, [&](Rec& r) {
+    r.info = &info;
+    r.site = fr.site;
+    r.stream = fr.stream;
+    r.device = fr.device;
+    r.non_blocking = fr.non_blocking;
+    r.any_device = fr.any_device;
+    r.pending = std::move(fr.pending);
+    r.text = std::move(fr.collective_stream);
+    if (info.fresh_returns || info.factory) {
+      for (const Access& o : outs) {
+        if (o.device && !S->fake_device) continue;
+        bool input_storage = false;
+        for (const Access& a : fr.accesses) input_storage |= a.base == o.base;
+        if (!input_storage) r.fresh.push_back(o);
+      }
+    }
+    if (!info.factory) {
+      // Each region once: an output that is an input (in-place ops return `self`), or an input
+      // given twice (`x.add_(x)`), is one access, written when any of them writes.
+      for (Access& a : fr.accesses) merge_region(r.all, std::move(a));
+      for (Access& o : outs) merge_region(r.all, std::move(o));
+      if (info.kind != Kind::RecordStream) {
+        // What the ops it called wrote is theirs; what it touches is covered for its caller.
+        if (!fr.covered.empty()) {
+          auto kept = std::remove_if(r.all.begin(), r.all.end(), [&](const Access& a) { return is_covered(fr, a); });
+          r.all.erase(kept, r.all.end());
+        }
+        if (parent) {
+          for (const Access& a : r.all) parent->covered.emplace_back(a.base, a.offset, a.bytes, a.write);
+          for (auto& c : fr.covered) parent->covered.push_back(c);
+        }
+      }
+    }
+    r.kind = RecKind::Op;
+  });
   if (profiling) {
     S->prof.regions += t_built - t0;
     S->prof.serialize += now_ns() - t_built;
@@ -2087,17 +2079,19 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
             std::pair<int64_t, int64_t> pool) {
   if (alloc && size == 0) return;
   if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back(), false);
-  Rec r;
-  r.kind = alloc ? RecKind::Alloc : RecKind::Free;
-  r.site = ts.cur_site;
-  r.addr = addr;
-  r.size = size;
-  r.stream = stream;
-  r.device = device;
-  r.pool = pool;
-  r.outside_capture = alloc && (pool.first != 0 || pool.second != 0) &&
-                      S->captures.load(std::memory_order_relaxed) == 0;
-  submit(r, false, false);
+  const Site site = ts.cur_site;
+  const bool outside_capture = alloc && (pool.first != 0 || pool.second != 0) &&
+                               S->captures.load(std::memory_order_relaxed) == 0;
+  submit(false, false, [&](Rec& r) {
+    r.site = site;
+    r.addr = addr;
+    r.size = size;
+    r.stream = stream;
+    r.device = device;
+    r.pool = pool;
+    r.outside_capture = outside_capture;
+    r.kind = alloc ? RecKind::Alloc : RecKind::Free;
+  });
 }
 
 void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
@@ -2401,18 +2395,21 @@ py::object pool_name(int64_t a, int64_t b) {
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
   Site site = op_site();
   if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
-  Rec r;
-  r.kind = RecKind::Launch;
-  r.site = site;
-  r.stream = stream;
-  r.device = static_cast<c10::DeviceIndex>(device);
-  r.text = jstr(name);
-  for (Access& a : all) r.all.push_back(std::move(a));
   if (!ts.frames.empty()) {
     Frame& parent = ts.frames.back();
-    for (const Access& a : r.all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
+    for (const Access& a : all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
   }
-  submit(r, write_at_once(r), true);
+  bool now = S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
+  for (const Access& a : all) now |= !a.device;
+  std::string quoted = jstr(name);
+  submit(now, true, [&](Rec& r) {
+    r.site = site;
+    r.stream = stream;
+    r.device = static_cast<c10::DeviceIndex>(device);
+    r.text = std::move(quoted);
+    for (Access& a : all) r.all.push_back(std::move(a));
+    r.kind = RecKind::Launch;
+  });
 }
 
 // Whether a check records now (not only observing: benchmarks).
