@@ -704,8 +704,7 @@ Site user_site_walk() {
 
 // The user's site on this thread (`tstate`, its own state) without the GIL, from what the
 // thread's caches know; false when they miss a frame's code or line (then the GIL is needed).
-bool site_without_gil(PyThreadState* tstate, Site* out) {
-  ThreadState& t = ts;
+bool site_without_gil(PyThreadState* tstate, Site* out, ThreadState& t) {
   if (refresh_thread_codes(t)) return false;
   bool missed = false;
   Site site = kNullSite;
@@ -748,7 +747,7 @@ bool check_frames() {
     Site walked = user_site_walk();
     PyThreadState* tstate = PyThreadState_Get();
     Site again = nullptr;
-    agree = api == walked && site_without_gil(tstate, &again) && again == api;
+    agree = api == walked && site_without_gil(tstate, &again, ts) && again == api;
   }
   S->fast_frames.store(agree);
   return agree;
@@ -758,7 +757,7 @@ bool check_frames() {
 // latest site seen (ops of the autograd engine's threads belong to the `backward()` that
 // started them). The user's frame is found without the GIL where this thread has seen its
 // frames' code before.
-Site op_site() {
+Site op_site(ThreadState& t) {
   PyThreadState* tstate = PyGILState_GetThisThreadState();
   if (tstate == nullptr) {
     S->foreign_threads++;
@@ -766,7 +765,7 @@ Site op_site() {
   }
   if (ablating(kAblateSite)) return S->last_site.load(std::memory_order_relaxed);
   Site site = kNullSite;
-  if (frames_without_gil() && !ablating(kSiteWithGil) && site_without_gil(tstate, &site)) {
+  if (frames_without_gil() && !ablating(kSiteWithGil) && site_without_gil(tstate, &site, t)) {
     S->fast_sites.fetch_add(1, std::memory_order_relaxed);
   } else {
     PyGILState_STATE st = PyGILState_Ensure();
@@ -867,8 +866,7 @@ bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 
 const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address);
 
 
-const OpInfo& op_info(const at::RecordFunction& fn) {
-  ThreadState& t = ts;  // one TLS lookup for the whole callback
+const OpInfo& op_info(const at::RecordFunction& fn, ThreadState& t) {
   const uint64_t epoch = S->op_epoch.load(std::memory_order_acquire);
   if (C10_UNLIKELY(t.op_epoch != epoch)) {
     // An operator was taken off the dispatcher: its name's address may now be another's.
@@ -1669,7 +1667,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
   if (profiling) S->prof.callbacks++;
-  const OpInfo& info = op_info(fn);
+  const OpInfo& info = op_info(fn, t);
   if (info.kind == Kind::Skip) return nullptr;
   if (info.kind == Kind::SetStorage && !set_grows(fn)) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
@@ -1719,10 +1717,10 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   if (profiling) {
     uint64_t t1 = now_ns();
     S->prof.regions += t1 - t0;
-    site = op_site();
+    site = op_site(t);
     S->prof.site += now_ns() - t1;
   } else {
-    site = op_site();
+    site = op_site(t);
   }
   t.frames.back().site = site;
   t.cur_site = site;
@@ -2393,7 +2391,7 @@ py::object pool_name(int64_t a, int64_t b) {
 // nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
 // op around the kernel) does not write these regions again. GIL held.
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
-  Site site = op_site();
+  Site site = op_site(ts);
   if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
   if (!ts.frames.empty()) {
     Frame& parent = ts.frames.back();
