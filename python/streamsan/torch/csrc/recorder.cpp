@@ -378,7 +378,7 @@ struct State {
   // more gone than were when it was made (a free written before ops that came before it).
   std::atomic<bool> defer_fake{false};
   bool resolver_started = false;      // `q_mu` held
-  std::atomic<uint64_t> resolver_errors{0};  // rounds of the resolver that failed (records lost)
+  std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
   std::mutex names_mu;
@@ -1403,7 +1403,13 @@ void resolve_queued() {
   } clear{work};
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
-  for (Rec& r : work) write_rec(r);
+  try {
+    for (Rec& r : work) write_rec(r);
+  } catch (...) {
+    // Out of memory writing a line: the rest of these records are lost, and the check says so
+    // (`resolver_errors`: the trace is incomplete) rather than failing the op that wrote them.
+    S->resolver_errors.fetch_add(1);
+  }
   if (profiling) {
     S->prof.resolver += now_ns() - t0;
     S->prof.resolved += work.size();
@@ -1437,15 +1443,20 @@ void queued(size_t n, bool may_flush) {
 // The record `fill` makes: queued while records are deferred, built in its slot of the queue (a
 // record is a few hundred bytes: not moved), unless `now` (it must be written at once); else
 // written at once, and the batch handed over when large enough where `may_flush` (never in the
-// allocator's tracker, which must not take the GIL). `fill` sets the record's kind last (a
-// record left unfinished, by an exception, is an empty host op) and takes no lock.
+// allocator's tracker, which must not take the GIL). `fill` takes no lock; a record it leaves
+// unfinished (an exception: out of memory) is not queued.
 template <class Fill>
 void submit(bool now, bool may_flush, Fill&& fill) {
   if (!now && S->defer.load(std::memory_order_relaxed)) {
     size_t n;
     {
       std::lock_guard<std::mutex> q(S->q_mu);
-      fill(S->queue.emplace_back());
+      try {
+        fill(S->queue.emplace_back());
+      } catch (...) {
+        S->queue.pop_back();  // no record rather than half of one (it holds no host memory)
+        throw;
+      }
       n = S->queue.size();
     }
     queued(n, may_flush);
@@ -2108,15 +2119,24 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
 // Python API
 
 // Forgets what is known of code objects (their sites with them); GIL held.
-void forget_codes() {
-  // The caches are emptied and the epoch bumped before any code is released: releasing one may
-  // run Python (weak references' callbacks), which may find sites and fill the caches again,
-  // and must not see the codes about to go.
-  auto codes = std::move(S->code_cache);
+using CodeCache = decltype(State::code_cache);
+
+// Empties the caches of code objects and bumps the epoch; returns the codes they held, for the
+// caller to release (release_codes) once it holds no lock: releasing one may run Python (weak
+// references' callbacks, which may find sites and fill the caches again, and must not see the
+// codes about to go; or ops of their own, whose callbacks may take `mu`). GIL held.
+CodeCache forget_codes() {
+  CodeCache codes = std::move(S->code_cache);
   S->code_cache.clear();
   S->site_cache.clear();
   S->code_epoch.fetch_add(1, std::memory_order_release);
+  return codes;
+}
+
+// Releases the codes forget_codes returned; GIL held, no lock.
+void release_codes(CodeCache& codes) {
   for (auto& kv : codes) Py_DECREF(kv.first);
+  codes.clear();
 }
 
 // Takes the kind of an operator being deregistered (a torch.library.Library destroyed) out of
@@ -2241,20 +2261,23 @@ void uninstall() {
 
 void configure(const std::string& torch_dir, const std::string& own_dir, const std::string& cwd,
                size_t threshold, py::object sink, bool fake_device, py::object pinned_example) {
-  std::lock_guard<std::mutex> g(S->mu);
-  if (S->cwd != cwd) {
-    forget_codes();
+  CodeCache old;
+  py::object old_sink;  // released after the lock, as the codes are
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->cwd != cwd) old = forget_codes();
+    S->cwd = cwd;
+    S->torch_dir = torch_dir;
+    S->own_dir = own_dir;
+    S->threshold = threshold;
+    old_sink = std::exchange(S->sink, sink);
+    S->fake_device = fake_device;
+    if (!pinned_example.is_none()) {
+      at::Tensor t = pinned_example.cast<at::Tensor>();
+      S->pinned_deleter = reinterpret_cast<void*>(t.storage().data_ptr().get_deleter());
+    }
   }
-  S->cwd = cwd;
-  S->torch_dir = torch_dir;
-  S->own_dir = own_dir;
-  S->threshold = threshold;
-  S->sink = sink;
-  S->fake_device = fake_device;
-  if (!pinned_example.is_none()) {
-    at::Tensor t = pinned_example.cast<at::Tensor>();
-    S->pinned_deleter = reinterpret_cast<void*>(t.storage().data_ptr().get_deleter());
-  }
+  release_codes(old);
 }
 
 void set_active(bool on) { S->active.store(on); }
@@ -2263,12 +2286,14 @@ void set_active(bool on) { S->active.store(on); }
 // thread that runs only torch and the standard library (the DataLoader's pin-memory thread)
 // takes the site of the latest user line.
 void set_stdlib_dir(const std::string& dir, const std::vector<std::string>& libraries) {
-  std::lock_guard<std::mutex> g(S->mu);
-  if (S->stdlib_dir != dir || S->libraries != libraries) {
-    forget_codes();
+  CodeCache old;
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    if (S->stdlib_dir != dir || S->libraries != libraries) old = forget_codes();
+    S->stdlib_dir = dir;
+    S->libraries = libraries;
   }
-  S->stdlib_dir = dir;
-  S->libraries = libraries;
+  release_codes(old);
 }
 
 // At most this many code objects are known (and kept alive by code_cache, with what they hold:
@@ -2282,14 +2307,19 @@ constexpr size_t kMaxKnownCodes = 1 << 16;
 // map are the same: a short check would otherwise find each of its sites again (a code object
 // Dynamo rewrites is a new one, in the map before it runs).
 void set_internal(const std::vector<std::string>& dirs, py::object rewritten) {
-  std::lock_guard<std::mutex> g(S->mu);
-  const bool same_map =
-      rewritten.is_none() || (S->rewritten_codes && rewritten.is(S->rewritten_codes));
-  if (dirs != S->internal_dirs || !same_map || S->code_cache.size() > kMaxKnownCodes) {
-    forget_codes();
+  CodeCache old;
+  py::object old_map;  // released after the lock, as the codes are
+  {
+    std::lock_guard<std::mutex> g(S->mu);
+    const bool same_map =
+        rewritten.is_none() || (S->rewritten_codes && rewritten.is(S->rewritten_codes));
+    if (dirs != S->internal_dirs || !same_map || S->code_cache.size() > kMaxKnownCodes) {
+      old = forget_codes();
+    }
+    S->internal_dirs = dirs;
+    if (!same_map) old_map = std::exchange(S->rewritten_codes, rewritten);
   }
-  S->internal_dirs = dirs;
-  if (!same_map) S->rewritten_codes = rewritten;
+  release_codes(old);
 }
 
 // Starts a new check: forgets every buffer, name and counter.
@@ -2326,6 +2356,7 @@ void reset() {
   S->pool_names.clear();
   S->triton_launches = 0;
   S->captures.store(0);
+  S->resolver_errors.store(0);
   {
     std::lock_guard<std::mutex> r(S->raw_mu);
     S->raw_refused_bytes = 0;
