@@ -139,3 +139,25 @@ def test_a_child_forked_during_a_deferred_check_does_not_hang(monkeypatch):
                 os.waitpid(pid, 0)
                 pytest.fail("a child forked during the check hung")
             time.sleep(0.01)
+
+
+def test_a_full_queue_is_written_by_the_program_and_the_trace_is_the_same(tmp_path, monkeypatch):
+    """With the recorder's thread writing nothing (a benchmark's switch), the queue fills and the
+    program's thread writes it at each 4,096 records: the queue never holds more (memory stays
+    bounded), and the trace is the one written at once."""
+    import torch
+
+    ext = _ext()
+    _, text0, _, _ = _check(tmp_path, monkeypatch, "0", "now")
+    ext.bench_ablate(32)  # kResolverPaused
+    try:
+        run, text1, during, after = _check(tmp_path, monkeypatch, "all", "paused")
+    finally:
+        ext.bench_ablate(0)
+    assert during["recorder_deferring"] is True
+    prof = run.stats()
+    assert prof["recorder_profile_deferred"] >= 600 * 9
+    # Every 4,096 records the program's thread caught up; what was left was written at the end.
+    assert after["queue_caught_up"] >= prof["recorder_profile_deferred"] // 4096 >= 1, (after, prof)
+    assert text1 == text0
+    assert run.report.errors >= 1

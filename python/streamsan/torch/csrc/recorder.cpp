@@ -341,13 +341,15 @@ uint64_t now_ns() {
 }
 
 // Benchmarks only (bench_overhead.py ablate): parts of recording left out, to measure what each
-// costs in place. A check with any of them on records a wrong trace; tests never set them.
+// costs in place. A check with any of the first four on records a wrong trace; tests never set them.
 enum Ablate : uint32_t {
   kAblateSite = 1,       // no user frame: the site is the latest one seen (no GIL taken)
   kAblateChecker = 2,    // batches are dropped, not handed to the checker
   kAblateAllocator = 4,  // the allocator's tracker returns at once
   kAblateWrite = 8,      // an op's regions are taken, nothing is resolved or written
   kSiteWithGil = 16,     // not left out: the user's frame always found under the GIL (as before)
+  kResolverPaused = 32,  // not left out: the resolver writes nothing (the program's threads write
+                         // the queue when it is full: tests of the bound)
 };
 std::atomic<uint32_t> ablated{0};
 bool ablating(Ablate what) { return (ablated.load(std::memory_order_relaxed) & what) != 0; }
@@ -1487,6 +1489,7 @@ void resolver_main() {
       S->q_cv.wait(q, [] { return S->defer.load(); });
     }
     std::this_thread::sleep_for(std::chrono::microseconds(500));
+    if (ablating(kResolverPaused)) continue;
     try {
       bool flush;
       {
