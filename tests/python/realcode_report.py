@@ -832,6 +832,8 @@ def _cost_child(out: Out, a, name: str, clean: bool, mine: float, later: float) 
         cmd.append("--csan")
     if getattr(a, "profile", False):
         cmd.append("--profile")
+    if getattr(a, "at_once", False):
+        cmd.append("--at-once")
     if getattr(a, "no_python", False):
         cmd.append("--no-python")
     if seconds is not None:
@@ -899,7 +901,8 @@ def run_cost(a) -> Out:
         # The Python recorder last: it turns on torch's own GPU trace, which cannot be turned off
         # (a Python call at every allocation and free from then on, plain runs included); the C++
         # recorder puts back what it found.
-        modes = ["plain", "native"] + (list(PROFILE_MODES) + [AT_ONCE] if a.profile else [])
+        modes = (["plain", "native"] + (list(PROFILE_MODES) if a.profile else [])
+                 + ([AT_ONCE] if getattr(a, "at_once", False) else []))
         python_end = end
         if not a.no_python and end is not None:
             end = time.monotonic() + 0.75 * (end - time.monotonic())
@@ -1386,6 +1389,8 @@ def main() -> None:
     p.add_argument("--csan", action="store_true", help="cost: plain, then under CSAN (its own process)")
     p.add_argument("--profile", action="store_true",
                    help="cost: also the C++ recorder observing only and with its stages timed (STREAMSAN_PROFILE)")
+    p.add_argument("--at-once", action="store_true",
+                   help="cost: also the C++ recorder writing its records on the program's thread (STREAMSAN_DEFER=0)")
     p.add_argument("--no-python", action="store_true", help="cost: not the Python recorder")
     p.add_argument("--set", dest="suite", default="all", choices=SUITES,
                    help="the suite: realcode.py's programs, realcode_compiled.py's, or both (all)")
