@@ -518,7 +518,31 @@ size_t site_slot(const void* code, int lasti) {
                                  0x9E3779B97F4A7C15ull >> 55) &
          (ThreadState::kSiteSlots - 1);
 }
-thread_local ThreadState ts;
+// This thread's state, made at its first use. A plain pointer: a thread-local object with a
+// constructor is reached through a call that checks it was made, at every use; this is one load.
+// Deleted when the thread ends; a callback during the thread's end after that (a tensor freed by
+// another thread-local's destructor) gets a new one, which is left to the process.
+thread_local ThreadState* ts_ptr = nullptr;
+
+struct ThreadStateOwner {
+  ~ThreadStateOwner() {
+    ThreadState* p = ts_ptr;
+    ts_ptr = nullptr;
+    delete p;
+  }
+};
+
+C10_NOINLINE ThreadState& make_thread_state() {
+  static thread_local ThreadStateOwner owner;  // its destructor deletes the state
+  (void)owner;
+  ts_ptr = new ThreadState();
+  return *ts_ptr;
+}
+
+inline ThreadState& tls() {
+  ThreadState* p = ts_ptr;
+  return C10_LIKELY(p != nullptr) ? *p : make_thread_state();
+}
 
 // The quoted stream id of a raw handle (a name once given stays: the reference too).
 const std::string& stream_name(uint64_t raw, c10::DeviceIndex device) {
@@ -688,7 +712,7 @@ bool refresh_thread_codes(ThreadState& t) {
 // The same, through the interpreter's frame records (pyframes.h), filling this thread's caches
 // for site_without_gil; GIL held.
 Site user_site_walk() {
-  ThreadState& t = ts;
+  ThreadState& t = tls();
   refresh_thread_codes(t);
   PyThreadState* tstate = PyThreadState_Get();
   Site site = kNullSite;
@@ -749,7 +773,7 @@ bool check_frames() {
     Site walked = user_site_walk();
     PyThreadState* tstate = PyThreadState_Get();
     Site again = nullptr;
-    agree = api == walked && site_without_gil(tstate, &again, ts) && again == api;
+    agree = api == walked && site_without_gil(tstate, &again, tls()) && again == api;
   }
   S->fast_frames.store(agree);
   return agree;
@@ -920,7 +944,7 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   const bool label = !fn.operator_name().has_value();
   if (label) {
     *by_address = false;
-    ThreadState& t = ts;
+    ThreadState& t = tls();
     auto mine = t.local_labels.find(name);
     if (mine != t.local_labels.end()) return *mine->second;
     std::lock_guard<std::mutex> g(S->mu);
@@ -1016,7 +1040,7 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   std::lock_guard<std::mutex> g(S->mu);
   if (label) {
     const OpInfo& known = S->labels.emplace(name, std::move(info)).first->second;
-    ts.local_labels.emplace(name, &known);
+    tls().local_labels.emplace(name, &known);
     return known;
   }
   return S->ops.emplace(key, std::move(info)).first->second;
@@ -1670,7 +1694,7 @@ bool set_grows(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
-  ThreadState& t = ts;  // one TLS lookup for the whole callback
+  ThreadState& t = tls();  // one TLS lookup for the whole callback
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
   if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back());
@@ -1980,7 +2004,7 @@ void write_rec(Rec& r) {
 
 
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
-  ThreadState& t = ts;  // one TLS lookup for the whole callback
+  ThreadState& t = tls();  // one TLS lookup for the whole callback
   if (pushed == nullptr || t.frames.empty()) return;
   Frame fr = std::move(t.frames.back());
   t.frames.pop_back();
@@ -2089,8 +2113,9 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
 void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::DeviceIndex device,
             std::pair<int64_t, int64_t> pool) {
   if (alloc && size == 0) return;
-  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back(), false);
-  const Site site = ts.cur_site;
+  ThreadState& t = tls();
+  if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back(), false);
+  const Site site = t.cur_site;
   const bool outside_capture = alloc && (pool.first != 0 || pool.second != 0) &&
                                S->captures.load(std::memory_order_relaxed) == 0;
   submit(false, false, [&](Rec& r) {
@@ -2424,10 +2449,11 @@ py::object pool_name(int64_t a, int64_t b) {
 // nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
 // op around the kernel) does not write these regions again. GIL held.
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
-  Site site = op_site(ts);
-  if (!ts.frames.empty() && !ts.frames.back().pending.empty()) flush_pending(ts.frames.back());
-  if (!ts.frames.empty()) {
-    Frame& parent = ts.frames.back();
+  ThreadState& t = tls();
+  Site site = op_site(t);
+  if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back());
+  if (!t.frames.empty()) {
+    Frame& parent = t.frames.back();
     for (const Access& a : all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
   }
   bool now = S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
@@ -2540,8 +2566,9 @@ void fake_pin(const at::Tensor& t) {
 // Writes a host op's finished line: inside an op, before the next op it calls (or after its own
 // work); outside ops, now (the batch handed over when large enough, GIL held or taken).
 void put_host_op(std::string line) {
-  if (!ts.frames.empty()) {
-    ts.frames.back().pending.push_back(std::move(line));
+  ThreadState& t = tls();
+  if (!t.frames.empty()) {
+    t.frames.back().pending.push_back(std::move(line));
     return;
   }
   emit_text(std::move(line), true);
@@ -2871,8 +2898,9 @@ bool host_access(const at::Tensor& t, bool write) {
   std::string line = write ? "{\"op\":\"host_write\",\"buffer\":" : "{\"op\":\"host_read\",\"buffer\":";
   put_region(line, a);
   put_site(line, site);
-  if (!ts.frames.empty()) {
-    ts.frames.back().pending.push_back(std::move(line));
+  ThreadState& th = tls();
+  if (!th.frames.empty()) {
+    th.frames.back().pending.push_back(std::move(line));
   } else {
     S->batch += line;
   }
