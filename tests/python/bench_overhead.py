@@ -33,11 +33,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import os
+import statistics
 import subprocess
 import sys
 import time
+from unittest import mock
 
 
 def mlp(device: str = "cuda", dims=(256, 512, 10), batch: int = 64):
@@ -227,9 +228,7 @@ def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
     deferred = "all" if device == "cpu" else "1"
 
     def checked(mode: str):
-        old = os.environ.get("STREAMSAN_DEFER")
-        os.environ["STREAMSAN_DEFER"] = "0" if mode == "at_once" else deferred
-        try:
+        with mock.patch.dict(os.environ, {"STREAMSAN_DEFER": "0" if mode == "at_once" else deferred}):
             t0 = time.perf_counter()
             with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
                                      _profile=PROFILE.get(mode, "0")) as r:
@@ -238,11 +237,6 @@ def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
                 _sync(device)
                 stats = r.stats()
             us = (time.perf_counter() - t0) / iters * 1e6
-        finally:
-            if old is None:
-                os.environ.pop("STREAMSAN_DEFER", None)
-            else:
-                os.environ["STREAMSAN_DEFER"] = old
         return us, r, stats
 
     modes = ["plain", "streamsan", "at_once", "observe", "stages"]

@@ -105,6 +105,7 @@ import threading
 import time
 import traceback
 import warnings
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -655,10 +656,10 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
     import streamsan.torch
 
     backend = "native" if mode in PROFILE_MODES or mode == AT_ONCE else mode
-    old_defer = os.environ.pop("STREAMSAN_DEFER", None)
-    if mode == AT_ONCE:
-        os.environ["STREAMSAN_DEFER"] = "0"
-    try:
+    with mock.patch.dict(os.environ):
+        os.environ.pop("STREAMSAN_DEFER", None)
+        if mode == AT_ONCE:
+            os.environ["STREAMSAN_DEFER"] = "0"
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -670,10 +671,6 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
                 stats = run.stats() if mode in PROFILE_MODES else {}
                 t2 = time.perf_counter()
         t3 = time.perf_counter()
-    finally:
-        os.environ.pop("STREAMSAN_DEFER", None)
-        if old_defer is not None:
-            os.environ["STREAMSAN_DEFER"] = old_defer
     seconds = t3 - t0
     # entering the check, the program in it, leaving it (what the checker had left to check,
     # the report)

@@ -316,6 +316,11 @@ def test_callers_that_wait_for_room_keep_the_order_they_came_in():
     assert r.clean and r.ops == 20, r.to_text()
 
 
+def spools_in(folder) -> list:
+    """The temporary copies of the ops (a Checker's spool files) in `folder`."""
+    return [p.name for p in folder.iterdir() if p.name.startswith("streamsan-ops-")]
+
+
 def run_python(code: str, timeout: float = 60, tmpdir=None) -> subprocess.CompletedProcess:
     """Runs `code` in a Python of its own; `tmpdir` becomes its TMPDIR (its spool files are then
     its own, whatever else runs on the machine)."""
@@ -397,7 +402,7 @@ def test_an_abandoned_check_neither_hangs_nor_crashes(how, tmp_path):
         assert dropped < 1.0
         assert "spool left 0" in out.stdout
     # Dropped or alive at exit, its temporary copy of the ops is gone once the process is.
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]
+    assert not spools_in(tmp_path)
 
 
 def test_exit_with_a_streamsan_torch_check_running(backend, tmp_path):
@@ -418,7 +423,7 @@ def test_exit_with_a_streamsan_torch_check_running(backend, tmp_path):
     assert out.returncode == 0, out.stderr
     last = out.stdout.splitlines()[-1].split()
     assert last[-1] == "True" and end - float(last[-2]) < 5
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]
+    assert not spools_in(tmp_path)
 
 
 def test_bad_input_from_the_recorder_is_raised_at_exit(backend):
@@ -535,4 +540,4 @@ def test_a_forked_child_leaves_its_parents_copies_of_the_ops(tmp_path):
     out = run_python(code, timeout=60, tmpdir=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "before fork 1" in out.stdout and "child status 0 after the child 1" in out.stdout, out.stdout
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("streamsan-ops-")]
+    assert not spools_in(tmp_path)

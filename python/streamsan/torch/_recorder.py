@@ -58,6 +58,8 @@ _claimed: Optional["Recorder"] = None
 _callbacks_registered = False
 _alloc_callbacks_registered = False
 _lock = threading.Lock()
+# What a recorder refused because another one is claimed or on says.
+_BUSY = "streamsan.torch: a check or record is already running in this process"
 
 
 def _q(s: str) -> str:
@@ -1303,7 +1305,7 @@ class Recorder:
         with _lock:
             if _claimed is not None or _active is not None:
                 # Before anything is set up: the C++ recorder's state is the running check's.
-                raise RuntimeError("streamsan.torch: a check or record is already running in this process")
+                raise RuntimeError(_BUSY)
             _claimed = self
         try:
             self._setup(torch, sink, backend, fake_device, profile)
@@ -1434,7 +1436,7 @@ class Recorder:
         global _active
         with _lock:
             if _active is not None or _claimed is not self:
-                raise RuntimeError("streamsan.torch: a check or record is already running in this process")
+                raise RuntimeError(_BUSY)
             _active = self
         if not getattr(self.backend, "native_syncs", False):
             _register_callbacks(allocations=isinstance(self.backend, PythonBackend))

@@ -1374,13 +1374,13 @@ uint64_t current_stream(c10::DeviceIndex device) {
 }
 
 // The stream a collective runs on: the one named by the first wait among its host ops
-// `pending` from `from` that is not its own current stream `own` (PyTorch makes the process
-// group's stream wait for the current one before the collective), quoted; empty when none. Sets
-// `*split` past that wait.
+// `pending` that is not its own current stream `own` (PyTorch makes the process group's stream
+// wait for the current one before the collective), quoted; empty when none. Sets `*split` past
+// that wait.
 std::string collective_stream_of(const std::vector<std::string>& pending, const std::string& own,
-                                 size_t from, size_t* split = nullptr) {
+                                 size_t* split) {
   static const std::string prefix = "{\"op\":\"event_wait\",\"stream\":";
-  for (size_t i = from; i < pending.size(); i++) {
+  for (size_t i = 0; i < pending.size(); i++) {
     const std::string& w = pending[i];
     if (w.rfind(prefix, 0) != 0) continue;
     size_t start = prefix.size();
@@ -1415,7 +1415,7 @@ constexpr size_t kMaxQueued = 4096;
 void write_rec(Rec& r);
 
 // Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
-// host memory (see on_end_impl), whose release may reach the GPU trace.
+// host memory (see written_at_once), whose release may reach the GPU trace.
 void resolve_queued() {
   std::vector<Rec>& work = S->resolving;
   {
@@ -1504,6 +1504,15 @@ void emit_text(std::string&& text, bool may_flush) {
   submit(false, may_flush, [&](Rec& r) { r.text = std::move(text); });  // a Text record
 }
 
+// The same, from a frame's list of them (emptied).
+void emit_lines(std::vector<std::string>& lines, bool may_flush) {
+  if (lines.empty()) return;
+  std::string text;
+  for (auto& p : lines) text += p;
+  lines.clear();
+  emit_text(std::move(text), may_flush);
+}
+
 // The resolver's thread: while records are deferred, writes the queue every half millisecond
 // and hands the batch over when it is large enough; else sleeps until a check defers again.
 void resolver_main() {
@@ -1523,7 +1532,7 @@ void resolver_main() {
       }
       if (flush) flush_batch(false);
     } catch (...) {
-      // Out of memory writing a line: the records are lost, and the check says so
+      // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
       S->resolver_errors.fetch_add(1);
     }
@@ -1590,7 +1599,7 @@ void take_pending(Frame& fr, std::string& out) {
       split = fr.pending.size();
       size_t past_wait = 0;
       fr.collective_stream =
-          collective_stream_of(fr.pending, stream_name(fr.stream, fr.device), 0, &past_wait);
+          collective_stream_of(fr.pending, stream_name(fr.stream, fr.device), &past_wait);
       if (!fr.collective_stream.empty()) split = past_wait;
     }
     for (size_t i = 0; i < split; i++) out += fr.pending[i];
@@ -1825,9 +1834,7 @@ void pass_pending(Frame& fr, Frame* parent) {
     for (auto& p : fr.pending) parent->pending.push_back(std::move(p));
     return;
   }
-  std::string text;
-  for (auto& p : fr.pending) text += p;
-  emit_text(std::move(text), true);
+  emit_lines(fr.pending, true);
 }
 
 // The quoted name of the pool with the allocator's id `id`; `mu` held.
@@ -1836,6 +1843,15 @@ const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
   if (it != S->pool_names.end()) return it->second;
   std::string name = "pool (" + std::to_string(id.first) + ", " + std::to_string(id.second) + ")";
   return S->pool_names.emplace(id, jstr(name)).first->second;
+}
+
+// Whether a record of the regions `v` is written at once rather than queued: it would hold
+// pinned memory (a record keeps the storages of its host regions alive, and the last one
+// released may free a pinned block, whose event reaches the GPU trace: released on the program's
+// thread, after every lock), or it is of the fake device (see State::defer_fake).
+bool written_at_once(const AccessList& v) {
+  if (S->fake_device && !S->defer_fake.load(std::memory_order_relaxed)) return true;
+  return std::any_of(v.begin(), v.end(), [](const Access& a) { return !a.device; });
 }
 
 // Writes a dispatcher op's record (see on_end_impl); `mu` held.
@@ -1886,7 +1902,7 @@ void write_op(Rec& r) {
     if (!r.text.empty()) {
       stream_ptr = &r.text;
     } else {
-      collective = collective_stream_of(r.pending, own_stream, 0, &split);
+      collective = collective_stream_of(r.pending, own_stream, &split);
       if (!collective.empty()) stream_ptr = &collective;
     }
     for (size_t i = 0; i < split; i++) out += r.pending[i];
@@ -2016,11 +2032,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     if (parent) {
       for (auto& c : fr.covered) parent->covered.push_back(c);
     }
-    if (!fr.pending.empty()) {
-      std::string text;
-      for (auto& p : fr.pending) text += p;
-      emit_text(std::move(text), true);
-    }
+    emit_lines(fr.pending, true);
     return;
   }
   if (!fr.active || !S->active.load(std::memory_order_relaxed)) {
@@ -2052,15 +2064,9 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     pass_pending(fr, parent);
     return;
   }
-  // The op's record: written at once when it holds pinned memory (a record keeps the storages
-  // of its host regions alive, and the last one released may free a pinned block, whose event
-  // reaches the GPU trace: released on this thread, after every lock) or on the fake device (see
-  // State::defer_fake); else queued, built in its slot of the queue.
+  // The op's record: queued, built in its slot of the queue, unless written at once.
   const uint64_t t_built = profiling ? now_ns() : 0;
-  bool now = S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
-  for (const Access& a : fr.accesses) now |= !a.device;
-  for (const Access& o : outs) now |= !o.device;
-  submit(now, true, [&](Rec& r) {
+  submit(written_at_once(fr.accesses) || written_at_once(outs), true, [&](Rec& r) {
     r.info = &info;
     r.site = fr.site;
     r.stream = fr.stream;
@@ -2145,7 +2151,6 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
 // ---------------------------------------------------------------------------------------------
 // Python API
 
-// Forgets what is known of code objects (their sites with them); GIL held.
 using CodeCache = decltype(State::code_cache);
 
 // Empties the caches of code objects and bumps the epoch; returns the codes they held, for the
@@ -2456,10 +2461,8 @@ void record_launch(const std::string& name, uint64_t stream, int device, c10::Sm
     Frame& parent = t.frames.back();
     for (const Access& a : all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
   }
-  bool now = S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
-  for (const Access& a : all) now |= !a.device;
   std::string quoted = jstr(name);
-  submit(now, true, [&](Rec& r) {
+  submit(written_at_once(all), true, [&](Rec& r) {
     r.site = site;
     r.stream = stream;
     r.device = static_cast<c10::DeviceIndex>(device);
