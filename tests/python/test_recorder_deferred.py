@@ -54,9 +54,8 @@ def _program(ext, torch):
 
 
 def _check(tmp_path, monkeypatch, defer, name):
-    import torch
-
     ext = _ext()
+    import torch
     monkeypatch.setenv("STREAMSAN_DEFER", defer)
     monkeypatch.setenv("STREAMSAN_PROFILE", "1")
     path = tmp_path / f"{name}.jsonl"
@@ -102,9 +101,8 @@ def test_the_default_defers_host_ops_and_the_allocator_and_keeps_the_trace(tmp_p
 def test_a_child_forked_during_a_deferred_check_does_not_hang(monkeypatch):
     """The recorder's locks are taken around fork (its thread may hold them): a child forked
     while records are being written runs torch ops and exits."""
-    import torch
-
     ext = _ext()
+    import torch
     if not hasattr(os, "fork"):
         pytest.skip("no fork here")
     monkeypatch.setenv("STREAMSAN_DEFER", "all")
@@ -145,9 +143,8 @@ def test_a_full_queue_is_written_by_the_program_and_the_trace_is_the_same(tmp_pa
     """With the recorder's thread writing nothing (a benchmark's switch), the queue fills and the
     program's thread writes it at each 4,096 records: the queue never holds more (memory stays
     bounded), and the trace is the one written at once."""
-    import torch
-
     ext = _ext()
+    import torch
     _, text0, _, _ = _check(tmp_path, monkeypatch, "0", "now")
     ext.bench_ablate(32)  # kResolverPaused
     try:
