@@ -70,7 +70,7 @@ fn verify(program: &[TraceOp], ex: &Exploration, cfg: SimConfig) -> Result<(), S
         ));
     }
     for (choices, outcome) in &ex.divergent {
-        if let Some(buffers) = unexplained(&report, &reference, outcome) {
+        if let Some(buffers) = unexplained(program, &report, &reference, outcome) {
             return Err(format!(
                 "(b) chunk_words {}: schedule {choices:?} diverges in {buffers:?}, which no \
                  reported error names\n{}",

@@ -157,7 +157,7 @@ fn graph_programs_run_on_the_simulator_as_their_reports_say() {
                 seed * 8 + k,
             )
             .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{p}"));
-            if let Some(b) = unexplained(&report, &reference, &o) {
+            if let Some(b) = unexplained(&p.ops, &report, &reference, &o) {
                 panic!("seed {seed}, schedule {k}: {b:?} differ with no hazard on them\n{p}");
             }
             divergent += usize::from(!o.diverging(&reference).is_empty());

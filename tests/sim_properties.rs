@@ -41,7 +41,7 @@ proptest! {
             }
             // b.
             prop_assert!(
-                unexplained(&report, &reference, &outcome).is_none(),
+                unexplained(ops, &report, &reference, &outcome).is_none(),
                 "buffers {differing:?} differ with no hazard on them\n{program}\nreport:\n{}",
                 report.to_json()
             );

@@ -463,9 +463,52 @@ fn reuse_in_program(
     Ok(Some((name, until)))
 }
 
+/// The buffers whose corruption a hazard explains in `program`: those it names and, for each
+/// conflict with an allocation, the buffers freed before that allocation that its stream had
+/// accessed. An allocation's use carries the epoch of its stream's latest work (spec: "The
+/// allocation is a use"), so a report naming the allocation as the latest conflicting op stands
+/// for that work too, on whatever earlier buffer held the memory the allocation handed out.
+fn explained_by(program: &[TraceOp], h: &Hazard) -> BTreeSet<Id> {
+    let mut s = hazard_buffers(h);
+    for c in h.conflicts.iter().filter(|c| c.access == AccessKind::Alloc) {
+        let Ok(at) = usize::try_from(c.op) else {
+            continue;
+        };
+        let before = &program[..at.min(program.len())];
+        let freed: BTreeSet<&Id> = before
+            .iter()
+            .filter_map(|op| match &op.op {
+                Op::Free { buffer, .. } => Some(buffer),
+                _ => None,
+            })
+            .collect();
+        for op in before {
+            if op
+                .op
+                .on_stream()
+                .is_none_or(|s| s.as_str() != c.participant)
+            {
+                continue;
+            }
+            for a in op.op.accesses() {
+                if freed.contains(&a.region.buffer) {
+                    s.insert(a.region.buffer.clone());
+                }
+            }
+        }
+    }
+    s
+}
+
 /// Whether a program's runs are explained by its report: every divergent run touches a buffer
-/// some hazard names. Returns the buffers of an unexplained divergence.
-pub fn unexplained(report: &Report, reference: &Outcome, outcome: &Outcome) -> Option<Vec<Id>> {
+/// some hazard names (or, through an allocation's use, stands for; see `explained_by`). Returns
+/// the buffers of an unexplained divergence.
+pub fn unexplained(
+    program: &[TraceOp],
+    report: &Report,
+    reference: &Outcome,
+    outcome: &Outcome,
+) -> Option<Vec<Id>> {
     let diverging = outcome.diverging(reference);
     if diverging.is_empty() {
         return None;
@@ -474,7 +517,7 @@ pub fn unexplained(report: &Report, reference: &Outcome, outcome: &Outcome) -> O
         .hazards
         .iter()
         .filter(|h| h.is_error())
-        .flat_map(hazard_buffers)
+        .flat_map(|h| explained_by(program, h))
         .collect();
     if diverging.iter().any(|b| named.contains(b)) {
         None
@@ -509,7 +552,7 @@ pub fn run_campaign(
                 .random(&program, case_seed ^ u64::from(k + 1))
                 .map_err(sim_err)?;
             res.runs += 1;
-            if let Some(b) = unexplained(&report, &reference, &o) {
+            if let Some(b) = unexplained(&program, &report, &reference, &o) {
                 bad = Some((b, u64::from(k + 1)));
                 break;
             }
@@ -550,7 +593,7 @@ pub fn run_campaign(
                     break;
                 }
                 if p.len() == program.len() && bad.is_none() {
-                    if let Some(b) = unexplained(&report, &reference, &o) {
+                    if let Some(b) = unexplained(&program, &report, &reference, &o) {
                         bad = Some((b, 0));
                     }
                 }
@@ -611,7 +654,7 @@ fn still_unexplained(
     };
     (0..schedules.max(1) * 4).any(|k| {
         exec.random(program, seed ^ u64::from(k + 1))
-            .is_ok_and(|o| unexplained(&report, &reference, &o).is_some())
+            .is_ok_and(|o| unexplained(program, &report, &reference, &o).is_some())
     })
 }
 

@@ -330,7 +330,7 @@ pub fn campaign(
                 .random(program, 1 + u64::from(k))
                 .unwrap_or_else(|e| panic!("{name}, schedule {k}: {e}"));
             st.runs += 1;
-            if let Some(b) = unexplained(&report, &reference, &o) {
+            if let Some(b) = unexplained(program, &report, &reference, &o) {
                 st.unexplained
                     .push(format!("{name}: schedule {k} diverges on {b:?}"));
                 explained = false;
@@ -383,7 +383,7 @@ pub fn campaign(
                     break;
                 }
                 if explained && p.program.len() == program.len() {
-                    if let Some(b) = unexplained(&report, &reference, &o) {
+                    if let Some(b) = unexplained(program, &report, &reference, &o) {
                         st.unexplained
                             .push(format!("{what}: attempt {a} diverges on {b:?}"));
                         explained = false;
