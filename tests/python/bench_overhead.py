@@ -4,7 +4,7 @@
     python tests/python/bench_overhead.py run MODE WORKLOAD [--backend B]
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
-    python tests/python/bench_overhead.py startup [--device cpu]        # a check's enter and exit
+    python tests/python/bench_overhead.py startup [--device cpu] [--between N] # a check's enter and exit
     python tests/python/bench_overhead.py floor WORKLOAD [--device cpu] # what being called costs
     python tests/python/bench_overhead.py loop WORKLOAD MODE [--device cpu] # a loop for a profiler
     python tests/python/bench_overhead.py ablate WORKLOAD [--device cpu] # each part of recording left out
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import statistics
@@ -355,13 +356,18 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
     return {"workload": workload, "mode": mode, "device": device, "iters": iters, "us": round(us, 1)}
 
 
-def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False) -> dict:
+def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False,
+            between: int = 0) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
     more checks run under cProfile: `profile` gives each function's calls and microseconds per
     check (own time and with what it calls), the 25 largest by own time. With `compiled`, a
     function is compiled with `torch.compile` and run first (Dynamo and Inductor imported,
-    Triton's classes there to hook, as in a compiled program)."""
+    Triton's classes there to hook, as in a compiled program). With `between`, that many
+    training steps of an MLP (1024 wide, batch 64) run unchecked before each check, then a
+    collection of the young garbage, and the check runs with the collector off: the caches hold
+    the program's code and data, not the check's, as in the real-code suites, whose every timed
+    run is a check of its own."""
     import torch
 
     import streamsan.torch
@@ -371,8 +377,25 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         f = torch.compile(lambda t: torch.sin(t) * 2 + 1)
         f(x)
         _sync(device)
+    if between:
+        model, opt, data = _mlp_between(device)
 
     def once() -> tuple:
+        if between:
+            for _ in range(between):
+                opt.zero_grad()
+                model(data).square().mean().backward()
+                opt.step()
+            _sync(device)
+            gc.collect(1)
+            gc.disable()
+        try:
+            return _check_once()
+        finally:
+            if between:
+                gc.enable()
+
+    def _check_once() -> tuple:
         r = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu")
         t0 = time.perf_counter()
         r.__enter__()
@@ -386,7 +409,8 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     for _ in range(3):
         once()
     runs = [once() for _ in range(n)]
-    out = {"device": device, "compiled": compiled, "enter_ms": round(statistics.median(t[0] for t in runs), 3),
+    out = {"device": device, "compiled": compiled, "between": between,
+           "enter_ms": round(statistics.median(t[0] for t in runs), 3),
            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
     if profile:
         import cProfile
@@ -406,6 +430,17 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
                            "own_us": round(tt / profile * 1e6, 1), "cumulative_us": round(ct / profile * 1e6, 1)}
                           for tt, ct, calls, name in rows[:25]]
     return out
+
+
+def _mlp_between(device: str):
+    """The program `startup --between` runs between checks: an MLP 1024→1024→1024, batch 64,
+    SGD, on `device` (about 8 MiB of parameters)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    return model, opt, torch.randn(64, 1024, device=device)
 
 
 def _vm() -> dict:
@@ -504,12 +539,14 @@ def main() -> None:
     p.add_argument("--no-python", action="store_true", help="leave out the pure-Python recorder")
     p.add_argument("--profile", type=int, default=0, help="startup: that many more checks under cProfile")
     p.add_argument("--compiled", action="store_true", help="startup: a torch.compile'd function run first")
+    p.add_argument("--between", type=int, default=0,
+                   help="startup: that many unchecked training steps of an MLP before each check (cold caches)")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "startup":
-        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled), indent=1))
+        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled, between=a.between), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))

@@ -217,6 +217,92 @@ def test_the_thread_finds_batches_by_itself_and_wakes_from_a_long_sleep():
     assert c.drain() == [] and c.finish().ops == 59
 
 
+def checker_threads() -> int:
+    """The checker threads of this process (Linux: their names in /proc)."""
+    n = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                n += f.read().strip() == "streamsan-check"  # names are cut to 15 bytes
+        except OSError:
+            pass
+    return n
+
+
+def wait_for(cond, limit: float = 30.0) -> bool:
+    until = time.monotonic() + limit
+    while not cond() and time.monotonic() < until:
+        time.sleep(0.002)
+    return cond()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+def test_the_thread_starts_at_the_first_batch_and_ends_by_itself_after_finish(tmp_path, monkeypatch):
+    """A threaded Checker starts its thread when the first batch is handed over (a check that
+    hands none over starts none), and its temporary copy of the ops when the first op is kept;
+    `finish` does not wait for the thread to end: it ends by itself."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    before = checker_threads()
+    c = streamsan.Checker(threaded=True, explain=True)
+    assert checker_threads() == before and not spools_in(tmp_path)
+    c.push_lines(numbered_ops(0, 10))
+    assert wait_for(lambda: c.stats()["ops"] == 29)
+    assert checker_threads() == before + 1 and len(spools_in(tmp_path)) == 1
+    r = c.finish()
+    assert r.ops == 29 and r.clean
+    assert wait_for(lambda: checker_threads() == before), "the thread did not end"
+    del r, c
+    assert not spools_in(tmp_path)
+    # None handed over: no thread; the empty copy is made at the end, for the report.
+    c = streamsan.Checker(threaded=True, explain=True)
+    r = c.finish()
+    assert checker_threads() == before and r.ops == 0 and "digraph" in r.to_dot()
+    del r, c
+    assert not spools_in(tmp_path)
+
+
+def test_catching_up_while_other_threads_push_keeps_the_synchronous_report():
+    """A caller that waits for the thread to catch up checks the queued batches itself when the
+    thread is between batches: with four threads pushing and the main thread draining all along,
+    every batch is checked once, in the order it was admitted, and the report is the
+    synchronous one."""
+    parts = [numbered_ops(10 * k, 10) for k in range(40)]
+    lock = threading.Lock()
+    order: list[str] = []
+    c = streamsan.Checker(threaded=True, queue_bytes=4 << 10)
+    nxt = iter(parts)
+
+    def pusher():
+        while True:
+            with lock:  # the order batches are handed over in is the order they are listed
+                part = next(nxt, None)
+                if part is None:
+                    return
+                order.append(part)
+                c.push_lines(part)
+
+    threads = [threading.Thread(target=pusher) for _ in range(4)]
+    for t in threads:
+        t.start()
+    returned = []
+    while any(t.is_alive() for t in threads):
+        returned += c.drain()
+    for t in threads:
+        t.join(timeout=60)
+    returned += c.drain()
+    r = c.finish()
+    s = streamsan.Checker(threaded=False)
+    sync_returned = []
+    for part in order:
+        sync_returned += s.push_lines(part)
+    expected = s.finish()
+    assert r.to_json() == expected.to_json() and r.ops == expected.ops
+    assert returned == sync_returned
+
+
 BAD = (
     '{"op":"alloc","buffer":"a","bytes":16}\n{"op":"free","buffer":"a"}\n{"op":"free","buffer":"a"}\n'
     '{"op":"bad"}\n{"op":"device_sync"}\n'

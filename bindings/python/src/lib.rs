@@ -13,7 +13,6 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
@@ -26,7 +25,7 @@ use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
 use streamsan::trace::{ParseError, TraceReader};
 
 mod worker;
-use worker::{lock, Core, LineError, Options, Refused, Shared};
+use worker::{lock, Core, LineError, OpsCopy, Options, Refused, Shared};
 
 /// The command line, compiled from the same source as the `streamsan` binary.
 #[allow(dead_code)]
@@ -117,30 +116,40 @@ fn _remove_spools() -> usize {
     mine.len()
 }
 
-/// A new temporary spool file, readable by its owner only.
-fn spool() -> Result<(PathBuf, File), String> {
-    let dir = std::env::temp_dir();
-    let mut last = String::new();
+/// A path for a new temporary spool file, registered for removal (`_remove_spools`, or the
+/// report's end); the file is made by [`create_spool`] when the first line is kept, by whoever
+/// checks it (the checker's thread, off the program's).
+fn spool_path() -> PathBuf {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
-    let mut rng = streamsan::workload::SplitMix::new(seed ^ u64::from(std::process::id()));
-    for _ in 0..16 {
-        let path = dir.join(format!("streamsan-ops-{:016x}.jsonl", rng.next_u64()));
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        match options.open(&path) {
-            Ok(f) => {
-                lock(&SPOOLS).push((std::process::id(), path.clone()));
-                return Ok((path, f));
-            }
-            Err(e) => last = format!("{}: cannot create: {e}", path.display()),
-        }
+    let n = SPOOL_COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut rng = streamsan::workload::SplitMix::new(seed ^ u64::from(std::process::id()) ^ n);
+    let path = std::env::temp_dir().join(format!("streamsan-ops-{:016x}.jsonl", rng.next_u64()));
+    lock(&SPOOLS).push((std::process::id(), path.clone()));
+    path
+}
+
+/// Spool paths handed out by this process (each a different seed).
+static SPOOL_COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes the spool file at `path` (from [`spool_path`]), readable by its owner only; not when
+/// it was removed already (the interpreter is exiting: `_remove_spools` ran), which would
+/// leave it behind.
+pub(crate) fn create_spool(path: &Path) -> Result<File, String> {
+    let me = std::process::id();
+    let spools = lock(&SPOOLS);
+    if !spools.iter().any(|(pid, p)| *pid == me && p == path) {
+        return Err(format!("{}: removed before it was made", path.display()));
     }
-    Err(last)
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options
+        .open(path)
+        .map_err(|e| format!("{}: cannot create: {e}", path.display()))
 }
 
 /// Converts a JSON value to Python objects.
@@ -327,8 +336,6 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
 struct Checker {
     /// The queue, the thread's findings and the checker itself.
     shared: Arc<Shared>,
-    /// The checker's thread, while it runs.
-    thread: Mutex<Option<JoinHandle<()>>>,
     /// Where the ops are kept; taken by `finish`.
     kept: Mutex<Kept>,
     name: String,
@@ -415,8 +422,7 @@ impl Checker {
     /// Stops and joins the checker's thread once the queue is closed: what it queued is
     /// checked first.
     fn join(&self, py: Python<'_>) {
-        let handle = lock(&self.thread).take();
-        if let Some(handle) = handle {
+        if let Some(handle) = self.shared.take_thread() {
             py.detach(|| {
                 self.shared.wait_exit(None);
                 let _ = handle.join();
@@ -427,8 +433,7 @@ impl Checker {
 
 impl Drop for Checker {
     fn drop(&mut self) {
-        let handle = lock(&self.thread).take();
-        worker::stop(&self.shared, handle);
+        worker::stop(&self.shared);
         // A temporary copy of the ops that no report took goes with the Checker.
         if let Kept::File {
             path,
@@ -480,24 +485,22 @@ impl Checker {
                         path,
                         temporary: false,
                     },
-                    Some(out),
+                    OpsCopy::File(out),
                 )
             }
-            None if explain => match spool() {
-                Ok((path, f)) => (
+            None if explain => {
+                // Made at the first line kept; where it cannot be, the report says so and
+                // does not explain its hazards (checking does not need the copy).
+                let path = spool_path();
+                (
                     Kept::File {
-                        path,
+                        path: path.clone(),
                         temporary: true,
                     },
-                    Some(BufWriter::with_capacity(1 << 16, f)),
-                ),
-                Err(e) => {
-                    // Checking does not need the copy: go on without explanations.
-                    eprintln!("streamsan: {e}; the report will not explain its hazards");
-                    (Kept::Nothing, None)
-                }
-            },
-            None => (Kept::Nothing, None),
+                    OpsCopy::Spool(path),
+                )
+            }
+            None => (Kept::Nothing, OpsCopy::Nothing),
         };
         let name = name.unwrap_or_else(|| match &kept {
             Kept::File {
@@ -518,10 +521,9 @@ impl Checker {
             delay: Duration::from_secs_f64(_delay),
             panic_at: _panic_at,
         });
-        let (shared, thread) = Shared::start(core, options);
+        let shared = Shared::start(core, options);
         Ok(Checker {
             shared,
-            thread: Mutex::new(thread),
             kept: Mutex::new(kept),
             name,
         })
@@ -724,7 +726,15 @@ impl Checker {
             s.closed = true;
         }
         self.shared.close();
-        self.join(py);
+        if threaded {
+            // Ops pushed by other threads since the wait above, checked (here, or by the
+            // thread). The thread then touches the check no more: it ends by itself, not
+            // waited for.
+            py.detach(|| self.shared.settle());
+            drop(self.shared.take_thread());
+        } else {
+            self.join(py);
+        }
         {
             // What the thread met after the wait above (ops pushed meanwhile by other threads).
             let mut s = lock(&self.shared.state);
@@ -740,14 +750,22 @@ impl Checker {
             }
             s.finished = true;
         }
-        let (checker, out, mut write_error) = py.detach(|| {
+        let (checker, mut out, mut write_error) = py.detach(|| {
             let mut core = lock(&self.shared.core);
-            (core.run.take(), core.out.take(), core.write_error.take())
+            (
+                core.run.take(),
+                std::mem::replace(&mut core.out, OpsCopy::Nothing),
+                core.write_error.take(),
+            )
         });
         let Some(checker) = checker else {
             return Err(finished());
         };
-        if let Some(out) = out {
+        // A temporary copy no line was kept in is made now, empty: the report can be drawn.
+        if let Err(e) = out.open() {
+            write_error.get_or_insert(e);
+        }
+        if let OpsCopy::File(out) = out {
             if let Err(e) = out
                 .into_inner()
                 .map_err(|e| e.into_error())

@@ -29,8 +29,9 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -62,9 +63,37 @@ pub(crate) struct Core {
     /// How bad-input messages name the ops' source.
     pub(crate) name: String,
     /// Where the checked lines are copied, if they are kept.
-    pub(crate) out: Option<BufWriter<File>>,
+    pub(crate) out: OpsCopy,
     /// The first error writing the kept ops; the kept file is then incomplete.
     pub(crate) write_error: Option<String>,
+}
+
+/// Where a check's lines are copied.
+pub(crate) enum OpsCopy {
+    /// Nowhere.
+    Nothing,
+    /// A temporary copy, made at the first line kept (by whoever checks it: the checker's
+    /// thread, off the caller's) at this path, registered for removal already.
+    Spool(PathBuf),
+    /// This file.
+    File(BufWriter<File>),
+}
+
+impl OpsCopy {
+    /// Makes the temporary copy now, if it is to be made and is not yet; a failure is the
+    /// copy's write error.
+    pub(crate) fn open(&mut self) -> Result<(), String> {
+        if let OpsCopy::Spool(path) = self {
+            match crate::create_spool(path) {
+                Ok(f) => *self = OpsCopy::File(BufWriter::with_capacity(1 << 16, f)),
+                Err(e) => {
+                    *self = OpsCopy::Nothing;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Core {
@@ -136,12 +165,25 @@ impl Core {
             .map_or_else(Vec::new, |r| r.checker().hazards()[from..].to_vec())
     }
 
+    /// Writes what the copy of the ops holds in its buffer to its file.
+    fn flush_copy(&mut self) {
+        if let OpsCopy::File(out) = &mut self.out {
+            if let Err(e) = out.flush() {
+                self.write_error = Some(e.to_string());
+                self.out = OpsCopy::Nothing;
+            }
+        }
+    }
+
     fn keep(&mut self, line: &[u8]) {
-        if let Some(out) = self.out.as_mut() {
+        if let Err(e) = self.out.open() {
+            self.write_error = Some(e);
+        }
+        if let OpsCopy::File(out) = &mut self.out {
             let r = out.write_all(line).and_then(|_| out.write_all(b"\n"));
             if let Err(e) = r {
                 self.write_error = Some(e.to_string());
-                self.out = None;
+                self.out = OpsCopy::Nothing;
             }
         }
     }
@@ -177,7 +219,8 @@ pub(crate) struct State {
     pub(crate) dead: Option<String>,
     /// The thread has ended (or never started).
     exited: bool,
-    /// Time the thread spent parsing and checking batches.
+    /// Time spent parsing and checking batches: the thread's, and that of callers that checked
+    /// the last batches themselves when catching up.
     pub(crate) busy: Duration,
     /// Time callers spent waiting for room in the queue or for their turn (the program held
     /// back by the checker).
@@ -185,6 +228,13 @@ pub(crate) struct State {
     /// The thread is waiting for a batch: an admitted batch wakes it (else it looks at the
     /// queue before it waits again, and nothing needs waking).
     idle: bool,
+    /// Someone is checking batches taken from the queue: the thread, or a caller catching up
+    /// (see [`Shared::check_queued_here`]). Batches are taken only while nobody is, so they
+    /// are checked in order.
+    checking: bool,
+    /// The thread was started (at the first batch admitted: a check that hands none over
+    /// starts none, and the first hand-over, often the recorder's own thread, pays for it).
+    spawned: bool,
     /// Callers waiting on `progress`: the thread's progress wakes them (a wake-up is a system
     /// call, which a batch handed over while nobody waits does not pay).
     waiters: usize,
@@ -223,6 +273,8 @@ enum Entry {
 struct Wake {
     thread: bool,
     waiters: bool,
+    /// The thread is to be started.
+    spawn: bool,
 }
 
 /// Why a batch was not taken.
@@ -247,6 +299,10 @@ pub(crate) struct Shared {
     abort: AtomicBool,
     delay: Duration,
     panic_at: Option<u64>,
+    /// The checker's thread, once started and until joined or left to end by itself.
+    thread: Mutex<Option<JoinHandle<()>>>,
+    /// This `Shared`, for the thread started at the first batch.
+    me: Weak<Shared>,
 }
 
 /// How long a caller waiting for the thread sleeps between looks at Python's signals.
@@ -267,18 +323,15 @@ const DROP_WAIT: Duration = Duration::from_secs(2);
 
 impl Shared {
     /// A check whose batches the caller checks on its own thread (`options`: `None`) or a
-    /// thread does. Ends synchronous when the thread cannot be started (with a warning).
-    pub(crate) fn start(
-        core: Core,
-        options: Option<Options>,
-    ) -> (Arc<Shared>, Option<JoinHandle<()>>) {
+    /// thread does, started at the first batch admitted (see [`Self::spawn`]).
+    pub(crate) fn start(core: Core, options: Option<Options>) -> Arc<Shared> {
         let threaded = options.is_some();
         let options = options.unwrap_or(Options {
             bound: usize::MAX,
             delay: Duration::ZERO,
             panic_at: None,
         });
-        let shared = Arc::new(Shared {
+        Arc::new_cyclic(|me| Shared {
             core: Mutex::new(core),
             state: Mutex::new(State {
                 threaded,
@@ -299,34 +352,49 @@ impl Shared {
                 waited: Duration::ZERO,
                 idle: false,
                 waiters: 0,
+                checking: false,
+                spawned: false,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
             abort: AtomicBool::new(false),
             delay: options.delay,
             panic_at: options.panic_at,
-        });
-        if !threaded {
-            return (shared, None);
-        }
-        let worker = Arc::clone(&shared);
+            thread: Mutex::new(None),
+            me: me.clone(),
+        })
+    }
+
+    /// Starts the checker's thread (asked for by the first batch admitted). Where no thread can
+    /// be had, the check goes on without one, as it would have had it failed at the start:
+    /// what is queued is checked here, and the Checker checks on its caller's thread.
+    fn spawn(&self) {
+        let Some(worker) = self.me.upgrade() else {
+            return;
+        };
         let spawned = std::thread::Builder::new()
             .name("streamsan-checker".into())
             .spawn(move || run(&worker));
         match spawned {
-            Ok(handle) => (shared, Some(handle)),
+            Ok(handle) => *lock(&self.thread) = Some(handle),
             Err(e) => {
                 eprintln!(
                     "streamsan: cannot start the checker's thread: {e}; checking on the \
                      caller's thread"
                 );
-                let mut s = lock(&shared.state);
-                s.threaded = false;
-                s.exited = true;
-                drop(s);
-                (shared, None)
+                {
+                    let mut s = lock(&self.state);
+                    s.threaded = false;
+                    s.exited = true;
+                }
+                self.check_queued_here(true);
             }
         }
+    }
+
+    /// The checker's thread, to be joined or left; `None` when it was never started.
+    pub(crate) fn take_thread(&self) -> Option<JoinHandle<()>> {
+        lock(&self.thread).take()
     }
 
     /// Why no batch can be taken now, if so.
@@ -427,15 +495,21 @@ impl Shared {
         s.peak = s.peak.max(s.bytes);
         s.queue.push_back(batch);
         s.admitted += 1;
+        let spawn = s.threaded && !s.spawned;
+        s.spawned = true;
         Wake {
             thread: s.idle,
             // The next ticket's holder may be waiting for its turn.
             waiters: s.waiters > 0,
+            spawn,
         }
     }
 
     /// Wakes whom `admit` said, `state` not held.
     fn wake(&self, wake: Wake) {
+        if wake.spawn {
+            self.spawn();
+        }
         if wake.thread {
             self.work.notify_one();
         }
@@ -450,6 +524,9 @@ impl Shared {
     pub(crate) fn catch_up(&self, py: pyo3::Python<'_>) -> pyo3::PyResult<()> {
         loop {
             let done = py.detach(|| {
+                if self.check_queued_here(false) {
+                    return true;
+                }
                 // The thread may be between looks at the queue: it looks now.
                 self.work.notify_one();
                 let s = lock(&self.state);
@@ -462,6 +539,88 @@ impl Shared {
                 return Ok(());
             }
             py.check_signals()?;
+        }
+    }
+
+    /// Checks what is in the queue on the caller's thread, when nobody is checking a batch
+    /// (the thread is between batches, or has not looked at the queue yet): a caller that waits
+    /// for the thread to catch up (at the end of a check, the last batch) checks it itself
+    /// rather than waking the thread and waiting to be woken. In order: batches are taken only
+    /// while nobody checks. Returns whether every batch admitted is checked now. `always`: also
+    /// where the tests' hooks (`_delay`, `_panic_at`) ask for the thread to check every batch
+    /// (the thread could not be started).
+    fn check_queued_here(&self, always: bool) -> bool {
+        if !always && (!self.delay.is_zero() || self.panic_at.is_some()) {
+            return false;
+        }
+        let batches = {
+            let mut s = lock(&self.state);
+            if s.checking || s.dead.is_some() || s.queue.is_empty() {
+                return !s.checking && s.caught_up();
+            }
+            s.checking = true;
+            std::mem::take(&mut s.queue)
+        };
+        // Whatever happens while checking (a panic: raised in the caller), the thread may take
+        // batches again afterwards.
+        struct Done<'a>(&'a Shared);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut s = lock(&self.0.state);
+                s.checking = false;
+                let more = !s.queue.is_empty();
+                let waiters = s.waiters > 0;
+                drop(s);
+                if more {
+                    self.0.work.notify_one();
+                }
+                if waiters {
+                    self.0.progress.notify_all();
+                }
+            }
+        }
+        let done = Done(self);
+        let since = Instant::now();
+        let mut results = Vec::with_capacity(batches.len());
+        {
+            let mut core = lock(&self.core);
+            for b in &batches {
+                let from = core.found();
+                let r = core.check_lines(b, &|| self.aborted());
+                results.push((core.hazards_from(from), r.err(), b.len()));
+            }
+        }
+        {
+            let mut s = lock(&self.state);
+            s.busy += since.elapsed();
+            for (found, error, len) in results {
+                s.bytes -= len;
+                s.checked += 1;
+                s.found.extend(found);
+                if let Some(LineError::Bad(message)) = error {
+                    s.errors.push_back(message);
+                }
+            }
+        }
+        drop(done);
+        let s = lock(&self.state);
+        !s.checking && s.caught_up()
+    }
+
+    /// Waits, signals unseen, until every batch admitted is checked (here when nobody checks
+    /// one, see [`Self::check_queued_here`]): for a closed queue, after which the thread
+    /// touches the check no more.
+    pub(crate) fn settle(&self) {
+        loop {
+            if self.check_queued_here(false) {
+                return;
+            }
+            self.work.notify_one();
+            let s = lock(&self.state);
+            if s.caught_up() {
+                return;
+            }
+            drop(self.wait_progress(s, Some(SIGNAL_POLL)));
         }
     }
 
@@ -515,12 +674,15 @@ impl Shared {
                     if self.aborted() {
                         return;
                     }
-                    if let Some(b) = s.queue.pop_front() {
-                        empty_polls = 0;
-                        break (s.checked, b);
-                    }
-                    if s.closed {
-                        return;
+                    if !s.checking {
+                        if let Some(b) = s.queue.pop_front() {
+                            empty_polls = 0;
+                            s.checking = true;
+                            break (s.checked, b);
+                        }
+                        if s.closed {
+                            return;
+                        }
                     }
                     if empty_polls < POLLS_BEFORE_SLEEP {
                         // Batches are coming: look again soon, unwoken.
@@ -549,6 +711,7 @@ impl Shared {
                 (core.hazards_from(from), r.err())
             };
             let mut s = lock(&self.state);
+            s.checking = false;
             s.busy += since.elapsed();
             s.bytes -= batch.len();
             s.checked += 1;
@@ -558,9 +721,15 @@ impl Shared {
                 Some(LineError::Finished) | None => {}
             }
             let waiters = s.waiters > 0;
+            let dry = s.queue.is_empty();
             drop(s);
             if waiters {
                 self.progress.notify_all();
+            }
+            if dry {
+                // Nothing more to check for now: the copy of the ops goes to its file here,
+                // not when the check finishes, on the caller's thread.
+                lock(&self.core).flush_copy();
             }
         }
     }
@@ -610,9 +779,11 @@ fn run(shared: &Shared) {
 
 /// Ends a Checker's thread when the Checker goes away: it drops what is left, and is joined if it
 /// ends within [`DROP_WAIT`], else left behind (it holds no Python object and ends by itself).
-pub(crate) fn stop(shared: &Shared, handle: Option<JoinHandle<()>>) {
+pub(crate) fn stop(shared: &Shared) {
     shared.abort();
-    let Some(handle) = handle else { return };
+    let Some(handle) = shared.take_thread() else {
+        return;
+    };
     if shared.wait_exit(Some(DROP_WAIT)) {
         let _ = handle.join();
     }
