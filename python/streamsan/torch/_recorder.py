@@ -919,10 +919,10 @@ class NativeBackend:
 
         self.ext = _native.load()
         self.rec = rec
-        self.sites = Sites()
+        self.sites = rec.sites  # one per check: the Python-level sites share its cache
         self.fake_device = fake_device
         global _PINNED_EXAMPLE
-        cuda = torch.cuda.is_available()
+        cuda = rec.cuda
         if cuda and _PINNED_EXAMPLE is None:
             _PINNED_EXAMPLE = torch.empty(1, pin_memory=True)  # its deleter is the host allocator's
         pinned = _PINNED_EXAMPLE if cuda else None
@@ -1171,7 +1171,7 @@ def _install_patches(rec: "Recorder") -> _Patches:
     def on() -> bool:
         return rec.on and _active is rec
 
-    if torch.cuda.is_available():
+    if rec.cuda:
         Event = torch.cuda.Event
         Stream = torch.cuda.Stream
 
@@ -1322,6 +1322,8 @@ class Recorder:
         self.raw_sink = None
         self.warn = _Warned()
         self.sites = Sites()
+        # Asked once per check (each time is a device count and an environment read).
+        self.cuda = bool(torch.cuda.is_available())
         self.stream_names: dict[str, int] = {}
         self.error: Optional[BaseException] = None
         self.backend_error: Optional[str] = None
@@ -1450,8 +1452,7 @@ class Recorder:
                 "invisible to this check)",
             )
         try:
-            torch = self.torch
-            if torch.cuda.is_available():
+            if self.cuda:
                 self.backend.name_stream(0, "default")
         except Exception:
             pass
@@ -1460,7 +1461,7 @@ class Recorder:
 
     def _install_triton(self) -> None:
         """Hooks Triton's launches (see _triton) where Triton is installed."""
-        if not self.torch.cuda.is_available() and not getattr(self.backend, "fake_device", False):
+        if not self.cuda and not getattr(self.backend, "fake_device", False):
             return
         try:
             from ._triton import TritonHooks
