@@ -357,7 +357,7 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
 
 
 def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False,
-            between: int = 0) -> dict:
+            between: int = 0, inside: int = 0) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
     more checks run under cProfile: `profile` gives each function's calls and microseconds per
@@ -367,7 +367,8 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     training steps of an MLP (1024 wide, batch 64) run unchecked before each check, then a
     collection of the young garbage, and the check runs with the collector off: the caches hold
     the program's code and data, not the check's, as in the real-code suites, whose every timed
-    run is a check of its own."""
+    run is a check of its own. With `inside`, the check is around that many steps of the same
+    MLP (its ops handed to the checker while they run) instead of one op."""
     import torch
 
     import streamsan.torch
@@ -377,15 +378,18 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         f = torch.compile(lambda t: torch.sin(t) * 2 + 1)
         f(x)
         _sync(device)
-    if between:
+    if between or inside:
         model, opt, data = _mlp_between(device)
+
+    def steps(k: int) -> None:
+        for _ in range(k):
+            opt.zero_grad()
+            model(data).square().mean().backward()
+            opt.step()
 
     def once() -> tuple:
         if between:
-            for _ in range(between):
-                opt.zero_grad()
-                model(data).square().mean().backward()
-                opt.step()
+            steps(between)
             _sync(device)
             gc.collect(1)
             gc.disable()
@@ -400,7 +404,10 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         t0 = time.perf_counter()
         r.__enter__()
         t1 = time.perf_counter()
-        x.add_(1)
+        if inside:
+            steps(inside)
+        else:
+            x.add_(1)
         _sync(device)
         t2 = time.perf_counter()
         r.__exit__(None, None, None)
@@ -409,7 +416,7 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     for _ in range(3):
         once()
     runs = [once() for _ in range(n)]
-    out = {"device": device, "compiled": compiled, "between": between,
+    out = {"device": device, "compiled": compiled, "between": between, "inside": inside,
            "enter_ms": round(statistics.median(t[0] for t in runs), 3),
            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
     if profile:
@@ -541,12 +548,14 @@ def main() -> None:
     p.add_argument("--compiled", action="store_true", help="startup: a torch.compile'd function run first")
     p.add_argument("--between", type=int, default=0,
                    help="startup: that many unchecked training steps of an MLP before each check (cold caches)")
+    p.add_argument("--inside", type=int, default=0,
+                   help="startup: the check around that many training steps of the MLP, not one op")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "startup":
-        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled, between=a.between), indent=1))
+        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled, between=a.between, inside=a.inside), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
