@@ -327,9 +327,10 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
 ///   among them, and raises its own bad input.
 /// - `ops`, `hazards` and `stats()` answer from the thread's latest state: what it has checked
 ///   so far (`drain()` first for everything pushed); `stats()` also has `queue_bytes` (bytes
-///   pushed and not checked yet), `queue_peak_bytes`, `checker_busy_seconds` (the thread's time
-///   parsing and checking) and `queue_waited_seconds` (callers' time waiting for room).
-/// - if the thread panics, the next call raises `RuntimeError` and the check ends.
+///   pushed and not checked yet), `queue_peak_bytes`, `checker_busy_seconds` (time spent
+///   parsing and checking: the thread's, and that of callers that checked the last batches
+///   themselves while catching up) and `queue_waited_seconds` (callers' time waiting for room).
+/// - if the checker panics, the next call raises `RuntimeError` and the check ends.
 ///
 /// A Checker that goes away unfinished drops what is left in its queue; its thread ends.
 #[pyclass(module = "streamsan._streamsan", frozen)]
@@ -419,8 +420,8 @@ impl Checker {
         py.detach(|| f(&lock(&self.shared.core)))
     }
 
-    /// Stops and joins the checker's thread once the queue is closed: what it queued is
-    /// checked first.
+    /// Stops and joins the checker's thread once the queue is closed (a synchronous Checker's,
+    /// none, or a dead one's): what it queued is checked first.
     fn join(&self, py: Python<'_>) {
         if let Some(handle) = self.shared.take_thread() {
             py.detach(|| {
@@ -726,15 +727,16 @@ impl Checker {
             s.closed = true;
         }
         self.shared.close();
-        if threaded {
-            // Ops pushed by other threads since the wait above, checked (here, or by the
-            // thread). The thread then touches the check no more: it ends by itself, not
-            // waited for.
+        // Ops pushed by other threads since the wait above are checked (here, or by the thread),
+        // which then checks nothing more: it ends by itself, not waited for (unless the check
+        // goes on synchronously, below).
+        let thread = if threaded {
             py.detach(|| self.shared.settle());
-            drop(self.shared.take_thread());
+            self.shared.take_thread()
         } else {
             self.join(py);
-        }
+            None
+        };
         {
             // What the thread met after the wait above (ops pushed meanwhile by other threads).
             let mut s = lock(&self.shared.state);
@@ -743,13 +745,24 @@ impl Checker {
                 return Err(PyRuntimeError::new_err(why));
             }
             if let Some(message) = s.errors.pop_front() {
-                // The thread has ended: the Checker goes on synchronously.
+                // The Checker goes on synchronously, once the thread has ended (the recorder's
+                // hand-overs are then refused, as for an ended thread).
+                drop(s);
+                if let Some(handle) = thread {
+                    py.detach(|| {
+                        self.shared.wait_exit(None);
+                        let _ = handle.join();
+                    });
+                }
+                let mut s = lock(&self.shared.state);
+                s.exited = true;
                 s.closed = false;
                 s.threaded = false;
                 return Err(TraceError::new_err(message));
             }
             s.finished = true;
         }
+        drop(thread);
         let (checker, mut out, mut write_error) = py.detach(|| {
             let mut core = lock(&self.shared.core);
             (

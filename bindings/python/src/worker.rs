@@ -11,7 +11,8 @@
 //! A hand-over does not wake the thread while batches are coming: it looks at the queue every
 //! [`POLL`] by itself, so the program's thread pays a copy and a lock per batch, not the system
 //! call of a wake-up. Only a thread that found the queue empty [`POLLS_BEFORE_SLEEP`] times in a
-//! row sleeps until a batch wakes it; a caller that waits for it to catch up wakes it too.
+//! row sleeps until a batch wakes it. A caller that waits for it to catch up checks what is
+//! queued itself when the thread is between batches (no wake-up either way), else wakes it.
 //! Wake-ups are made after `state` is let go (a thread woken while it is held only waits again,
 //! for the lock), and only when someone waits.
 //!
@@ -21,9 +22,11 @@
 //! stopped, or has died; the thread never touches Python.
 //!
 //! Locks: `state` is held briefly by everyone, never while waiting for anything but its
-//! condition variables; `core` is held by whoever checks (the thread, or the caller of a
-//! synchronous `Checker`, who holds the GIL and waits for nothing) and by the readers of the
-//! counters, who release the GIL first. Nobody takes the GIL while holding either.
+//! condition variables; `core` is held by whoever checks (the thread, a caller catching up, who
+//! released the GIL, or the caller of a synchronous `Checker`, who holds the GIL and waits for
+//! nothing) and by the readers of the counters, who release the GIL first. `core` may be held
+//! while taking the list of temporary copies (`SPOOLS`, in lib.rs), never the other way. Nobody
+//! takes the GIL while holding any of them.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -72,8 +75,9 @@ pub(crate) struct Core {
 pub(crate) enum OpsCopy {
     /// Nowhere.
     Nothing,
-    /// A temporary copy, made at the first line kept (by whoever checks it: the checker's
-    /// thread, off the caller's) at this path, registered for removal already.
+    /// A temporary copy, made at the first line kept (by whoever checks it: usually the
+    /// checker's thread, off the caller's) or when the check finishes, at this path, registered
+    /// for removal already.
     Spool(PathBuf),
     /// This file.
     File(BufWriter<File>),
@@ -194,7 +198,7 @@ pub(crate) struct State {
     /// Whether a thread checks the batches (else the caller checks them on its own thread).
     pub(crate) threaded: bool,
     /// No more batches are taken: the check is finishing. The thread ends once the queue is
-    /// empty.
+    /// empty and nobody checks a batch.
     pub(crate) closed: bool,
     /// The report was made.
     pub(crate) finished: bool,
@@ -209,7 +213,7 @@ pub(crate) struct State {
     tickets: u64,
     /// Batches admitted to the queue (the holder of ticket `admitted` goes next).
     admitted: u64,
-    /// Batches the thread has checked.
+    /// Batches checked (by the thread, or by callers catching up).
     checked: u64,
     /// Hazards found and not handed out yet, in the order found.
     pub(crate) found: Vec<Hazard>,
@@ -217,8 +221,9 @@ pub(crate) struct State {
     pub(crate) errors: VecDeque<String>,
     /// Why the thread died (it panicked): the check cannot go on.
     pub(crate) dead: Option<String>,
-    /// The thread has ended (or never started).
-    exited: bool,
+    /// The thread has ended (or there is none: a synchronous Checker, or one whose thread
+    /// could not be started; a thread not started yet is not `exited`).
+    pub(crate) exited: bool,
     /// Time spent parsing and checking batches: the thread's, and that of callers that checked
     /// the last batches themselves when catching up.
     pub(crate) busy: Duration,
@@ -235,6 +240,8 @@ pub(crate) struct State {
     /// The thread was started (at the first batch admitted: a check that hands none over
     /// starts none, and the first hand-over, often the recorder's own thread, pays for it).
     spawned: bool,
+    /// The thread could not be started: whoever hands a batch over checks the queue.
+    no_thread: bool,
     /// Callers waiting on `progress`: the thread's progress wakes them (a wake-up is a system
     /// call, which a batch handed over while nobody waits does not pay).
     waiters: usize,
@@ -249,7 +256,7 @@ impl State {
 
     /// Whether every batch admitted so far has been checked (or never will be).
     fn caught_up(&self) -> bool {
-        self.checked == self.admitted || self.exited
+        self.checked == self.admitted || self.exited || self.dead.is_some()
     }
 }
 
@@ -275,6 +282,8 @@ struct Wake {
     waiters: bool,
     /// The thread is to be started.
     spawn: bool,
+    /// There is no thread: the caller checks the queue.
+    check_here: bool,
 }
 
 /// Why a batch was not taken.
@@ -354,6 +363,7 @@ impl Shared {
                 waiters: 0,
                 checking: false,
                 spawned: false,
+                no_thread: false,
             }),
             work: Condvar::new(),
             progress: Condvar::new(),
@@ -366,8 +376,9 @@ impl Shared {
     }
 
     /// Starts the checker's thread (asked for by the first batch admitted). Where no thread can
-    /// be had, the check goes on without one, as it would have had it failed at the start:
-    /// what is queued is checked here, and the Checker checks on its caller's thread.
+    /// be had, the check goes on without one: whoever hands a batch over (this caller now, the
+    /// recorder's hand-overs and Python's pushes after it) checks the queue on its own thread,
+    /// in order.
     fn spawn(&self) {
         let Some(worker) = self.me.upgrade() else {
             return;
@@ -380,13 +391,9 @@ impl Shared {
             Err(e) => {
                 eprintln!(
                     "streamsan: cannot start the checker's thread: {e}; checking on the \
-                     caller's thread"
+                     threads that hand the ops over"
                 );
-                {
-                    let mut s = lock(&self.state);
-                    s.threaded = false;
-                    s.exited = true;
-                }
+                lock(&self.state).no_thread = true;
                 self.check_queued_here(true);
             }
         }
@@ -502,6 +509,7 @@ impl Shared {
             // The next ticket's holder may be waiting for its turn.
             waiters: s.waiters > 0,
             spawn,
+            check_here: s.no_thread,
         }
     }
 
@@ -509,6 +517,9 @@ impl Shared {
     fn wake(&self, wake: Wake) {
         if wake.spawn {
             self.spawn();
+        }
+        if wake.check_here {
+            self.check_queued_here(true);
         }
         if wake.thread {
             self.work.notify_one();
@@ -548,7 +559,8 @@ impl Shared {
     /// rather than waking the thread and waiting to be woken. In order: batches are taken only
     /// while nobody checks. Returns whether every batch admitted is checked now. `always`: also
     /// where the tests' hooks (`_delay`, `_panic_at`) ask for the thread to check every batch
-    /// (the thread could not be started).
+    /// (the thread could not be started). A panic while checking ends the check as the
+    /// thread's panic does ([`State::dead`]): the batches taken count as checked.
     fn check_queued_here(&self, always: bool) -> bool {
         if !always && (!self.delay.is_zero() || self.panic_at.is_some()) {
             return false;
@@ -568,7 +580,7 @@ impl Shared {
             fn drop(&mut self) {
                 let mut s = lock(&self.0.state);
                 s.checking = false;
-                let more = !s.queue.is_empty();
+                let more = !s.queue.is_empty() || s.closed;
                 let waiters = s.waiters > 0;
                 drop(s);
                 if more {
@@ -582,16 +594,28 @@ impl Shared {
         let done = Done(self);
         let since = Instant::now();
         let mut results = Vec::with_capacity(batches.len());
-        {
+        let checked = catch_unwind(AssertUnwindSafe(|| {
             let mut core = lock(&self.core);
             for b in &batches {
                 let from = core.found();
                 let r = core.check_lines(b, &|| self.aborted());
                 results.push((core.hazards_from(from), r.err(), b.len()));
             }
-        }
+        }));
         {
             let mut s = lock(&self.state);
+            if let Err(payload) = checked {
+                s.checked += batches.len() as u64;
+                s.bytes -= batches.iter().map(Vec::len).sum::<usize>();
+                s.closed = true;
+                s.dead = Some(format!(
+                    "the checker panicked: {}; the check is incomplete",
+                    panic_message(payload.as_ref())
+                ));
+                drop(s);
+                drop(done);
+                return true;
+            }
             s.busy += since.elapsed();
             for (found, error, len) in results {
                 s.bytes -= len;
@@ -609,7 +633,8 @@ impl Shared {
 
     /// Waits, signals unseen, until every batch admitted is checked (here when nobody checks
     /// one, see [`Self::check_queued_here`]): for a closed queue, after which the thread
-    /// touches the check no more.
+    /// checks nothing more (it may still write out the copy of the ops, which a finishing
+    /// Checker has taken already).
     pub(crate) fn settle(&self) {
         loop {
             if self.check_queued_here(false) {
@@ -766,15 +791,20 @@ impl Drop for Exit<'_> {
 fn run(shared: &Shared) {
     let _exit = Exit(shared);
     if let Err(payload) = catch_unwind(AssertUnwindSafe(|| shared.serve())) {
-        let message = payload
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "a panic".into());
         lock(&shared.state).dead = Some(format!(
-            "the checker's thread panicked: {message}; the check is incomplete"
+            "the checker's thread panicked: {}; the check is incomplete",
+            panic_message(payload.as_ref())
         ));
     }
+}
+
+/// A panic's message.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// Ends a Checker's thread when the Checker goes away: it drops what is left, and is joined if it
