@@ -225,13 +225,20 @@ impl TempFile {
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
             #[cfg(not(unix))]
             let _ = mode;
+            // Registered before it exists: a signal that comes as it is made still removes it
+            // (unlinking a name that does not exist yet is harmless).
+            let slot = signals::register(&path);
             match options.open(&path) {
-                Ok(file) => {
-                    let slot = signals::register(&path);
-                    return Ok((TempFile { path, slot }, file));
+                Ok(file) => return Ok((TempFile { path, slot }, file)),
+                Err(e) => {
+                    if let Some(slot) = slot {
+                        signals::unregister(slot);
+                    }
+                    if e.kind() != io::ErrorKind::AlreadyExists {
+                        return Err(e);
+                    }
+                    last = e;
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = e,
-                Err(e) => return Err(e),
             }
         }
         Err(last)
