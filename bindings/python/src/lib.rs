@@ -86,11 +86,16 @@ impl Drop for KeptFile {
 /// process ended by `os._exit` or a signal runs no `atexit` handler: its copies stay).
 static SPOOLS: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
 
+/// Where `path` is among this process's registered copies.
+fn registered(spools: &[(u32, PathBuf)], path: &Path) -> Option<usize> {
+    let me = std::process::id();
+    spools.iter().position(|(pid, p)| *pid == me && p == path)
+}
+
 /// Removes a temporary copy of the ops this process made (and forgets it).
 fn remove_spool(path: &Path) {
-    let me = std::process::id();
     let mut spools = lock(&SPOOLS);
-    if let Some(i) = spools.iter().position(|(pid, p)| *pid == me && p == path) {
+    if let Some(i) = registered(&spools, path) {
         spools.swap_remove(i);
         drop(spools);
         let _ = std::fs::remove_file(path);
@@ -138,9 +143,8 @@ static SPOOL_COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// it was removed already (the interpreter is exiting: `_remove_spools` ran), which would
 /// leave it behind.
 pub(crate) fn create_spool(path: &Path) -> Result<File, String> {
-    let me = std::process::id();
     let spools = lock(&SPOOLS);
-    if !spools.iter().any(|(pid, p)| *pid == me && p == path) {
+    if registered(&spools, path).is_none() {
         return Err(format!("{}: removed before it was made", path.display()));
     }
     let mut options = std::fs::OpenOptions::new();
@@ -372,9 +376,7 @@ impl Checker {
     fn check_here(&self, text: &[u8]) -> PyResult<()> {
         let (found, r) = {
             let mut core = lock(&self.shared.core);
-            let from = core.found();
-            let r = core.check_lines(text, &|| false);
-            (core.hazards_from(from), r)
+            core.check_batch(text, &|| false)
         };
         let mut s = lock(&self.shared.state);
         s.found.extend(found);
@@ -420,8 +422,8 @@ impl Checker {
         py.detach(|| f(&lock(&self.shared.core)))
     }
 
-    /// Stops and joins the checker's thread once the queue is closed (a synchronous Checker's,
-    /// none, or a dead one's): what it queued is checked first.
+    /// Stops and joins the checker's thread once the queue is closed: what it queued is
+    /// checked first.
     fn join(&self, py: Python<'_>) {
         if let Some(handle) = self.shared.take_thread() {
             py.detach(|| {
@@ -730,13 +732,11 @@ impl Checker {
         // Ops pushed by other threads since the wait above are checked (here, or by the thread),
         // which then checks nothing more: it ends by itself, not waited for (unless the check
         // goes on synchronously, below).
-        let thread = if threaded {
+        if threaded {
             py.detach(|| self.shared.settle());
-            self.shared.take_thread()
         } else {
             self.join(py);
-            None
-        };
+        }
         {
             // What the thread met after the wait above (ops pushed meanwhile by other threads).
             let mut s = lock(&self.shared.state);
@@ -748,12 +748,7 @@ impl Checker {
                 // The Checker goes on synchronously, once the thread has ended (the recorder's
                 // hand-overs are then refused, as for an ended thread).
                 drop(s);
-                if let Some(handle) = thread {
-                    py.detach(|| {
-                        self.shared.wait_exit(None);
-                        let _ = handle.join();
-                    });
-                }
+                self.join(py);
                 let mut s = lock(&self.shared.state);
                 s.exited = true;
                 s.closed = false;
@@ -762,7 +757,7 @@ impl Checker {
             }
             s.finished = true;
         }
-        drop(thread);
+        drop(self.shared.take_thread());
         let (checker, mut out, mut write_error) = py.detach(|| {
             let mut core = lock(&self.shared.core);
             (

@@ -162,6 +162,18 @@ impl Core {
         self.run.as_ref().map_or(0, |r| r.checker().hazards().len())
     }
 
+    /// Checks a batch of JSON Lines (see [`Self::check_lines`]): the hazards it found, and why
+    /// it stopped early, if it did.
+    pub(crate) fn check_batch(
+        &mut self,
+        text: &[u8],
+        stop: &dyn Fn() -> bool,
+    ) -> (Vec<Hazard>, Result<(), LineError>) {
+        let from = self.found();
+        let r = self.check_lines(text, stop);
+        (self.hazards_from(from), r)
+    }
+
     /// The hazards found from the `from`th on.
     pub(crate) fn hazards_from(&self, from: usize) -> Vec<Hazard> {
         self.run
@@ -252,6 +264,16 @@ impl State {
     /// there is room (a batch larger than the bound is taken alone, into an empty queue).
     fn admits(&self, ticket: u64, len: usize) -> bool {
         self.admitted == ticket && (self.bytes == 0 || self.bytes.saturating_add(len) <= self.bound)
+    }
+
+    /// Counts a batch of `len` bytes as checked, with what checking it found.
+    fn record_batch(&mut self, len: usize, found: Vec<Hazard>, r: Result<(), LineError>) {
+        self.bytes -= len;
+        self.checked += 1;
+        self.found.extend(found);
+        if let Err(LineError::Bad(message)) = r {
+            self.errors.push_back(message);
+        }
     }
 
     /// Whether every batch admitted so far has been checked (or never will be).
@@ -534,19 +556,7 @@ impl Shared {
     /// ends the wait, and changes nothing.
     pub(crate) fn catch_up(&self, py: pyo3::Python<'_>) -> pyo3::PyResult<()> {
         loop {
-            let done = py.detach(|| {
-                if self.check_queued_here(false) {
-                    return true;
-                }
-                // The thread may be between looks at the queue: it looks now.
-                self.work.notify_one();
-                let s = lock(&self.state);
-                if s.caught_up() {
-                    return true;
-                }
-                self.wait_progress(s, Some(SIGNAL_POLL)).caught_up()
-            });
-            if done {
+            if py.detach(|| self.look()) {
                 return Ok(());
             }
             py.check_signals()?;
@@ -597,9 +607,7 @@ impl Shared {
         let checked = catch_unwind(AssertUnwindSafe(|| {
             let mut core = lock(&self.core);
             for b in &batches {
-                let from = core.found();
-                let r = core.check_lines(b, &|| self.aborted());
-                results.push((core.hazards_from(from), r.err(), b.len()));
+                results.push(core.check_batch(b, &|| self.aborted()));
             }
         }));
         {
@@ -617,13 +625,8 @@ impl Shared {
                 return true;
             }
             s.busy += since.elapsed();
-            for (found, error, len) in results {
-                s.bytes -= len;
-                s.checked += 1;
-                s.found.extend(found);
-                if let Some(LineError::Bad(message)) = error {
-                    s.errors.push_back(message);
-                }
+            for (b, (found, r)) in batches.iter().zip(results) {
+                s.record_batch(b.len(), found, r);
             }
         }
         drop(done);
@@ -636,17 +639,22 @@ impl Shared {
     /// checks nothing more (it may still write out the copy of the ops, which a finishing
     /// Checker has taken already).
     pub(crate) fn settle(&self) {
-        loop {
-            if self.check_queued_here(false) {
-                return;
-            }
-            self.work.notify_one();
-            let s = lock(&self.state);
-            if s.caught_up() {
-                return;
-            }
-            drop(self.wait_progress(s, Some(SIGNAL_POLL)));
+        while !self.look() {}
+    }
+
+    /// One look of a caller waiting for every batch admitted to be checked: checks them here
+    /// when it may, else wakes the thread (it may be between looks at the queue) and waits for
+    /// its progress at most [`SIGNAL_POLL`]. Returns whether they are all checked.
+    fn look(&self) -> bool {
+        if self.check_queued_here(false) {
+            return true;
         }
+        self.work.notify_one();
+        let s = lock(&self.state);
+        if s.caught_up() {
+            return true;
+        }
+        self.wait_progress(s, Some(SIGNAL_POLL)).caught_up()
     }
 
     /// Closes the queue: the thread checks what is in it, then ends.
@@ -729,22 +737,11 @@ impl Shared {
                 panic!("a panic of the checker's thread, asked for by a test (batch {number})");
             }
             let since = Instant::now();
-            let (found, error) = {
-                let mut core = lock(&self.core);
-                let from = core.found();
-                let r = core.check_lines(&batch, &|| self.aborted());
-                (core.hazards_from(from), r.err())
-            };
+            let (found, r) = lock(&self.core).check_batch(&batch, &|| self.aborted());
             let mut s = lock(&self.state);
             s.checking = false;
             s.busy += since.elapsed();
-            s.bytes -= batch.len();
-            s.checked += 1;
-            s.found.extend(found);
-            match error {
-                Some(LineError::Bad(message)) => s.errors.push_back(message),
-                Some(LineError::Finished) | None => {}
-            }
+            s.record_batch(batch.len(), found, r);
             let waiters = s.waiters > 0;
             let dry = s.queue.is_empty();
             drop(s);
