@@ -198,21 +198,25 @@ def test_stats_answer_from_what_the_thread_has_checked():
     assert (s["ops"], s["queue_bytes"], c.ops) == (89, 0, 89)
 
 
+def wait_for(cond, limit: float = 30.0, every: float = 0.002) -> bool:
+    """Waits until `cond()` holds, at most `limit` seconds; returns whether it does."""
+    until = time.monotonic() + limit
+    while not cond() and time.monotonic() < until:
+        time.sleep(every)
+    return cond()
+
+
 def test_the_thread_finds_batches_by_itself_and_wakes_from_a_long_sleep():
     """A batch handed over does not wake the thread while batches are coming (it looks at the
     queue every millisecond); once it has found the queue empty for a while it sleeps until a
     batch wakes it. Either way the batch is checked without a call that waits for it."""
     c = streamsan.Checker(threaded=True, explain=False)
     c.push_lines(numbered_ops(0, 10))
-    until = time.monotonic() + 30
-    while c.stats()["ops"] < 29 and time.monotonic() < until:
-        time.sleep(0.002)
+    wait_for(lambda: c.stats()["ops"] >= 29)
     assert c.stats()["ops"] == 29 and c.stats()["queue_bytes"] == 0
     time.sleep(0.5)  # far past its looks: it sleeps until woken
     c.push_lines(numbered_ops(10, 10))
-    until = time.monotonic() + 30
-    while c.stats()["ops"] < 59 and time.monotonic() < until:
-        time.sleep(0.002)
+    wait_for(lambda: c.stats()["ops"] >= 59)
     assert c.stats()["ops"] == 59 and c.stats()["queue_bytes"] == 0
     assert c.drain() == [] and c.finish().ops == 59
 
@@ -228,13 +232,6 @@ def checker_threads() -> set:
         except OSError:
             pass
     return out
-
-
-def wait_for(cond, limit: float = 30.0) -> bool:
-    until = time.monotonic() + limit
-    while not cond() and time.monotonic() < until:
-        time.sleep(0.002)
-    return cond()
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
@@ -315,9 +312,7 @@ REJECTED = '{"op":"alloc","buffer":"x","bytes":16}\n{"op":"alloc","buffer":"x","
 
 def settle(c, limit: float = 30.0):
     """Waits until the thread has checked what was pushed, without raising what it met."""
-    until = time.monotonic() + limit
-    while c.stats()["queue_bytes"] and time.monotonic() < until:
-        time.sleep(0.01)
+    wait_for(lambda: not c.stats()["queue_bytes"], limit, every=0.01)
 
 
 def test_bad_input_is_raised_by_the_next_call():
