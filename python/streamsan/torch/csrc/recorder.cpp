@@ -67,9 +67,11 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -192,15 +194,13 @@ bool same_storage(const Buf& b, const c10::StorageImpl* impl) {
   return !b.owner->expired() && b.owner->_unsafe_get_target() == impl;
 }
 
+// (The small fields last: 64 bytes, one cache line, moved several times per op.)
 struct Access {
   const Buf* buf = nullptr;  // null: an external buffer, named after `base` ("ext 0x…")
   uint64_t base = 0;         // the storage's data pointer
   uint64_t offset = 0;       // from the buffer's start
   uint64_t bytes = 0;
-  bool write = false;
-  bool device = true;  // device memory (else pinned host memory)
   uint64_t storage_bytes = 0;
-  c10::DeviceIndex device_index = 0;
   // The storage: compared by address only (device memory), or held (`hold`).
   c10::StorageImpl* impl = nullptr;
   // Host memory (pinned, and CPU storage standing for device memory in tests): the storage held
@@ -208,7 +208,11 @@ struct Access {
   // it. An op may drop an input's storage while it runs (`set_` replaces its tensor's), and a
   // new allocation takes a reference to what it names.
   c10::intrusive_ptr<c10::StorageImpl> hold;
+  bool write = false;
+  bool device = true;  // device memory (else pinned host memory)
+  c10::DeviceIndex device_index = 0;
 };
+static_assert(sizeof(Access) <= 64, "an Access fits a cache line");
 
 // An op's regions, and the ones it writes: inline up to a few (most ops), on the heap past that.
 using Accesses = c10::SmallVector<Access, 4>;
@@ -260,6 +264,44 @@ struct Frame {
   c10::DeviceIndex device = 0;
   uint64_t stream = 0;
   bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
+
+  // Back to a new frame's state, keeping what its lists hold on the heap for the next op.
+  void reset() {
+    info = nullptr;
+    active = false;
+    accesses.clear();
+    covered.clear();
+    pending.clear();
+    collective_stream.clear();
+    non_blocking = false;
+    any_device = false;
+    site = kNullSite;
+    device = 0;
+    stream = 0;
+    stream_set = false;
+  }
+};
+
+// A thread's frames, innermost last. A frame stays where it is while ops begin and end above it
+// (each one is kept on the heap and used again), so an op's end works on its frame in place:
+// anything it calls may begin and end ops of its own on this thread. Popping a frame resets it
+// (the storages its regions hold are let go of then, as when it was destroyed).
+class FrameStack {
+ public:
+  bool empty() const { return n_ == 0; }
+  size_t size() const { return n_; }
+  Frame& back() { return *frames_[n_ - 1]; }
+  // The frame under the innermost one, or null.
+  Frame* parent() { return n_ >= 2 ? frames_[n_ - 2].get() : nullptr; }
+  Frame& push() {
+    if (n_ == frames_.size()) frames_.push_back(std::make_unique<Frame>());
+    return *frames_[n_++];
+  }
+  void pop() { frames_[--n_]->reset(); }
+
+ private:
+  std::vector<std::unique_ptr<Frame>> frames_;
+  size_t n_ = 0;
 };
 
 // What an op, a launch, an allocation, a free or a host op leaves to be written: the trace's
@@ -477,7 +519,7 @@ constexpr size_t kOpCacheSlots = 512;
 // What each thread keeps, in one thread-local (one TLS lookup per callback, not one per
 // variable).
 struct ThreadState {
-  std::vector<Frame> frames;
+  FrameStack frames;
   // The site of the op running on this thread ("null" outside ops): the allocator's tracker
   // runs on the allocating thread and cannot take the GIL, so it takes the site from here.
   Site cur_site = kNullSite;
@@ -486,6 +528,15 @@ struct ThreadState {
   std::unordered_map<const char*, const OpInfo*> local_ops;
   std::unordered_map<std::string, const OpInfo*> local_labels;
   OpCacheSlot op_cache[kOpCacheSlots];
+  // A direct-mapped cache in front of local_labels, by the label's text: a label's string is
+  // made for each call (the autograd engine's "evaluate_function: …" around each backward node),
+  // and finding it here takes neither a copy of the text nor a hash table's probe.
+  struct LabelSlot {
+    std::string text;
+    const OpInfo* info = nullptr;
+  };
+  static constexpr size_t kLabelSlots = 128;
+  LabelSlot label_slots[kLabelSlots];
   uint64_t op_epoch = 0;  // S->op_epoch when the caches by address were last valid
   // What this thread knows of code objects, to find its user's frame without the GIL: whether a
   // code is internal (not the user's), and the site of a user line by code and instruction.
@@ -936,22 +987,52 @@ bool composite_only(const at::RecordFunction& fn) {
 
 // `by_address` is set false for a record without an operator schema: it is looked up by its
 // text (S->labels), and its address must not be kept as its key.
+// This thread's slot in its cache of labels for `text`: by its length and its last sixteen
+// bytes (labels of one kind share their beginning, "autograd::engine::evaluate_function: ", and
+// differ at the end); the slot's text is compared whole.
+ThreadState::LabelSlot& label_slot(ThreadState& t, std::string_view text) {
+  uint64_t h = text.size() * 0x9E3779B97F4A7C15ull;
+  const size_t n = text.size();
+  for (size_t end = n, k = 0; k < 2 && end > 0; k++) {
+    uint64_t w = 0;
+    const size_t take = end < 8 ? end : 8;
+    std::memcpy(&w, text.data() + end - take, take);
+    h = (h ^ w) * 0xC2B2AE3D27D4EB4Full;
+    end -= take;
+  }
+  return t.label_slots[(h >> 57) & (ThreadState::kLabelSlots - 1)];
+}
+
+// Keeps `info` as the label `name`'s kind on this thread; returns it.
+const OpInfo& known_label(ThreadState& t, const std::string& name, const OpInfo& info) {
+  ThreadState::LabelSlot& slot = label_slot(t, name);
+  slot.text = name;
+  slot.info = &info;
+  return info;
+}
+
 const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   const char* key = fn.name();
-  std::string name = key ? key : "";
   // A record names an operator (its schema's name, alive as long as the operator) or is a label
   // with a string of its own (RecordFunction's `fn_`: a schema or a std::string).
   const bool label = !fn.operator_name().has_value();
   if (label) {
     *by_address = false;
     ThreadState& t = tls();
+    const std::string_view text = key ? std::string_view(key) : std::string_view();
+    const ThreadState::LabelSlot& slot = label_slot(t, text);
+    if (slot.info != nullptr && slot.text == text) return *slot.info;
+  }
+  std::string name = key ? key : "";
+  if (label) {
+    ThreadState& t = tls();
     auto mine = t.local_labels.find(name);
-    if (mine != t.local_labels.end()) return *mine->second;
+    if (mine != t.local_labels.end()) return known_label(t, name, *mine->second);
     std::lock_guard<std::mutex> g(S->mu);
     auto it = S->labels.find(name);
     if (it != S->labels.end()) {
       t.local_labels.emplace(name, &it->second);
-      return it->second;
+      return known_label(t, name, it->second);
     }
   } else {
     std::lock_guard<std::mutex> g(S->mu);
@@ -1040,8 +1121,9 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   std::lock_guard<std::mutex> g(S->mu);
   if (label) {
     const OpInfo& known = S->labels.emplace(name, std::move(info)).first->second;
-    tls().local_labels.emplace(name, &known);
-    return known;
+    ThreadState& t = tls();
+    t.local_labels.emplace(name, &known);
+    return known_label(t, name, known);
   }
   return S->ops.emplace(key, std::move(info)).first->second;
 }
@@ -1717,8 +1799,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   if (info.kind == Kind::Skip) return nullptr;
   if (info.kind == Kind::SetStorage && !set_grows(fn)) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
-  t.frames.emplace_back();
-  Frame& fr = t.frames.back();
+  Frame& fr = t.frames.push();
   fr.info = &info;
   if (info.kind == Kind::Composite) {
     fr.site = t.cur_site;
@@ -2022,9 +2103,13 @@ void write_rec(Rec& r) {
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   ThreadState& t = tls();  // one TLS lookup for the whole callback
   if (pushed == nullptr || t.frames.empty()) return;
-  Frame fr = std::move(t.frames.back());
-  t.frames.pop_back();
-  Frame* parent = t.frames.empty() ? nullptr : &t.frames.back();
+  // The op's frame, worked on in place and popped on the way out (see FrameStack).
+  struct Pop {
+    FrameStack& frames;
+    ~Pop() { frames.pop(); }
+  } pop{t.frames};
+  Frame& fr = t.frames.back();
+  Frame* parent = t.frames.parent();
   t.cur_site = parent ? parent->site : kNullSite;
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
     // Nothing of its own: the host ops issued inside it after the last op it called, then
