@@ -315,7 +315,11 @@ enum class RecKind : uint8_t {
   Alloc,   // an allocation of the caching allocator
   Free,    // its free
   Text,    // host ops, as finished lines (`text`)
+  Host,    // a host op of c10's GPU trace issued outside ops (`host`), its line written later
 };
+
+// The host ops c10's GPU trace reports (see traced_host_op).
+enum class HostOp : uint8_t { EventRecord, EventWait, EventSync, StreamSync, DeviceSync };
 
 struct Rec {
   RecKind kind = RecKind::Text;
@@ -326,6 +330,7 @@ struct Rec {
   bool non_blocking = false;     // Op
   bool any_device = false;       // Op: some region is device memory (else a CPU op on pinned)
   bool outside_capture = false;  // Alloc: into a pool while no capture was recorded in progress
+  HostOp host = HostOp::EventRecord;  // Host (with `addr` the event, `stream`, `device`)
   uint64_t addr = 0, size = 0;   // Alloc, Free
   std::pair<int64_t, int64_t> pool{0, 0};  // Alloc
   // Op, Launch: the regions, each once, less those the ops it called wrote (Op).
@@ -861,9 +866,14 @@ Site op_site(ThreadState& t) {
 // on a thread that runs no Python (what Python's callbacks of the GPU trace see). Any thread,
 // GIL held or not.
 Site host_site() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return kNullSite;
+  if (!Py_IsInitialized()) return kNullSite;
+  PyThreadState* tstate = PyGILState_GetThisThreadState();
+  if (tstate == nullptr) return kNullSite;
+  Site site = kNullSite;
+  // Without the GIL where this thread's caches know its frames, as for an op (op_site).
+  if (frames_without_gil() && site_without_gil(tstate, &site, tls())) return site;
   PyGILState_STATE st = PyGILState_Ensure();
-  Site site = user_site();
+  site = user_site();
   PyGILState_Release(st);
   return site;
 }
@@ -2081,6 +2091,8 @@ void write_launch(Rec& r) {
   put_launch(S->batch, stream_id, r.text, used, *r.site);
 }
 
+std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceIndex device, const std::string& site);
+
 void write_rec(Rec& r) {
   switch (r.kind) {
     case RecKind::Op:
@@ -2095,6 +2107,9 @@ void write_rec(Rec& r) {
       break;
     case RecKind::Text:
       S->batch += r.text;
+      break;
+    case RecKind::Host:
+      S->batch += host_line(r.host, r.addr, r.stream, r.device, *r.site);
       break;
   }
 }
@@ -2688,35 +2703,57 @@ c10::DeviceIndex trace_device() {
   }
 }
 
-// Writes a host op of the GPU trace, `{"op":OP,KEY1:V1,KEY2:V2` (values already JSON; a null key
-// is left out), with the user's site.
-void traced_host_op(const char* op, const char* key1, const std::string& v1, const char* key2,
-                    const std::string& v2) {
+// The line of a host op of c10's GPU trace on `stream` (the null stream: of `device`) or of
+// `event`, with `site`: `{"op":…,…,"site":…}`.
+std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceIndex device, const std::string& site) {
+  std::string line;
+  switch (op) {
+    case HostOp::EventRecord:
+      line = "{\"op\":\"event_record\",\"event\":" + event_name(event) + ",\"stream\":" + stream_name(stream, device);
+      break;
+    case HostOp::EventWait:
+      line = "{\"op\":\"event_wait\",\"stream\":" + stream_name(stream, device) + ",\"event\":" + event_name(event);
+      break;
+    case HostOp::EventSync:
+      line = "{\"op\":\"event_sync\",\"event\":" + event_name(event);
+      break;
+    case HostOp::StreamSync:
+      line = "{\"op\":\"stream_sync\",\"stream\":" + stream_name(stream, device);
+      break;
+    case HostOp::DeviceSync:
+      line = "{\"op\":\"device_sync\",\"device\":" + std::to_string(device);
+      break;
+  }
+  put_site(line, site);
+  return line;
+}
+
+// Records a host op of c10's GPU trace (`event`, `stream`: those it names), with the user's
+// site. Outside ops it is queued as a record (no text on the program's thread: its line is
+// written with the others, see "Deferred writing"); inside an op, its line waits in the op's
+// frame (see put_host_op). The null stream is named after the device current now.
+void traced_host_op(HostOp op, uint64_t event, uint64_t stream) {
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
-  std::string line = "{\"op\":\"";
-  line += op;
-  line += '"';
-  if (key1) {
-    line += ",\"";
-    line += key1;
-    line += "\":";
-    line += v1;
+  const bool on_stream = op == HostOp::EventRecord || op == HostOp::EventWait || op == HostOp::StreamSync;
+  const c10::DeviceIndex device = (op == HostOp::DeviceSync || (on_stream && stream == 0)) ? trace_device() : 0;
+  const Site site = host_site();
+  if (tls().frames.empty()) {
+    submit(false, true, [&](Rec& r) {
+      r.site = site;
+      r.host = op;
+      r.addr = event;
+      r.stream = stream;
+      r.device = device;
+      r.kind = RecKind::Host;
+    });
+    if (profiling) S->prof.syncs += now_ns() - t0;
+    return;
   }
-  if (key2) {
-    line += ",\"";
-    line += key2;
-    line += "\":";
-    line += v2;
-  }
-  put_site(line, *host_site());
+  std::string line = host_line(op, event, stream, device, *site);
   if (profiling) S->prof.syncs += now_ns() - t0;
   put_host_op(std::move(line));
-}
-
-std::string traced_stream(uintptr_t stream) {
-  return stream_name(stream, trace_device());
 }
 
 // Whether the GPU trace's call is one to record: a CUDA (or HIP, which PyTorch calls CUDA) call
@@ -2727,19 +2764,19 @@ bool cuda_like(c10::DeviceType t) {
 }
 
 void gpu_event_record(c10::DeviceType t, uintptr_t event, uintptr_t stream) {
-  if (cuda_like(t)) traced_host_op("event_record", "event", event_name(event), "stream", traced_stream(stream));
+  if (cuda_like(t)) traced_host_op(HostOp::EventRecord, event, stream);
 }
 void gpu_event_wait(c10::DeviceType t, uintptr_t event, uintptr_t stream) {
-  if (cuda_like(t)) traced_host_op("event_wait", "stream", traced_stream(stream), "event", event_name(event));
+  if (cuda_like(t)) traced_host_op(HostOp::EventWait, event, stream);
 }
 void gpu_event_sync(c10::DeviceType t, uintptr_t event) {
-  if (cuda_like(t)) traced_host_op("event_sync", "event", event_name(event), nullptr, "");
+  if (cuda_like(t)) traced_host_op(HostOp::EventSync, event, 0);
 }
 void gpu_stream_sync(c10::DeviceType t, uintptr_t stream) {
-  if (cuda_like(t)) traced_host_op("stream_sync", "stream", traced_stream(stream), nullptr, "");
+  if (cuda_like(t)) traced_host_op(HostOp::StreamSync, 0, stream);
 }
 void gpu_device_sync(c10::DeviceType t) {
-  if (cuda_like(t)) traced_host_op("device_sync", "device", std::to_string(trace_device()), nullptr, "");
+  if (cuda_like(t)) traced_host_op(HostOp::DeviceSync, 0, 0);
 }
 
 #ifdef STREAMSAN_GPU_TRACE
