@@ -171,11 +171,17 @@ def _rewritten_codes() -> Any:
     return getattr(sys.modules.get("torch._dynamo.utils"), "orig_code_map", None)
 
 
+@functools.lru_cache(maxsize=1)
+def _torch_dir() -> str:
+    """torch's package folder (looked up once: each check makes its `Sites`)."""
+    import torch
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 class Sites:
     def __init__(self) -> None:
-        import torch
-
-        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.torch_dir = _torch_dir()
         self.own_dir = _PKG_DIR + os.sep
         self.stdlib_dir, self.libraries = _stdlib_dirs()
         self.internal_dirs = tuple(_internal_dirs())

@@ -1664,16 +1664,20 @@ void after_fork_child() {
 void set_deferring(bool on) {
   static std::once_flag fork_handlers;
   std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_parent, after_fork_child); });
-  std::lock_guard<std::mutex> q(S->q_mu);
-  if (on && !S->resolver_started) {
-    try {
-      std::thread(resolver_main).detach();
-      S->resolver_started = true;
-    } catch (const std::system_error&) {
-      on = false;  // no thread to be had: written at once
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    if (on && !S->resolver_started) {
+      try {
+        std::thread(resolver_main).detach();
+        S->resolver_started = true;
+      } catch (const std::system_error&) {
+        on = false;  // no thread to be had: written at once
+      }
     }
+    S->defer.store(on);
   }
-  S->defer.store(on);
+  // Woken with the lock let go of (woken while it is held, the resolver would only wait again,
+  // for the lock).
   if (on) S->q_cv.notify_all();
 }
 
