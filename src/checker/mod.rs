@@ -343,6 +343,13 @@ impl Checker {
         Report::new(self.ops, self.hazards)
     }
 
+    /// The report [`finish`](Self::finish) would make, its hazards taken out of the checker,
+    /// which is left to be dropped by its owner (where dropping a large state costs nothing to
+    /// whoever waits for the report). Checking more ops afterwards reports only later hazards.
+    pub fn take_report(&mut self) -> Report {
+        Report::new(self.ops, std::mem::take(&mut self.hazards))
+    }
+
     /// Checks a whole trace: a new checker, every op of `ops` in order, then the report. The
     /// error is the first op that is bad input, with its op index.
     ///

@@ -221,17 +221,43 @@ def test_the_thread_finds_batches_by_itself_and_wakes_from_a_long_sleep():
     assert c.drain() == [] and c.finish().ops == 59
 
 
-def checker_threads() -> set:
-    """The checker threads of this process (Linux: their names in /proc), by thread id."""
+def checker_threads(name: str = "streamsan-check") -> set:
+    """The checker threads of this process (Linux: their names in /proc), by thread id; `name`:
+    threads of that name instead."""
     out = set()
     for task in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
-                if f.read().strip() == "streamsan-check":  # names are cut to 15 bytes
+                if f.read().strip() == name:  # names are cut to 15 bytes
                     out.add(task)
         except OSError:
             pass
     return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
+@pytest.mark.parametrize("threaded", [False, True])
+def test_finish_leaves_the_checkers_state_to_a_thread_of_its_own(threaded):
+    """`finish` of a check of 2,048 ops or more returns the report without dropping the
+    checker's state (every buffer's history, the names: its drop takes time in proportion to
+    what was checked): one thread of the process drops it, made at the first such finish and
+    kept for the next. (That the report is the one made by dropping the state at once:
+    `the_report_made_apart_is_the_report` in src/analysis/run.rs.)"""
+    ops = numbered_ops(0, 700)
+    c = streamsan.Checker(threaded=threaded, explain=False)
+    c.push_lines(ops)
+    r = c.finish()
+    # (A thread names itself as it starts: a new one may not be named yet.)
+    assert wait_for(lambda: len(checker_threads("streamsan-drop")) == 1), checker_threads("streamsan-drop")
+    droppers = checker_threads("streamsan-drop")
+    assert r.ops == 2099 and r.clean
+    # b699, written on stream s, read on s2 without a wait: the hazards any check reports.
+    c = streamsan.Checker(threaded=threaded, explain=False)
+    c.push_lines(ops + '{"op":"launch","stream":"s2","name":"late","reads":["b699"]}\n')
+    r = c.finish()
+    assert checker_threads("streamsan-drop") == droppers  # the same thread, again
+    assert r.ops == 2100
+    assert sorted((h["kind"], h["buffer"]) for h in r.hazards) == [("data-race", "b699"), ("reuse-race", "b699")]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")

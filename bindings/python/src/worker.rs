@@ -42,6 +42,41 @@ use streamsan::analysis::run::CheckRun;
 use streamsan::trace::{parse_line_bytes, ParseError};
 use streamsan::Hazard;
 
+/// The thread [`dispose`] hands values to (made at the first, in the process that made it).
+type Disposer = (u32, std::sync::mpsc::Sender<Box<dyn Send>>);
+static DISPOSER: Mutex<Option<Disposer>> = Mutex::new(None);
+
+/// Drops `value` on a thread of this process's own ("streamsan-drop", made at the first call,
+/// idle between calls), not the caller's: the end of a check drops the checker's state there,
+/// whose drop takes time in proportion to what was checked, while the program waits for the
+/// report. Where no thread can be had (or in a forked child, until it makes its own) it is
+/// dropped here.
+pub(crate) fn dispose<T: Send + 'static>(value: T) {
+    let me = std::process::id();
+    let mut d = lock(&DISPOSER);
+    if d.as_ref().map(|(pid, _)| *pid) != Some(me) {
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Send>>();
+        let spawned = std::thread::Builder::new()
+            .name("streamsan-drop".into())
+            .spawn(move || {
+                for value in rx {
+                    drop(value);
+                }
+            });
+        if spawned.is_err() {
+            drop(d);
+            return; // `value` is dropped here
+        }
+        *d = Some((me, tx));
+    }
+    let refused = match d.as_ref() {
+        Some((_, tx)) => tx.send(Box::new(value)).err(),
+        None => None,
+    };
+    drop(d);
+    drop(refused); // the thread is gone: dropped here, the lock let go of
+}
+
 /// Locks `m`, whether or not a panic poisoned it: what it guards stays memory-safe, and a dead
 /// thread is reported by [`State::dead`].
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
