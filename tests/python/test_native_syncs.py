@@ -439,3 +439,44 @@ def test_a_collective_s_end_event_comes_after_its_kernel_whatever_happens_inside
     assert order[first - 2 : first + 2] == ["event_record", "event_wait", "c10d::streamsan_test_allreduce_", "event_record"], order
     launch = ops[[i for i, o in enumerate(ops) if o.get("name") == "c10d::streamsan_test_allreduce_"][0]]
     assert launch["stream"] == "stream 0xc" and launch["writes"][0]["bytes"] == 32, launch
+
+
+def test_what_the_end_of_an_op_meets_belongs_to_its_caller():
+    """An op's end may run Python on its thread: written at once (no checker's raw sink), the
+    batch goes to Python's sink when it is large enough, from the end of the op whose line
+    filled it. What that Python does there (a host op of the GPU trace, an op of its own) comes
+    after the ending op, as if issued once it has ended: nothing of it is lost or taken for the
+    ending op's."""
+    ext = _ext_or_skip()
+    import torch
+
+    from streamsan.torch import _recorder
+
+    got: list = []
+    issued = []
+    y = torch.ones(4)
+
+    def sink(data: bytes) -> None:
+        got.append(data)
+        if len(issued) < 3:
+            issued.append(len(issued))
+            y.add_(1)  # an op begun and ended inside another op's end
+            ext.fake_gpu_trace("record", 0xE7, 0xA)  # the last thing: no op of the sink's after it
+
+    rec = _recorder.Recorder(sink, "native", fake_device=True)
+    try:
+        rec.start()
+        ext.set_fake_stream(0xA)
+        x = torch.ones(64)
+        for _ in range(400):  # each line about 200 bytes: the 16 KiB batch fills several times
+            x.mul_(1.0)
+    finally:
+        rec.stop()
+    assert len(issued) == 3, "the batch never reached Python's sink from an op's end"
+    lines = [json.loads(line) for line in b"".join(got).decode().splitlines() if line.strip()]
+    records = [i for i, o in enumerate(lines) if o["op"] == "event_record" and o["event"] == "ev 0xe7"]
+    adds = [i for i, o in enumerate(lines) if o.get("name") == "aten::add_"]
+    assert len(records) == 3 and len(adds) == 3, (records, adds)
+    for a, r in zip(adds, records):
+        # After the sink's op, before the next op of the loop.
+        assert a < r and not any(o.get("name") == "aten::mul_" for o in lines[a:r]), lines[a : r + 1]

@@ -42,19 +42,23 @@ use streamsan::analysis::run::CheckRun;
 use streamsan::trace::{parse_line_bytes, ParseError};
 use streamsan::Hazard;
 
-/// The thread [`dispose`] hands values to (made at the first, in the process that made it).
+/// The thread [`dispose`] hands values to, and the process that made it.
 type Disposer = (u32, std::sync::mpsc::Sender<Box<dyn Send>>);
 static DISPOSER: Mutex<Option<Disposer>> = Mutex::new(None);
 
 /// Drops `value` on a thread of this process's own ("streamsan-drop", made at the first call,
 /// idle between calls), not the caller's: the end of a check drops the checker's state there,
 /// whose drop takes time in proportion to what was checked, while the program waits for the
-/// report. Where no thread can be had (or in a forked child, until it makes its own) it is
-/// dropped here.
+/// report. It is dropped here instead where no thread can be had, where another caller is
+/// handing a value over at the same moment, and in a process forked from the one that made the
+/// thread (which has no such thread; a lock a thread of the parent held at the fork stays held
+/// in the child: it is only ever tried, never waited for).
 pub(crate) fn dispose<T: Send + 'static>(value: T) {
+    let Ok(mut d) = DISPOSER.try_lock() else {
+        return; // busy, or poisoned: `value` is dropped here
+    };
     let me = std::process::id();
-    let mut d = lock(&DISPOSER);
-    if d.as_ref().map(|(pid, _)| *pid) != Some(me) {
+    if d.is_none() {
         let (tx, rx) = std::sync::mpsc::channel::<Box<dyn Send>>();
         let spawned = std::thread::Builder::new()
             .name("streamsan-drop".into())
@@ -64,14 +68,13 @@ pub(crate) fn dispose<T: Send + 'static>(value: T) {
                 }
             });
         if spawned.is_err() {
-            drop(d);
-            return; // `value` is dropped here
+            return;
         }
         *d = Some((me, tx));
     }
     let refused = match d.as_ref() {
-        Some((_, tx)) => tx.send(Box::new(value)).err(),
-        None => None,
+        Some((pid, tx)) if *pid == me => tx.send(Box::new(value)).err(),
+        _ => return, // a forked child's: `value` is dropped here, the lock let go of first
     };
     drop(d);
     drop(refused); // the thread is gone: dropped here, the lock let go of

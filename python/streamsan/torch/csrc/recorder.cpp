@@ -282,22 +282,44 @@ struct Frame {
   }
 };
 
-// A thread's frames, innermost last. A frame stays where it is while ops begin and end above it
-// (each one is kept on the heap and used again), so an op's end works on its frame in place:
-// anything it calls may begin and end ops of its own on this thread. Popping a frame resets it
-// (the storages its regions hold are let go of then, as when it was destroyed).
+// A thread's frames, innermost last, each kept on the heap and used again by later ops (no
+// frame of a few hundred bytes built per op). An op's end takes its frame off the stack whole
+// (`Taken`) and works on it there: what the end meets on this thread (ops that begin and end,
+// host ops issued while a storage it held is released) belongs to its caller, as once it has
+// ended; the frame is reset off the stack, then kept for a later op.
 class FrameStack {
  public:
   bool empty() const { return n_ == 0; }
   size_t size() const { return n_; }
   Frame& back() { return *frames_[n_ - 1]; }
-  // The frame under the innermost one, or null.
-  Frame* parent() { return n_ >= 2 ? frames_[n_ - 2].get() : nullptr; }
   Frame& push() {
-    if (n_ == frames_.size()) frames_.push_back(std::make_unique<Frame>());
-    return *frames_[n_++];
+    if (n_ == frames_.size()) frames_.push_back(nullptr);
+    std::unique_ptr<Frame>& slot = frames_[n_++];
+    if (!slot) slot = std::make_unique<Frame>();  // a slot whose frame is taken, or a new one
+    return *slot;
   }
-  void pop() { frames_[--n_]->reset(); }
+
+  // The innermost frame, off the stack while it lives, then reset and kept (see FrameStack).
+  class Taken {
+   public:
+    explicit Taken(FrameStack& s) : s_(s), f_(std::move(s.frames_[--s.n_])) {}
+    ~Taken() {
+      f_->reset();  // may release storages, whose release may run ops: the frame is not the stack's
+      for (size_t i = s_.n_; i < s_.frames_.size(); i++) {
+        if (!s_.frames_[i]) {
+          s_.frames_[i] = std::move(f_);
+          return;
+        }
+      }
+    }
+    Taken(const Taken&) = delete;
+    Taken& operator=(const Taken&) = delete;
+    Frame& operator*() { return *f_; }
+
+   private:
+    FrameStack& s_;
+    std::unique_ptr<Frame> f_;
+  };
 
  private:
   std::vector<std::unique_ptr<Frame>> frames_;
@@ -2122,13 +2144,10 @@ void write_rec(Rec& r) {
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   ThreadState& t = tls();  // one TLS lookup for the whole callback
   if (pushed == nullptr || t.frames.empty()) return;
-  // The op's frame, worked on in place and popped on the way out (see FrameStack).
-  struct Pop {
-    FrameStack& frames;
-    ~Pop() { frames.pop(); }
-  } pop{t.frames};
-  Frame& fr = t.frames.back();
-  Frame* parent = t.frames.parent();
+  // The op's frame, off the stack (see FrameStack): its caller's is the innermost now.
+  FrameStack::Taken taken(t.frames);
+  Frame& fr = *taken;
+  Frame* parent = t.frames.empty() ? nullptr : &t.frames.back();
   t.cur_site = parent ? parent->site : kNullSite;
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
     // Nothing of its own: the host ops issued inside it after the last op it called, then
