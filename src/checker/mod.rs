@@ -240,6 +240,9 @@ pub struct Checker {
     implicit_syncs: Vec<(u64, u64)>,
     /// CUDA graphs: captures, bodies, pools, replays.
     graphs: graphs::Graphs,
+    /// The site of the latest op that had one: the next op at the same site shares it (ops come
+    /// in runs from one line, a `backward()` or an optimizer's step) rather than copying it.
+    last_site: Option<Arc<Site>>,
 }
 
 impl Default for Checker {
@@ -291,6 +294,7 @@ impl Checker {
             uaf: Vec::new(),
             implicit_syncs: Vec::new(),
             graphs: graphs::Graphs::default(),
+            last_site: None,
         }
     }
 
@@ -384,7 +388,14 @@ impl Checker {
         let index = self.ops;
         let first = self.hazards.len();
         self.refresh_forget();
-        let site = op.site.clone().map(Arc::new);
+        let site = op.site.as_ref().map(|site| match &self.last_site {
+            Some(last) if **last == *site => Arc::clone(last),
+            _ => {
+                let new = Arc::new(site.clone());
+                self.last_site = Some(Arc::clone(&new));
+                new
+            }
+        });
         tracing::trace!(op = index, kind = op.op.name(), "op");
         self.step(index, &op.op, site)?;
         self.ops += 1;
