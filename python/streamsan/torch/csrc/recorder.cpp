@@ -1017,8 +1017,6 @@ bool composite_only(const at::RecordFunction& fn) {
   return true;
 }
 
-// `by_address` is set false for a record without an operator schema: it is looked up by its
-// text (S->labels), and its address must not be kept as its key.
 // This thread's slot in its cache of labels for `text`: by its length and its last sixteen
 // bytes (labels of one kind share their beginning, "autograd::engine::evaluate_function: ", and
 // differ at the end); the slot's text is compared whole.
@@ -1043,6 +1041,8 @@ const OpInfo& known_label(ThreadState& t, const std::string& name, const OpInfo&
   return info;
 }
 
+// `by_address` is set false for a record without an operator schema: it is looked up by its
+// text (S->labels), and its address must not be kept as its key.
 const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
   const char* key = fn.name();
   // A record names an operator (its schema's name, alive as long as the operator) or is a label
