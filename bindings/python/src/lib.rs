@@ -40,15 +40,14 @@ pyo3::create_exception!(
      (`NAME:LINE:COLUMN: what was wrong; expected …`), as `streamsan check` prints it."
 );
 
-/// Ends a check: the report, with the verdicts on the synchronization ops when analysed; the
-/// ops the analysis left to a re-check are re-checked from `kept`.
 /// Checks of at least this many ops leave their checker's state to be dropped on another thread
 /// (about 0.2 ms of a CPU's time for 12,000 ops): a smaller one is dropped sooner than another
 /// thread could be woken for it.
 const DISPOSE_FROM_OPS: u64 = 2048;
 
-/// The report of `run` (its undecided synchronizations re-checked from `kept`); the checker's
-/// state of a large run is dropped on another thread ([`worker::dispose`]).
+/// Ends a check: the report, with the verdicts on the synchronization ops when analysed (the
+/// ops the analysis left to a re-check are re-checked from `kept`); the checker's state of a
+/// large run is dropped on another thread ([`worker::dispose`]).
 fn finish_run(run: CheckRun, kept: Option<&Path>, name: &str) -> Result<streamsan::Report, String> {
     let large = run.ops() >= DISPOSE_FROM_OPS;
     run.finish_apart(kept.map(|path| TraceFile::new(path, name)))

@@ -2771,12 +2771,10 @@ void traced_host_op(HostOp op, uint64_t event, uint64_t stream) {
       r.device = device;
       r.kind = RecKind::Host;
     });
-    if (profiling) S->prof.syncs += now_ns() - t0;
-    return;
+  } else {
+    put_host_op(host_line(op, event, stream, device, *site));
   }
-  std::string line = host_line(op, event, stream, device, *site);
   if (profiling) S->prof.syncs += now_ns() - t0;
-  put_host_op(std::move(line));
 }
 
 // Whether the GPU trace's call is one to record: a CUDA (or HIP, which PyTorch calls CUDA) call
