@@ -651,3 +651,49 @@ def test_a_forked_child_leaves_its_parents_copies_of_the_ops(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "before fork 1" in out.stdout and "child status 0 after the child 1" in out.stdout, out.stdout
     assert not spools_in(tmp_path)
+
+
+def test_a_forked_child_cannot_use_its_parents_checker_and_does_not_hang(tmp_path):
+    """A child forked while the parent's checker thread is in a batch: every call of the child's
+    copy raises at once (the check and its thread are the parent's; waiting for that thread
+    would wait for good), the child exits normally (its copy dropped without touching what the
+    parent's thread held), and the parent's check goes on to its full report."""
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    code = """
+        import os, sys, time, streamsan
+        c = streamsan.Checker(threaded=True, explain=True, _delay=0.2)
+        c.push_lines('{"op":"alloc","buffer":"a","bytes":16}\\n')
+        for _ in range(5):
+            c.push_lines('{"op":"launch","stream":"s1","writes":["a"]}\\n')
+        time.sleep(0.05)  # the thread is in its first batch's delay
+        pid = os.fork()
+        if pid == 0:
+            said = []
+            for call in (c.drain, lambda: c.push_lines('{"op":"device_sync"}\\n'), c.finish,
+                         lambda: c.ops, lambda: c.finished, c.stats):
+                try:
+                    call()
+                    said.append("returned")
+                except RuntimeError as e:
+                    said.append("belongs to process %d" % os.getppid() in str(e))
+            print("child", said, flush=True)
+            sys.exit(0)
+        deadline = time.monotonic() + 30
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                status = "hung"
+                break
+            time.sleep(0.01)
+        report = c.finish()
+        print("parent", status, report.ops, report.errors)
+        """
+    out = run_python(code, timeout=60, tmpdir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "child [True, True, True, True, True, True]" in out.stdout, out.stdout + out.stderr
+    assert "parent 0 6 0" in out.stdout, out.stdout + out.stderr

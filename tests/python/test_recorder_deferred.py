@@ -158,3 +158,57 @@ def test_a_full_queue_is_written_by_the_program_and_the_trace_is_the_same(tmp_pa
     assert after["queue_caught_up"] >= prof["recorder_profile_deferred"] // 4096 >= 1, (after, prof)
     assert text1 == text0
     assert run.report.errors >= 1
+
+
+def test_a_child_forked_inside_a_check_leaves_it_unchecked_and_says_so(monkeypatch):
+    """A child that goes on after a fork inside a check, runs ops (more than a batch's worth)
+    and leaves the check: the check is the parent's, so the child records nothing, leaves
+    without touching the parent's checker (no wait for a thread it does not have) and is told
+    so by a warning; `report` stays None there. The parent's report is whole."""
+    ext = _ext()
+    import warnings
+
+    import torch
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    run = _run(threaded=True)
+    pid = -1
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with run:
+                x = torch.ones(16)  # small: no OpenMP team, which a forked child could not use
+                for _ in range(500):
+                    x.add_(x)
+                pid = os.fork()
+                if pid == 0:
+                    before = ext.counters()
+                    for _ in range(2000):
+                        x.add_(x)
+                    after = ext.counters()
+    except BaseException:
+        if pid == 0:
+            os._exit(3)
+        raise
+    if pid == 0:
+        said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        forked = [m for m in said if f"was forked inside a check begun by process {os.getppid()}" in m]
+        sites = [c["sites_without_gil"] + c["sites_with_gil"] for c in (before, after)]
+        recorded_nothing = sites[0] == sites[1]  # a site is found for every op recorded
+        os._exit(0 if run.report is None and forked and recorded_nothing else 1)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the child forked inside the check hung")
+        time.sleep(0.01)
+    assert run.report is not None
+    assert 500 <= run.report.ops < 2000, run.report.ops  # the parent's ops only
+    assert not [w for w in caught if "was forked inside" in str(w.message)]

@@ -350,6 +350,10 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
 /// - if the checker panics, the next call raises `RuntimeError` and the check ends.
 ///
 /// A Checker that goes away unfinished drops what is left in its queue; its thread ends.
+///
+/// In a process forked from the one that made it, every method raises `RuntimeError`: the
+/// check and its thread are the parent's (the copy's queue would wait for a thread the child
+/// does not have, and its locks may be held for good). The copy is left alone when it goes.
 #[pyclass(module = "streamsan._streamsan", frozen)]
 struct Checker {
     /// The queue, the thread's findings and the checker itself.
@@ -357,6 +361,9 @@ struct Checker {
     /// Where the ops are kept; taken by `finish`.
     kept: Mutex<Kept>,
     name: String,
+    /// The process that made it: a process forked from it has a copy of the Checker, but not its
+    /// thread, and the locks the parent's threads held at the fork stay held in the copy.
+    pid: u32,
 }
 
 /// The error of a refused batch.
@@ -372,8 +379,24 @@ fn finished() -> PyErr {
 }
 
 impl Checker {
+    /// Raises in a process forked from the one that made the Checker (see `pid`): what the
+    /// copy holds is the parent's, its locks and queue may wait for a thread the child does not
+    /// have. Every method that touches them asks first.
+    fn owned(&self) -> PyResult<()> {
+        let me = std::process::id();
+        if me == self.pid {
+            return Ok(());
+        }
+        Err(PyRuntimeError::new_err(format!(
+            "this Checker belongs to process {}: process {me}, forked from it, cannot use it \
+             (the check and its thread are the parent's)",
+            self.pid
+        )))
+    }
+
     /// Whether a thread checks the pushed lines; raises if no more may be pushed.
     fn open(&self) -> PyResult<bool> {
+        self.owned()?;
         let s = lock(&self.shared.state);
         if let Some(why) = &s.dead {
             return Err(PyRuntimeError::new_err(why.clone()));
@@ -449,6 +472,13 @@ impl Checker {
 
 impl Drop for Checker {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy: its thread and its temporary copy of the ops are the
+            // parent's, and its locks may be held for good. Nothing of it is touched or
+            // dropped here (the child's memory goes with the child).
+            std::mem::forget(Arc::clone(&self.shared));
+            return;
+        }
         worker::stop(&self.shared);
         // A temporary copy of the ops that no report took goes with the Checker.
         if let Kept::File {
@@ -542,6 +572,7 @@ impl Checker {
             shared,
             kept: Mutex::new(kept),
             name,
+            pid: std::process::id(),
         })
     }
 
@@ -615,6 +646,7 @@ impl Checker {
     /// caller's thread. What the lines raise comes back as it does for `push_lines` batches: the
     /// hazards by the next `push_lines` or `drain()`, bad input by the next call.
     fn _raw_sink<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyCapsule>>> {
+        self.owned()?;
         if !lock(&self.shared.state).threaded {
             return Ok(None);
         }
@@ -631,6 +663,7 @@ impl Checker {
     /// (none on a synchronous Checker, unless bad input cut a call short); raises the first
     /// error not raised yet.
     fn drain<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.owned()?;
         if let Some(why) = lock(&self.shared.state).dead.clone() {
             return Err(PyRuntimeError::new_err(why));
         }
@@ -643,19 +676,22 @@ impl Checker {
 
     /// Whether a thread of the checker's own checks the ops (see the class).
     #[getter]
-    fn threaded(&self) -> bool {
-        lock(&self.shared.state).threaded
+    fn threaded(&self) -> PyResult<bool> {
+        self.owned()?;
+        Ok(lock(&self.shared.state).threaded)
     }
 
     /// The number of ops checked so far.
     #[getter]
-    fn ops(&self, py: Python<'_>) -> u64 {
-        self.read(py, |c| c.run.as_ref().map_or(0, |r| r.ops()))
+    fn ops(&self, py: Python<'_>) -> PyResult<u64> {
+        self.owned()?;
+        Ok(self.read(py, |c| c.run.as_ref().map_or(0, |r| r.ops())))
     }
 
     /// Every hazard found so far, as dicts of the JSON report.
     #[getter]
     fn hazards<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        self.owned()?;
         let all = self.read(py, |c| c.hazards_from(0));
         hazards_to_py(py, &all)
     }
@@ -665,6 +701,7 @@ impl Checker {
     /// also `queue_bytes` and `queue_peak_bytes`. Empty once finished. For memory measurements
     /// of long runs.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.owned()?;
         let d = PyDict::new(py);
         let counters = self.read(py, |c| {
             c.run.as_ref().map(|r| {
@@ -709,14 +746,16 @@ impl Checker {
 
     /// Whether `finish` was called.
     #[getter]
-    fn finished(&self) -> bool {
-        lock(&self.shared.state).finished
+    fn finished(&self) -> PyResult<bool> {
+        self.owned()?;
+        Ok(lock(&self.shared.state).finished)
     }
 
     /// Ends the check and returns the `Report` (with its hazards explained when the ops were
     /// kept). The Checker takes no ops afterwards. Threaded: waits for the thread to check
     /// every op pushed; raises the first error not raised yet instead (see the class).
     fn finish(&self, py: Python<'_>) -> PyResult<Report> {
+        self.owned()?;
         let threaded = {
             let s = lock(&self.shared.state);
             s.threaded && s.dead.is_none() && !s.closed && !s.finished

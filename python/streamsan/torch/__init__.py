@@ -112,6 +112,7 @@ class Run:
         self._checker: Optional[Checker] = None
         self._file = None
         self._recorder = None
+        self._pid: Optional[int] = None  # the process that entered the check
 
     @property
     def backend(self) -> Optional[str]:
@@ -119,6 +120,8 @@ class Run:
         return self._recorder.backend.name if self._recorder is not None else None
 
     def _sink(self, data: bytes) -> None:
+        if os.getpid() != self._pid:
+            return  # a process forked inside the check: its ops are not the check's (see __exit__)
         if self._checker is not None:
             self.hazards.extend(self._checker.push_lines(data))
         else:
@@ -139,7 +142,7 @@ class Run:
         `recorder_live_pinned_buffers`, …). For memory measurements of long runs: ops still in
         the recorder's batch are not counted yet."""
         out: dict[str, Any] = {}
-        if self._checker is not None and not self._checker.finished:
+        if self._checker is not None and os.getpid() == self._pid and not self._checker.finished:
             out.update(self._checker.stats())
         if self._recorder is not None:
             out.update({f"recorder_{k}": v for k, v in self._recorder.backend.counters.items()})
@@ -149,6 +152,7 @@ class Run:
         from . import _rank
         from ._recorder import Recorder
 
+        self._pid = os.getpid()
         self.rank = _rank.current()
         if self._trace_given is not None:
             self.trace = _rank.path_for(self._trace_given, self.rank)
@@ -181,6 +185,24 @@ class Run:
             raise
         return self
 
+    def _leave_forked(self) -> None:
+        """Leaves the check in a process forked inside it: the check, its checker and its report
+        are the parent's. The recorder stops here (it recorded nothing since the fork), the
+        checker is not touched, `report` stays None, and a warning says so."""
+        import warnings
+
+        try:
+            self._recorder.stop()
+        finally:
+            self._recorder.detach()
+        warnings.warn(
+            f"streamsan.torch: process {os.getpid()} was forked inside a check begun by process "
+            f"{self._pid}: its ops after the fork were not checked (the check and its report are "
+            "the parent's)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
     def _end_check(self) -> Optional[BaseException]:
         """Waits for the checker to check every op, takes the hazards not returned yet, and
         makes the report. Returns the first error of bad input not raised yet (a threaded
@@ -197,6 +219,9 @@ class Run:
         return error
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if os.getpid() != self._pid:
+            self._leave_forked()
+            return
         error: Optional[BaseException] = None
         try:
             self._recorder.stop()

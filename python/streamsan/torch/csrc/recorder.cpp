@@ -1654,9 +1654,9 @@ void resolver_main() {
 }
 
 // Fork: the child gets every lock free and no resolver (its threads are not copied); it writes
-// at once until a check of its own starts one. The parent's check is not the child's: what it
-// had queued and not handed over is dropped there, and its raw sink (the checker's queue, whose
-// thread is not in the child) is let go of. `raw_mu` may be held across a hand-over that waits
+// at once until a check of its own starts one. The parent's check is not the child's: the child
+// records nothing of it, what it had queued and not handed over is dropped there, and its raw
+// sink (the checker's queue, whose thread is not in the child) is let go of. `raw_mu` may be held across a hand-over that waits
 // for the checker: it is not waited for, but made anew in the child.
 void before_fork() {
   S->mu.lock();
@@ -1669,6 +1669,9 @@ void after_fork_parent() {
   S->mu.unlock();
 }
 void after_fork_child() {
+  // The parent's check is not the child's: the child records nothing of it (Run.__exit__ ends
+  // it there without a report).
+  S->active.store(false);
   S->defer.store(false);
   S->resolver_started = false;
   new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
@@ -1681,11 +1684,16 @@ void after_fork_child() {
   after_fork_parent();
 }
 
+// The handlers above, once per process, from the first check on.
+void watch_forks() {
+  static std::once_flag fork_handlers;
+  std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_parent, after_fork_child); });
+}
+
 // Records are deferred from now on (`on`: a check with the raw sink starts; the resolver is
 // started the first time), or written at once (the check ends: `drain` writes what is queued).
 void set_deferring(bool on) {
-  static std::once_flag fork_handlers;
-  std::call_once(fork_handlers, [] { pthread_atfork(before_fork, after_fork_parent, after_fork_child); });
+  watch_forks();
   {
     std::lock_guard<std::mutex> q(S->q_mu);
     if (on && !S->resolver_started) {
@@ -2310,6 +2318,7 @@ struct OpsListener final : c10::OpRegistrationListener {
 };
 
 void install(bool with_cuda) {
+  watch_forks();
   static bool listening = false;
   if (!listening) {
     // Never removed: the handle outlives every check (the dispatcher owns the listener).
