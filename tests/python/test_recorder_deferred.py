@@ -212,3 +212,66 @@ def test_a_child_forked_inside_a_check_leaves_it_unchecked_and_says_so(monkeypat
     assert run.report is not None
     assert 500 <= run.report.ops < 2000, run.report.ops  # the parent's ops only
     assert not [w for w in caught if "was forked inside" in str(w.message)]
+
+
+def test_a_child_forked_inside_a_recording_leaves_the_trace_to_the_parent(tmp_path):
+    """`record()` writes the trace through a buffered file: a child forked inside it that goes on
+    and ends normally must not write the parent's buffered lines a second time (nor its own)."""
+    _ext()
+    import torch
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork here")
+
+    def program(path, fork):
+        import streamsan.torch
+
+        run = streamsan.torch.Run(raise_on_hazard=False, trace=path, check=False, backend="native",
+                                  _fake_device=True)
+        pid = -1
+        try:
+            with run:
+                x = torch.ones(16)
+                for _ in range(300):
+                    x.add_(x)
+                if fork:
+                    pid = os.fork()
+                    if pid == 0:
+                        for _ in range(100):
+                            x.add_(x)
+        except BaseException:
+            if pid == 0:
+                os._exit(3)
+            raise
+        if pid == 0:
+            import gc
+
+            del run
+            gc.collect()  # the child's copy of the file goes, as at a normal exit
+            os._exit(0)
+        if fork:
+            deadline = time.monotonic() + 30
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pytest.fail("the child forked inside the recording hung")
+                time.sleep(0.01)
+        return path.read_bytes()
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        alone = program(tmp_path / "alone.jsonl", False)
+        forked = program(tmp_path / "forked.jsonl", True)
+
+    def ops(text):
+        return [re.sub(rb'"(d|h)\d+"', b'"X"', line) for line in text.splitlines()]
+
+    assert len(forked.splitlines()) == len(alone.splitlines()), (len(forked.splitlines()), len(alone.splitlines()))
+    assert ops(forked) == ops(alone)

@@ -188,7 +188,7 @@ class Run:
     def _leave_forked(self) -> None:
         """Leaves the check in a process forked inside it: the check, its checker and its report
         are the parent's. The recorder stops here (it recorded nothing since the fork), the
-        checker is not touched, `report` stays None, and a warning says so."""
+        checker and the trace file are not touched, `report` stays None, and a warning says so."""
         import warnings
 
         try:
