@@ -155,18 +155,28 @@ static SPOOL_COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 /// Makes the spool file at `path` (from [`spool_path`]), readable by its owner only; not when
 /// it was removed already (the interpreter is exiting: `_remove_spools` ran), which would
 /// leave it behind.
+///
+/// The list's lock is not held across the file's creation (a process forked meanwhile would find
+/// it held for good): the file is made, then removed again if `_remove_spools` took the path in
+/// between.
 pub(crate) fn create_spool(path: &Path) -> Result<File, String> {
-    let spools = lock(&SPOOLS);
-    if registered(&spools, path).is_none() {
-        return Err(format!("{}: removed before it was made", path.display()));
+    let gone = || Err(format!("{}: removed before it was made", path.display()));
+    if registered(&lock(&SPOOLS), path).is_none() {
+        return gone();
     }
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options
+    let file = options
         .open(path)
-        .map_err(|e| format!("{}: cannot create: {e}", path.display()))
+        .map_err(|e| format!("{}: cannot create: {e}", path.display()))?;
+    if registered(&lock(&SPOOLS), path).is_none() {
+        drop(file);
+        let _ = std::fs::remove_file(path);
+        return gone();
+    }
+    Ok(file)
 }
 
 /// Converts a JSON value to Python objects.
@@ -280,15 +290,25 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
 }
 
 /// What a `Checker._raw_sink()` capsule holds: the C entry point native code calls with a batch
-/// of JSON Lines (`push(ctx, data, len)`: 0 when queued, 1 when the check is over, 2 when the
-/// hand-over failed), and the queue it pushes to, kept alive as long as the capsule is. The C++
-/// recorder declares the same first three fields (`RawSink` in csrc/recorder.cpp).
+/// of JSON Lines (`push(ctx, data, len)`: 0 when queued, 1 when the check is over or belongs to
+/// the process this one was forked from, 2 when the hand-over failed), and the queue it pushes
+/// to, kept alive as long as the capsule is. The C++ recorder declares the same first three
+/// fields (`RawSink` in csrc/recorder.cpp).
 #[repr(C)]
 struct RawSink {
     version: u32,
     ctx: usize,
     push: unsafe extern "C" fn(usize, *const u8, usize) -> i32,
     _shared: Arc<Shared>,
+}
+
+impl Drop for RawSink {
+    fn drop(&mut self) {
+        if std::process::id() != self._shared.pid {
+            // A forked child's copy: the check is the parent's (see `Checker`'s drop).
+            std::mem::forget(Arc::clone(&self._shared));
+        }
+    }
 }
 
 /// `RawSink::push`: copies the batch into the queue of the [`Shared`] at `ctx`, waiting only
@@ -300,6 +320,9 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
     let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the capsule holding `ctx` keeps its `Shared` alive while its holder calls.
         let shared = unsafe { &*(ctx as *const Shared) };
+        if shared.pid != std::process::id() {
+            return false; // a forked child: the check is the parent's
+        }
         let batch = if len == 0 || data.is_null() {
             Vec::new()
         } else {
@@ -351,8 +374,9 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
 ///
 /// A Checker that goes away unfinished drops what is left in its queue; its thread ends.
 ///
-/// In a process forked from the one that made it, every method raises `RuntimeError`: the
-/// check and its thread are the parent's (the copy's queue would wait for a thread the child
+/// In a process forked from the one that made it, every call that reaches the check raises
+/// `RuntimeError` (a `_raw_sink` capsule's pushes are refused): the check and its thread are the
+/// parent's (the copy's queue would wait for a thread the child
 /// does not have, and its locks may be held for good). The copy is left alone when it goes.
 #[pyclass(module = "streamsan._streamsan", frozen)]
 struct Checker {

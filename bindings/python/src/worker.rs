@@ -372,6 +372,9 @@ pub(crate) struct Shared {
     thread: Mutex<Option<JoinHandle<()>>>,
     /// This `Shared`, for the thread started at the first batch.
     me: Weak<Shared>,
+    /// The process that made it: a process forked from it has a copy, without the thread, and
+    /// with whatever locks the parent's threads held at the fork held for good.
+    pub(crate) pid: u32,
 }
 
 /// How long a caller waiting for the thread sleeps between looks at Python's signals.
@@ -432,6 +435,7 @@ impl Shared {
             panic_at: options.panic_at,
             thread: Mutex::new(None),
             me: me.clone(),
+            pid: std::process::id(),
         })
     }
 

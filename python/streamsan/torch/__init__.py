@@ -125,7 +125,9 @@ class Run:
         if self._checker is not None:
             self.hazards.extend(self._checker.push_lines(data))
         else:
-            self._file.write(data)
+            view = memoryview(data)
+            while view:  # an unbuffered file may take part of it
+                view = view[self._file.write(view) :]
 
     @property
     def header(self) -> Optional[str]:
@@ -168,7 +170,9 @@ class Run:
                 threaded=self.threaded,
             )
         else:
-            self._file = open(self.trace, "wb")
+            # Unbuffered: a process forked inside the check finds nothing of the parent's in a
+            # buffer of its own copy of the file, to write a second time when the copy goes.
+            self._file = open(self.trace, "wb", buffering=0)
         try:
             self._recorder = Recorder(
                 self._sink, backend=self.backend_choice, fake_device=self.fake_device, profile=self.profile
@@ -191,6 +195,7 @@ class Run:
         checker and the trace file are not touched, `report` stays None, and a warning says so."""
         import warnings
 
+        self._recorder.error = None  # the parent's, if any: raised there
         try:
             self._recorder.stop()
         finally:

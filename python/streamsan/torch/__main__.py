@@ -97,6 +97,8 @@ def main(argv=None) -> int:
         except SystemExit as e:
             status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     report = run.report
+    if report is None:  # a process forked inside the check: the report is the parent's
+        return status
     text = {
         "text": lambda: report.to_text(color=a.output is None and sys.stderr.isatty()),
         "json": report.to_json,

@@ -1534,3 +1534,24 @@ def note_host_access(t, write: bool) -> bool:
     if r is None or not r.on:
         return False
     return bool(r.backend.host_access(t, write))
+
+
+def _after_fork_in_child() -> None:
+    """A process forked while a recorder is on: the check is the parent's (`Run` ends it there
+    without a report). The child records nothing (the Python recorder passes every op straight
+    through, the hooks do nothing; the C++ recorder's own handler turns it off), and the locks a
+    parent thread may have held at the fork are made anew."""
+    global _lock
+    _lock = threading.Lock()
+    r = _active
+    if r is None:
+        return
+    r.on = False
+    b = r.backend
+    if isinstance(b, PythonBackend):
+        b.mu = threading.RLock()
+        b.batch = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

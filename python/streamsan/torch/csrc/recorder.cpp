@@ -1678,8 +1678,11 @@ void after_fork_child() {
   new (&S->raw_mu) std::mutex();
   S->raw_sink = nullptr;
   S->raw_sink_owner.release();  // the capsule's reference stays (no Python here)
-  S->queue.clear();
-  S->resolving.clear();
+  // The queued records hold storages (pinned ones among them: their release may call into the
+  // host allocator, whose lock a parent thread may have held at the fork): not released here,
+  // under the recorder's locks, but left to the child's memory.
+  new (&S->queue) std::vector<Rec>();
+  new (&S->resolving) std::vector<Rec>();
   S->batch.clear();
   after_fork_parent();
 }
