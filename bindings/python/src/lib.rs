@@ -376,8 +376,8 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
 ///
 /// In a process forked from the one that made it, every call that reaches the check raises
 /// `RuntimeError` (a `_raw_sink` capsule's pushes are refused): the check and its thread are the
-/// parent's (the copy's queue would wait for a thread the child
-/// does not have, and its locks may be held for good). The copy is left alone when it goes.
+/// parent's (the copy's queue would wait for a thread the child does not have, and its locks
+/// may be held for good). The copy is left alone when it goes.
 #[pyclass(module = "streamsan._streamsan", frozen)]
 struct Checker {
     /// The queue, the thread's findings and the checker itself.

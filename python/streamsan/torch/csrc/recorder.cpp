@@ -1656,8 +1656,9 @@ void resolver_main() {
 // Fork: the child gets every lock free and no resolver (its threads are not copied); it writes
 // at once until a check of its own starts one. The parent's check is not the child's: the child
 // records nothing of it, what it had queued and not handed over is dropped there, and its raw
-// sink (the checker's queue, whose thread is not in the child) is let go of. `raw_mu` may be held across a hand-over that waits
-// for the checker: it is not waited for, but made anew in the child.
+// sink (the checker's queue, whose thread is not in the child) is let go of. `raw_mu` may be
+// held across a hand-over that waits for the checker: it is not waited for, but made anew in
+// the child.
 void before_fork() {
   S->mu.lock();
   S->q_mu.lock();
