@@ -20,6 +20,23 @@ def _ext():
     return ext
 
 
+def _wait_ok(pids, what: str, seconds: float = 30) -> None:
+    """Waits for the forked children `pids` to exit with status 0, together at most `seconds`;
+    one that has not exited by then is killed and the test fails with `what` (never a hang)."""
+    deadline = time.monotonic() + seconds
+    for pid in pids:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                pytest.fail(what)
+            time.sleep(0.01)
+
+
 def _run(**kw):
     import streamsan.torch
 
@@ -125,18 +142,7 @@ def test_a_child_forked_during_a_deferred_check_does_not_hang(monkeypatch):
                 finally:
                     os._exit(0)
             children.append(pid)
-    deadline = time.monotonic() + 30
-    for pid in children:
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-                break
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                pytest.fail("a child forked during the check hung")
-            time.sleep(0.01)
+    _wait_ok(children, "a child forked during the check hung")
 
 
 def test_a_full_queue_is_written_by_the_program_and_the_trace_is_the_same(tmp_path, monkeypatch):
@@ -206,17 +212,7 @@ def test_a_child_forked_inside_a_check_leaves_it_unchecked_and_says_so(monkeypat
     finally:
         if pid == 0:
             os._exit(4)  # never back into the test session
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the child forked inside the check hung")
-        time.sleep(0.01)
+    _wait_ok([pid], "the child forked inside the check hung")
     assert run.report is not None
     assert 500 <= run.report.ops < 2000, run.report.ops  # the parent's ops only
     assert not [w for w in caught if "was forked inside" in str(w.message)]
@@ -259,17 +255,7 @@ def test_a_child_forked_inside_a_recording_leaves_the_trace_to_the_parent(tmp_pa
             gc.collect()  # the child's copy of the file goes, as at a normal exit
             os._exit(0)
         if fork:
-            deadline = time.monotonic() + 30
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
-                    break
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    pytest.fail("the child forked inside the recording hung")
-                time.sleep(0.01)
+            _wait_ok([pid], "the child forked inside the recording hung")
         return path.read_bytes()
 
     import warnings

@@ -304,7 +304,7 @@ struct RawSink {
 
 impl Drop for RawSink {
     fn drop(&mut self) {
-        if std::process::id() != self._shared.pid {
+        if self._shared.forked() {
             // A forked child's copy: the check is the parent's (see `Checker`'s drop).
             std::mem::forget(Arc::clone(&self._shared));
         }
@@ -320,7 +320,7 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
     let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the capsule holding `ctx` keeps its `Shared` alive while its holder calls.
         let shared = unsafe { &*(ctx as *const Shared) };
-        if shared.pid != std::process::id() {
+        if shared.forked() {
             return false; // a forked child: the check is the parent's
         }
         let batch = if len == 0 || data.is_null() {
@@ -385,9 +385,6 @@ struct Checker {
     /// Where the ops are kept; taken by `finish`.
     kept: Mutex<Kept>,
     name: String,
-    /// The process that made it: a process forked from it has a copy of the Checker, but not its
-    /// thread, and the locks the parent's threads held at the fork stay held in the copy.
-    pid: u32,
 }
 
 /// The error of a refused batch.
@@ -403,18 +400,18 @@ fn finished() -> PyErr {
 }
 
 impl Checker {
-    /// Raises in a process forked from the one that made the Checker (see `pid`): what the
-    /// copy holds is the parent's, its locks and queue may wait for a thread the child does not
-    /// have. Every method that touches them asks first.
+    /// Raises in a process forked from the one that made the Checker (see `Shared::pid`): what
+    /// the copy holds is the parent's, its locks and queue may wait for a thread the child does
+    /// not have. Every method that touches them asks first.
     fn owned(&self) -> PyResult<()> {
-        let me = std::process::id();
-        if me == self.pid {
+        if !self.shared.forked() {
             return Ok(());
         }
         Err(PyRuntimeError::new_err(format!(
-            "this Checker belongs to process {}: process {me}, forked from it, cannot use it \
+            "this Checker belongs to process {}: process {}, forked from it, cannot use it \
              (the check and its thread are the parent's)",
-            self.pid
+            self.shared.pid,
+            std::process::id()
         )))
     }
 
@@ -496,7 +493,7 @@ impl Checker {
 
 impl Drop for Checker {
     fn drop(&mut self) {
-        if std::process::id() != self.pid {
+        if self.shared.forked() {
             // A forked child's copy: its thread and its temporary copy of the ops are the
             // parent's, and its locks may be held for good. Nothing of it is touched or
             // dropped here (the child's memory goes with the child).
@@ -596,7 +593,6 @@ impl Checker {
             shared,
             kept: Mutex::new(kept),
             name,
-            pid: std::process::id(),
         })
     }
 

@@ -439,6 +439,11 @@ impl Shared {
         })
     }
 
+    /// Whether this is a copy in a process forked from the one that made it (see `pid`).
+    pub(crate) fn forked(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
     /// Starts the checker's thread (asked for by the first batch admitted). Where no thread can
     /// be had, the check goes on without one: whoever hands a batch over (this caller now, the
     /// recorder's hand-overs and Python's pushes after it) checks the queue on its own thread,
