@@ -166,6 +166,29 @@ def test_a_full_queue_is_written_by_the_program_and_the_trace_is_the_same(tmp_pa
     assert run.report.errors >= 1
 
 
+def test_what_is_recorded_before_the_program_waits_is_checked_while_it_waits(monkeypatch):
+    """Ops fewer than a batch, then the program waits (as for the GPU): the recorder's thread
+    hands the part batch to the checker, whose thread checks it during the wait, not at the
+    check's end."""
+    ext = _ext()
+    import torch
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    run = _run(threaded=True)
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(16)
+        for _ in range(20):  # 20 lines, far below a batch (16 KiB)
+            x.add_(x)
+        # Waits until the count is the same 50 ms apart (at most 10 s).
+        deadline = time.monotonic() + 10
+        during, last = -1, run._checker.ops
+        while (during != last or during == 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            during, last = last, run._checker.ops
+    assert during >= 20 and during == run.report.ops, (during, run.report.ops)
+    assert run.report.errors == 0
+
+
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_a_child_forked_inside_a_check_leaves_it_unchecked_and_says_so(monkeypatch, backend):
     """A child that goes on after a fork inside a check, runs ops (more than a batch's worth)

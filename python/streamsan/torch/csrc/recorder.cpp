@@ -1355,8 +1355,8 @@ bool resolve(Access& a, const std::string& site, const std::string* stream = nul
 
 // Takes the batch out when it is large enough (the next one goes into the buffer the previous
 // one was handed over from: no growing a new one by doubling each time); `mu` held.
-bool cut_batch(std::string& out) {
-  if (S->batch.size() < S->threshold) return false;
+bool cut_batch(std::string& out, bool whole = false) {
+  if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return false;
   out.swap(S->batch);
   S->batch.swap(S->spare_batch);
   return true;
@@ -1397,22 +1397,22 @@ void maybe_flush() {
   keep_buffer(out);
 }
 
-// Hands the batch over when it is large enough, `mu` not held: to the checker's raw sink where
-// it gave one (from any thread, GIL or not), else to Python's sink (GIL taken, on a thread that
-// runs Python, unless not `python`: the resolver's; elsewhere the batch waits for the next
-// hand-over).
-void flush_batch(bool python = true) {
+// Hands the batch over when it is large enough (or, `whole`, whatever it holds: the raw sink
+// only), `mu` not held: to the checker's raw sink where it gave one (from any thread, GIL or
+// not), else to Python's sink (GIL taken, on a thread that runs Python, unless not `python`: the
+// resolver's; elsewhere the batch waits for the next hand-over).
+void flush_batch(bool python = true, bool whole = false) {
   std::string out;
   {
     std::unique_lock<std::mutex> g(S->mu);
-    if (S->batch.size() < S->threshold) return;
+    if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return;
     std::unique_lock<std::mutex> r(S->raw_mu);
     if (S->raw_sink != nullptr && ablating(kAblateChecker)) {
       S->batch.clear();
       return;
     }
     if (S->raw_sink != nullptr) {
-      cut_batch(out);
+      cut_batch(out, whole);
       g.unlock();
       const RawSink* raw = S->raw_sink;
       const bool profiling = S->profiling.load(std::memory_order_relaxed);
@@ -1425,7 +1425,7 @@ void flush_batch(bool python = true) {
       return;
     }
   }
-  if (!python || PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
+  if (!python || whole || PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
   PyGILState_STATE st = PyGILState_Ensure();
   maybe_flush();
   PyGILState_Release(st);
@@ -1529,14 +1529,16 @@ constexpr size_t kMaxQueued = 4096;
 void write_rec(Rec& r);
 
 // Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
-// host memory (see written_at_once), whose release may reach the GPU trace.
-void resolve_queued() {
+// host memory (see written_at_once), whose release may reach the GPU trace. Returns how many
+// there were.
+size_t resolve_queued() {
   std::vector<Rec>& work = S->resolving;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
-    if (S->queue.empty()) return;
+    if (S->queue.empty()) return 0;
     work.swap(S->queue);
   }
+  const size_t n = work.size();
   struct Clear {
     std::vector<Rec>& w;
     ~Clear() { w.clear(); }
@@ -1552,8 +1554,9 @@ void resolve_queued() {
   }
   if (profiling) {
     S->prof.resolver += now_ns() - t0;
-    S->prof.resolved += work.size();
+    S->prof.resolved += n;
   }
+  return n;
 }
 
 // `mu`, taken once what is queued is written: what is written under it comes after that.
@@ -1628,7 +1631,10 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 }
 
 // The resolver's thread: while records are deferred, writes the queue every half millisecond
-// and hands the batch over when it is large enough; else sleeps until a check defers again.
+// and hands the batch over when it is large enough, or whatever it holds once a look finds
+// nothing new queued (the program is waiting: for the GPU, a lock, its input): the checker
+// checks it meanwhile, and what is left for the check's end is the little issued since; else
+// sleeps until a check defers again.
 void resolver_main() {
   for (;;) {
     {
@@ -1639,12 +1645,13 @@ void resolver_main() {
     if (ablating(kResolverPaused)) continue;
     try {
       bool flush;
+      bool quiet;
       {
         std::lock_guard<std::mutex> g(S->mu);
-        resolve_queued();
-        flush = S->batch.size() >= S->threshold;
+        quiet = resolve_queued() == 0;
+        flush = S->batch.size() >= S->threshold || (quiet && !S->batch.empty());
       }
-      if (flush) flush_batch(false);
+      if (flush) flush_batch(false, quiet);
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
