@@ -1040,6 +1040,28 @@ def test_uninstall_before_the_import_stops_watching(tmp_path, monkeypatch):
     assert _triton._WATCHER not in sys.meta_path and not _triton._WATCHER.pending
 
 
+
+def test_renewed_hooks_are_uninstalled_and_forget_their_counts_and_errors(monkeypatch):
+    """One set of hooks serves check after check: `renew` takes off what an earlier user left
+    installed, and the next user hears each error once again, with its own callback."""
+    hooks = TritonHooks(autotuner_target=None, kernel_target=("streamsan_never_imported.y", "C", "m"))
+    monkeypatch.setitem(sys.modules, "streamsan_never_imported", types.ModuleType("streamsan_never_imported"))
+    first: list = []
+    hooks.renew(on_error=first.append)
+    assert hooks.install(lambda *a: None)
+    hooks._error("boom")
+    hooks._error("boom")
+    hooks.launches["triton"] = 3
+    assert first == ["boom"] and hooks.errors == 2
+    second: list = []
+    hooks.renew(on_error=second.append)  # still installed: taken off first
+    assert not hooks.installed and _triton._WATCHER not in sys.meta_path
+    assert hooks.errors == 0 and hooks.launches == {"inductor": 0, "triton": 0}
+    assert hooks.install(lambda *a: None)
+    hooks._error("boom")
+    hooks.uninstall()
+    assert first == ["boom"] and second == ["boom"]
+
 # ------------------------------------------------------------------------------------------------
 # With Triton installed (PYTHONPATH=/path/to/triton): the real classes, the real compiler
 # ------------------------------------------------------------------------------------------------

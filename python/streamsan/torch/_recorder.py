@@ -1295,6 +1295,10 @@ def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
 # The recorder
 
 
+# The Triton launch hooks of this process's checks (Recorder._install_triton).
+_TRITON_HOOKS: Any = None
+
+
 class Recorder:
     """Feeds a running program's ops to `sink(bytes)` (JSON Lines of the trace format)."""
 
@@ -1466,13 +1470,18 @@ class Recorder:
         self.backend.start()
 
     def _install_triton(self) -> None:
-        """Hooks Triton's launches (see _triton) where Triton is installed."""
+        """Hooks Triton's launches (see _triton) where Triton is installed: the hooks of the
+        process's checks (one check runs at a time), made at the first."""
+        global _TRITON_HOOKS
         if not self.cuda and not getattr(self.backend, "fake_device", False):
             return
         try:
-            from ._triton import TritonHooks
+            hooks = _TRITON_HOOKS
+            if hooks is None:
+                from ._triton import TritonHooks
 
-            hooks = TritonHooks(on_error=lambda message: self.warn("triton-error", message))
+                hooks = _TRITON_HOOKS = TritonHooks()
+            hooks.renew(on_error=lambda message: self.warn("triton-error", message))
             fast = self._on_kernel_fast if hasattr(self.backend, "record_triton") else None
             if hooks.install(self._on_kernel, fast):
                 self.triton = hooks

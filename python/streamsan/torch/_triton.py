@@ -1222,9 +1222,21 @@ class TritonHooks:
         self._targets += [(t, "kernel") for t in [kernel_target] if t]
         self._attached: list = []
         self._installed = False
+        self._found = False  # Triton was found installed (it stays so)
         self._seen_errors: set = set()
         self.launches = {"inductor": 0, "triton": 0}
         self.errors = 0
+
+    def renew(self, on_error: Optional[Callable[[str], Any]] = None) -> None:
+        """Makes the hooks as new, `on_error` their error callback: uninstalled (where an
+        earlier user left them installed), the counts and the errors heard forgotten (one set of
+        hooks serves check after check)."""
+        self.uninstall()
+        with _LOCK:
+            self._on_error = on_error
+            self._seen_errors.clear()
+            self.launches = {"inductor": 0, "triton": 0}
+            self.errors = 0
 
     @property
     def installed(self) -> bool:
@@ -1260,8 +1272,9 @@ class TritonHooks:
                 self._on_launch = on_launch
                 self._on_launch_fast = on_launch_fast
                 return True
-            if not self._available():
+            if not self._found and not self._available():
                 return False
+            self._found = True
             self._on_launch = on_launch
             self._on_launch_fast = on_launch_fast
             self._installed = True
