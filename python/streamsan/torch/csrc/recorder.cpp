@@ -231,6 +231,18 @@ enum class Kind : uint8_t {
   SetStorage,    // aten::set_: the tensor object only, unless the storage must grow (set_grows)
 };
 
+// What the recorder learns about an op by watching it run (see `quiet_callees`). Shared by every
+// thread: relaxed atomics (a thread that reads it stale only observes what it would have).
+struct Learned {
+  // Ends seen with the ops it called observed, nothing met inside it that keeps them observed.
+  std::atomic<uint32_t> seen_whole{0};
+  // A host op (an event, a wait, a synchronization, a host access) or host memory was met inside
+  // it: the ops it calls are always observed, so that each is written in its place among them.
+  std::atomic<bool> keep_callees{false};
+  Learned() = default;
+  Learned(const Learned& o) : seen_whole(o.seen_whole.load()), keep_callees(o.keep_callees.load()) {}
+};
+
 struct OpInfo {
   Kind kind = Kind::Normal;
   std::vector<uint8_t> arg_write;  // per schema argument
@@ -245,6 +257,10 @@ struct OpInfo {
   // `*_like` and `new_*` ops take a tensor for its shape, dtype and device only: no read.
   bool meta_inputs = false;
   int non_blocking_arg = -1;
+  // An aten op whose callees may go unobserved once it is learned to issue nothing but device
+  // work on its own stream (see `quiet_callees`): not a copy, a factory, a collective, a custom op.
+  bool may_quiet = false;
+  mutable Learned learned;
   std::string name;  // quoted
 };
 
@@ -264,6 +280,13 @@ struct Frame {
   c10::DeviceIndex device = 0;
   uint64_t stream = 0;
   bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
+  bool not_float = false;   // an input tensor is not floating point (a mask, indices, counts)
+  bool host_input = false;  // an input region is host memory
+  // The ops it calls are not observed (RecordFunction off on this thread until it ends).
+  bool quiet = false;
+  // Quiet: the device blocks the allocator handed out inside it and did not take back yet
+  // (address, size): its temporaries, written by the kernels of the ops it called.
+  c10::SmallVector<std::pair<uint64_t, uint64_t>, 2> temps;
 
   // Back to a new frame's state, keeping what its lists hold on the heap for the next op.
   void reset() {
@@ -279,6 +302,10 @@ struct Frame {
     device = 0;
     stream = 0;
     stream_set = false;
+    not_float = false;
+    host_input = false;
+    quiet = false;
+    temps.clear();
   }
 };
 
@@ -292,6 +319,7 @@ class FrameStack {
   bool empty() const { return n_ == 0; }
   size_t size() const { return n_; }
   Frame& back() { return *frames_[n_ - 1]; }
+  Frame& operator[](size_t i) { return *frames_[i]; }
   Frame& push() {
     if (n_ == frames_.size()) frames_.push_back(nullptr);
     std::unique_ptr<Frame>& slot = frames_[n_++];
@@ -338,6 +366,7 @@ enum class RecKind : uint8_t {
   Free,    // its free
   Text,    // host ops, as finished lines (`text`)
   Host,    // a host op of c10's GPU trace issued outside ops (`host`), its line written later
+  Temp,    // a temporary of a quiet op, written by the ops it called: a launch named for the op
 };
 
 // The host ops c10's GPU trace reports (see traced_host_op).
@@ -398,6 +427,7 @@ struct Profile {
   std::atomic<uint64_t> resolved{0};   // records written from the queue
   std::atomic<uint64_t> deferred{0};   // records queued
   std::atomic<uint64_t> caught_up{0};  // times a program thread found the queue full and wrote it
+  std::atomic<uint64_t> quieted{0};    // ops whose callees went unobserved
   // Ops recorded in full that wrote nothing of their own (their accesses written by the ops
   // they called, or none), by name; `mu` held.
   std::unordered_map<std::string, uint64_t> unwritten;
@@ -530,6 +560,9 @@ struct State {
   void* pinned_deleter = nullptr;
   std::atomic<bool> profiling{false};  // count each stage's time in `prof`
   std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
+  // The ops an op calls go unobserved once the op is learned to need nothing of them (see
+  // quiet_callees); false: every op is observed (STREAMSAN_CALLEES=all).
+  std::atomic<bool> quiet_callees{true};
   Profile prof;
 };
 
@@ -944,11 +977,17 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
 }
 
 void add_tensor(const at::Tensor& t, bool write, AccessList& out, Frame& fr) {
+  if (t.defined() && !c10::isFloatingType(t.scalar_type()) && !c10::isComplexType(t.scalar_type()) &&
+      !t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    fr.not_float = true;
+  }
   Access a;
   if (!region_of(t, write, a)) return;
   if (a.device) {
     if (!fr.any_device) fr.device = a.device_index;
     fr.any_device = true;
+  } else {
+    fr.host_input = true;
   }
   out.push_back(std::move(a));
 }
@@ -1150,6 +1189,9 @@ const OpInfo& op_info_slow(const at::RecordFunction& fn, bool* by_address) {
                      info.kind != Kind::RecordStream;
   info.copy = name == "aten::copy_" || name == "aten::_to_copy" || name == "aten::to" ||
               starts_with(name, "aten::copy_") || starts_with(name, "aten::to.");
+  info.may_quiet = info.kind == Kind::Normal && starts_with(name, "aten::") && !info.copy &&
+                   !info.factory && !info.pins && !info.meta_inputs && info.non_blocking_arg < 0 &&
+                   name.find("copy") == std::string::npos;
   std::lock_guard<std::mutex> g(S->mu);
   if (label) {
     const OpInfo& known = S->labels.emplace(name, std::move(info)).first->second;
@@ -1757,6 +1799,71 @@ void flush_pending(Frame& fr, bool may_flush = true) {
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn);
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
+// ---------------------------------------------------------------------------------------------
+// Quiet callees
+//
+// Most ops the dispatcher runs are called by other ops (`aten::addmm` by `aten::linear`'s
+// callees, the kernels of the optimizer's `_foreach_` ops, the backward of attention): about half
+// of a model's RecordFunction callbacks, each paid for twice (PyTorch boxes the op's arguments for
+// the observer, the observer looks at them). An op recorded in full already writes every region
+// of its arguments, so what its callees add is little: the temporaries they allocate, use and
+// free inside it (which a later holder of their bytes may race with: `reuse-race`), and the
+// host ops they issue between their kernels (a synchronization inside `aten::index` with a mask:
+// each must be written in its place). An op is quiet (RecordFunction off on its thread until it
+// ends, so none of its callees is observed) once it is learned to need neither:
+// - it is an aten op recorded in full whose input tensors are all floating point (no masks,
+//   indices or counts: the ops whose output shape depends on the data, and which synchronize to
+//   learn it), all in device memory, and not a copy, a factory or a collective;
+// - the first time it ran in the check its callees were observed, and no host op (an event, a
+//   wait, a synchronization, a host access) and no host memory was met inside it then or since;
+// - no other observer listens on the thread (the profiler's callees stay seen).
+// Its temporaries are then written as the op writing them (`RecKind::Temp`): when the allocator
+// takes one back inside the op, before its free, and when the op ends, those it did not take
+// back (a workspace kept for later calls) with the op's own regions. STREAMSAN_CALLEES=all
+// observes every op.
+
+// The ops of the `n` outermost frames of this thread met something that needs their callees
+// observed (see above).
+void keep_callees(ThreadState& t, size_t n) {
+  for (size_t i = 0; i < n && i < t.frames.size(); i++) {
+    const OpInfo* info = t.frames[i].info;
+    if (info != nullptr && !info->learned.keep_callees.load(std::memory_order_relaxed)) {
+      info->learned.keep_callees.store(true, std::memory_order_relaxed);
+    }
+  }
+}
+
+// Whether the op of the innermost frame `fr` (its regions and stream known, its site found) may
+// be quiet.
+bool may_be_quiet(const Frame& fr) {
+  const OpInfo& info = *fr.info;
+  return info.may_quiet && fr.any_device && !fr.not_float && !fr.host_input &&
+         S->quiet_callees.load(std::memory_order_relaxed) &&
+         info.learned.seen_whole.load(std::memory_order_relaxed) > 0 &&
+         !info.learned.keep_callees.load(std::memory_order_relaxed) && at::isRecordFunctionEnabled() &&
+         !at::hasThreadLocalCallbacks();
+}
+
+// A temporary of the quiet op of `fr` (device memory at `addr`, `size` bytes), written by its
+// callees: a launch of the op's stream, named for it, writing the whole block.
+void write_temp(const Frame& fr, uint64_t addr, uint64_t size, bool may_flush) {
+  submit(false, may_flush, [&](Rec& r) {
+    r.site = fr.site;
+    r.stream = fr.stream;
+    r.device = fr.device;
+    r.text = fr.info->name;
+    Access a;
+    a.base = addr;
+    a.bytes = size;
+    a.storage_bytes = size;
+    a.write = true;
+    a.device = true;
+    a.device_index = fr.device;
+    r.all.push_back(std::move(a));
+    r.kind = RecKind::Temp;
+  });
+}
+
 // The callbacks, their time counted whole when profiling.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!S->profiling.load(std::memory_order_relaxed)) return on_start_impl(fn);
@@ -1892,6 +1999,8 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
     return pushed;
   }
   fr.active = true;
+  // Host memory inside the ops that called it: theirs keep their callees observed.
+  if (fr.host_input) keep_callees(t, t.frames.size() - 1);
   // The user's frame, for this op and for what the allocator does inside it.
   // Finding the site may run Python (a code seen for the first time), and Python may run ops of
   // its own on this thread, which push and pop frames: `fr` is not used across it.
@@ -1904,8 +2013,14 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   } else {
     site = op_site(t);
   }
-  t.frames.back().site = site;
+  Frame& me = t.frames.back();
+  me.site = site;
   t.cur_site = site;
+  if (may_be_quiet(me)) {
+    at::enableRecordFunction(false);  // back on when it ends (on_end_impl)
+    me.quiet = true;
+    S->prof.quieted.fetch_add(1, std::memory_order_relaxed);
+  }
   return pushed;
 }
 
@@ -2127,7 +2242,7 @@ void write_alloc(const Rec& r) {
 
 // A kernel launched outside the dispatcher (record_launch); `mu` held.
 void write_launch(Rec& r) {
-  S->triton_launches++;
+  if (r.kind == RecKind::Launch) S->triton_launches++;
   Used used;
   const std::string& stream_id = stream_name(r.stream, r.device);
   for (Access& a : r.all) {
@@ -2144,6 +2259,7 @@ void write_rec(Rec& r) {
       write_op(r);
       break;
     case RecKind::Launch:
+    case RecKind::Temp:
       write_launch(r);
       break;
     case RecKind::Alloc:
@@ -2166,6 +2282,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   // The op's frame, off the stack (see FrameStack): its caller's is the innermost now.
   FrameStack::Taken taken(t.frames);
   Frame& fr = *taken;
+  if (fr.quiet) at::enableRecordFunction(true);  // its callees ran unobserved (on_start_impl)
   Frame* parent = t.frames.empty() ? nullptr : &t.frames.back();
   t.cur_site = parent ? parent->site : kNullSite;
   if (fr.info != nullptr && fr.info->kind == Kind::Composite && S->active.load(std::memory_order_relaxed)) {
@@ -2193,6 +2310,33 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     // the op ran on the stream current now. (A factory's device memory comes from the tracker.)
     fr.stream = current_stream(fr.device);
     fr.stream_set = true;
+  }
+  if (info.may_quiet) {
+    bool host_output = false;
+    for (const Access& o : outs) host_output |= !o.device;
+    // Host memory inside the ops that called it: theirs keep their callees observed.
+    if (host_output) keep_callees(t, t.frames.size());
+    if (!fr.quiet && !info.learned.keep_callees.load(std::memory_order_relaxed) &&
+        info.learned.seen_whole.load(std::memory_order_relaxed) == 0) {
+      info.learned.seen_whole.store(1, std::memory_order_relaxed);
+    }
+  }
+  if (fr.quiet) {
+    // The temporaries its callees left allocated (a workspace kept for its next calls) are
+    // among what it wrote; its outputs are already.
+    for (const auto& temp : fr.temps) {
+      bool output = false;
+      for (const Access& o : outs) output |= o.base == temp.first;
+      if (output) continue;
+      Access a;
+      a.base = temp.first;
+      a.bytes = temp.second;
+      a.storage_bytes = temp.second;
+      a.write = true;
+      a.device = true;
+      a.device_index = fr.device;
+      fr.accesses.push_back(std::move(a));
+    }
   }
   if (fr.accesses.empty() && outs.empty()) {
     if (profiling) {
@@ -2266,6 +2410,20 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
   const Site site = t.cur_site;
   const bool outside_capture = alloc && (pool.first != 0 || pool.second != 0) &&
                                S->captures.load(std::memory_order_relaxed) == 0;
+  if (!t.frames.empty() && t.frames.back().quiet) {
+    // A temporary of a quiet op (see "Quiet callees"): written by it before it is freed.
+    Frame& fr = t.frames.back();
+    if (alloc) {
+      fr.temps.emplace_back(addr, size);
+    } else {
+      for (size_t i = 0; i < fr.temps.size(); i++) {
+        if (fr.temps[i].first != addr) continue;
+        write_temp(fr, addr, fr.temps[i].second, false);
+        fr.temps.erase(fr.temps.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
+  }
   submit(false, false, [&](Rec& r) {
     r.site = site;
     r.addr = addr;
@@ -2539,7 +2697,7 @@ void reset() {
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
                   &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
                   &S->prof.callback_total, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
-                  &S->prof.caught_up}) {
+                  &S->prof.caught_up, &S->prof.quieted}) {
     c->store(0);
   }
   S->prof.unwritten.clear();
@@ -2714,6 +2872,7 @@ void fake_pin(const at::Tensor& t) {
 void put_host_op(std::string line) {
   ThreadState& t = tls();
   if (!t.frames.empty()) {
+    keep_callees(t, t.frames.size());
     t.frames.back().pending.push_back(std::move(line));
     return;
   }
@@ -3066,6 +3225,7 @@ bool host_access(const at::Tensor& t, bool write) {
   put_site(line, site);
   ThreadState& th = tls();
   if (!th.frames.empty()) {
+    keep_callees(th, th.frames.size());
     th.frames.back().pending.push_back(std::move(line));
   } else {
     S->batch += line;
@@ -3111,6 +3271,7 @@ py::dict counters() {
   d["tracker"] = S->tracker_attached;
   d["deferring"] = S->defer.load();
   d["queue_caught_up"] = S->prof.caught_up.load();
+  d["quiet_ops"] = S->prof.quieted.load();
   d["resolver_errors"] = S->resolver_errors.load();
   return d;
 }
@@ -3146,6 +3307,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("host_access", &host_access);
   m.def("counters", &counters);
   m.def("install_gpu_trace", &install_gpu_trace);
+  m.def("set_quiet_callees", [](bool on) { S->quiet_callees.store(on); });
   m.def("uninstall_gpu_trace", &uninstall_gpu_trace);
   m.def("fake_gpu_trace", &fake_gpu_trace);
   m.def("gpu_trace_is_ours", &gpu_trace_is_ours);
