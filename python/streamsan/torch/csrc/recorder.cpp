@@ -239,8 +239,11 @@ struct Learned {
   // A host op (an event, a wait, a synchronization, a host access) or host memory was met inside
   // it: the ops it calls are always observed, so that each is written in its place among them.
   std::atomic<bool> keep_callees{false};
+  // An op was seen beginning inside it (else there is nothing to quiet: RecordFunction stays on).
+  std::atomic<bool> has_callees{false};
   Learned() = default;
-  Learned(const Learned& o) : seen_whole(o.seen_whole.load()), keep_callees(o.keep_callees.load()) {}
+  Learned(const Learned& o)
+      : seen_whole(o.seen_whole.load()), keep_callees(o.keep_callees.load()), has_callees(o.has_callees.load()) {}
 };
 
 struct OpInfo {
@@ -1837,10 +1840,10 @@ void keep_callees(ThreadState& t, size_t n) {
 // be quiet.
 bool may_be_quiet(const Frame& fr) {
   const OpInfo& info = *fr.info;
-  return info.may_quiet && fr.any_device && !fr.not_float && !fr.host_input &&
-         S->quiet_callees.load(std::memory_order_relaxed) &&
+  return info.may_quiet && info.learned.has_callees.load(std::memory_order_relaxed) &&
          info.learned.seen_whole.load(std::memory_order_relaxed) > 0 &&
-         !info.learned.keep_callees.load(std::memory_order_relaxed) && at::isRecordFunctionEnabled() &&
+         !info.learned.keep_callees.load(std::memory_order_relaxed) && fr.any_device && !fr.not_float &&
+         !fr.host_input && S->quiet_callees.load(std::memory_order_relaxed) && at::isRecordFunctionEnabled() &&
          !at::hasThreadLocalCallbacks();
 }
 
@@ -1958,6 +1961,13 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   const uint64_t t0 = profiling ? now_ns() : 0;
   if (profiling) S->prof.callbacks++;
   const OpInfo& info = op_info(fn, t);
+  if (!t.frames.empty()) {
+    // An op inside another: that one has callees to quiet (see "Quiet callees").
+    const OpInfo* caller = t.frames.back().info;
+    if (caller != nullptr && !caller->learned.has_callees.load(std::memory_order_relaxed)) {
+      caller->learned.has_callees.store(true, std::memory_order_relaxed);
+    }
+  }
   if (info.kind == Kind::Skip) return nullptr;
   if (info.kind == Kind::SetStorage && !set_grows(fn)) return nullptr;
   std::unique_ptr<at::ObserverContext> pushed = std::make_unique<Pushed>();
