@@ -38,6 +38,7 @@
 
 #include <torch/extension.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/Stream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -1817,9 +1818,13 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* ctx);
 // - it is an aten op recorded in full whose input tensors are all floating point (no masks,
 //   indices or counts: the ops whose output shape depends on the data, and which synchronize to
 //   learn it), all in device memory, and not a copy, a factory or a collective;
-// - the first time it ran in the check its callees were observed, and no host op (an event, a
-//   wait, a synchronization, a host access) and no host memory was met inside it then or since;
-// - no other observer listens on the thread (the profiler's callees stay seen).
+// - it was seen calling other ops, the first time it ran in the process its callees were
+//   observed, and no host op (an event, a wait, a synchronization, a host access), no host
+//   memory and no callee that pins memory, is a collective, a custom op or a record_stream was
+//   met inside it then or since;
+// - autocast is off on the thread (it keeps casts of its arguments for later calls: memory an op
+//   reads that is neither its argument nor its temporary), and no thread-local observer listens
+//   there (the profiler's callees stay seen).
 // Its temporaries are then written as the op writing them (`RecKind::Temp`): when the allocator
 // takes one back inside the op, before its free, and when the op ends, those it did not take
 // back (a workspace kept for later calls) with the op's own regions. STREAMSAN_CALLEES=all
@@ -1844,7 +1849,8 @@ bool may_be_quiet(const Frame& fr) {
          info.learned.seen_whole.load(std::memory_order_relaxed) > 0 &&
          !info.learned.keep_callees.load(std::memory_order_relaxed) && fr.any_device && !fr.not_float &&
          !fr.host_input && S->quiet_callees.load(std::memory_order_relaxed) && at::isRecordFunctionEnabled() &&
-         !at::hasThreadLocalCallbacks();
+         !at::hasThreadLocalCallbacks() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
+         !at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 // A temporary of the quiet op of `fr` (device memory at `addr`, `size` bytes), written by its
@@ -1962,10 +1968,16 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   if (profiling) S->prof.callbacks++;
   const OpInfo& info = op_info(fn, t);
   if (!t.frames.empty()) {
-    // An op inside another: that one has callees to quiet (see "Quiet callees").
+    // An op inside another: that one has callees to quiet (see "Quiet callees"), unless this one
+    // pins memory, is a collective, a custom op or a record_stream: then the ops around it keep
+    // their callees observed (a copy to or from host memory does too: see its start, below).
     const OpInfo* caller = t.frames.back().info;
     if (caller != nullptr && !caller->learned.has_callees.load(std::memory_order_relaxed)) {
       caller->learned.has_callees.store(true, std::memory_order_relaxed);
+    }
+    if (info.pins || (info.syncs_first && info.kind != Kind::Skip) || info.kind == Kind::Collective ||
+        info.kind == Kind::RecordStream) {
+      keep_callees(t, t.frames.size());
     }
   }
   if (info.kind == Kind::Skip) return nullptr;
