@@ -157,6 +157,40 @@ def test_under_autocast_no_op_is_quiet(monkeypatch, tmp_path):
     assert 1 <= names.count("aten::mean") <= 2 and names.count("aten::sum") >= 3, names
 
 
+def test_by_default_every_op_is_observed(monkeypatch, tmp_path):
+    torch = torch_or_skip()
+    native_ext_or_skip()
+    import streamsan.torch
+
+    monkeypatch.delenv("STREAMSAN_CALLEES", raising=False)
+    run = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True)
+    with run:
+        run._recorder.backend.ext.set_fake_stream(0)
+        x = torch.ones(256, 64)
+        for _ in range(4):
+            x.mean(dim=1)
+        counters = run._recorder.backend.ext.counters()
+    assert counters["quiet_ops"] == 0
+
+
+def test_under_saved_tensor_hooks_no_op_is_quiet(monkeypatch, tmp_path):
+    """A pack hook runs inside the op that saves the tensor (an offloading one copies it on a
+    stream of its own): under saved-tensor hooks every op is observed."""
+    torch = torch_or_skip()
+    w = torch.ones(64, 64, requires_grad=True)
+
+    def body(run):
+        run._recorder.backend.ext.set_fake_stream(0)
+        x = torch.ones(256, 64)
+        (x @ w).mean(dim=1)  # learned outside the hooks
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+            return [(x @ w).mean(dim=1) for _ in range(3)]
+
+    _, ops, counters = _check(monkeypatch, tmp_path, "learn", body, "hooks")
+    names = [o.get("name") for o in ops if o["op"] == "launch"]
+    assert names.count("aten::mean") <= 1 and names.count("aten::sum") >= 3, names
+
+
 @pytest.mark.parametrize("callees", ["all", "learn"])
 def test_the_mlp_step_is_checked_the_same_with_callees_quiet(monkeypatch, tmp_path, callees):
     """Training steps of an MLP (linear, relu, mse, backward, SGD): the same report either way."""

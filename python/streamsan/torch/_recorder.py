@@ -982,9 +982,10 @@ class NativeBackend:
             defer = os.environ.get("STREAMSAN_DEFER", "1").strip().lower()
             self.ext.set_defer(defer != "0", defer == "all")
         if hasattr(self.ext, "set_quiet_callees"):
-            # `all`: every op observed, the ops other ops call included (see "Quiet callees" in
-            # the recorder); by default an op learned to need nothing of its callees hides them.
-            self.ext.set_quiet_callees(os.environ.get("STREAMSAN_CALLEES", "").strip().lower() != "all")
+            # Every op observed, the ops other ops call included (the default, `all`); `learn`: an
+            # op learned to need nothing of its callees hides them (see "Quiet callees" in the
+            # recorder and docs/pytorch.md).
+            self.ext.set_quiet_callees(os.environ.get("STREAMSAN_CALLEES", "").strip().lower() == "learn")
         if self.rec.raw_sink is not None and hasattr(self.ext, "set_raw_sink"):
             self.ext.set_raw_sink(self.rec.raw_sink)
         self.ext.set_active(True)

@@ -38,7 +38,9 @@
 
 #include <torch/extension.h>
 
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/record_function.h>
 #include <c10/core/Stream.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -232,8 +234,9 @@ enum class Kind : uint8_t {
   SetStorage,    // aten::set_: the tensor object only, unless the storage must grow (set_grows)
 };
 
-// What the recorder learns about an op by watching it run (see `quiet_callees`). Shared by every
-// thread: relaxed atomics (a thread that reads it stale only observes what it would have).
+// What the recorder learns about an op by watching it run (see "Quiet callees"). Shared by every
+// thread, relaxed atomics: each flag only ever goes one way, and a thread that reads one stale
+// may quiet an op the moment after another thread learned it must not be.
 struct Learned {
   // Ends seen with the ops it called observed, nothing met inside it that keeps them observed.
   std::atomic<uint32_t> seen_whole{0};
@@ -286,11 +289,21 @@ struct Frame {
   bool stream_set = false;  // `stream` is the op's (else found when a device output appears)
   bool not_float = false;   // an input tensor is not floating point (a mask, indices, counts)
   bool host_input = false;  // an input region is host memory
+  // An input tensor has no strided storage of its own or reaches Python (sparse, a wrapper
+  // subclass such as DTensor): what touches its parts is other ops.
+  bool opaque_input = false;
+  // May be quiet, learning aside (see may_be_quiet): a call that teaches `seen_whole`.
+  bool eligible = false;
+  int exceptions = 0;  // std::uncaught_exceptions() when it began
   // The ops it calls are not observed (RecordFunction off on this thread until it ends).
   bool quiet = false;
-  // Quiet: the device blocks the allocator handed out inside it and did not take back yet
-  // (address, size): its temporaries, written by the kernels of the ops it called.
-  c10::SmallVector<std::pair<uint64_t, uint64_t>, 2> temps;
+  // Quiet: the device blocks the allocator handed out inside it and did not take back yet: its
+  // temporaries, written by the kernels of the ops it called.
+  struct Temp {
+    uint64_t addr, size, stream;
+    c10::DeviceIndex device;
+  };
+  c10::SmallVector<Temp, 2> temps;
 
   // Back to a new frame's state, keeping what its lists hold on the heap for the next op.
   void reset() {
@@ -308,6 +321,9 @@ struct Frame {
     stream_set = false;
     not_float = false;
     host_input = false;
+    opaque_input = false;
+    eligible = false;
+    exceptions = 0;
     quiet = false;
     temps.clear();
   }
@@ -565,8 +581,8 @@ struct State {
   std::atomic<bool> profiling{false};  // count each stage's time in `prof`
   std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
   // The ops an op calls go unobserved once the op is learned to need nothing of them (see
-  // quiet_callees); false: every op is observed (STREAMSAN_CALLEES=all).
-  std::atomic<bool> quiet_callees{true};
+  // "Quiet callees"; STREAMSAN_CALLEES=learn); false (the default): every op is observed.
+  std::atomic<bool> quiet_callees{false};
   Profile prof;
 };
 
@@ -984,6 +1000,10 @@ void add_tensor(const at::Tensor& t, bool write, AccessList& out, Frame& fr) {
   if (t.defined() && !c10::isFloatingType(t.scalar_type()) && !c10::isComplexType(t.scalar_type()) &&
       !t.unsafeGetTensorImpl()->is_wrapped_number()) {
     fr.not_float = true;
+  }
+  if (t.defined() && (!t.has_storage() || t.layout() != c10::kStrided ||
+                      t.key_set().has(c10::DispatchKey::Python))) {
+    fr.opaque_input = true;
   }
   Access a;
   if (!region_of(t, write, a)) return;
@@ -1804,31 +1824,33 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
 // ---------------------------------------------------------------------------------------------
-// Quiet callees
+// Quiet callees (STREAMSAN_CALLEES=learn; off by default)
 //
-// Most ops the dispatcher runs are called by other ops (`aten::addmm` by `aten::linear`'s
-// callees, the kernels of the optimizer's `_foreach_` ops, the backward of attention): about half
-// of a model's RecordFunction callbacks, each paid for twice (PyTorch boxes the op's arguments for
-// the observer, the observer looks at them). An op recorded in full already writes every region
-// of its arguments, so what its callees add is little: the temporaries they allocate, use and
-// free inside it (which a later holder of their bytes may race with: `reuse-race`), and the
-// host ops they issue between their kernels (a synchronization inside `aten::index` with a mask:
-// each must be written in its place). An op is quiet (RecordFunction off on its thread until it
-// ends, so none of its callees is observed) once it is learned to need neither:
-// - it is an aten op recorded in full whose input tensors are all floating point (no masks,
-//   indices or counts: the ops whose output shape depends on the data, and which synchronize to
-//   learn it), all in device memory, and not a copy, a factory or a collective;
-// - it was seen calling other ops, the first time it ran in the process its callees were
-//   observed, and no host op (an event, a wait, a synchronization, a host access), no host
-//   memory and no callee that pins memory, is a collective, a custom op or a record_stream was
-//   met inside it then or since;
-// - autocast is off on the thread (it keeps casts of its arguments for later calls: memory an op
-//   reads that is neither its argument nor its temporary), and no thread-local observer listens
-//   there (the profiler's callees stay seen).
-// Its temporaries are then written as the op writing them (`RecKind::Temp`): when the allocator
-// takes one back inside the op, before its free, and when the op ends, those it did not take
-// back (a workspace kept for later calls) with the op's own regions. STREAMSAN_CALLEES=all
-// observes every op.
+// Many ops the dispatcher runs are called by other ops (the kernels of a composite, the ops of an
+// optimizer's `_foreach_` kernels on the CPU), each callback paid for twice (PyTorch boxes the
+// op's arguments for the observer, the observer looks at them). An op recorded in full already
+// writes every region of its arguments, so what its callees add is little: the temporaries they
+// allocate, use and free inside it (which a later holder of their bytes may race with:
+// `reuse-race`), and the host ops they issue between their kernels (a synchronization inside
+// `aten::index` with a mask: each must be written in its place). When asked for, an op is quiet
+// (RecordFunction off on its thread until it ends, so none of its callees is observed) once it is
+// learned to need neither:
+// - it is an aten op recorded in full, not a copy, a factory or a collective, whose inputs are
+//   plain strided tensors in device memory, all floating point (no masks, indices or counts:
+//   the ops whose output shape depends on the data, and which synchronize to learn it);
+// - nothing on the thread runs code of its own inside it or listens to its callees: autocast (it
+//   keeps casts of an op's arguments for later calls), a dispatch mode, saved-tensor hooks (an
+//   offloading pack hook copies on a stream of its own), a thread-local observer;
+// - it was seen calling other ops, a call as eligible as this one was observed whole to its end,
+//   and no host op (an event, a wait, a synchronization, a host access, as the GPU trace and the
+//   hooks report them), no host memory, no callee that pins memory, is a collective, a custom op
+//   or a record_stream, and no temporary on another stream was met inside it then or since.
+// Its temporaries are then written as the op writing them (`RecKind::Temp`, on the block's
+// stream): when the allocator takes one back inside the op, before its free, and when the op
+// ends, those it did not take back (a workspace kept for later calls), with the op's own regions.
+// What is learned holds for the process. Not exact: a host op first met inside a quiet call
+// (learned from then on) is written with the op's pending host ops, before its single launch;
+// a global observer other than this one does not see a quiet op's callees.
 
 // The ops of the `n` outermost frames of this thread met something that needs their callees
 // observed (see above).
@@ -1841,33 +1863,44 @@ void keep_callees(ThreadState& t, size_t n) {
   }
 }
 
-// Whether the op of the innermost frame `fr` (its regions and stream known, its site found) may
-// be quiet.
-bool may_be_quiet(const Frame& fr) {
-  const OpInfo& info = *fr.info;
-  return info.may_quiet && info.learned.has_callees.load(std::memory_order_relaxed) &&
-         info.learned.seen_whole.load(std::memory_order_relaxed) > 0 &&
-         !info.learned.keep_callees.load(std::memory_order_relaxed) && fr.any_device && !fr.not_float &&
-         !fr.host_input && S->quiet_callees.load(std::memory_order_relaxed) && at::isRecordFunctionEnabled() &&
-         !at::hasThreadLocalCallbacks() && !at::autocast::is_autocast_enabled(at::kCUDA) &&
-         !at::autocast::is_autocast_enabled(at::kCPU);
+// Whether the op of the innermost frame `fr` (its regions and stream known, its site found) could
+// be quiet, what was learned of it aside: an aten op with device inputs alone, all floating point
+// and plain tensors, and nothing on the thread that runs code of its own inside it (autocast and
+// its kept casts, a dispatch mode, saved-tensor hooks) or listens to its callees (a thread-local
+// observer).
+bool quiet_eligible(const Frame& fr) {
+  return fr.info->may_quiet && fr.any_device && !fr.not_float && !fr.host_input && !fr.opaque_input &&
+         at::isRecordFunctionEnabled() && !at::hasThreadLocalCallbacks() &&
+         !at::autocast::is_autocast_enabled(at::kCUDA) && !at::autocast::is_autocast_enabled(at::kCPU) &&
+         c10::impl::TorchDispatchModeTLS::stack_len() == 0 &&
+         at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
 }
 
-// A temporary of the quiet op of `fr` (device memory at `addr`, `size` bytes), written by its
-// callees: a launch of the op's stream, named for it, writing the whole block.
-void write_temp(const Frame& fr, uint64_t addr, uint64_t size, bool may_flush) {
+// Whether the eligible op of `fr` is quiet now: quiet callees asked for, and learned to need
+// nothing of its callees.
+bool may_be_quiet(const Frame& fr) {
+  const OpInfo& info = *fr.info;
+  return S->quiet_callees.load(std::memory_order_relaxed) &&
+         info.learned.has_callees.load(std::memory_order_relaxed) &&
+         info.learned.seen_whole.load(std::memory_order_relaxed) > 0 &&
+         !info.learned.keep_callees.load(std::memory_order_relaxed);
+}
+
+// A temporary of the quiet op of `fr`, written by its callees: a launch on the block's stream,
+// named for the op, writing the whole block.
+void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
   submit(false, may_flush, [&](Rec& r) {
     r.site = fr.site;
-    r.stream = fr.stream;
-    r.device = fr.device;
+    r.stream = temp.stream;
+    r.device = temp.device;
     r.text = fr.info->name;
     Access a;
-    a.base = addr;
-    a.bytes = size;
-    a.storage_bytes = size;
+    a.base = temp.addr;
+    a.bytes = temp.size;
+    a.storage_bytes = temp.size;
     a.write = true;
     a.device = true;
-    a.device_index = fr.device;
+    a.device_index = temp.device;
     r.all.push_back(std::move(a));
     r.kind = RecKind::Temp;
   });
@@ -2038,7 +2071,9 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   Frame& me = t.frames.back();
   me.site = site;
   t.cur_site = site;
-  if (may_be_quiet(me)) {
+  me.eligible = info.may_quiet && quiet_eligible(me);
+  me.exceptions = std::uncaught_exceptions();
+  if (me.eligible && may_be_quiet(me)) {
     at::enableRecordFunction(false);  // back on when it ends (on_end_impl)
     me.quiet = true;
     S->prof.quieted.fetch_add(1, std::memory_order_relaxed);
@@ -2338,7 +2373,10 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     for (const Access& o : outs) host_output |= !o.device;
     // Host memory inside the ops that called it: theirs keep their callees observed.
     if (host_output) keep_callees(t, t.frames.size());
-    if (!fr.quiet && !info.learned.keep_callees.load(std::memory_order_relaxed) &&
+    // Seen whole: a call that could have been quiet, observed to its end (not cut short by an
+    // exception, before callees it did not reach).
+    if (fr.eligible && !fr.quiet && std::uncaught_exceptions() == fr.exceptions &&
+        !info.learned.keep_callees.load(std::memory_order_relaxed) &&
         info.learned.seen_whole.load(std::memory_order_relaxed) == 0) {
       info.learned.seen_whole.store(1, std::memory_order_relaxed);
     }
@@ -2348,12 +2386,16 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     // among what it wrote; its outputs are already.
     for (const auto& temp : fr.temps) {
       bool output = false;
-      for (const Access& o : outs) output |= o.base == temp.first;
+      for (const Access& o : outs) output |= o.base == temp.addr;
       if (output) continue;
+      if (temp.stream != fr.stream || temp.device != fr.device) {
+        write_temp(fr, temp, true);  // on its own stream, before the op's record
+        continue;
+      }
       Access a;
-      a.base = temp.first;
-      a.bytes = temp.second;
-      a.storage_bytes = temp.second;
+      a.base = temp.addr;
+      a.bytes = temp.size;
+      a.storage_bytes = temp.size;
       a.write = true;
       a.device = true;
       a.device_index = fr.device;
@@ -2436,11 +2478,15 @@ void traced(bool alloc, uint64_t addr, uint64_t size, uint64_t stream, c10::Devi
     // A temporary of a quiet op (see "Quiet callees"): written by it before it is freed.
     Frame& fr = t.frames.back();
     if (alloc) {
-      fr.temps.emplace_back(addr, size);
+      fr.temps.push_back(Frame::Temp{addr, size, stream, device});
+      // Work on another stream inside it: written there, and its callees observed from now on.
+      if ((stream != fr.stream || device != fr.device) && fr.info != nullptr) {
+        fr.info->learned.keep_callees.store(true, std::memory_order_relaxed);
+      }
     } else {
       for (size_t i = 0; i < fr.temps.size(); i++) {
-        if (fr.temps[i].first != addr) continue;
-        write_temp(fr, addr, fr.temps[i].second, false);
+        if (fr.temps[i].addr != addr) continue;
+        write_temp(fr, fr.temps[i], false);
         fr.temps.erase(fr.temps.begin() + static_cast<std::ptrdiff_t>(i));
         break;
       }
