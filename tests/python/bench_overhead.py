@@ -211,8 +211,8 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     iterations, then the same block under a check of its own (entered and finished in the timing:
     its set-up and report are part of the cost), then under a check whose recorder observes only
     (STREAMSAN_PROFILE=observe: called at every op, recording nothing), one with its stages
-    timed (STREAMSAN_PROFILE=1), one observing every op, the ops other ops call included
-    (`every_op`: STREAMSAN_CALLEES=all), and one writing its records on the program's thread
+    timed (STREAMSAN_PROFILE=1), one with quiet callees (`quiet`: STREAMSAN_CALLEES=learn), and
+    one writing its records on the program's thread
     (`at_once`: STREAMSAN_DEFER=0). Microseconds per iteration, the median of `rounds` rounds after a
     warm-up of each; the stages of the median timed round, per iteration. `device="cpu"`: the
     workload (mlp or tiny) on CPU tensors standing for device memory (the recorder's fake device,
@@ -231,7 +231,7 @@ def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
 
     def checked(mode: str):
         env = {"STREAMSAN_DEFER": "0" if mode == "at_once" else deferred,
-               "STREAMSAN_CALLEES": "all" if mode == "every_op" else "learn"}
+               "STREAMSAN_CALLEES": "learn" if mode == "quiet" else "all"}
         with mock.patch.dict(os.environ, env):
             t0 = time.perf_counter()
             with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu",
@@ -243,7 +243,7 @@ def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
             us = (time.perf_counter() - t0) / iters * 1e6
         return us, r, stats
 
-    modes = ["plain", "streamsan", "every_op", "at_once", "observe", "stages"]
+    modes = ["plain", "streamsan", "quiet", "at_once", "observe", "stages"]
     samples: dict = {m: [] for m in modes}
     stages, errors = [], set()
     for rnd in range(rounds + 1):
