@@ -12,6 +12,8 @@
 # Both suites in one run need more than 570 s to be measured in full (each alone needs most of its
 # default); under a limit of 600 s a command, run REALCODE_SET=realcode, REALCODE_SET=compiled and
 # REALCODE_SET=extra as separate commands. A step the deadline cuts short still prints what it has ("not run: deadline").
+# On a fresh machine the C++ recorder's build takes over a minute of that (it may take up to
+# 150 s, before the cost steps' time): give such a run its defaults.
 #
 # WHEELDIR holds the streamsan wheel built on a machine with Rust (abi3, any CPython >= 3.9):
 #   maturin build --release --strip --out .device/wheels
@@ -158,9 +160,12 @@ export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 python3 -c 'import streamsan, streamsan.torch; print("streamsan", streamsan.__version__, "from", streamsan.__file__)' 2>&1 | tee -a "$log"
 
 note "build the C++ recorder (in $STREAMSAN_TORCH_EXT_DIR) and run the compiled programs ($suite) once"
-RESERVE=$((cost_s + csan_cost_s + 70)) # the verdicts need a minute at least
+# The build before the cost steps' time: without it the C++ recorder's steps build it
+# themselves, each inside its own limit (a fresh machine takes over a minute).
+RESERVE=60
 run build 150 "$tmp/build.out" python3 -c 'from streamsan.torch import _native; print(_native.load(verbose=True).__file__)' &
 p_build=$!
+RESERVE=$((cost_s + csan_cost_s + 70)) # the verdicts need a minute at least
 # every selected program of the compiled suite once, uninstrumented (realcode's set: the compiled
 # LLM decode alone): Inductor's and Triton's caches filled for the processes of steps 2 and 3
 run warm "$warm_limit" "$tmp/warm.json" env TORCHINDUCTOR_COMPILE_THREADS="${REALCODE_COMPILE_THREADS:-4}" \
