@@ -1,7 +1,7 @@
-"""Quiet callees on a GPU (docs/architecture.md, "Quiet callees"): an op whose callees ran
-unobserved still writes its temporaries, so a temporary that takes the block of a tensor freed
-while another stream reads it is a `reuse-race` at the op's line, as with every op observed, and
-the corruption is real."""
+"""Quiet callees on a GPU (STREAMSAN_CALLEES=learn; docs/pytorch.md, "Quiet callees"): an op
+whose callees ran unobserved still writes its temporaries, so a temporary that takes the block
+of a tensor freed while another stream reads it is a `reuse-race` at the op's line, as with
+every op observed, and the corruption is real."""
 
 from __future__ import annotations
 

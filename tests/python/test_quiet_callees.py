@@ -1,6 +1,6 @@
-"""The C++ recorder's quiet callees (docs/architecture.md, "Quiet callees"): an aten op recorded
-in full, once learned to issue nothing but device work on its own stream, runs with
-RecordFunction off for its callees. On the CPU (fake device: CPU tensors stand for device
+"""The C++ recorder's quiet callees (STREAMSAN_CALLEES=learn; docs/pytorch.md, "Quiet callees"):
+an aten op recorded in full, once learned to issue nothing but device work on its own stream,
+runs with RecordFunction off for its callees. On the CPU (fake device: CPU tensors stand for device
 memory; host ops are pushed as c10's GPU trace would)."""
 
 from __future__ import annotations
