@@ -189,6 +189,33 @@ def test_what_is_recorded_before_the_program_waits_is_checked_while_it_waits(mon
     assert run.report.errors == 0
 
 
+def test_what_is_queued_at_the_end_goes_to_the_checker_batch_by_batch(monkeypatch):
+    """At the check's end what is still queued is written and handed to the checker's raw sink
+    as each batch fills (the checker checks the first while the rest are written), nothing of
+    it through Python; the report is the one of a check written at once."""
+    ext = _ext()
+    import torch
+
+    reports = {}
+    for defer in ("0", "all"):
+        monkeypatch.setenv("STREAMSAN_DEFER", defer)
+        ext.bench_ablate(32)  # kResolverPaused: everything is left for the end (or the full queue)
+        through_python = []
+        run = _run(threaded=True)
+        try:
+            with run:
+                sink = run._sink
+                run._recorder.sink = lambda data: (through_python.append(len(data)), sink(data))
+                kept = _program(ext, torch)
+        finally:
+            ext.bench_ablate(0)
+        del kept
+        reports[defer] = run.report.to_json()
+        if defer == "all":
+            assert sum(through_python) == 0, through_python
+    assert reports["all"] == reports["0"]
+
+
 @pytest.mark.parametrize("backend", ["native", "python"])
 def test_a_child_forked_inside_a_check_leaves_it_unchecked_and_says_so(monkeypatch, backend):
     """A child that goes on after a fork inside a check, runs ops (more than a batch's worth)

@@ -992,6 +992,10 @@ class NativeBackend:
 
     def stop(self) -> None:
         self.ext.set_active(False)
+        if self.rec.raw_sink is not None and hasattr(self.ext, "flush_to_sink"):
+            # What is queued goes to the checker batch by batch as it is written (the checker
+            # checks the first while the rest are written), not in one piece after.
+            self.ext.flush_to_sink()
         if hasattr(self.ext, "set_raw_sink"):
             # Waits for a hand-over in progress: what is left goes through Python's sink, after it.
             self.ext.set_raw_sink(None)

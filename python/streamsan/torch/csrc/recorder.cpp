@@ -1594,10 +1594,37 @@ constexpr size_t kMaxQueued = 4096;
 
 void write_rec(Rec& r);
 
+// Hands the batch to the checker's raw sink when it passes the threshold (or, `whole`, whatever
+// it holds); `mu` held (batches leave in the order they were written), `raw_mu` taken. The push
+// may wait while the checker's queue is full: the program is held back, as at any hand-over.
+// False when there is no raw sink.
+bool hand_over_locked(bool whole) {
+  if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return true;
+  std::lock_guard<std::mutex> r(S->raw_mu);
+  const RawSink* raw = S->raw_sink;
+  if (raw == nullptr) return false;
+  if (ablating(kAblateChecker)) {
+    S->batch.clear();
+    return true;
+  }
+  std::string out;
+  cut_batch(out, whole);
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  if (profiling) count_handover(t0);
+  if (rc != 0) S->raw_refused_bytes += out.size();
+  out.clear();
+  if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
+  return true;
+}
+
 // Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
-// host memory (see written_at_once), whose release may reach the GPU trace. Returns how many
-// there were.
-size_t resolve_queued() {
+// host memory (see written_at_once), whose release may reach the GPU trace. `hand_over`: each
+// batch goes to the raw sink as soon as it is full (the resolver's thread, and the end of a
+// check: the checker checks the first batches while the last are written), never inside the
+// allocator's tracker or an op's callback. Returns how many records there were.
+size_t resolve_queued(bool hand_over = false) {
   std::vector<Rec>& work = S->resolving;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
@@ -1612,7 +1639,10 @@ size_t resolve_queued() {
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
   try {
-    for (Rec& r : work) write_rec(r);
+    for (Rec& r : work) {
+      write_rec(r);
+      if (hand_over && S->batch.size() >= S->threshold) hand_over_locked(false);
+    }
   } catch (...) {
     // Out of memory writing a line: the rest of these records are lost, and the check says so
     // (`resolver_errors`: the trace is incomplete) rather than failing the op that wrote them.
@@ -1714,7 +1744,7 @@ void resolver_main() {
       bool quiet;
       {
         std::lock_guard<std::mutex> g(S->mu);
-        quiet = resolve_queued() == 0;
+        quiet = resolve_queued(true) == 0;
         flush = S->batch.size() >= S->threshold || (quiet && !S->batch.empty());
       }
       if (flush) flush_batch(false, quiet);
@@ -2774,6 +2804,17 @@ void reset() {
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
 void set_captures(int n) { S->captures.store(n); }
 
+// The end of a check, once nothing more is recorded: writes what is queued and hands every batch
+// to the raw sink as it fills, the last one whole, so that the checker checks the first while
+// the rest are written. False when there is no raw sink (`drain` then gives what is left). GIL
+// released.
+bool flush_to_sink() {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> g(S->mu);
+  resolve_queued(true);
+  return hand_over_locked(true);
+}
+
 py::bytes drain() {
   std::string out;
   {
@@ -3361,6 +3402,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_internal", &set_internal);
   m.def("reset", &reset);
   m.def("drain", &drain);
+  m.def("flush_to_sink", &flush_to_sink);
   m.def("name_stream", &name_stream);
   m.def("stream_id", &stream_id);
   m.def("set_fake_stream", &set_fake_stream);
