@@ -302,6 +302,17 @@ struct Frame {
   struct Temp {
     uint64_t addr, size, stream;
     c10::DeviceIndex device;
+    // The whole block, written.
+    Access written() const {
+      Access a;
+      a.base = addr;
+      a.bytes = size;
+      a.storage_bytes = size;
+      a.write = true;
+      a.device = true;
+      a.device_index = device;
+      return a;
+    }
   };
   c10::SmallVector<Temp, 2> temps;
 
@@ -1419,26 +1430,47 @@ bool resolve(Access& a, const std::string& site, const std::string* stream = nul
   return true;
 }
 
-// Takes the batch out when it is large enough (the next one goes into the buffer the previous
-// one was handed over from: no growing a new one by doubling each time); `mu` held.
+// Whether the batch is to be handed over: it is large enough, or (`whole`) holds anything;
+// `mu` held.
+bool batch_full(bool whole = false) {
+  return !S->batch.empty() && (whole || S->batch.size() >= S->threshold);
+}
+
+// Takes the batch out when it is to be handed over (batch_full; the next one goes into the buffer
+// the previous one was handed over from: no growing a new one by doubling each time); `mu` held.
 bool cut_batch(std::string& out, bool whole = false) {
-  if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return false;
+  if (!batch_full(whole)) return false;
   out.swap(S->batch);
   S->batch.swap(S->spare_batch);
   return true;
 }
 
-// Keeps an emptied batch buffer for the next batch; `mu` not held.
-void keep_buffer(std::string& out) {
+// Keeps an emptied batch buffer for the next batch; `mu` held.
+void keep_buffer_locked(std::string& out) {
   out.clear();
-  std::lock_guard<std::mutex> g(S->mu);
   if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
+}
+
+// The same, `mu` not held.
+void keep_buffer(std::string& out) {
+  std::lock_guard<std::mutex> g(S->mu);
+  keep_buffer_locked(out);
 }
 
 // Counts a hand-over that began at `t0` (profiling on).
 void count_handover(uint64_t t0) {
   S->prof.handover += now_ns() - t0;
   S->prof.batches++;
+}
+
+// Hands `out` to the checker's raw sink `raw` (it may wait while the checker's queue is full);
+// `raw_mu` held.
+void push_raw(const RawSink* raw, const std::string& out) {
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  const uint64_t t0 = profiling ? now_ns() : 0;
+  int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  if (profiling) count_handover(t0);
+  if (rc != 0) S->raw_refused_bytes += out.size();
 }
 
 // Hands the batch to Python when it is large enough; GIL held, `mu` not held.
@@ -1463,35 +1495,29 @@ void maybe_flush() {
   keep_buffer(out);
 }
 
-// Hands the batch over when it is large enough (or, `whole`, whatever it holds: the raw sink
-// only), `mu` not held: to the checker's raw sink where it gave one (from any thread, GIL or
-// not), else to Python's sink (GIL taken, on a thread that runs Python, unless not `python`: the
-// resolver's; elsewhere the batch waits for the next hand-over).
-void flush_batch(bool python = true, bool whole = false) {
+// Hands the batch over when it is large enough, `mu` not held: to the checker's raw sink where it
+// gave one (from any thread, GIL or not), else to Python's sink (GIL taken, on a thread that runs
+// Python; elsewhere the batch waits for the next hand-over).
+void flush_batch() {
   std::string out;
   {
     std::unique_lock<std::mutex> g(S->mu);
-    if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return;
+    if (!batch_full()) return;
     std::unique_lock<std::mutex> r(S->raw_mu);
     if (S->raw_sink != nullptr && ablating(kAblateChecker)) {
       S->batch.clear();
       return;
     }
     if (S->raw_sink != nullptr) {
-      cut_batch(out, whole);
+      cut_batch(out);
       g.unlock();
-      const RawSink* raw = S->raw_sink;
-      const bool profiling = S->profiling.load(std::memory_order_relaxed);
-      const uint64_t t0 = profiling ? now_ns() : 0;
-      int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
-      if (profiling) count_handover(t0);
-      if (rc != 0) S->raw_refused_bytes += out.size();
+      push_raw(S->raw_sink, out);
       r.unlock();
       keep_buffer(out);
       return;
     }
   }
-  if (!python || whole || PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
+  if (PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return;
   PyGILState_STATE st = PyGILState_Ensure();
   maybe_flush();
   PyGILState_Release(st);
@@ -1599,23 +1625,17 @@ void write_rec(Rec& r);
 // may wait while the checker's queue is full: the program is held back, as at any hand-over.
 // False when there is no raw sink.
 bool hand_over_locked(bool whole) {
-  if (S->batch.empty() || (!whole && S->batch.size() < S->threshold)) return true;
+  if (!batch_full(whole)) return true;
   std::lock_guard<std::mutex> r(S->raw_mu);
-  const RawSink* raw = S->raw_sink;
-  if (raw == nullptr) return false;
+  if (S->raw_sink == nullptr) return false;
   if (ablating(kAblateChecker)) {
     S->batch.clear();
     return true;
   }
   std::string out;
   cut_batch(out, whole);
-  const bool profiling = S->profiling.load(std::memory_order_relaxed);
-  const uint64_t t0 = profiling ? now_ns() : 0;
-  int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
-  if (profiling) count_handover(t0);
-  if (rc != 0) S->raw_refused_bytes += out.size();
-  out.clear();
-  if (S->spare_batch.capacity() < out.capacity()) S->spare_batch.swap(out);
+  push_raw(S->raw_sink, out);
+  keep_buffer_locked(out);
   return true;
 }
 
@@ -1641,7 +1661,7 @@ size_t resolve_queued(bool hand_over = false) {
   try {
     for (Rec& r : work) {
       write_rec(r);
-      if (hand_over && S->batch.size() >= S->threshold) hand_over_locked(false);
+      if (hand_over && batch_full()) hand_over_locked(false);
     }
   } catch (...) {
     // Out of memory writing a line: the rest of these records are lost, and the check says so
@@ -1740,14 +1760,9 @@ void resolver_main() {
     std::this_thread::sleep_for(std::chrono::microseconds(500));
     if (ablating(kResolverPaused)) continue;
     try {
-      bool flush;
-      bool quiet;
-      {
-        std::lock_guard<std::mutex> g(S->mu);
-        quiet = resolve_queued(true) == 0;
-        flush = S->batch.size() >= S->threshold || (quiet && !S->batch.empty());
-      }
-      if (flush) flush_batch(false, quiet);
+      // Full batches go over as they fill (resolve_queued), what is left once nothing new came.
+      std::lock_guard<std::mutex> g(S->mu);
+      if (resolve_queued(true) == 0) hand_over_locked(true);
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
@@ -1924,14 +1939,7 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
     r.stream = temp.stream;
     r.device = temp.device;
     r.text = fr.info->name;
-    Access a;
-    a.base = temp.addr;
-    a.bytes = temp.size;
-    a.storage_bytes = temp.size;
-    a.write = true;
-    a.device = true;
-    a.device_index = temp.device;
-    r.all.push_back(std::move(a));
+    r.all.push_back(temp.written());
     r.kind = RecKind::Temp;
   });
 }
@@ -2422,14 +2430,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
         write_temp(fr, temp, true);  // on its own stream, before the op's record
         continue;
       }
-      Access a;
-      a.base = temp.addr;
-      a.bytes = temp.size;
-      a.storage_bytes = temp.size;
-      a.write = true;
-      a.device = true;
-      a.device_index = fr.device;
-      fr.accesses.push_back(std::move(a));
+      fr.accesses.push_back(temp.written());
     }
   }
   if (fr.accesses.empty() && outs.empty()) {
