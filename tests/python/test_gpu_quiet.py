@@ -9,17 +9,9 @@ import json
 
 import pytest
 
+from conftest import marked_line
+
 pytestmark = pytest.mark.gpu
-
-HERE = __file__
-
-
-def _line(marker: str) -> int:
-    with open(HERE) as f:
-        for i, line in enumerate(f, 1):
-            if line.rstrip().endswith("# " + marker) and "_line(" not in line:
-                return i
-    raise AssertionError(marker)
 
 
 def _program(torch, n: int, record: bool):
@@ -61,7 +53,7 @@ def test_a_temporary_of_a_quiet_op_reusing_a_block_another_stream_reads_is_repor
         quiet = run._recorder.backend.ext.counters()["quiet_ops"]
     races = [h for h in run.report.hazards if h["kind"] == "reuse-race"]
     assert races, run.report.to_text()
-    assert {int(h["access"]["site"].rsplit(":", 1)[1]) for h in races} == {_line("RACE")}, run.report.to_text()
+    assert {int(h["access"]["site"].rsplit(":", 1)[1]) for h in races} == {marked_line(__file__, "RACE")}, run.report.to_text()
     ops = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     whole = [o for o in ops if o["op"] == "launch" and o["name"] == "aten::mse_loss" and o.get("writes")]
     if callees == "learn":

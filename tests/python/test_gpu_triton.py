@@ -12,6 +12,8 @@ import os
 
 import pytest
 
+from conftest import marked_line
+
 pytestmark = pytest.mark.gpu
 
 BACKENDS = [b for b in os.environ.get("STREAMSAN_TEST_BACKEND", "native,python").split(",") if b]
@@ -23,13 +25,6 @@ def _ops(path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _line(marker: str) -> int:
-    with open(__file__) as f:
-        for i, line in enumerate(f, 1):
-            if line.rstrip().endswith("# " + marker) and "_line(" not in line:
-                return i
-    raise AssertionError(marker)
-
 
 def _site(marker: str) -> str:
     """The site of this file's line that ends in `# marker`, as the recorders write it: the file
@@ -37,7 +32,7 @@ def _site(marker: str) -> str:
     path = os.path.abspath(__file__)
     cwd = os.getcwd().rstrip(os.sep) + os.sep
     shown = path[len(cwd) :] if path.startswith(cwd) else path
-    return f"{shown}:{_line(marker)}"
+    return f"{shown}:{marked_line(__file__, marker)}"
 
 
 def _triton():

@@ -14,17 +14,13 @@ import sys
 
 import pytest
 
-from conftest import native_ext_or_skip, torch_or_skip
+from conftest import marked_line, native_ext_or_skip, torch_or_skip
 
 HERE = os.path.abspath(__file__)
 
 
 def line_of(marker: str) -> int:
-    with open(HERE) as f:
-        for i, line in enumerate(f, 1):
-            if line.rstrip().endswith("# " + marker) and "line_of" not in line:
-                return i
-    raise AssertionError(marker)
+    return marked_line(HERE, marker)
 
 
 class Fake:
