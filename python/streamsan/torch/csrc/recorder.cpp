@@ -2109,7 +2109,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   Frame& me = t.frames.back();
   me.site = site;
   t.cur_site = site;
-  me.eligible = info.may_quiet && quiet_eligible(me);
+  me.eligible = quiet_eligible(me);
   me.exceptions = std::uncaught_exceptions();
   if (me.eligible && may_be_quiet(me)) {
     at::enableRecordFunction(false);  // back on when it ends (on_end_impl)
