@@ -189,6 +189,40 @@ def test_what_is_recorded_before_the_program_waits_is_checked_while_it_waits(mon
     assert run.report.errors == 0
 
 
+@pytest.mark.parametrize("sync", ["device_sync", "stream_sync", "event_sync"])
+def test_a_host_synchronization_hands_what_came_before_it_to_the_checker(monkeypatch, sync):
+    """A host synchronization (the program is about to wait for the GPU) starts the recorder's
+    thread's pass at once: what was recorded before it is handed to the checker, which checks it
+    during the wait. The thread's periodic passes are paused here (bench_ablate(32)): without
+    the synchronization nothing is written before the check's end."""
+    ext = _ext()
+    import torch
+
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    run = _run(threaded=True)
+    ext.bench_ablate(32)  # kResolverPaused: only a synchronization's pass runs
+    try:
+        with run:
+            ext.set_fake_stream(0xA)
+            x = torch.ones(16)
+            for _ in range(20):  # 20 lines, far below a batch (16 KiB)
+                x.add_(x)
+            time.sleep(0.02)
+            before = run._checker.ops
+            ext.fake_gpu_trace(sync, 0xE1, 0xA)
+            deadline = time.monotonic() + 10
+            during = run._checker.ops
+            while during == 0 and time.monotonic() < deadline:
+                time.sleep(0.002)
+                during = run._checker.ops
+    finally:
+        ext.bench_ablate(0)
+    assert before == 0, before
+    # Checked in one batch during the wait: the ops, the allocation, the sync; nothing after.
+    assert during >= 21 and during == run.report.ops, (during, run.report.ops)
+    assert run.report.errors == 0
+
+
 def test_what_is_queued_at_the_end_goes_to_the_checker_batch_by_batch(monkeypatch):
     """At the check's end what is still queued is written and handed to the checker's raw sink
     as each batch fills (the checker checks the first while the rest are written), nothing of

@@ -289,16 +289,18 @@ fn write_json(v: &Bound<'_, PyAny>, out: &mut String, depth: u32) -> PyResult<()
     Ok(())
 }
 
-/// What a `Checker._raw_sink()` capsule holds: the C entry point native code calls with a batch
+/// What a `Checker._raw_sink()` capsule holds: the C entry points native code calls with a batch
 /// of JSON Lines (`push(ctx, data, len)`: 0 when queued, 1 when the check is over or belongs to
-/// the process this one was forked from, 2 when the hand-over failed), and the queue it pushes
-/// to, kept alive as long as the capsule is. The C++ recorder declares the same first three
-/// fields (`RawSink` in csrc/recorder.cpp).
+/// the process this one was forked from, 2 when the hand-over failed; `push_now`, since version
+/// 2: the same, the checker's thread woken to check it at once), and the queue they push to,
+/// kept alive as long as the capsule is. The C++ recorder declares the same first four fields
+/// (`RawSink` in csrc/recorder.cpp).
 #[repr(C)]
 struct RawSink {
     version: u32,
     ctx: usize,
     push: unsafe extern "C" fn(usize, *const u8, usize) -> i32,
+    push_now: unsafe extern "C" fn(usize, *const u8, usize) -> i32,
     _shared: Arc<Shared>,
 }
 
@@ -317,6 +319,24 @@ impl Drop for RawSink {
 /// # Safety
 /// `ctx` is the `ctx` of a live `RawSink` capsule and `data` points to `len` readable bytes.
 unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
+    // SAFETY: as this function's.
+    unsafe { raw_push_with(ctx, data, len, false) }
+}
+
+/// `RawSink::push_now`: [`raw_push`], and the checker's thread woken for the batch.
+///
+/// # Safety
+/// As [`raw_push`]'s.
+unsafe extern "C" fn raw_push_now(ctx: usize, data: *const u8, len: usize) -> i32 {
+    // SAFETY: as this function's.
+    unsafe { raw_push_with(ctx, data, len, true) }
+}
+
+/// The two entry points of a `RawSink`.
+///
+/// # Safety
+/// As [`raw_push`]'s.
+unsafe fn raw_push_with(ctx: usize, data: *const u8, len: usize, now: bool) -> i32 {
     let pushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the capsule holding `ctx` keeps its `Shared` alive while its holder calls.
         let shared = unsafe { &*(ctx as *const Shared) };
@@ -329,7 +349,7 @@ unsafe extern "C" fn raw_push(ctx: usize, data: *const u8, len: usize) -> i32 {
             // SAFETY: the caller passes `len` readable bytes at `data`.
             unsafe { std::slice::from_raw_parts(data, len) }.to_vec()
         };
-        shared.push_raw(batch).is_ok()
+        shared.push_raw(batch, now).is_ok()
     }));
     match pushed {
         Ok(true) => 0,
@@ -671,9 +691,10 @@ impl Checker {
             return Ok(None);
         }
         let sink = RawSink {
-            version: 1,
+            version: 2,
             ctx: Arc::as_ptr(&self.shared) as usize,
             push: raw_push,
+            push_now: raw_push_now,
             _shared: Arc::clone(&self.shared),
         };
         PyCapsule::new_with_value(py, sink, c"streamsan._streamsan.RawSink").map(Some)

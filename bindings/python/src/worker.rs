@@ -490,23 +490,28 @@ impl Shared {
     /// released, only while the queue is full or callers that entered before have not handed
     /// theirs over yet.
     pub(crate) fn push(&self, py: pyo3::Python<'_>, batch: Vec<u8>) -> Result<(), Refused> {
-        match self.enter(batch) {
+        match self.enter(batch, false) {
             Entry::Done(r) => r,
-            Entry::Wait(ticket, batch) => py.detach(|| self.wait_turn(ticket, batch)),
+            Entry::Wait(ticket, batch) => py.detach(|| self.wait_turn(ticket, batch, false)),
         }
     }
 
     /// [`Self::push`] for a caller outside Python (the C++ recorder's hand-over, which may hold
-    /// the GIL: the thread never needs it, so the wait ends as it does in `push`).
-    pub(crate) fn push_raw(&self, batch: Vec<u8>) -> Result<(), Refused> {
-        match self.enter(batch) {
+    /// the GIL: the thread never needs it, so the wait ends as it does in `push`). `now`: the
+    /// thread is woken for the batch, not left to find it at its next look (the recorder's own
+    /// thread hands over what came before a host synchronization: the program waits for the
+    /// GPU, and the batch is checked during that wait; the wake-up's system call is that
+    /// thread's, not the program's).
+    pub(crate) fn push_raw(&self, batch: Vec<u8>, now: bool) -> Result<(), Refused> {
+        match self.enter(batch, now) {
             Entry::Done(r) => r,
-            Entry::Wait(ticket, batch) => self.wait_turn(ticket, batch),
+            Entry::Wait(ticket, batch) => self.wait_turn(ticket, batch, now),
         }
     }
 
-    /// Takes a ticket, and admits `batch` at once when it is its turn and there is room.
-    fn enter(&self, batch: Vec<u8>) -> Entry {
+    /// Takes a ticket, and admits `batch` at once when it is its turn and there is room (`now`:
+    /// see [`Self::admit`]).
+    fn enter(&self, batch: Vec<u8>, now: bool) -> Entry {
         let len = batch.len();
         let mut s = lock(&self.state);
         if let Some(r) = Self::refused(&s) {
@@ -515,7 +520,7 @@ impl Shared {
         let ticket = s.tickets;
         s.tickets += 1;
         if s.admits(ticket, len) {
-            let wake = self.admit(&mut s, batch);
+            let wake = self.admit(&mut s, batch, now);
             drop(s);
             self.wake(wake);
             return Entry::Done(Ok(()));
@@ -524,7 +529,7 @@ impl Shared {
     }
 
     /// Waits for the turn of `ticket` and room for `batch`, then admits it.
-    fn wait_turn(&self, ticket: u64, batch: Vec<u8>) -> Result<(), Refused> {
+    fn wait_turn(&self, ticket: u64, batch: Vec<u8>, now: bool) -> Result<(), Refused> {
         let len = batch.len();
         let since = Instant::now();
         let mut s = lock(&self.state);
@@ -535,7 +540,7 @@ impl Shared {
             }
             if s.admits(ticket, len) {
                 s.waited += since.elapsed();
-                let wake = self.admit(&mut s, batch);
+                let wake = self.admit(&mut s, batch, now);
                 drop(s);
                 self.wake(wake);
                 return Ok(());
@@ -565,8 +570,9 @@ impl Shared {
     }
 
     /// Puts `batch` in the queue; `state` held. Returns whom to wake once `state` is let go
-    /// (woken while it is held, the thread would only wait again, for the lock).
-    fn admit(&self, s: &mut State, batch: Vec<u8>) -> Wake {
+    /// (woken while it is held, the thread would only wait again, for the lock): the thread when
+    /// it sleeps, or (`now`) when it is between looks at the queue.
+    fn admit(&self, s: &mut State, batch: Vec<u8>, now: bool) -> Wake {
         s.bytes += batch.len();
         s.peak = s.peak.max(s.bytes);
         s.queue.push_back(batch);
@@ -574,7 +580,7 @@ impl Shared {
         let spawn = s.threaded && !s.spawned;
         s.spawned = true;
         Wake {
-            thread: s.idle,
+            thread: s.idle || (now && !s.checking),
             // The next ticket's holder may be waiting for its turn.
             waiters: s.waiters > 0,
             spawn,

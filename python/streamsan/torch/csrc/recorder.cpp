@@ -478,8 +478,9 @@ enum Ablate : uint32_t {
   kAblateAllocator = 4,  // the allocator's tracker returns at once
   kAblateWrite = 8,      // an op's regions are taken, nothing is resolved or written
   kSiteWithGil = 16,     // not left out: the user's frame always found under the GIL (as before)
-  kResolverPaused = 32,  // not left out: the resolver writes nothing (the program's threads write
-                         // the queue when it is full: tests of the bound)
+  kResolverPaused = 32,  // not left out: the resolver's passes wait for a host synchronization
+                         // (the program's threads write the queue when it is full: tests of the
+                         // bound; tests of the synchronization's pass)
 };
 std::atomic<uint32_t> ablated{0};
 bool ablating(Ablate what) { return (ablated.load(std::memory_order_relaxed) & what) != 0; }
@@ -487,11 +488,14 @@ bool ablating(Ablate what) { return (ablated.load(std::memory_order_relaxed) & w
 // The checker's own entry point for batches (a capsule of the Rust extension's Checker,
 // `_raw_sink()`): `push(ctx, data, len)` copies the JSON Lines into its queue, waiting only while
 // the queue is full, and returns 0 (else the check is over: the batch is dropped). No Python, no
-// GIL: any thread may call it.
+// GIL: any thread may call it. Version 2 adds `push_now`: the same, and the checker's thread is
+// woken to check the batch at once (a system call, paid by the resolver's thread alone, where
+// `push` leaves the batch to the thread's next look at its queue).
 struct RawSink {
-  uint32_t version;  // 1
+  uint32_t version;  // 1 or 2
   uintptr_t ctx;
   int32_t (*push)(uintptr_t ctx, const uint8_t* data, size_t len);
+  int32_t (*push_now)(uintptr_t ctx, const uint8_t* data, size_t len);  // version 2
 };
 constexpr const char* kRawSinkName = "streamsan._streamsan.RawSink";
 
@@ -500,7 +504,11 @@ struct State {
   // Records waiting to be written, in the order they were made (`q_mu` held; taken after `mu`,
   // or alone): see "Deferred writing".
   std::mutex q_mu;
-  std::condition_variable q_cv;  // the resolver sleeps on it while nothing is deferred
+  std::condition_variable q_cv;  // the resolver sleeps on it while nothing is deferred, and
+                                 // between its passes
+  // A host synchronization was issued (`q_mu` held): the resolver's next pass runs now and hands
+  // what it has over at once, while the program waits for the GPU (see kick_resolver).
+  bool kicked = false;
   std::vector<Rec> queue;
   std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
   std::atomic<bool> defer{false};     // records are queued (a check with the raw sink runs)
@@ -1464,11 +1472,13 @@ void count_handover(uint64_t t0) {
 }
 
 // Hands `out` to the checker's raw sink `raw` (it may wait while the checker's queue is full);
-// `raw_mu` held.
-void push_raw(const RawSink* raw, const std::string& out) {
+// `raw_mu` held. `now`: the checker's thread is woken to check it at once (the resolver's
+// hand-overs while the program waits), where the sink can.
+void push_raw(const RawSink* raw, const std::string& out, bool now = false) {
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
-  int32_t rc = raw->push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
+  auto push = now && raw->version >= 2 ? raw->push_now : raw->push;
+  int32_t rc = push(raw->ctx, reinterpret_cast<const uint8_t*>(out.data()), out.size());
   if (profiling) count_handover(t0);
   if (rc != 0) S->raw_refused_bytes += out.size();
 }
@@ -1548,7 +1558,7 @@ bool set_raw_sink(py::object capsule) {
       return false;
     }
     raw = static_cast<const RawSink*>(p);
-    if (raw->version != 1) return false;
+    if (raw->version != 1 && raw->version != 2) return false;
   }
   py::object old;
   {
@@ -1623,8 +1633,8 @@ void write_rec(Rec& r);
 // Hands the batch to the checker's raw sink when it passes the threshold (or, `whole`, whatever
 // it holds); `mu` held (batches leave in the order they were written), `raw_mu` taken. The push
 // may wait while the checker's queue is full: the program is held back, as at any hand-over.
-// False when there is no raw sink.
-bool hand_over_locked(bool whole) {
+// `now`: the checker's thread is woken for it (see push_raw). False when there is no raw sink.
+bool hand_over_locked(bool whole, bool now = false) {
   if (!batch_full(whole)) return true;
   std::lock_guard<std::mutex> r(S->raw_mu);
   if (S->raw_sink == nullptr) return false;
@@ -1634,7 +1644,7 @@ bool hand_over_locked(bool whole) {
   }
   std::string out;
   cut_batch(out, whole);
-  push_raw(S->raw_sink, out);
+  push_raw(S->raw_sink, out, now);
   keep_buffer_locked(out);
   return true;
 }
@@ -1750,19 +1760,24 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 // and hands the batch over when it is large enough, or whatever it holds once a look finds
 // nothing new queued (the program is waiting: for the GPU, a lock, its input): the checker
 // checks it meanwhile, and what is left for the check's end is the little issued since; else
-// sleeps until a check defers again.
+// sleeps until a check defers again. A host synchronization (kick_resolver) starts a pass at
+// once, which hands over everything written: the program is about to wait for the GPU, and the
+// checker checks what came before the synchronization during that wait.
 void resolver_main() {
   for (;;) {
+    bool kicked;
     {
       std::unique_lock<std::mutex> q(S->q_mu);
       S->q_cv.wait(q, [] { return S->defer.load(); });
+      S->q_cv.wait_for(q, std::chrono::microseconds(500), [] { return S->kicked; });
+      kicked = std::exchange(S->kicked, false);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
-    if (ablating(kResolverPaused)) continue;
+    if (ablating(kResolverPaused) && !kicked) continue;
     try {
-      // Full batches go over as they fill (resolve_queued), what is left once nothing new came.
+      // Full batches go over as they fill (resolve_queued), what is left once nothing new came
+      // or a synchronization asked for it; the checker's thread is woken for that one.
       std::lock_guard<std::mutex> g(S->mu);
-      if (resolve_queued(true) == 0) hand_over_locked(true);
+      if (resolve_queued(true) == 0 || kicked) hand_over_locked(true, true);
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
@@ -1793,6 +1808,7 @@ void after_fork_child() {
   S->active.store(false);
   S->defer.store(false);
   S->resolver_started = false;
+  S->kicked = false;
   new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
   new (&S->raw_mu) std::mutex();
   S->raw_sink = nullptr;
@@ -3040,6 +3056,21 @@ std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceInd
   return line;
 }
 
+// The program issued a host synchronization and is about to wait for the GPU (c10 calls the
+// GPU trace before it blocks): the resolver writes and hands over what is queued now, and the
+// checker checks it during the wait, rather than after the resolver's next pass or at the
+// check's end. One wake-up per synchronization, on the program's thread; none while records
+// are written at once.
+void kick_resolver() {
+  if (!S->defer.load(std::memory_order_relaxed)) return;
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    if (S->kicked) return;
+    S->kicked = true;
+  }
+  S->q_cv.notify_all();  // the lock let go of: woken while it is held, it would only wait again
+}
+
 // Records a host op of c10's GPU trace (`event`, `stream`: those it names), with the user's
 // site. Outside ops it is queued as a record (no text on the program's thread: its line is
 // written with the others, see "Deferred writing"); inside an op, its line waits in the op's
@@ -3063,6 +3094,7 @@ void traced_host_op(HostOp op, uint64_t event, uint64_t stream) {
   } else {
     put_host_op(host_line(op, event, stream, device, *site));
   }
+  if (op == HostOp::EventSync || op == HostOp::StreamSync || op == HostOp::DeviceSync) kick_resolver();
   if (profiling) S->prof.syncs += now_ns() - t0;
 }
 
