@@ -360,7 +360,7 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
 
 
 def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False,
-            between: int = 0, inside: int = 0) -> dict:
+            between: int = 0, inside: int = 0, wait_ms: float = 0.0) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
     more checks run under cProfile: `profile` gives each function's calls and microseconds per
@@ -371,7 +371,12 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     collection of the young garbage, and the check runs with the collector off: the caches hold
     the program's code and data, not the check's, as in the real-code suites, whose every timed
     run is a check of its own. With `inside`, the check is around that many steps of the same
-    MLP (its ops handed to the checker while they run) instead of one op."""
+    MLP (its ops handed to the checker while they run) instead of one op. With `wait_ms`, the
+    program then waits that long before the check ends, after a device synchronization (on the
+    CPU, the fake device's: c10's GPU trace called as `torch.cuda.synchronize()` calls it), and
+    in as many more checks without one: `exit_ms` is then leaving after the synchronization,
+    `exit_nosync_ms` without; the wait is not timed (a program that waits for its GPU at its
+    end, as most do)."""
     import torch
 
     import streamsan.torch
@@ -390,19 +395,19 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             model(data).square().mean().backward()
             opt.step()
 
-    def once() -> tuple:
+    def once(sync: bool = True) -> tuple:
         if between:
             steps(between)
             _sync(device)
             gc.collect(1)
             gc.disable()
         try:
-            return _check_once()
+            return _check_once(sync)
         finally:
             if between:
                 gc.enable()
 
-    def _check_once() -> tuple:
+    def _check_once(sync: bool) -> tuple:
         r = streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=device == "cpu")
         t0 = time.perf_counter()
         r.__enter__()
@@ -411,17 +416,36 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             steps(inside)
         else:
             x.add_(1)
-        _sync(device)
+        if wait_ms:
+            if sync and device == "cpu":
+                _native.load().fake_gpu_trace("device_sync", 0, 0)
+            elif sync:
+                torch.cuda.synchronize()
+            until = time.perf_counter() + wait_ms / 1e3
+            while time.perf_counter() < until:  # busy, as a synchronizing thread spins
+                pass
+        else:
+            _sync(device)
         t2 = time.perf_counter()
         r.__exit__(None, None, None)
         return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
 
+    from streamsan.torch import _native
+
     for _ in range(3):
         once()
-    runs = [once() for _ in range(n)]
+    # With a wait: checks with and without the synchronization alternate (the same caches).
+    runs, nosync = [], []
+    for _ in range(n):
+        runs.append(once())
+        if wait_ms:
+            nosync.append(once(sync=False))
     out = {"device": device, "compiled": compiled, "between": between, "inside": inside,
            "enter_ms": round(statistics.median(t[0] for t in runs), 3),
            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
+    if wait_ms:
+        out["wait_ms"] = wait_ms
+        out["exit_nosync_ms"] = round(statistics.median(t[1] for t in nosync), 3)
     if profile:
         import cProfile
         import pstats
@@ -553,12 +577,17 @@ def main() -> None:
                    help="startup: that many unchecked training steps of an MLP before each check (cold caches)")
     p.add_argument("--inside", type=int, default=0,
                    help="startup: the check around that many training steps of the MLP, not one op")
+    p.add_argument("--wait-ms", type=float, default=0.0,
+                   help="startup: the program waits that long at the check's end, after a device "
+                        "synchronization (exit_ms) and, alternating, without one (exit_nosync_ms)")
+    p.add_argument("--n", type=int, default=20, help="startup: checks timed (each way)")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
         return
     if a.what == "startup":
-        print(json.dumps(startup(a.device, profile=a.profile, compiled=a.compiled, between=a.between, inside=a.inside), indent=1))
+        print(json.dumps(startup(a.device, n=a.n, profile=a.profile, compiled=a.compiled, between=a.between,
+                                 inside=a.inside, wait_ms=a.wait_ms), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
