@@ -197,11 +197,21 @@ def _checked_block(step, iters: int, device: str, profile: str) -> float:
 
 
 def _medians(samples: dict) -> dict:
-    """Each mode's median µs per iteration, its ratio to `plain`, and the samples."""
+    """Each mode's median µs per iteration, its ratio to `plain` (the ratio of the medians), the
+    ratio paired by round (`ratio_paired`: the median, lowest and highest over the rounds of the
+    mode's block against the plain block of the same round, which ran just before it: a drift of
+    the host's speed from round to round cancels), and the samples."""
     med = {m: statistics.median(v) for m, v in samples.items()}
+    paired = {}
+    for m, v in samples.items():
+        if m == "plain" or len(v) != len(samples["plain"]) or not v:
+            continue
+        r = sorted(x / p for x, p in zip(v, samples["plain"]))
+        paired[m] = {"median": round(statistics.median(r), 3), "low": round(r[0], 3), "high": round(r[-1], 3)}
     return {
         "us": {m: round(v, 1) for m, v in med.items()},
         "ratio": {m: round(v / med["plain"], 3) for m, v in med.items() if m != "plain"},
+        "ratio_paired": paired,
         "samples_us": {m: [round(x, 1) for x in v] for m, v in samples.items()},
     }
 

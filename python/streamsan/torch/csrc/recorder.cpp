@@ -1775,9 +1775,11 @@ void resolver_main() {
     if (ablating(kResolverPaused) && !kicked) continue;
     try {
       // Full batches go over as they fill (resolve_queued), what is left once nothing new came
-      // or a synchronization asked for it; the checker's thread is woken for that one.
+      // or a synchronization asked for it; the checker's thread is woken for the latter (it
+      // finds the former at its next look, within a millisecond: a program between ops pays
+      // no wake-up of it every half millisecond).
       std::lock_guard<std::mutex> g(S->mu);
-      if (resolve_queued(true) == 0 || kicked) hand_over_locked(true, true);
+      if (resolve_queued(true) == 0 || kicked) hand_over_locked(true, kicked);
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
