@@ -216,7 +216,7 @@ def _medians(samples: dict) -> dict:
     }
 
 
-def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> dict:
+def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda", sync_each: bool = False) -> dict:
     """Plain and checked in one process, interleaved: each round a plain block of `iters`
     iterations, then the same block under a check of its own (entered and finished in the timing:
     its set-up and report are part of the cost), then under a check whose recorder observes only
@@ -229,7 +229,34 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> 
     one intra-op thread), where no GPU is: the recorder's own cost per op, against CPU ops of a
     few microseconds (`tiny`: launch-bound, as a GPU program's small ops are)."""
     with _workload("paired", workload, device, warmup=20) as step:
-        return _paired(step, workload, iters, rounds, device)
+        if sync_each:
+            step = _synced(step, device)
+        out = _paired(step, workload, iters, rounds, device)
+        out["sync_each"] = sync_each
+        return out
+
+
+def _synced(step, device: str):
+    """`step`, then a device synchronization (on the CPU, the fake device's: c10's GPU trace
+    called as `torch.cuda.synchronize()` calls it; nothing while no check records): a loop that
+    waits for the GPU at every step, as one reading its loss with `.item()` does."""
+    import torch
+
+    if device == "cpu":
+        from streamsan.torch import _native
+
+        fake = _native.load().fake_gpu_trace
+
+        def sync():
+            fake("device_sync", 0, 0)
+    else:
+        sync = torch.cuda.synchronize
+
+    def synced():
+        step()
+        sync()
+
+    return synced
 
 
 def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
@@ -591,6 +618,8 @@ def main() -> None:
                    help="startup: the program waits that long at the check's end, after a device "
                         "synchronization (exit_ms) and, alternating, without one (exit_nosync_ms)")
     p.add_argument("--n", type=int, default=20, help="startup: checks timed (each way)")
+    p.add_argument("--sync-each", action="store_true",
+                   help="paired: a device synchronization after every step (fake on the CPU)")
     a = p.parse_args()
     if a.what == "run":
         print(json.dumps(run(a.mode, a.workload, a.backend, a.iters)))
@@ -600,7 +629,7 @@ def main() -> None:
                                  inside=a.inside, wait_ms=a.wait_ms), indent=1))
         return
     if a.what == "paired":
-        print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device)))
+        print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device, a.sync_each)))
         return
     if a.what == "floor":
         print(json.dumps(floor(a.mode or "mlp", a.iters, a.rounds, a.device)))

@@ -509,6 +509,7 @@ struct State {
   // A host synchronization was issued (`q_mu` held): the resolver's next pass runs now and hands
   // what it has over at once, while the program waits for the GPU (see kick_resolver).
   bool kicked = false;
+  std::atomic<uint64_t> last_pass_ns{0};  // when the resolver's latest pass began (now_ns)
   std::vector<Rec> queue;
   std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
   std::atomic<bool> defer{false};     // records are queued (a check with the raw sink runs)
@@ -1773,6 +1774,7 @@ void resolver_main() {
       kicked = std::exchange(S->kicked, false);
     }
     if (ablating(kResolverPaused) && !kicked) continue;
+    S->last_pass_ns.store(now_ns(), std::memory_order_relaxed);
     try {
       // Full batches go over as they fill (resolve_queued), what is left once nothing new came
       // or a synchronization asked for it; the checker's thread is woken for the latter (it
@@ -3058,16 +3060,22 @@ std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceInd
   return line;
 }
 
+// A synchronization this soon after the resolver's latest pass leaves the queue to its next
+// pass: a loop that synchronizes at every step does not wake it at every step.
+constexpr uint64_t kKickGapNs = 200'000;
+
 // The program issued a host synchronization and is about to wait for the GPU (c10 calls the
 // GPU trace before it blocks): the resolver writes and hands over what is queued now, and the
 // checker checks it during the wait, rather than after the resolver's next pass or at the
-// check's end. One wake-up per synchronization, on the program's thread; none while records
-// are written at once.
+// check's end. At most one wake-up per synchronization, on the program's thread (none when
+// nothing is queued, when the resolver passed less than kKickGapNs ago, or while records are
+// written at once).
 void kick_resolver() {
   if (!S->defer.load(std::memory_order_relaxed)) return;
+  if (now_ns() - S->last_pass_ns.load(std::memory_order_relaxed) < kKickGapNs) return;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
-    if (S->kicked) return;
+    if (S->kicked || S->queue.empty()) return;
     S->kicked = true;
   }
   S->q_cv.notify_all();  // the lock let go of: woken while it is held, it would only wait again
