@@ -465,7 +465,7 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             _sync(device)
         t2 = time.perf_counter()
         r.__exit__(None, None, None)
-        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, dict(r.phase_seconds)
 
     from streamsan.torch import _native
 
@@ -479,7 +479,10 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             nosync.append(once(sync=False))
     out = {"device": device, "compiled": compiled, "between": between, "inside": inside,
            "enter_ms": round(statistics.median(t[0] for t in runs), 3),
-           "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n}
+           "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n,
+           # the parts of entering and leaving (Run.phase_seconds), medians
+           "parts_ms": {k: round(statistics.median(t[2][k] for t in runs) * 1e3, 3)
+                        for k in runs[0][2] if all(k in t[2] for t in runs)}}
     if wait_ms:
         out["wait_ms"] = wait_ms
         out["exit_nosync_ms"] = round(statistics.median(t[1] for t in nosync), 3)

@@ -673,8 +673,8 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
         t3 = time.perf_counter()
     seconds = t3 - t0
     # entering the check, the program in it, leaving it (what the checker had left to check,
-    # the report)
-    phases = {"enter": t1 - t0, "body": t2 - t1, "exit": t3 - t2}
+    # the report), and the parts of entering and leaving (Run.phase_seconds)
+    phases = {"enter": t1 - t0, "body": t2 - t1, "exit": t3 - t2, **getattr(run, "phase_seconds", {})}
     if mode == "native-observe":
         return seconds, {"phases": phases}  # nothing was checked: no verdict
     info = {"errors": run.report.errors if run.report is not None else None, "backend": run.backend,
@@ -767,9 +767,10 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                 row.setdefault("samples", {})[m] = [round(x, 5) for x in samples[m]]
         if warm:
             row.setdefault("warmup", {}).update(warm)
-        for m, ph in phase_samples.items():  # medians, ms
+        for m, ph in phase_samples.items():  # medians, ms (the parts where every round has them)
+            keys = [k for k in ph[0] if all(k in p for p in ph)]
             row.setdefault("phases_ms", {})[m] = {
-                k: round(statistics.median(p[k] for p in ph) * 1e3, 3) for k in ("enter", "body", "exit")}
+                k: round(statistics.median(p[k] for p in ph) * 1e3, 3) for k in keys}
         if profiles:  # the stages of the median round (by the recorder's total)
             profiles.sort(key=lambda p: sum(v for k, v in p.items() if k.endswith("_seconds")))
             row["profile"] = {k: round(v, 6) if isinstance(v, float) else v

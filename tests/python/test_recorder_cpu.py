@@ -503,6 +503,35 @@ def test_stats_during_a_check(backend):
     del x
 
 
+def test_phase_seconds_time_entering_and_leaving_by_part(backend):
+    """Run.phase_seconds: each part of entering and leaving the check, once it is done; together
+    they are within the time the `with` statement's entry and exit took."""
+    import time
+
+    import torch
+
+    import streamsan.torch
+
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+    t0 = time.perf_counter()
+    with run:
+        t1 = time.perf_counter()
+        entered = dict(run.phase_seconds)
+        Fake(run).stream(0)
+        x = torch.ones(64)
+        x.add_(1)
+        t2 = time.perf_counter()
+    t3 = time.perf_counter()
+    enter = ["enter_checker", "enter_recorder", "enter_start"]
+    leave = ["exit_recorder", "exit_drain", "exit_report"]
+    assert list(entered) == enter
+    assert set(run.phase_seconds) == set(enter + leave)
+    assert all(v >= 0 for v in run.phase_seconds.values())
+    assert sum(run.phase_seconds[k] for k in enter) <= t1 - t0
+    assert sum(run.phase_seconds[k] for k in leave) <= t3 - t2
+    del x
+
+
 def test_hazard_error_and_report(backend):
     import torch
 

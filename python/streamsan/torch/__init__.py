@@ -36,6 +36,7 @@ path, or `.rankN` before the extension), and reports and `HazardError` name it.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional, Union
 
 from .. import Checker, HazardError, Report, TraceError
@@ -73,6 +74,13 @@ class Run:
     `report.syncs_by_site()`). A host read whose value the program uses (`.item()`, `.cpu()`)
     is recorded as a copy into host memory, the synchronization and the host's read: needed by
     construction. The analysis never fails a check.
+
+    `phase_seconds`: how long entering and leaving the check took, by part, once each is done
+    (for measuring what a short check costs; see docs/performance.md): `enter_checker` (the
+    rank and the `Checker`), `enter_recorder` (the recorder made), `enter_start` (its hooks
+    installed), `exit_recorder` (the recorder stopped: what it still held written and handed
+    over), `exit_drain` (waiting for the checker to check every op) and `exit_report` (the
+    report made, its hazards explained).
     """
 
     def __init__(
@@ -113,6 +121,7 @@ class Run:
         self._file = None
         self._recorder = None
         self._pid: Optional[int] = None  # the process that entered the check
+        self.phase_seconds: dict[str, float] = {}
 
     @property
     def backend(self) -> Optional[str]:
@@ -154,6 +163,7 @@ class Run:
         from . import _rank
         from ._recorder import Recorder
 
+        t0 = time.perf_counter()
         self._pid = os.getpid()
         self.rank = _rank.current()
         if self._trace_given is not None:
@@ -173,6 +183,7 @@ class Run:
             # Unbuffered: a process forked inside the check finds nothing of the parent's in a
             # buffer of its own copy of the file, to write a second time when the copy goes.
             self._file = open(self.trace, "wb", buffering=0)
+        t1 = time.perf_counter()
         try:
             self._recorder = Recorder(
                 self._sink, backend=self.backend_choice, fake_device=self.fake_device, profile=self.profile
@@ -180,7 +191,10 @@ class Run:
             if self._checker is not None and hasattr(self._checker, "_raw_sink"):
                 # The C++ recorder hands its batches straight to the checker's queue.
                 self._recorder.raw_sink = self._checker._raw_sink()
+            t2 = time.perf_counter()
             self._recorder.start()
+            self.phase_seconds = {"enter_checker": t1 - t0, "enter_recorder": t2 - t1,
+                                  "enter_start": time.perf_counter() - t2}
         except BaseException:
             if self._recorder is not None:
                 self._recorder.abandon()  # the next check may run
@@ -213,6 +227,7 @@ class Run:
         makes the report. Returns the first error of bad input not raised yet (a threaded
         checker raises it after the batch that had it), to be raised as the recorder's."""
         error: Optional[BaseException] = None
+        t0 = time.perf_counter()
         while True:
             try:
                 self.hazards.extend(self._checker.drain())
@@ -220,7 +235,10 @@ class Run:
             except TraceError as e:  # one per call, in order; the hazards stay for the next
                 if error is None:
                     error = e
+        t1 = time.perf_counter()
         self.report = self._checker.finish()
+        self.phase_seconds["exit_drain"] = t1 - t0
+        self.phase_seconds["exit_report"] = time.perf_counter() - t1
         return error
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -228,9 +246,11 @@ class Run:
             self._leave_forked()
             return
         error: Optional[BaseException] = None
+        t0 = time.perf_counter()
         try:
             self._recorder.stop()
         finally:
+            self.phase_seconds["exit_recorder"] = time.perf_counter() - t0
             try:
                 if self._file is not None:
                     self._file.close()
