@@ -209,7 +209,7 @@ def test_a_host_synchronization_hands_what_came_before_it_to_the_checker(monkeyp
                 x.add_(x)
             time.sleep(0.02)
             before = run._checker.ops
-            ext.fake_gpu_trace(sync, 0xE1, 0xA)
+            assert ext.fake_gpu_trace(sync, 0xE1, 0xA)  # the check's GPU trace took it
             deadline = time.monotonic() + 10
             during = run._checker.ops
             while during == 0 and time.monotonic() < deadline:

@@ -869,3 +869,58 @@ pub(crate) fn stop(shared: &Shared) {
         let _ = handle.join();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Arc<Shared> {
+        let core = Core {
+            run: Some(CheckRun::new(false, false)),
+            lines: 0,
+            name: "<test>".into(),
+            out: OpsCopy::Nothing,
+            write_error: None,
+        };
+        let options = Options {
+            bound: 1 << 20,
+            delay: Duration::ZERO,
+            panic_at: None,
+        };
+        Shared::start(core, Some(options))
+    }
+
+    /// Whom `admit` wakes, for a thread started already (`spawned`), idle (asleep until woken)
+    /// or not, checking a batch or not, and a batch handed over `now` or not.
+    fn wakes_thread(idle: bool, checking: bool, now: bool) -> bool {
+        let shared = shared();
+        let mut s = lock(&shared.state);
+        s.spawned = true; // no thread is started by this test
+        s.idle = idle;
+        s.checking = checking;
+        let wake = shared.admit(&mut s, b"\n".to_vec(), now);
+        assert!(!wake.spawn && !wake.waiters && !wake.check_here);
+        wake.thread
+    }
+
+    #[test]
+    fn a_batch_handed_over_now_wakes_a_thread_between_looks() {
+        assert!(wakes_thread(false, false, true));
+    }
+
+    #[test]
+    fn a_batch_handed_over_otherwise_waits_for_the_next_look() {
+        assert!(!wakes_thread(false, false, false));
+    }
+
+    #[test]
+    fn a_thread_checking_a_batch_is_not_woken_it_takes_the_next_one_itself() {
+        assert!(!wakes_thread(false, true, true));
+    }
+
+    #[test]
+    fn a_sleeping_thread_is_woken_either_way() {
+        assert!(wakes_thread(true, false, false));
+        assert!(wakes_thread(true, false, true));
+    }
+}

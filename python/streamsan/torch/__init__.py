@@ -75,12 +75,14 @@ class Run:
     is recorded as a copy into host memory, the synchronization and the host's read: needed by
     construction. The analysis never fails a check.
 
-    `phase_seconds`: how long entering and leaving the check took, by part, once each is done
+    `phase_seconds`: how long entering and leaving the check took, by part, each once it is done
     (for measuring what a short check costs; see docs/performance.md): `enter_checker` (the
-    rank and the `Checker`), `enter_recorder` (the recorder made), `enter_start` (its hooks
-    installed), `exit_recorder` (the recorder stopped: what it still held written and handed
-    over), `exit_drain` (waiting for the checker to check every op) and `exit_report` (the
-    report made, its hazards explained).
+    rank, and the `Checker` made, or for `record()` the trace file opened), `enter_recorder`
+    (the recorder made and given the checker's queue), `enter_start` (its hooks installed),
+    `exit_recorder` (the recorder stopped: what it still held written and handed over), and
+    when checking `exit_drain` (waiting for the checker to check every op) and `exit_report`
+    (the report made, its hazards explained). Empty until the check is entered; a process
+    forked inside the check keeps the parent's `enter_*` parts only.
     """
 
     def __init__(
@@ -164,6 +166,7 @@ class Run:
         from ._recorder import Recorder
 
         t0 = time.perf_counter()
+        self.phase_seconds = {}
         self._pid = os.getpid()
         self.rank = _rank.current()
         if self._trace_given is not None:

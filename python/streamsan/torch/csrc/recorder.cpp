@@ -506,8 +506,10 @@ struct State {
   std::mutex q_mu;
   std::condition_variable q_cv;  // the resolver sleeps on it while nothing is deferred, and
                                  // between its passes
-  // A host synchronization was issued (`q_mu` held): the resolver's next pass runs now and hands
-  // what it has over at once, while the program waits for the GPU (see kick_resolver).
+  // A host synchronization was issued (`q_mu` held, see kick_resolver): the resolver's next pass
+  // hands everything written over, the checker's thread woken for it (`sync_pending`), and that
+  // pass is to start now (`kicked`).
+  bool sync_pending = false;
   bool kicked = false;
   std::atomic<uint64_t> last_pass_ns{0};  // when the resolver's latest pass began (now_ns)
   std::vector<Rec> queue;
@@ -1761,19 +1763,21 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 // and hands the batch over when it is large enough, or whatever it holds once a look finds
 // nothing new queued (the program is waiting: for the GPU, a lock, its input): the checker
 // checks it meanwhile, and what is left for the check's end is the little issued since; else
-// sleeps until a check defers again. A host synchronization (kick_resolver) starts a pass at
-// once, which hands over everything written: the program is about to wait for the GPU, and the
-// checker checks what came before the synchronization during that wait.
+// sleeps until a check defers again. After a host synchronization (kick_resolver) the next pass
+// hands over everything written, and that pass starts at once unless one began less than
+// kKickGapNs before or nothing was queued since: the program is about to wait for the GPU, and
+// the checker checks what came before the synchronization during that wait.
 void resolver_main() {
   for (;;) {
-    bool kicked;
+    bool synced;
     {
       std::unique_lock<std::mutex> q(S->q_mu);
       S->q_cv.wait(q, [] { return S->defer.load(); });
       S->q_cv.wait_for(q, std::chrono::microseconds(500), [] { return S->kicked; });
-      kicked = std::exchange(S->kicked, false);
+      const bool kicked = std::exchange(S->kicked, false);
+      if (ablating(kResolverPaused) && !kicked) continue;
+      synced = std::exchange(S->sync_pending, false);
     }
-    if (ablating(kResolverPaused) && !kicked) continue;
     S->last_pass_ns.store(now_ns(), std::memory_order_relaxed);
     try {
       // Full batches go over as they fill (resolve_queued), what is left once nothing new came
@@ -1781,7 +1785,7 @@ void resolver_main() {
       // finds the former at its next look, within a millisecond: a program between ops pays
       // no wake-up of it every half millisecond).
       std::lock_guard<std::mutex> g(S->mu);
-      if (resolve_queued(true) == 0 || kicked) hand_over_locked(true, kicked);
+      if (resolve_queued(true) == 0 || synced) hand_over_locked(true, synced);
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
@@ -1812,7 +1816,7 @@ void after_fork_child() {
   S->active.store(false);
   S->defer.store(false);
   S->resolver_started = false;
-  S->kicked = false;
+  S->kicked = S->sync_pending = false;
   new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
   new (&S->raw_mu) std::mutex();
   S->raw_sink = nullptr;
@@ -1838,6 +1842,8 @@ void set_deferring(bool on) {
   watch_forks();
   {
     std::lock_guard<std::mutex> q(S->q_mu);
+    // A synchronization of an earlier check asks nothing of this one.
+    if (on) S->kicked = S->sync_pending = false;
     if (on && !S->resolver_started) {
       try {
         std::thread(resolver_main).detach();
@@ -3065,17 +3071,19 @@ std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceInd
 constexpr uint64_t kKickGapNs = 200'000;
 
 // The program issued a host synchronization and is about to wait for the GPU (c10 calls the
-// GPU trace before it blocks): the resolver writes and hands over what is queued now, and the
-// checker checks it during the wait, rather than after the resolver's next pass or at the
-// check's end. At most one wake-up per synchronization, on the program's thread (none when
-// nothing is queued, when the resolver passed less than kKickGapNs ago, or while records are
-// written at once).
+// GPU trace before it blocks): the resolver's next pass hands over everything written, the
+// checker's thread woken for it, so that the checker checks it during the wait rather than at
+// a later look or at the check's end; and that pass starts now. At most one wake-up per
+// synchronization, on the program's thread: none when a pass began less than kKickGapNs ago or
+// nothing was queued since (the next pass, within half a millisecond, hands over), and none
+// while records are written at once.
 void kick_resolver() {
   if (!S->defer.load(std::memory_order_relaxed)) return;
-  if (now_ns() - S->last_pass_ns.load(std::memory_order_relaxed) < kKickGapNs) return;
+  const bool soon = now_ns() - S->last_pass_ns.load(std::memory_order_relaxed) < kKickGapNs;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
-    if (S->kicked || S->queue.empty()) return;
+    S->sync_pending = true;
+    if (S->kicked || soon || S->queue.empty()) return;  // asked already, or left to the next pass
     S->kicked = true;
   }
   S->q_cv.notify_all();  // the lock let go of: woken while it is held, it would only wait again
