@@ -1531,7 +1531,7 @@ class Recorder:
                 "some accesses touched device memory allocated before the check began: they are "
                 "checked for races, not for allocator reuse",
             )
-        if self._compiled_frames() > self._compiled_before and self.triton is None:
+        if self.triton is None and self._compiled_frames() > self._compiled_before:
             self.warn(
                 "compile",
                 "torch.compile'd code ran but Triton's launches could not be hooked: the Triton "
