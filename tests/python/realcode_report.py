@@ -782,6 +782,11 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
             for m in modes:
                 if m != "plain" and m in cell:
                     cell[f"{m}_ratio"] = round(cell[m] / plain, 2)
+                    if len(samples[m]) == len(samples["plain"]):
+                        # each round's run against the plain run of the same round, the median:
+                        # a drift of the machine's speed from round to round cancels
+                        cell[f"{m}_ratio_paired"] = round(statistics.median(
+                            x / p for x, p in zip(samples[m], samples["plain"])), 2)
         out.publish()
         _log(f"cost {i + 1}/{len(progs)} {name}: " + ", ".join(
             f"{m} {cell[m] * 1e3:.1f} ms (warm-up {warm[m] * 1e3:.0f} ms, {len(samples[m])} rounds)"
