@@ -397,7 +397,7 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
 
 
 def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False,
-            between: int = 0, inside: int = 0, wait_ms: float = 0.0) -> dict:
+            between: int = 0, inside: int = 0, wait_ms: float = 0.0, model: str = "mlp") -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
     more checks run under cProfile: `profile` gives each function's calls and microseconds per
@@ -408,7 +408,8 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     collection of the young garbage, and the check runs with the collector off: the caches hold
     the program's code and data, not the check's, as in the real-code suites, whose every timed
     run is a check of its own. With `inside`, the check is around that many steps of the same
-    MLP (its ops handed to the checker while they run) instead of one op. With `wait_ms`, the
+    MLP (its ops handed to the checker while they run) instead of one op. `model`: that network
+    instead of the MLP (`resnet`, `vit`: see _mlp_between). With `wait_ms`, the
     program then waits that long before the check ends, after a device synchronization (on the
     CPU, the fake device's: c10's GPU trace called as `torch.cuda.synchronize()` calls it), and
     in as many more checks without one: `exit_ms` is then leaving after the synchronization,
@@ -424,12 +425,12 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         f(x)
         _sync(device)
     if between or inside:
-        model, opt, data = _mlp_between(device)
+        net, opt, data = _mlp_between(device, model)
 
     def steps(k: int) -> None:
         for _ in range(k):
             opt.zero_grad()
-            model(data).square().mean().backward()
+            net(data).square().mean().backward()
             opt.step()
 
     def once(sync: bool = True) -> tuple:
@@ -477,7 +478,7 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         runs.append(once())
         if wait_ms:
             nosync.append(once(sync=False))
-    out = {"device": device, "compiled": compiled, "between": between, "inside": inside,
+    out = {"device": device, "compiled": compiled, "between": between, "inside": inside, "model": model,
            "enter_ms": round(statistics.median(t[0] for t in runs), 3),
            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n,
            # the parts of entering and leaving (Run.phase_seconds), medians
@@ -506,15 +507,26 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     return out
 
 
-def _mlp_between(device: str):
-    """The program `startup --between` runs between checks: an MLP 1024→1024→1024, batch 64,
-    SGD, on `device` (about 8 MiB of parameters)."""
+def _mlp_between(device: str, model: str = "mlp"):
+    """The program `startup --between` runs between checks (and `--inside` in them): by default
+    an MLP 1024→1024→1024, batch 64, SGD, on `device` (about 8 MiB of parameters); `resnet`:
+    torchvision's ResNet-18, `vit`: timm's ViT-Tiny (64×64 images), batch 4, AdamW (each step's
+    loss is the output's mean square)."""
     import torch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    return model, opt, torch.randn(64, 1024, device=device)
+    if model == "resnet":
+        import torchvision
+
+        net = torchvision.models.resnet18(num_classes=10).to(device)
+    elif model == "vit":
+        import timm
+
+        net = timm.create_model("vit_tiny_patch16_224", num_classes=10, img_size=64).to(device)
+    else:
+        net = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).to(device)
+        return net, torch.optim.SGD(net.parameters(), lr=1e-3), torch.randn(64, 1024, device=device)
+    return net, torch.optim.AdamW(net.parameters()), torch.randn(4, 3, 64, 64, device=device)
 
 
 def _vm() -> dict:
@@ -621,6 +633,8 @@ def main() -> None:
                    help="startup: the program waits that long at the check's end, after a device "
                         "synchronization (exit_ms) and, alternating, without one (exit_nosync_ms)")
     p.add_argument("--n", type=int, default=20, help="startup: checks timed (each way)")
+    p.add_argument("--model", choices=["mlp", "resnet", "vit"], default="mlp",
+                   help="startup: the network of --between and --inside (resnet: torchvision, vit: timm)")
     p.add_argument("--sync-each", action="store_true",
                    help="paired: a device synchronization after every step (fake on the CPU)")
     a = p.parse_args()
@@ -629,7 +643,7 @@ def main() -> None:
         return
     if a.what == "startup":
         print(json.dumps(startup(a.device, n=a.n, profile=a.profile, compiled=a.compiled, between=a.between,
-                                 inside=a.inside, wait_ms=a.wait_ms), indent=1))
+                                 inside=a.inside, wait_ms=a.wait_ms, model=a.model), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device, a.sync_each)))
