@@ -236,21 +236,24 @@ def paired(workload: str, iters: int, rounds: int = 5, device: str = "cuda", syn
         return out
 
 
-def _synced(step, device: str):
-    """`step`, then a device synchronization (on the CPU, the fake device's: c10's GPU trace
-    called as `torch.cuda.synchronize()` calls it; nothing while no check records): a loop that
-    waits for the GPU at every step, as one reading its loss with `.item()` does."""
+def _device_sync(device: str):
+    """A device synchronization as a program issues it: `torch.cuda.synchronize`, or on the CPU
+    the fake device's (c10's GPU trace called as `torch.cuda.synchronize()` calls it; nothing
+    while no check records)."""
     import torch
 
-    if device == "cpu":
-        from streamsan.torch import _native
+    if device != "cpu":
+        return torch.cuda.synchronize
+    from streamsan.torch import _native
 
-        fake = _native.load().fake_gpu_trace
+    fake = _native.load().fake_gpu_trace
+    return lambda: fake("device_sync", 0, 0)
 
-        def sync():
-            fake("device_sync", 0, 0)
-    else:
-        sync = torch.cuda.synchronize
+
+def _synced(step, device: str):
+    """`step`, then a device synchronization (`_device_sync`): a loop that waits for the GPU at
+    every step, as one reading its loss with `.item()` does."""
+    sync = _device_sync(device)
 
     def synced():
         step()
@@ -455,10 +458,8 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         else:
             x.add_(1)
         if wait_ms:
-            if sync and device == "cpu":
-                _native.load().fake_gpu_trace("device_sync", 0, 0)
-            elif sync:
-                torch.cuda.synchronize()
+            if sync:
+                device_sync()
             until = time.perf_counter() + wait_ms / 1e3
             while time.perf_counter() < until:  # busy, as a synchronizing thread spins
                 pass
@@ -466,10 +467,9 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             _sync(device)
         t2 = time.perf_counter()
         r.__exit__(None, None, None)
-        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, dict(r.phase_seconds)
+        return (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3, dict(getattr(r, "phase_seconds", {}))
 
-    from streamsan.torch import _native
-
+    device_sync = _device_sync(device)
     for _ in range(3):
         once()
     # With a wait: checks with and without the synchronization alternate (the same caches).
@@ -576,7 +576,7 @@ def memory(steps: int, backend: str, sync_every: int = 0, device: str = "cuda",
                 if fake:
                     # On the CPU, .item() waits for nothing: the synchronization a GPU's .item()
                     # makes goes through the GPU trace as CUDA's would.
-                    run._recorder.backend.ext.fake_gpu_trace("device_sync", 0, 0)
+                    _device_sync(device)()
             if i % 100 and i != steps:
                 continue
             vm = _vm()
