@@ -503,6 +503,39 @@ def test_stats_during_a_check(backend):
     del x
 
 
+def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_one_starts():
+    """The buffers a check knew are handed to the recorder's thread when the next check starts
+    (they were freed on the program's thread there), which frees them: none is left unfreed, and
+    the new check knows none of them."""
+    import time
+
+    import torch
+
+    import streamsan.torch
+
+    torch_or_skip()
+    native_ext_or_skip()
+    kept = []
+    with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as first:
+        Fake(first).stream(0)
+        for _ in range(50):
+            kept.append(torch.ones(64) + 1)
+        before = first.stats()["recorder_live_device_buffers"]
+    assert before >= 50
+    with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as second:
+        Fake(second).stream(0)
+        stats = second.stats()
+        assert stats["recorder_live_device_buffers"] == 0  # forgotten with the first check
+        deadline = time.monotonic() + 10
+        while stats["recorder_leftovers_unfreed"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+            stats = second.stats()
+        assert stats["recorder_leftovers_unfreed"] == 0
+        kept[0].add_(1)  # a buffer of the first check, met again: allocated before this one
+    assert second.report.errors == 0 and second.report.ops >= 1
+    del kept
+
+
 def test_phase_seconds_time_entering_and_leaving_by_part(backend):
     """Run.phase_seconds: each part of entering and leaving the check, once it is done; together
     they are within the time the `with` statement's entry and exit took."""

@@ -499,6 +499,18 @@ struct RawSink {
 };
 constexpr const char* kRawSinkName = "streamsan._streamsan.RawSink";
 
+// What a check knew of the program's buffers, let go of when the next check starts. Hundreds of
+// map nodes and up to kNameDelay spare names (and, for pinned memory and the fake device, a weak
+// reference to each storage: a cache miss apiece) cost a program that enters a check a tenth of a
+// millisecond; the resolver's thread frees them instead, with no lock held, while the check begins.
+struct Leftovers {
+  std::map<uint64_t, Buf> device_bufs, pinned_bufs;
+  std::map<std::pair<std::string, uint64_t>, std::vector<uint64_t>> fake_free;
+  std::unordered_set<uint64_t> fake_pinned;
+  std::map<std::pair<int64_t, int64_t>, std::string> pool_names;
+  std::deque<std::string> spare_names[2];
+};
+
 struct State {
   std::mutex mu;
   // Records waiting to be written, in the order they were made (`q_mu` held; taken after `mu`,
@@ -521,6 +533,7 @@ struct State {
   // more gone than were when it was made (a free written before ops that came before it).
   std::atomic<bool> defer_fake{false};
   bool resolver_started = false;      // `q_mu` held
+  std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
   std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
@@ -1771,6 +1784,15 @@ void resolver_main() {
   for (;;) {
     bool synced;
     {
+      std::vector<std::unique_ptr<Leftovers>> gone;
+      {
+        std::unique_lock<std::mutex> q(S->q_mu);
+        S->q_cv.wait(q, [] { return S->defer.load() || !S->leftovers.empty(); });
+        gone.swap(S->leftovers);
+      }
+      if (!gone.empty()) continue;  // freed here, no lock held (storages' references among them)
+    }
+    {
       std::unique_lock<std::mutex> q(S->q_mu);
       S->q_cv.wait(q, [] { return S->defer.load(); });
       S->q_cv.wait_for(q, std::chrono::microseconds(500), [] { return S->kicked; });
@@ -1826,6 +1848,7 @@ void after_fork_child() {
   // under the recorder's locks, but left to the child's memory.
   new (&S->queue) std::vector<Rec>();
   new (&S->resolving) std::vector<Rec>();
+  new (&S->leftovers) std::vector<std::unique_ptr<Leftovers>>();
   S->batch.clear();
   after_fork_parent();
 }
@@ -2791,8 +2814,12 @@ void reset() {
     S->queue.reserve(kMaxQueued + 64);
   }
   S->batch.clear();
-  S->device_bufs.clear();
-  S->pinned_bufs.clear();
+  auto old = std::make_unique<Leftovers>();
+  old->device_bufs.swap(S->device_bufs);
+  old->pinned_bufs.swap(S->pinned_bufs);
+  old->fake_free.swap(S->fake_free);
+  old->fake_pinned.swap(S->fake_pinned);
+  old->pool_names.swap(S->pool_names);
   S->buf_slots = {};
   {
     std::lock_guard<std::mutex> n(S->names_mu);
@@ -2800,18 +2827,15 @@ void reset() {
   }
   S->next_buf = 0;
   S->fake_next_addr = kFakeAddrBase;
-  S->fake_free.clear();
   S->host_values_allocated = false;
-  S->spare_names[0].clear();
-  S->spare_names[1].clear();
-  S->fake_pinned.clear();
+  old->spare_names[0].swap(S->spare_names[0]);
+  old->spare_names[1].swap(S->spare_names[1]);
   S->last_site.store(kNullSite);
   S->external_accesses = S->bad_regions = 0;
   S->foreign_threads.store(0);
   S->fast_sites.store(0);
   S->slow_sites.store(0);
   S->pool_allocations_outside_capture = 0;
-  S->pool_names.clear();
   S->triton_launches = 0;
   S->captures.store(0);
   S->resolver_errors.store(0);
@@ -2826,6 +2850,11 @@ void reset() {
     c->store(0);
   }
   S->prof.unwritten.clear();
+  {
+    std::lock_guard<std::mutex> q(S->q_mu);
+    if (S->resolver_started) S->leftovers.push_back(std::move(old));  // else freed here
+  }
+  S->q_cv.notify_all();
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
@@ -3395,7 +3424,7 @@ bool host_access(const at::Tensor& t, bool write) {
 
 py::dict counters() {
   // Read under the locks, turned into Python objects after them (making them may run Python).
-  uint64_t external, bad, pool_outside, triton, refused, device_bufs, pinned_bufs, kinds, retired;
+  uint64_t external, bad, pool_outside, triton, refused, device_bufs, pinned_bufs, kinds, retired, leftovers;
   bool raw_sink;
   {
     StateLock g;
@@ -3412,6 +3441,8 @@ py::dict counters() {
     pinned_bufs = S->pinned_bufs.size();
     kinds = S->ops.size() + S->labels.size();
     retired = S->retired_ops.size();
+    std::lock_guard<std::mutex> q(S->q_mu);
+    leftovers = S->leftovers.size();
   }
   py::dict d;
   d["external_accesses"] = external;
@@ -3426,6 +3457,7 @@ py::dict counters() {
   d["raw_refused_bytes"] = refused;
   d["live_device_buffers"] = device_bufs;
   d["live_pinned_buffers"] = pinned_bufs;
+  d["leftovers_unfreed"] = leftovers;  // earlier checks' buffers the resolver has not freed yet
   d["op_kinds"] = kinds;
   d["op_kinds_retired"] = retired;
   d["tracker"] = S->tracker_attached;
