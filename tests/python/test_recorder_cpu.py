@@ -942,6 +942,36 @@ def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
         assert sites(run) == {("data-race", line_of("SAVE"))}
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+def test_tolist_reads_pinned_memory_on_the_host(backend, fixed):
+    # A result copied into pinned memory with a non_blocking copy and turned into a list before
+    # the copy is done: Tensor.tolist reads the bytes on the host, outside the dispatcher (it is
+    # torch._C.TensorBase's, inherited by torch.Tensor).
+    import torch
+
+    def body(f):
+        f.stream(0)
+        result = torch.ones(256)
+        host = f.pinned(256)
+        f.record(3, 0)
+        f.stream(1, "copier")
+        f.wait(1, 3)
+        host.copy_(result, non_blocking=True)
+        f.record(1, 1)
+        f.stream(0)
+        if fixed:
+            f.sync(1)
+        values = host.tolist()  # TOLIST
+        assert len(values) == 256
+
+    run = checked(backend, body)
+    if fixed:
+        assert run.report.errors == 0, run.report.to_text()
+    else:
+        assert sites(run) == {("data-race", line_of("TOLIST"))}
+    assert "tolist" not in torch.Tensor.__dict__  # the inherited method is torch.Tensor's again
+
+
 def test_a_build_killed_midway_does_not_hang_later_loads():
     # torch's build lock (`lock` in the build directory, created exclusively) stays behind when a
     # build is killed (a timeout); a later load must not wait for it forever.

@@ -1251,7 +1251,8 @@ def _install_patches(rec: "Recorder") -> _Patches:
 
         return tolist
 
-    p.patch(torch.Tensor, "tolist", make_tolist)
+    # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor.
+    p.patch_inherited(torch.Tensor, "tolist", make_tolist)
 
     def make_save(orig):
         def save(obj, *args, **kwargs):
