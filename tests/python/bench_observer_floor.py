@@ -12,7 +12,10 @@ The workloads are bench_overhead.py's (`tiny`: an MLP 16-32-32-4, batch 8, SGD, 
 a launch-bound step; `mlp`, `streams`, `resnet` on a GPU), plain and under each observer,
 interleaved in rounds (the order rotated each round), the collector off; prints the median
 microseconds per step, the ratio to plain and the observer's calls per step. With `--check`, the
-C++ recorder observing only and checking in full join the rounds (the recorder installed). On a
+C++ recorder observing only and checking in full join the rounds (the recorder installed), and
+so do the recorder's RecordFunction observer alone and with c10's GPU trace, observing only
+outside any check: what observing costs, split between the observer, the trace and the rest of
+a check. On a
 GPU each block of steps ends with a device synchronization. Needs torch and a C++ compiler (the
 observers are built once, under $STREAMSAN_BENCH_EXT_DIR or a temporary directory).
 """
@@ -189,6 +192,34 @@ def main() -> None:
                 if self.run.report.errors:
                     raise SystemExit(f"bench_observer_floor: the check reported {self.run.report.errors} error(s)")
 
+        from streamsan.torch import _native
+
+        rec = _native.load()
+
+        def parts(gpu_trace: bool):
+            """The recorder's observer alone, observing only (its callbacks return at once; no
+            check, no patches, no Triton hooks, no checker), with c10's GPU trace or without: what
+            a check observing only costs beyond them is the rest of the check."""
+
+            def on():
+                rec.install(a.device == "cuda")
+                rec.set_profile(True, True)
+                if gpu_trace:
+                    rec.install_gpu_trace()
+                rec.set_active(True)
+
+            def off():
+                rec.set_active(False)
+                if gpu_trace:
+                    rec.uninstall_gpu_trace()
+                rec.set_profile(False, False)
+                rec.uninstall()
+
+            return on, off
+
+        modes["recorder's observer, observing only"] = parts(False)
+        if hasattr(rec, "install_gpu_trace"):
+            modes["recorder's observer and GPU trace, observing only"] = parts(True)
         for label, prof in (("recorder, observing only", "observe"), ("recorder, checking", "0")):
             c = Checked(prof)
             modes[label] = (c.on, c.off)
@@ -222,10 +253,10 @@ def main() -> None:
     base = statistics.median(times["plain"])
     print(f"torch {torch.__version__}, {a.workload} on {a.device}, {a.threads} thread(s), "
           f"{a.rounds} rounds of {a.steps} steps")
-    print(f"{'observer':36s} {'us/step':>9s} {'x plain':>8s} {'calls/step':>11s}")
+    print(f"{'observer':50s} {'us/step':>9s} {'x plain':>8s} {'calls/step':>11s}")
     for n in names:
         m = statistics.median(times[n])
-        print(f"{n:36s} {m:9.1f} {m / base:8.2f} {calls[n]:11.0f}")
+        print(f"{n:50s} {m:9.1f} {m / base:8.2f} {calls[n]:11.0f}")
     if a.json:
         import json
 
