@@ -504,9 +504,9 @@ def test_stats_during_a_check(backend):
 
 
 def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_one_starts():
-    """The buffers a check knew are handed to the recorder's thread when the next check starts
-    (they were freed on the program's thread there), which frees them: none is left unfreed, and
-    the new check knows none of them."""
+    """The buffers a check knew (hundreds: a few are freed at once) are handed to the
+    recorder's thread when the next check starts, which frees them: none is left unfreed, and the
+    new check knows none of them."""
     import time
 
     import torch
@@ -518,10 +518,10 @@ def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_on
     kept = []
     with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as first:
         Fake(first).stream(0)
-        for _ in range(50):
+        for _ in range(400):
             kept.append(torch.ones(64) + 1)
         before = first.stats()["recorder_live_device_buffers"]
-    assert before >= 50
+    assert before >= 400
     with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as second:
         Fake(second).stream(0)
         stats = second.stats()

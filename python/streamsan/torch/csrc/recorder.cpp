@@ -509,7 +509,13 @@ struct Leftovers {
   std::unordered_set<uint64_t> fake_pinned;
   std::map<std::pair<int64_t, int64_t>, std::string> pool_names;
   std::deque<std::string> spare_names[2];
+  size_t size() const {
+    return device_bufs.size() + pinned_bufs.size() + fake_free.size() + fake_pinned.size() +
+           spare_names[0].size() + spare_names[1].size();
+  }
 };
+// Fewer are freed where the check starts (handing them over wakes the resolver: a system call).
+constexpr size_t kLeftoversApart = 256;
 
 struct State {
   std::mutex mu;
@@ -2814,12 +2820,12 @@ void reset() {
     S->queue.reserve(kMaxQueued + 64);
   }
   S->batch.clear();
-  auto old = std::make_unique<Leftovers>();
-  old->device_bufs.swap(S->device_bufs);
-  old->pinned_bufs.swap(S->pinned_bufs);
-  old->fake_free.swap(S->fake_free);
-  old->fake_pinned.swap(S->fake_pinned);
-  old->pool_names.swap(S->pool_names);
+  Leftovers old;
+  old.device_bufs.swap(S->device_bufs);
+  old.pinned_bufs.swap(S->pinned_bufs);
+  old.fake_free.swap(S->fake_free);
+  old.fake_pinned.swap(S->fake_pinned);
+  old.pool_names.swap(S->pool_names);
   S->buf_slots = {};
   {
     std::lock_guard<std::mutex> n(S->names_mu);
@@ -2828,8 +2834,8 @@ void reset() {
   S->next_buf = 0;
   S->fake_next_addr = kFakeAddrBase;
   S->host_values_allocated = false;
-  old->spare_names[0].swap(S->spare_names[0]);
-  old->spare_names[1].swap(S->spare_names[1]);
+  old.spare_names[0].swap(S->spare_names[0]);
+  old.spare_names[1].swap(S->spare_names[1]);
   S->last_site.store(kNullSite);
   S->external_accesses = S->bad_regions = 0;
   S->foreign_threads.store(0);
@@ -2850,11 +2856,17 @@ void reset() {
     c->store(0);
   }
   S->prof.unwritten.clear();
+  // A few are freed here, sooner than the resolver could be woken for them.
+  if (old.size() < kLeftoversApart) return;
+  bool handed = false;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
-    if (S->resolver_started) S->leftovers.push_back(std::move(old));  // else freed here
+    if (S->resolver_started) {
+      S->leftovers.push_back(std::make_unique<Leftovers>(std::move(old)));
+      handed = true;
+    }
   }
-  S->q_cv.notify_all();
+  if (handed) S->q_cv.notify_all();
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
