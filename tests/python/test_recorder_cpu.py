@@ -509,12 +509,12 @@ def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_on
     new check knows none of them."""
     import time
 
+    torch_or_skip()
+    native_ext_or_skip()
     import torch
 
     import streamsan.torch
 
-    torch_or_skip()
-    native_ext_or_skip()
     kept = []
     with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as first:
         Fake(first).stream(0)
