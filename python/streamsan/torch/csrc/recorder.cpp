@@ -1057,11 +1057,12 @@ void add_tensor(const at::Tensor& t, bool write, AccessList& out, Frame& fr) {
   out.push_back(std::move(a));
 }
 
+// A list of tensors (`Tensor[]`, `Tensor?[]`) is a list of IValues like any other: no type
+// comparison (IValue::isTensorList is out of line, and asked of every argument that is not a
+// tensor, it cost 3% of the callbacks).
 void add_ivalue(const c10::IValue& v, bool write, AccessList& out, Frame& fr) {
   if (v.isTensor()) {
     add_tensor(v.toTensor(), write, out, fr);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList()) add_tensor(t, write, out, fr);
   } else if (v.isList()) {
     for (const c10::IValue& x : v.toListRef()) {
       if (x.isTensor()) add_tensor(x.toTensor(), write, out, fr);
@@ -2164,8 +2165,14 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn)
   Frame& me = t.frames.back();
   me.site = site;
   t.cur_site = site;
-  me.eligible = quiet_eligible(me);
-  me.exceptions = std::uncaught_exceptions();
+  // Whether it could be quiet: asked while quiet callees are (may_be_quiet), or while a call as
+  // eligible as this one is yet to be seen whole (learned even while they are not: see
+  // on_end_impl); else not asked (a dozen thread-local reads of PyTorch's).
+  if (info.may_quiet && (S->quiet_callees.load(std::memory_order_relaxed) ||
+                         info.learned.seen_whole.load(std::memory_order_relaxed) == 0)) {
+    me.eligible = quiet_eligible(me);
+    me.exceptions = std::uncaught_exceptions();
+  }
   if (me.eligible && may_be_quiet(me)) {
     at::enableRecordFunction(false);  // back on when it ends (on_end_impl)
     me.quiet = true;
@@ -2468,9 +2475,9 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
     if (host_output) keep_callees(t, t.frames.size());
     // Seen whole: a call that could have been quiet, observed to its end (not cut short by an
     // exception, before callees it did not reach).
-    if (fr.eligible && !fr.quiet && std::uncaught_exceptions() == fr.exceptions &&
+    if (fr.eligible && !fr.quiet && info.learned.seen_whole.load(std::memory_order_relaxed) == 0 &&
         !info.learned.keep_callees.load(std::memory_order_relaxed) &&
-        info.learned.seen_whole.load(std::memory_order_relaxed) == 0) {
+        std::uncaught_exceptions() == fr.exceptions) {
       info.learned.seen_whole.store(1, std::memory_order_relaxed);
     }
   }
