@@ -1,0 +1,108 @@
+"""Instructions the C++ recorder's RecordFunction callbacks execute per op, counted by callgrind
+(a count that does not depend on the machine's load, unlike a time; docs/performance.md).
+
+    python tests/python/bench_callback_instructions.py [--model resnet|vit|mlp] [--steps 2]
+
+Runs `--steps` training steps of bench_overhead.py's model on the fake device (CPU tensors
+standing for device memory; records deferred, as on a GPU), twice, each time in a check of its
+own after one unchecked step, under `valgrind --tool=callgrind`, counting only inside the
+recorder's `on_start` and `on_end` callbacks and leaving out what a callback does for the
+recorder's thread when it finds the queue full (`queued`: under valgrind the threads run one at a
+time, so the program's thread catches up far more often than it does on its own). Prints the
+instructions counted, the callbacks and the ops recorded in full (calls of `on_start`; of the
+record's builder in `on_end`), and the instructions per callback and per op recorded. Needs
+valgrind, torch and the model's package (torchvision, timm); takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+TOGGLES = [
+    "(anonymous namespace)::on_start(at::RecordFunction const&)",
+    "(anonymous namespace)::on_end(at::RecordFunction const&, at::ObserverContext*)",
+    "(anonymous namespace)::queued(unsigned long, bool)",
+]
+
+
+def child(model: str, steps: int) -> None:
+    sys.path.insert(0, HERE)
+    import bench_overhead as bo
+
+    import streamsan.torch
+
+    net, opt, data = bo._mlp_between("cpu", model)
+
+    def run(k: int) -> None:
+        for _ in range(k):
+            opt.zero_grad()
+            net(data).square().mean().backward()
+            opt.step()
+
+    run(1)
+    for _ in range(2):
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as r:
+            run(steps)
+    print(f"ops checked in the last check: {r.report.ops}")
+
+
+def calls(tree: str, function: str, caller_of: str | None = None) -> int:
+    """Calls of `function` (as callgrind_annotate --tree=caller lists its callers)."""
+    total = 0
+    block: list[str] = []
+    for line in tree.splitlines() + [""]:
+        if line.strip():
+            block.append(line)
+            continue
+        if block and "*" in block[-1] and (caller_of or function) in block[-1]:
+            for b in block[:-1]:
+                if function in b and re.search(r"%\)\s+<", b):
+                    m = re.search(r"\(([\d,]+)x\)", b)
+                    if m:
+                        total += int(m.group(1).replace(",", ""))
+        block = []
+    return total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="resnet", choices=["resnet", "vit", "mlp"])
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.child:
+        child(a.model, a.steps)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "callgrind.out")
+        env = dict(os.environ, STREAMSAN_DEFER="all", OMP_NUM_THREADS="1")
+        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no"]
+        cmd += [f"--toggle-collect={t}" for t in TOGGLES]
+        cmd += [sys.executable, os.path.abspath(__file__), "--child", "--model", a.model, "--steps", str(a.steps)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if done.returncode != 0:
+            raise SystemExit(f"bench_callback_instructions: valgrind failed:\n{done.stderr[-2000:]}")
+        m = re.search(r"Collected : (\d+)", done.stderr)
+        if not m:
+            raise SystemExit("bench_callback_instructions: no count in valgrind's output")
+        total = int(m.group(1))
+        tree = subprocess.run(["callgrind_annotate", "--tree=caller", out], capture_output=True, text=True,
+                              timeout=600).stdout
+    callbacks = calls(tree, "::on_start(at::RecordFunction const&)", "on_start_impl")
+    recorded = calls(tree, "::on_end_impl(", "{lambda((anonymous namespace)::Rec&)#1}::operator()")
+    print(f"{a.model}, 2 checks of {a.steps} steps: {total:,} instructions in the callbacks")
+    if callbacks:
+        print(f"  {callbacks:,} callbacks: {total / callbacks:,.0f} instructions each")
+    if recorded:
+        print(f"  {recorded:,} ops recorded in full: {total / recorded:,.0f} instructions each")
+
+
+if __name__ == "__main__":
+    main()
