@@ -6,11 +6,12 @@
 Runs `--steps` training steps of bench_overhead.py's model on the fake device (CPU tensors
 standing for device memory; records deferred, as on a GPU), twice, each time in a check of its
 own after one unchecked step, under `valgrind --tool=callgrind`, counting only inside the
-recorder's `on_start` and `on_end` callbacks and leaving out what a callback does for the
-recorder's thread when it finds the queue full (`queued`: under valgrind the threads run one at a
-time, so the program's thread catches up far more often than it does on its own). Prints the
-instructions counted, the callbacks and the ops recorded in full (calls of `on_start`; of the
-record's builder in `on_end`), and the instructions per callback and per op recorded. Needs
+recorder's `on_start` and `on_end` callbacks, less what they do for the recorder's thread when
+they find the queue full (`queued`, all its calls: under valgrind the threads run one at a time,
+so the program's thread catches up far more often than it does on its own). Prints the
+instructions counted, the ops observed and those recorded in full (calls of `on_start`; of the
+record's builder in `on_end`), and the instructions per op observed (its start and end callbacks
+together) and per op recorded. Needs
 valgrind, torch and the model's package (torchvision, timm); takes a few minutes.
 """
 
@@ -28,8 +29,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOGGLES = [
     "(anonymous namespace)::on_start(at::RecordFunction const&)",
     "(anonymous namespace)::on_end(at::RecordFunction const&, at::ObserverContext*)",
-    "(anonymous namespace)::queued(unsigned long, bool)",
 ]
+# What a callback does for the recorder's thread when it finds the queue full: left out.
+QUEUED = "(anonymous namespace)::queued(unsigned long, bool)"
 
 
 def child(model: str, steps: int) -> None:
@@ -92,14 +94,23 @@ def main() -> None:
         m = re.search(r"Collected : (\d+)", done.stderr)
         if not m:
             raise SystemExit("bench_callback_instructions: no count in valgrind's output")
-        total = int(m.group(1))
+        collected = int(m.group(1))
         tree = subprocess.run(["callgrind_annotate", "--tree=caller", out], capture_output=True, text=True,
                               timeout=600).stdout
+        inclusive = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out],
+                                   capture_output=True, text=True, timeout=600).stdout
+    queued = 0
+    for line in inclusive.splitlines():
+        if QUEUED in line:
+            queued = int(line.split()[0].replace(",", ""))
+            break
+    total = collected - queued
     callbacks = calls(tree, "::on_start(at::RecordFunction const&)", "on_start_impl")
     recorded = calls(tree, "::on_end_impl(", "{lambda((anonymous namespace)::Rec&)#1}::operator()")
-    print(f"{a.model}, 2 checks of {a.steps} steps: {total:,} instructions in the callbacks")
+    print(f"{a.model}, 2 checks of {a.steps} steps: {total:,} instructions in the callbacks "
+          f"({collected:,} with the {queued:,} of the queue's catching up)")
     if callbacks:
-        print(f"  {callbacks:,} callbacks: {total / callbacks:,.0f} instructions each")
+        print(f"  {callbacks:,} ops observed: {total / callbacks:,.0f} instructions each (its start and end)")
     if recorded:
         print(f"  {recorded:,} ops recorded in full: {total / recorded:,.0f} instructions each")
 

@@ -218,7 +218,7 @@ def main() -> None:
             return on, off
 
         modes["recorder's observer, observing only"] = parts(False)
-        if hasattr(rec, "install_gpu_trace"):
+        if getattr(rec, "native_syncs", lambda: False)():  # this torch's GPU trace is the recorder's to take
             modes["recorder's observer and GPU trace, observing only"] = parts(True)
         for label, prof in (("recorder, observing only", "observe"), ("recorder, checking", "0")):
             c = Checked(prof)

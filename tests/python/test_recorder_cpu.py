@@ -505,8 +505,8 @@ def test_stats_during_a_check(backend):
 
 def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_one_starts():
     """The buffers a check knew (hundreds: a few are freed at once) are handed to the
-    recorder's thread when the next check starts, which frees them: none is left unfreed, and the
-    new check knows none of them."""
+    recorder's thread when the next check starts, which frees them (the count of those not freed
+    yet goes back to none once they are destroyed), and the new check knows none of them."""
     import time
 
     torch_or_skip()
@@ -520,12 +520,14 @@ def test_a_checks_buffers_are_let_go_of_off_the_programs_thread_when_the_next_on
         Fake(first).stream(0)
         for _ in range(400):
             kept.append(torch.ones(64) + 1)
-        before = first.stats()["recorder_live_device_buffers"]
+        stats = first.stats()
+        before, handed = stats["recorder_live_device_buffers"], stats["recorder_leftovers_handed"]
     assert before >= 400
     with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as second:
         Fake(second).stream(0)
         stats = second.stats()
         assert stats["recorder_live_device_buffers"] == 0  # forgotten with the first check
+        assert stats["recorder_leftovers_handed"] == handed + 1  # handed to the recorder's thread
         deadline = time.monotonic() + 10
         while stats["recorder_leftovers_unfreed"] and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -970,6 +972,27 @@ def test_tolist_reads_pinned_memory_on_the_host(backend, fixed):
     else:
         assert sites(run) == {("data-race", line_of("TOLIST"))}
     assert "tolist" not in torch.Tensor.__dict__  # the inherited method is torch.Tensor's again
+
+
+def test_tolist_of_a_tensor_subclass_is_one_host_read(backend, tmp_path):
+    # A subclass with __torch_function__: TensorBase.tolist calls it with torch.Tensor.tolist (the
+    # patch), whose default runs it again, torch functions disabled: one read, not two.
+    import torch
+
+    class Passthrough(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def body(f):
+        f.stream(0)
+        host = f.pinned(64).as_subclass(Passthrough)
+        assert len(host.tolist()) == 64
+        assert len(torch.Tensor.tolist(host)) == 64
+
+    trace = tmp_path / "t.jsonl"
+    checked(backend, body, trace=str(trace))
+    assert sum(op["op"] == "host_read" for op in trace_ops(trace)) == 2
 
 
 def test_a_build_killed_midway_does_not_hang_later_loads():

@@ -1243,9 +1243,13 @@ def _install_patches(rec: "Recorder") -> _Patches:
 
         _install_graph_patches(rec, p, torch)
 
+    has_torch_function = torch.overrides.has_torch_function_unary
+
     def make_tolist(orig):
         def tolist(self):
-            if on() and not self.is_cuda:
+            # A subclass with __torch_function__ comes back here from it, torch functions
+            # disabled: its read is written then, once.
+            if on() and not self.is_cuda and not has_torch_function(self):
                 b.host_access(self, False)
             return orig(self)
 

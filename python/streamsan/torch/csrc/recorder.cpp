@@ -540,6 +540,8 @@ struct State {
   std::atomic<bool> defer_fake{false};
   bool resolver_started = false;      // `q_mu` held
   std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
+  // Leftovers handed to the resolver in this process, and those it has not freed yet.
+  std::atomic<uint64_t> leftovers_handed{0}, leftovers_unfreed{0};
   std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
@@ -1797,11 +1799,17 @@ void resolver_main() {
         S->q_cv.wait(q, [] { return S->defer.load() || !S->leftovers.empty(); });
         gone.swap(S->leftovers);
       }
-      if (!gone.empty()) continue;  // freed here, no lock held (storages' references among them)
+      if (!gone.empty()) {
+        const size_t n = gone.size();
+        gone.clear();  // freed here, no lock held (storages' references among them)
+        S->leftovers_unfreed.fetch_sub(n);
+        continue;
+      }
     }
     {
       std::unique_lock<std::mutex> q(S->q_mu);
-      S->q_cv.wait(q, [] { return S->defer.load(); });
+      // Deferring ended since the look above: back to waiting for it, or for leftovers.
+      if (!S->defer.load()) continue;
       S->q_cv.wait_for(q, std::chrono::microseconds(500), [] { return S->kicked; });
       const bool kicked = std::exchange(S->kicked, false);
       if (ablating(kResolverPaused) && !kicked) continue;
@@ -1856,6 +1864,7 @@ void after_fork_child() {
   new (&S->queue) std::vector<Rec>();
   new (&S->resolving) std::vector<Rec>();
   new (&S->leftovers) std::vector<std::unique_ptr<Leftovers>>();
+  S->leftovers_unfreed.store(0);
   S->batch.clear();
   after_fork_parent();
 }
@@ -2870,6 +2879,8 @@ void reset() {
     std::lock_guard<std::mutex> q(S->q_mu);
     if (S->resolver_started) {
       S->leftovers.push_back(std::make_unique<Leftovers>(std::move(old)));
+      S->leftovers_handed.fetch_add(1);
+      S->leftovers_unfreed.fetch_add(1);
       handed = true;
     }
   }
@@ -3443,7 +3454,7 @@ bool host_access(const at::Tensor& t, bool write) {
 
 py::dict counters() {
   // Read under the locks, turned into Python objects after them (making them may run Python).
-  uint64_t external, bad, pool_outside, triton, refused, device_bufs, pinned_bufs, kinds, retired, leftovers;
+  uint64_t external, bad, pool_outside, triton, refused, device_bufs, pinned_bufs, kinds, retired;
   bool raw_sink;
   {
     StateLock g;
@@ -3460,8 +3471,6 @@ py::dict counters() {
     pinned_bufs = S->pinned_bufs.size();
     kinds = S->ops.size() + S->labels.size();
     retired = S->retired_ops.size();
-    std::lock_guard<std::mutex> q(S->q_mu);
-    leftovers = S->leftovers.size();
   }
   py::dict d;
   d["external_accesses"] = external;
@@ -3476,7 +3485,9 @@ py::dict counters() {
   d["raw_refused_bytes"] = refused;
   d["live_device_buffers"] = device_bufs;
   d["live_pinned_buffers"] = pinned_bufs;
-  d["leftovers_unfreed"] = leftovers;  // earlier checks' buffers the resolver has not freed yet
+  // Earlier checks' buffers handed to the resolver to free (this process), and not freed yet.
+  d["leftovers_handed"] = S->leftovers_handed.load();
+  d["leftovers_unfreed"] = S->leftovers_unfreed.load();
   d["op_kinds"] = kinds;
   d["op_kinds_retired"] = retired;
   d["tracker"] = S->tracker_attached;
