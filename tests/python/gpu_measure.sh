@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The measurements of docs/performance.md on a GPU machine, in parts that each fit a 10-minute
+# call (a fresh machine builds the C++ recorder first, in whichever part runs first):
+#
+#   bash tests/python/gpu_measure.sh eager    WHEELDIR  # the eager real-code suite, then the paired MLP step
+#   bash tests/python/gpu_measure.sh compiled WHEELDIR  # the compiled suite, then 10,000 checked steps' memory
+#   bash tests/python/gpu_measure.sh all      WHEELDIR  # gpu_all.sh (REQUIRE_GPU pytest, program suite,
+#                                                       # overhead), the paired two-stream loop, entering and
+#                                                       # leaving after a synchronization, the Rust GPU tests
+#   bash tests/python/gpu_measure.sh observe  WHEELDIR  # what observing costs, split (bench_observer_floor
+#                                                       # --check), entering and leaving after each model's step,
+#                                                       # the paired MLP step synchronizing at every step
+#
+# WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
+# /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget. The
+# `all` part runs .device/run-tests (the Rust GPU test executables staged by tools/device-stage)
+# where it is there.
+set -u
+part=${1:?part: eager, compiled, all or observe}
+wheels=${2:?WHEELDIR}
+O=${OUT:-/tmp/gpu-measure/$part}
+mkdir -p "$O"
+here=$(cd "$(dirname "$0")" && pwd)
+t0=$(date +%s)
+step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs its status and time
+  local name=$1 limit=$2
+  shift 2
+  local t1=$(date +%s)
+  timeout "$limit" "$@"
+  echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt"
+}
+left() { echo $(( ${1:-580} - ($(date +%s) - t0) )); }
+site() {  # the wheel installed into /tmp/site (as gpu_realcode.sh and gpu_all.sh do)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$wheels"/*.whl >&2
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} STREAMSAN_TORCH_EXT_DIR=${STREAMSAN_TORCH_EXT_DIR:-/tmp/streamsan-ext}
+}
+case "$part" in
+  eager)
+    OUT=$O/eager REALCODE_PYTHON_COST=0 REALCODE_SET=realcode REALCODE_PROFILE=1 REALCODE_SECONDS=${SECS:-480} \
+      step eager-suite 560 bash "$here/gpu_realcode.sh" "$wheels" > "$O/eager-stdout.txt" 2>&1
+    site
+    l=$(left 575)
+    [ "$l" -gt 40 ] && step paired-mlp "$l" python3 "$here/bench_overhead.py" paired mlp --device cuda --iters 100 \
+      --rounds 7 > "$O/paired-mlp.json" 2> "$O/paired-mlp.err"
+    tail -45 "$O/eager-stdout.txt"; tail -c 1200 "$O/paired-mlp.json"; echo
+    ;;
+  compiled)
+    OUT=$O/compiled REALCODE_PYTHON_COST=0 REALCODE_SET=compiled REALCODE_PROFILE=1 REALCODE_SECONDS=${SECS:-520} \
+      step compiled-suite 560 bash "$here/gpu_realcode.sh" "$wheels" > "$O/compiled-stdout.txt" 2>&1
+    site
+    l=$(left 585)
+    [ "$l" -gt 20 ] && step memory "$l" python3 "$here/bench_overhead.py" memory --steps 10000 --sync-every 100 \
+      --backend native --max-seconds $(( l - 10 )) > "$O/memory.json" 2> "$O/memory.err"
+    tail -45 "$O/compiled-stdout.txt"; tail -c 600 "$O/memory.json"; echo
+    ;;
+  all)
+    OUT=$O/all GPU_ALL_SECONDS=${SECS:-260} step gpu-all 330 bash "$here/gpu_all.sh" "$wheels" > "$O/all-stdout.txt" 2>&1
+    site
+    step paired-streams 50 python3 "$here/bench_overhead.py" paired streams --device cuda --iters 400 --rounds 9 \
+      > "$O/paired-streams.json" 2> "$O/paired-streams.err"
+    step startup-sync 40 python3 "$here/bench_overhead.py" startup --device cuda --between 2 --inside 5 \
+      --wait-ms 0.3 --n 40 > "$O/startup-sync.json" 2> "$O/startup-sync.err"
+    if [ -x "$here/../../.device/run-tests" ]; then
+      STREAMSAN_REQUIRE_GPU=1 step rust-tests "$(left 585)" "$here/../../.device/run-tests" > "$O/rust-tests.txt" 2>&1
+    fi
+    tail -45 "$O/all/summary.txt" 2>/dev/null; grep -E "passed|failed" "$O/all/pytest.txt" 2>/dev/null | tail -3
+    tail -20 "$O/rust-tests.txt" 2>/dev/null; tail -c 1000 "$O/paired-streams.json"; echo; cat "$O/startup-sync.json"
+    ;;
+  observe)
+    site
+    export STREAMSAN_BENCH_EXT_DIR=${STREAMSAN_BENCH_EXT_DIR:-/tmp/bench-ext}
+    step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    for w in "resnet 10 7" "mlp 100 9" "streams 400 9"; do
+      set -- $w
+      step "floor-$1" 150 python3 "$here/bench_observer_floor.py" --device cuda --workload "$1" --steps "$2" \
+        --rounds "$3" --check --json "$O/floor-$1.json" > "$O/floor-$1.txt" 2>&1
+    done
+    for m in mlp resnet vit; do
+      step "startup-$m" 60 python3 "$here/bench_overhead.py" startup --device cuda --model "$m" --between 2 \
+        --inside 5 --wait-ms 1 --n 30 > "$O/startup-$m.json" 2> "$O/startup-$m.err"
+    done
+    l=$(left 580)
+    [ "$l" -gt 40 ] && step paired-mlp-sync "$l" python3 "$here/bench_overhead.py" paired mlp --device cuda \
+      --iters 100 --rounds 7 --sync-each > "$O/paired-mlp-sync.json" 2> "$O/paired-mlp-sync.err"
+    cat "$O"/floor-*.txt; for m in mlp resnet vit; do tail -c 400 "$O/startup-$m.json"; echo; done
+    tail -c 800 "$O/paired-mlp-sync.json" 2>/dev/null
+    ;;
+  *)
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe)" >&2
+    exit 2
+    ;;
+esac
