@@ -915,6 +915,25 @@ def test_a_free_inside_an_enclosing_op_comes_after_the_wait_before_it(backend):
     assert run.report.errors == 0, run.report.to_text()
 
 
+def copied_to_pinned(f, n: int, fixed: bool):
+    """Pinned memory of `n` floats that a non_blocking copy on the stream "copier" (after stream
+    0's work) writes; back on stream 0, the host waits for the copy where `fixed`."""
+    import torch
+
+    f.stream(0)
+    source = torch.ones(n)
+    host = f.pinned(n)
+    f.record(3, 0)
+    f.stream(1, "copier")
+    f.wait(1, 3)
+    host.copy_(source, non_blocking=True)
+    f.record(1, 1)
+    f.stream(0)
+    if fixed:
+        f.sync(1)
+    return host
+
+
 @pytest.mark.parametrize("fixed", [False, True])
 def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
     # A checkpoint staged with non_blocking copies into pinned memory and saved before the copy
@@ -924,17 +943,7 @@ def test_torch_save_reads_pinned_memory_on_the_host(backend, fixed):
     import torch
 
     def body(f):
-        f.stream(0)
-        weights = torch.ones(1024)
-        staged = f.pinned(1024)
-        f.record(3, 0)
-        f.stream(1, "copier")
-        f.wait(1, 3)
-        staged.copy_(weights, non_blocking=True)
-        f.record(1, 1)
-        f.stream(0)
-        if fixed:
-            f.sync(1)
+        staged = copied_to_pinned(f, 1024, fixed)
         torch.save({"model": {"w": staged}, "step": 3}, io.BytesIO())  # SAVE
 
     run = checked(backend, body)
@@ -952,17 +961,7 @@ def test_tolist_reads_pinned_memory_on_the_host(backend, fixed):
     import torch
 
     def body(f):
-        f.stream(0)
-        result = torch.ones(256)
-        host = f.pinned(256)
-        f.record(3, 0)
-        f.stream(1, "copier")
-        f.wait(1, 3)
-        host.copy_(result, non_blocking=True)
-        f.record(1, 1)
-        f.stream(0)
-        if fixed:
-            f.sync(1)
+        host = copied_to_pinned(f, 256, fixed)
         values = host.tolist()  # TOLIST
         assert len(values) == 256
 
