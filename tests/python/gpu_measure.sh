@@ -12,7 +12,8 @@
 #                                                       # the paired MLP step synchronizing at every step
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
-# /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget. The
+# /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
+# PART_SECONDS the part's (600: the steps after the first stop in time for a call that long). The
 # `all` part runs .device/run-tests (the Rust GPU test executables staged by tools/device-stage)
 # where it is there.
 set -u
@@ -29,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs its
   timeout "$limit" "$@"
   echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt"
 }
-left() { echo $(( ${1:-580} - ($(date +%s) - t0) )); }
+left() { echo $(( ${1:-580} - 600 + ${PART_SECONDS:-600} - ($(date +%s) - t0) )); }
 site() {  # the wheel installed into /tmp/site (as gpu_realcode.sh and gpu_all.sh do)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$wheels"/*.whl >&2
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} STREAMSAN_TORCH_EXT_DIR=${STREAMSAN_TORCH_EXT_DIR:-/tmp/streamsan-ext}
