@@ -932,15 +932,15 @@ class NativeBackend:
         if cuda and _PINNED_EXAMPLE is None:
             _PINNED_EXAMPLE = torch.empty(1, pin_memory=True)  # its deleter is the host allocator's
         pinned = _PINNED_EXAMPLE if cuda else None
-        self.ext.configure(
-            self.sites.torch_dir, self.sites.own_dir, self.sites.cwd, BATCH_BYTES, rec._sink, fake_device, pinned
+        sites = self.sites
+        # In one call: where the user's code is (what is known of code objects holds from one
+        # check to the next while these are the same), the sink, and every buffer, name and
+        # counter of the previous check forgotten.
+        self.ext.open_check(
+            sites.torch_dir, sites.own_dir, sites.cwd, BATCH_BYTES, rec._sink, fake_device, pinned,
+            sites.stdlib_dir, sites.libraries, list(sites.internal_dirs), sites.rewritten,
         )
         self.cuda = cuda
-        self.ext.reset()
-        if hasattr(self.ext, "set_stdlib_dir"):
-            self.ext.set_stdlib_dir(self.sites.stdlib_dir, self.sites.libraries)
-        if hasattr(self.ext, "set_internal"):
-            self.ext.set_internal(list(self.sites.internal_dirs), self.sites.rewritten)
         self.host_op = self.ext.host_op
         self.host_access = self.ext.host_access
         self.name_stream = self.ext.name_stream
@@ -954,8 +954,9 @@ class NativeBackend:
         self.on_free = None
         # Events, waits and syncs straight from c10's GPU trace, in C++ (where this torch's
         # interface is supported), else from torch.cuda._gpu_trace's Python callbacks.
-        self.native_syncs = bool(getattr(self.ext, "native_syncs", lambda: False)())
+        self.native_syncs = bool(self.ext.native_syncs())
         self.gpu_trace_replaced = False
+        self.end_counts: Optional[dict] = None  # what the check's end warns about (see stop)
         self.profiling = _profile_mode(profile)
 
     @property
@@ -967,48 +968,34 @@ class NativeBackend:
         return c
 
     def start(self) -> None:
-        if hasattr(self.ext, "check_frames"):
-            # Sites without the GIL where this interpreter's frame walk agrees with its API here.
-            self.ext.check_frames()
-        self.ext.install(self.cuda)
-        if self.profiling is not None and hasattr(self.ext, "set_profile"):
-            self.ext.set_profile(True, self.profiling == "observe")
-        if self.native_syncs:
-            self.ext.install_gpu_trace()
-        if hasattr(self.ext, "set_defer"):
-            # Records written off the program's thread (the default), or on it (`0`: for
-            # benchmarks); `all`: the fake device's ops too (tests and CPU benchmarks whose
-            # tensors outlive the check: see State::defer_fake in the recorder).
-            defer = os.environ.get("STREAMSAN_DEFER", "1").strip().lower()
-            self.ext.set_defer(defer != "0", defer == "all")
-        if hasattr(self.ext, "set_quiet_callees"):
-            # Every op observed, the ops other ops call included (the default, `all`); `learn`: an
-            # op learned to need nothing of its callees hides them (see "Quiet callees" in the
-            # recorder and docs/pytorch.md).
-            self.ext.set_quiet_callees(os.environ.get("STREAMSAN_CALLEES", "").strip().lower() == "learn")
-        if self.rec.raw_sink is not None and hasattr(self.ext, "set_raw_sink"):
-            self.ext.set_raw_sink(self.rec.raw_sink)
-        self.ext.set_active(True)
+        # Records written off the program's thread (the default), or on it (STREAMSAN_DEFER=0:
+        # for benchmarks); `all`: the fake device's ops too (tests and CPU benchmarks whose
+        # tensors outlive the check: see State::defer_fake in the recorder). STREAMSAN_CALLEES:
+        # every op observed, the ops other ops call included (the default, `all`); `learn`: an op
+        # learned to need nothing of its callees hides them (see "Quiet callees" in the recorder
+        # and docs/pytorch.md).
+        env = os.environ
+        defer = env.get("STREAMSAN_DEFER", "1").strip().lower()
+        quiet = env.get("STREAMSAN_CALLEES", "").strip().lower() == "learn"
+        profile = 0 if self.profiling is None else (2 if self.profiling == "observe" else 1)
+        # In one call: the frame walk checked (sites without the GIL where this interpreter's
+        # walk agrees with its API here), the observer and the tracker installed, c10's GPU
+        # trace taken, the checker's queue given (the raw sink), recording on.
+        self.ext.begin_recording(
+            self.cuda, profile, self.native_syncs, defer != "0", defer == "all", quiet, self.rec.raw_sink
+        )
 
     def stop(self) -> None:
-        self.ext.set_active(False)
-        if self.rec.raw_sink is not None and hasattr(self.ext, "flush_to_sink"):
-            # What is queued goes to the checker batch by batch as it is written (the checker
-            # checks the first while the rest are written), not in one piece after.
-            self.ext.flush_to_sink()
-        if hasattr(self.ext, "set_raw_sink"):
-            # Waits for a hand-over in progress: what is left goes through Python's sink, after it.
-            self.ext.set_raw_sink(None)
-        if self.native_syncs and not self.ext.uninstall_gpu_trace():
+        # In one call: recording off; what is queued written and handed to the checker batch by
+        # batch (it checks the first while the rest are written) where it takes them, else left
+        # for `drain`; the raw sink let go of (after a hand-over in progress); c10's GPU trace
+        # put back; the observer taken off the dispatcher (no RecordFunction cost once the check
+        # is over); and nothing of this check kept alive by the extension (the Run holding its
+        # sink goes when its user lets it go, and its report's temporary copy of the ops with it).
+        ours, errors, external = self.ext.end_recording(self.rec.raw_sink is not None, self.native_syncs)
+        if not ours:
             self.gpu_trace_replaced = True
-        if self.profiling is not None and hasattr(self.ext, "set_profile"):
-            self.ext.set_profile(False, False)
-        # Off the dispatcher: no RecordFunction cost once the check is over.
-        self.ext.uninstall()
-        if hasattr(self.ext, "release_sink"):
-            # Nothing of this check kept alive by the extension (the Run holding it goes when
-            # its user lets it go, and its report's temporary copy of the ops with it).
-            self.ext.release_sink()
+        self.end_counts = {"resolver_errors": errors, "external_accesses": external}
 
 
 def _profile_mode(value: Optional[str] = None) -> str | None:
@@ -1516,7 +1503,7 @@ class Recorder:
         finally:
             self.on = False
             self._unclaim()  # whatever failed above, the next check may run
-        c = self.backend.counters
+        c = getattr(self.backend, "end_counts", None) or self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
                 "gpu-trace",

@@ -3498,6 +3498,59 @@ py::dict counters() {
   return d;
 }
 
+// A check's recorder made in one call, what `configure`, `reset`, `set_stdlib_dir` and
+// `set_internal` do one by one. GIL held.
+void open_check(const std::string& torch_dir, const std::string& own_dir, const std::string& cwd,
+                size_t threshold, py::object sink, bool fake_device, py::object pinned_example,
+                const std::string& stdlib_dir, const std::vector<std::string>& libraries,
+                const std::vector<std::string>& internal_dirs, py::object rewritten) {
+  configure(torch_dir, own_dir, cwd, threshold, std::move(sink), fake_device, std::move(pinned_example));
+  reset();
+  set_stdlib_dir(stdlib_dir, libraries);
+  set_internal(internal_dirs, std::move(rewritten));
+}
+
+// A check's recording started in one call, what `check_frames`, `install`, `set_profile`,
+// `install_gpu_trace`, `set_defer`, `set_quiet_callees`, `set_raw_sink` and `set_active` do one by
+// one (a check's start pays one crossing into C++, not eight). `profile`: 0 nothing timed, 1 the
+// stages timed, 2 observing only. `gpu_trace`: the recorder's interpreter put in c10's GPU trace.
+// `raw_sink`: the checker's capsule, or None (Python's sink). Returns false when `raw_sink` is not
+// a raw sink (Python's sink takes the batches). GIL held.
+bool begin_recording(bool with_cuda, int profile, bool gpu_trace, bool defer, bool defer_fake, bool quiet,
+                     py::object raw_sink) {
+  check_frames();
+  install(with_cuda);
+  set_profile(profile == 1, profile == 2);
+  if (gpu_trace) install_gpu_trace();
+  set_defer(defer, defer_fake);
+  S->quiet_callees.store(quiet);
+  const bool taken = raw_sink.is_none() || set_raw_sink(raw_sink);
+  set_active(true);
+  return taken;
+}
+
+// A check's recording ended in one call, what `set_active(False)`, `flush_to_sink` (with `flush`),
+// `set_raw_sink(None)`, `uninstall_gpu_trace` (with `gpu_trace`), `set_profile`, `uninstall` and
+// `release_sink` do one by one. Returns whether the GPU trace was still the recorder's (see
+// uninstall_gpu_trace), and the counts a check's end warns about: records the resolver could not
+// write (out of memory) and accesses to memory allocated before the check. GIL held; released
+// while what is queued is written.
+py::tuple end_recording(bool flush, bool gpu_trace) {
+  set_active(false);
+  if (flush) flush_to_sink();
+  set_raw_sink(py::none());
+  const bool ours = gpu_trace ? uninstall_gpu_trace() : true;
+  set_profile(false, false);
+  uninstall();
+  release_sink();
+  uint64_t external = 0;
+  {
+    StateLock g;
+    external = S->external_accesses;
+  }
+  return py::make_tuple(ours, S->resolver_errors.load(), external);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -3537,6 +3590,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("native_syncs", &native_syncs);
   m.def("set_profile", &set_profile, py::arg("on"), py::arg("observe_only") = false);
   m.def("set_raw_sink", &set_raw_sink);
+  m.def("open_check", &open_check);
+  m.def("begin_recording", &begin_recording, py::arg("with_cuda"), py::arg("profile"), py::arg("gpu_trace"),
+        py::arg("defer"), py::arg("defer_fake"), py::arg("quiet"), py::arg("raw_sink"));
+  m.def("end_recording", &end_recording, py::arg("flush"), py::arg("gpu_trace"));
   m.def("set_defer", &set_defer, py::arg("on"), py::arg("fake_device") = false);
   m.def("release_sink", &release_sink);
   m.def("profile", &profile);
