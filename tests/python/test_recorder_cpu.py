@@ -1158,3 +1158,22 @@ def test_a_check_whose_start_failed_lets_the_next_one_run(backend, monkeypatch):
                 pass
     run = checked(backend, lambda f: (f.stream(0), torch.ones(4).add_(1)))
     assert run.report.errors == 0 and run.report.ops > 0
+
+
+def test_a_checks_warnings_point_at_the_users_line():
+    """A warning a check gives at its end (here: memory allocated before it, which the Python
+    recorder tells on the fake device) names the user's line, not streamsan's code."""
+    import warnings
+
+    import streamsan.torch
+
+    torch = torch_or_skip()
+    backend = "python"
+    x = torch.ones(64)  # allocated before the check: its accesses are external
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True):  # WARNED
+            x.add_(1)
+    ours = [w for w in caught if str(w.message).startswith("streamsan")]
+    assert ours, [str(w.message) for w in caught]
+    assert [(w.filename, w.lineno) for w in ours] == [(HERE, line_of("WARNED"))] * len(ours)

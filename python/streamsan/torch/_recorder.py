@@ -89,7 +89,20 @@ class _Warned:
         if key in self.seen:
             return
         self.seen.add(key)
-        warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=_outside_stacklevel())
+
+
+def _outside_stacklevel() -> int:
+    """The `stacklevel` of the innermost frame outside streamsan, for a warning given by the
+    caller: the user's `with` line (or the line that ran when a hook warned), not the check's
+    own code."""
+    f = sys._getframe(2)  # the caller's caller: stacklevel 2 for the caller's warnings.warn
+    level = 2
+    own = _PKG_DIR + os.sep
+    while f is not None and f.f_code.co_filename.startswith(own):
+        f = f.f_back
+        level += 1
+    return level
 
 
 # ----------------------------------------------------------------------------------------------
