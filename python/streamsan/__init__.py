@@ -25,8 +25,9 @@ from ._streamsan import _remove_spools
 from ._syncs import describe as describe_syncs
 
 # The temporary copies of the ops a process's checks keep for their reports go when it exits
-# normally, also those of a check still running then or of a report still held (a report read
-# by an `atexit` handler registered before this one, which runs after it, explains nothing).
+# normally, also those of a check still running then or of a report still held (a report whose
+# text is first asked for by an `atexit` handler registered before this one, which runs after it,
+# explains nothing).
 atexit.register(_remove_spools)
 
 __all__ = [

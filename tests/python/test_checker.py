@@ -93,6 +93,19 @@ def test_trace_file_is_written_and_checks_the_same(tmp_path):
     assert "why:" in r.to_text()
 
 
+def test_a_checkers_report_is_explained_when_its_text_is_asked_for():
+    """A Checker's report reads its kept ops again only for the text (and the pictures): its
+    hazards and JSON come first, without them; the text then has every `why:`, each time."""
+    c = streamsan.Checker()
+    c.push_lines("\n".join(lines(REUSE)) + "\n")
+    r = c.finish()
+    assert r.errors == 2 and len(r.hazards) == 2 and '"hazards"' in r.to_json()
+    text = r.to_text()
+    assert text.count("why:") == 2, text
+    assert r.to_text() == text == str(r)
+    assert "<html" in r.to_html().lower()
+
+
 def test_without_explanations():
     c = streamsan.Checker(explain=False)
     c.push_lines("\n".join(lines(REUSE)) + "\n")

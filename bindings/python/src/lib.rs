@@ -792,8 +792,8 @@ impl Checker {
         Ok(lock(&self.shared.state).finished)
     }
 
-    /// Ends the check and returns the `Report` (with its hazards explained when the ops were
-    /// kept). The Checker takes no ops afterwards. Threaded: waits for the thread to check
+    /// Ends the check and returns the `Report` (its hazards explained, when the ops were kept,
+    /// the first time its text is asked for: `to_text()`, `str()`). The Checker takes no ops afterwards. Threaded: waits for the thread to check
     /// every op pushed; raises the first error not raised yet instead (see the class).
     fn finish(&self, py: Python<'_>) -> PyResult<Report> {
         self.owned()?;
@@ -904,17 +904,17 @@ impl Checker {
         let report = py
             .detach(|| finish_run(checker, kept_path.as_deref(), &name))
             .map_err(PyValueError::new_err)?;
-        let mut r = Report {
+        // The hazards are explained when the text report is first asked for (`to_text`, `str`),
+        // not here: a check whose report is only counted or read as data (`hazards`, `to_json`)
+        // does not read its ops again.
+        Ok(Report {
             report,
             name: self.name.clone(),
             source,
             implicit,
             picture: None,
-        };
-        if !r.report.hazards.is_empty() {
-            py.detach(|| r.walk());
-        }
-        Ok(r)
+            walked: false,
+        })
     }
 }
 
@@ -931,12 +931,14 @@ struct Report {
     source: Option<KeptFile>,
     implicit: Vec<(u64, u64)>,
     picture: Option<Picture>,
+    /// Whether the kept ops were walked (explained and drawn, or found unreadable) already.
+    walked: bool,
 }
 
 impl Report {
     /// Walks the kept ops through the dependency graph: explains the hazards, draws the picture.
     fn walk(&mut self) {
-        if self.picture.is_some() {
+        if std::mem::replace(&mut self.walked, true) {
             return;
         }
         let Some(source) = &self.source else { return };
@@ -1037,7 +1039,11 @@ impl Report {
     /// the synchronization analysis by site (with `syncs=True`), then a summary line. `color`:
     /// with ANSI colours.
     #[pyo3(signature = (color = false))]
-    fn to_text(&self, color: bool) -> String {
+    #[allow(clippy::wrong_self_convention)] // Python's name for a rendering
+    fn to_text(&mut self, py: Python<'_>, color: bool) -> String {
+        if !self.report.hazards.is_empty() {
+            py.detach(|| self.walk());
+        }
         render_text(
             &self.report,
             &TextOptions {
@@ -1084,8 +1090,8 @@ impl Report {
         }
     }
 
-    fn __str__(&self) -> String {
-        self.to_text(false)
+    fn __str__(&mut self, py: Python<'_>) -> String {
+        self.to_text(py, false)
     }
 
     fn __repr__(&self) -> String {
@@ -1153,8 +1159,10 @@ fn check_trace(py: Python<'_>, path: PathBuf, explain: bool, syncs: bool) -> PyR
             }),
             implicit,
             picture: None,
+            walked: false,
         };
         if !r.report.hazards.is_empty() {
+            // The trace is the caller's file: explained now, while it is the one checked.
             r.walk();
         }
         Ok(r)
