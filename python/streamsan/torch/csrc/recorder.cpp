@@ -953,6 +953,13 @@ bool check_frames() {
   return agree;
 }
 
+// Adds one to a statistic that every recorded op counts (sites found with or without the GIL,
+// ops of threads without Python): a load and a store, not a locked read-modify-write, which
+// would wait for the op's earlier stores to drain; two threads counting at once may lose one.
+inline void bump(std::atomic<uint64_t>& n) {
+  n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
 // The site of an op on this thread: the user's frame when the thread runs Python, else the
 // latest site seen (ops of the autograd engine's threads belong to the `backward()` that
 // started them). The user's frame is found without the GIL where this thread has seen its
@@ -960,18 +967,18 @@ bool check_frames() {
 Site op_site(ThreadState& t) {
   PyThreadState* tstate = PyGILState_GetThisThreadState();
   if (tstate == nullptr) {
-    S->foreign_threads++;
+    bump(S->foreign_threads);
     return S->last_site.load(std::memory_order_relaxed);
   }
   if (ablating(kAblateSite)) return S->last_site.load(std::memory_order_relaxed);
   Site site = kNullSite;
   if (frames_without_gil() && !ablating(kSiteWithGil) && site_without_gil(tstate, &site, t)) {
-    S->fast_sites.fetch_add(1, std::memory_order_relaxed);
+    bump(S->fast_sites);
   } else {
     PyGILState_STATE st = PyGILState_Ensure();
     site = user_site();
     PyGILState_Release(st);
-    S->slow_sites.fetch_add(1, std::memory_order_relaxed);
+    bump(S->slow_sites);
   }
   if (site != kNullSite) {
     S->last_site.store(site, std::memory_order_relaxed);
