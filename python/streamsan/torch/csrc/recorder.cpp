@@ -518,7 +518,32 @@ struct Leftovers {
 constexpr size_t kLeftoversApart = 256;
 
 struct State {
-  std::mutex mu;
+  // What every callback reads, written only when a check starts or ends (the epochs: when
+  // operators or code objects are forgotten): a cache line of its own, which the threads that
+  // write records and hand batches over never write to (a line they write to would be taken from
+  // the program's core at each of their writes, and fetched back by its next callback).
+  alignas(64) std::atomic<bool> active{false};
+  std::atomic<bool> profiling{false};  // count each stage's time in `prof`
+  std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
+  // The ops an op calls go unobserved once the op is learned to need nothing of them (see
+  // "Quiet callees"; STREAMSAN_CALLEES=learn); false (the default): every op is observed.
+  std::atomic<bool> quiet_callees{false};
+  std::atomic<bool> defer{false};     // records are queued (a check with the raw sink runs)
+  std::atomic<bool> defer_wanted{true};
+  // Tests: ops on the fake device are deferred too. Not by default: a CPU storage standing for
+  // device memory is freed when the recorder finds it gone, and a record written later finds
+  // more gone than were when it was made (a free written before ops that came before it).
+  std::atomic<bool> defer_fake{false};
+  // Whether sites are found without the GIL (pyframes.h): where this CPython is one it reads,
+  // and its walk agreed with the public API's at the latest check's start.
+  std::atomic<bool> fast_frames{false};
+  bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
+  void* pinned_deleter = nullptr;  // the host allocator's deleter: a storage that has it is pinned
+  std::atomic<int> captures{0};  // CUDA graph captures in progress (set from Python)
+  std::atomic<uint64_t> op_epoch{0};
+  // Bumped whenever code_cache is emptied: each thread's caches of codes are then stale.
+  std::atomic<uint64_t> code_epoch{1};
+  alignas(64) std::mutex mu;
   // Records waiting to be written, in the order they were made (`q_mu` held; taken after `mu`,
   // or alone): see "Deferred writing".
   std::mutex q_mu;
@@ -532,12 +557,6 @@ struct State {
   std::atomic<uint64_t> last_pass_ns{0};  // when the resolver's latest pass began (now_ns)
   std::vector<Rec> queue;
   std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
-  std::atomic<bool> defer{false};     // records are queued (a check with the raw sink runs)
-  std::atomic<bool> defer_wanted{true};
-  // Tests: ops on the fake device are deferred too. Not by default: a CPU storage standing for
-  // device memory is freed when the recorder finds it gone, and a record written later finds
-  // more gone than were when it was made (a free written before ops that came before it).
-  std::atomic<bool> defer_fake{false};
   bool resolver_started = false;      // `q_mu` held
   std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
   // Leftovers handed to the resolver in this process, and those it has not freed yet.
@@ -554,8 +573,6 @@ struct State {
   uint64_t raw_refused_bytes = 0;     // batches the raw sink refused (the check was over)
   std::string batch;  // JSON Lines not yet handed to Python
   std::string spare_batch;  // an empty buffer of a batch's size, for the next batch
-  std::atomic<bool> active{false};
-  bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
   uint64_t fake_stream = 0;
   std::unordered_set<uint64_t> fake_pinned;  // tests: CPU storages standing for pinned memory
   uint64_t fake_next_addr = kFakeAddrBase;  // tests: the next address written for a CPU storage
@@ -583,7 +600,6 @@ struct State {
   // name, so their kinds leave `ops` (kept here: an op in flight may point at its kind), and each
   // thread's caches by address are emptied when it sees `op_epoch` change.
   std::vector<std::unordered_map<const char*, OpInfo>::node_type> retired_ops;
-  std::atomic<uint64_t> op_epoch{0};
   std::atomic<Site> last_site{kNullSite};                   // for threads without Python frames
   std::string torch_dir, own_dir, cwd;  // cwd ends in '/': sites under it are shown relative
   std::string stdlib_dir;               // Python's standard library (threading.py …): not the user's
@@ -599,11 +615,6 @@ struct State {
   // text itself is interned in site_texts, never freed. GIL held for both.
   std::unordered_map<std::pair<PyObject*, int>, Site, PairHash> site_cache;
   std::unordered_set<std::string> site_texts;
-  // Bumped whenever code_cache is emptied: each thread's caches of codes are then stale.
-  std::atomic<uint64_t> code_epoch{1};
-  // Whether sites are found without the GIL (pyframes.h): where this CPython is one it reads,
-  // and its walk agreed with the public API's at the latest check's start.
-  std::atomic<bool> fast_frames{false};
   std::atomic<uint64_t> fast_sites{0}, slow_sites{0};  // ops' sites found without the GIL, with it
   uint64_t external_accesses = 0, bad_regions = 0;
   std::atomic<uint64_t> foreign_threads{0};  // ops of threads that run no Python
@@ -614,18 +625,11 @@ struct State {
   // tells them here), and those first seen in an allocation, named "pool (A, B)" after the id.
   std::map<std::pair<int64_t, int64_t>, std::string> pool_names;
   uint64_t triton_launches = 0;  // kernel launches recorded through record_kernel
-  std::atomic<int> captures{0};  // CUDA graph captures in progress (set from Python)
   std::vector<std::string> notices;
   bool tracker_attached = false;
   bool callback_added = false;
   bool host_values_allocated = false;  // the managed buffer values copied to the host land in
   at::CallbackHandle handle = 0;
-  void* pinned_deleter = nullptr;
-  std::atomic<bool> profiling{false};  // count each stage's time in `prof`
-  std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
-  // The ops an op calls go unobserved once the op is learned to need nothing of them (see
-  // "Quiet callees"; STREAMSAN_CALLEES=learn); false (the default): every op is observed.
-  std::atomic<bool> quiet_callees{false};
   Profile prof;
 };
 
