@@ -106,6 +106,19 @@ def test_a_checkers_report_is_explained_when_its_text_is_asked_for():
     assert "<html" in r.to_html().lower()
 
 
+def test_a_report_of_a_trace_file_written_over_later_keeps_its_explanations(tmp_path):
+    """The ops kept in the caller's trace file are explained when the check ends: a later check
+    that writes the same file does not change what the first report says."""
+    path = tmp_path / "t.jsonl"
+    c = streamsan.Checker(trace=path)
+    c.push_lines("\n".join(lines(REUSE)) + "\n")
+    first = c.finish()
+    c = streamsan.Checker(trace=path)
+    c.push_lines("\n".join(lines(os.path.join(TRACES, "reuse-with-record-stream.jsonl"))) + "\n")
+    assert c.finish().clean
+    assert first.to_text().count("why:") == 2, first.to_text()
+
+
 def test_without_explanations():
     c = streamsan.Checker(explain=False)
     c.push_lines("\n".join(lines(REUSE)) + "\n")

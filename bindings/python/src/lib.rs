@@ -906,15 +906,21 @@ impl Checker {
             .map_err(PyValueError::new_err)?;
         // The hazards are explained when the text report is first asked for (`to_text`, `str`),
         // not here: a check whose report is only counted or read as data (`hazards`, `to_json`)
-        // does not read its ops again.
-        Ok(Report {
+        // does not read its ops again. Unless the ops are in the caller's trace file, which a
+        // later check may write over: then now, while it holds the ops checked.
+        let explain_now = source.as_ref().is_some_and(|f| !f.temporary);
+        let mut r = Report {
             report,
             name: self.name.clone(),
             source,
             implicit,
             picture: None,
             walked: false,
-        })
+        };
+        if explain_now && !r.report.hazards.is_empty() {
+            py.detach(|| r.walk());
+        }
+        Ok(r)
     }
 }
 
@@ -1040,9 +1046,10 @@ impl Report {
     /// with ANSI colours.
     #[pyo3(signature = (color = false))]
     #[allow(clippy::wrong_self_convention)] // Python's name for a rendering
-    fn to_text(&mut self, py: Python<'_>, color: bool) -> String {
+    fn to_text(&mut self, color: bool) -> String {
+        // With the GIL held: no other thread touches this report while it is explained.
         if !self.report.hazards.is_empty() {
-            py.detach(|| self.walk());
+            self.walk();
         }
         render_text(
             &self.report,
@@ -1090,8 +1097,8 @@ impl Report {
         }
     }
 
-    fn __str__(&mut self, py: Python<'_>) -> String {
-        self.to_text(py, false)
+    fn __str__(&mut self) -> String {
+        self.to_text(false)
     }
 
     fn __repr__(&self) -> String {

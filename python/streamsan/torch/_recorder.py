@@ -93,13 +93,14 @@ class _Warned:
 
 
 def _outside_stacklevel() -> int:
-    """The `stacklevel` of the innermost frame outside streamsan, for a warning given by the
-    caller: the user's `with` line (or the line that ran when a hook warned), not the check's
-    own code."""
+    """The `stacklevel` of the innermost frame outside streamsan, torch, Triton and Inductor's
+    generated code, for a warning given by the caller: the user's `with` line (or the user's line
+    that ran when a hook warned), not the check's or a library's code. The outermost frame when
+    every frame is theirs (a hook on a thread that runs no user code)."""
     f = sys._getframe(2)  # the caller's caller: stacklevel 2 for the caller's warnings.warn
     level = 2
-    own = _PKG_DIR + os.sep
-    while f is not None and f.f_code.co_filename.startswith(own):
+    theirs = (_PKG_DIR + os.sep, _torch_dir(), *_internal_dirs())
+    while f.f_back is not None and f.f_code.co_filename.startswith(theirs):
         f = f.f_back
         level += 1
     return level
