@@ -1177,3 +1177,22 @@ def test_a_checks_warnings_point_at_the_users_line():
     ours = [w for w in caught if str(w.message).startswith("streamsan")]
     assert ours, [str(w.message) for w in caught]
     assert [(w.filename, w.lineno) for w in ours] == [(HERE, line_of("WARNED"))] * len(ours)
+
+
+def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
+    """STREAMSAN_TORCH_EXT names a module built elsewhere: one without this version's entry
+    points is refused with the reason, not used until a call fails inside a check."""
+    torch_or_skip()
+    other = tmp_path / "other_recorder.py"  # a module with the recorder's older entry points only
+    other.write_text("def configure(*a): pass\ndef reset(): pass\ndef install(with_cuda): pass\n")
+    code = (
+        "from streamsan.torch import _native\n"
+        "try:\n"
+        "    _native.load()\n"
+        "except RuntimeError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
+    assert "open_check" in out.stdout

@@ -2,8 +2,8 @@
 
 A C++ extension of torch has no stable ABI: it is built once per torch version and Python, with
 `torch.utils.cpp_extension` (a C++ compiler and ninja are needed), and cached. Set
-STREAMSAN_TORCH_EXT to a built module (`.so`) to load it instead, and STREAMSAN_TORCH_EXT_DIR
-to choose the cache directory.
+STREAMSAN_TORCH_EXT to a built module (`.so`, built from this version's recorder) to load it
+instead, and STREAMSAN_TORCH_EXT_DIR to choose the cache directory.
 """
 
 from __future__ import annotations
@@ -148,6 +148,11 @@ class _BuildLock:
             self.file = None
 
 
+# What this version's Python code calls that earlier builds of the recorder lacked: a module
+# given by STREAMSAN_TORCH_EXT without them is another version's.
+_ENTRY_POINTS = ("open_check", "begin_recording", "end_recording")
+
+
 def load(verbose: bool = False):
     """The extension module, built if needed; raises on failure (the message says why)."""
     global _module, _error
@@ -165,6 +170,12 @@ def load(verbose: bool = False):
                 raise RuntimeError(f"STREAMSAN_TORCH_EXT={path}: not a loadable module")
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
+            missing = [f for f in _ENTRY_POINTS if not hasattr(mod, f)]
+            if missing:
+                raise RuntimeError(
+                    f"STREAMSAN_TORCH_EXT={path}: built from another version of streamsan's recorder "
+                    f"(it lacks {', '.join(missing)}); build this one's (unset STREAMSAN_TORCH_EXT)"
+                )
         else:
             import torch
             from torch.utils import cpp_extension
