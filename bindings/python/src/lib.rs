@@ -793,8 +793,9 @@ impl Checker {
     }
 
     /// Ends the check and returns the `Report` (its hazards explained, when the ops were kept,
-    /// the first time its text is asked for: `to_text()`, `str()`). The Checker takes no ops afterwards. Threaded: waits for the thread to check
-    /// every op pushed; raises the first error not raised yet instead (see the class).
+    /// the first time its text is asked for: `to_text()`, `str()`). The Checker takes no ops
+    /// afterwards. Threaded: waits for the thread to check every op pushed; raises the first
+    /// error not raised yet instead (see the class).
     fn finish(&self, py: Python<'_>) -> PyResult<Report> {
         self.owned()?;
         let threaded = {

@@ -970,7 +970,6 @@ class NativeBackend:
         # interface is supported), else from torch.cuda._gpu_trace's Python callbacks.
         self.native_syncs = bool(self.ext.native_syncs())
         self.gpu_trace_replaced = False
-        self.end_counts: Optional[dict] = None  # what the check's end warns about (see stop)
         self.profiling = _profile_mode(profile)
 
     @property
@@ -999,7 +998,8 @@ class NativeBackend:
             self.cuda, profile, self.native_syncs, defer != "0", defer == "all", quiet, self.rec.raw_sink
         )
 
-    def stop(self) -> None:
+    def stop(self) -> dict:
+        """Ends the recording; returns the counts the check's end warns about."""
         # In one call: recording off; what is queued written and handed to the checker batch by
         # batch (it checks the first while the rest are written) where it takes them, else left
         # for `drain`; the raw sink let go of (after a hand-over in progress); c10's GPU trace
@@ -1009,7 +1009,7 @@ class NativeBackend:
         ours, errors, external = self.ext.end_recording(self.rec.raw_sink is not None, self.native_syncs)
         if not ours:
             self.gpu_trace_replaced = True
-        self.end_counts = {"resolver_errors": errors, "external_accesses": external}
+        return {"resolver_errors": errors, "external_accesses": external}
 
 
 def _profile_mode(value: Optional[str] = None) -> str | None:
@@ -1504,8 +1504,9 @@ class Recorder:
             self.warn("triton-error", f"could not hook Triton's kernel launches: {type(e).__name__}: {e}")
 
     def stop(self) -> None:
+        counts = None
         try:
-            self.backend.stop()
+            counts = self.backend.stop()  # the C++ recorder's: what the end warns about
             self.on = False
             if self.triton is not None:
                 self.triton.uninstall()
@@ -1517,7 +1518,7 @@ class Recorder:
         finally:
             self.on = False
             self._unclaim()  # whatever failed above, the next check may run
-        c = getattr(self.backend, "end_counts", None) or self.backend.counters
+        c = counts or self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
                 "gpu-trace",

@@ -520,9 +520,9 @@ constexpr size_t kLeftoversApart = 256;
 struct State {
   // What every callback reads, written only when a check starts or ends (the epochs: when
   // operators or code objects are forgotten; the captures: when a CUDA graph capture begins or
-  // ends): a cache line of its own, which the threads that
-  // write records and hand batches over never write to (a line they write to would be taken from
-  // the program's core at each of their writes, and fetched back by its next callback).
+  // ends): a cache line of its own, which the threads that write records and hand batches over
+  // never write to (a line they write to would be taken from the program's core at each of their
+  // writes, and fetched back by its next callback).
   alignas(64) std::atomic<bool> active{false};
   std::atomic<bool> profiling{false};  // count each stage's time in `prof`
   std::atomic<bool> observe_only{false};  // callbacks return at once (profiling the floor)
