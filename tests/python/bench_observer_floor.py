@@ -41,6 +41,7 @@ uint64_t calls = 0;
 uintptr_t sink = 0;  // what the storage reads add up to (kept, so they are not optimized out)
 at::CallbackHandle handle = 0;
 bool rf_on = false;
+int io_mode = 0;  // what the RecordFunction observer asked for (rf's io)
 bool fb_top = false;
 
 void read_ivalue(const c10::IValue& v) {
@@ -61,16 +62,18 @@ std::unique_ptr<at::ObserverContext> start_plain(const at::RecordFunction&) { ++
 void end_plain(const at::RecordFunction&, at::ObserverContext*) {}
 std::unique_ptr<at::ObserverContext> start_io(const at::RecordFunction& fn) {
   ++calls;
-  for (const auto& v : fn.inputs()) read_ivalue(v);
+  if (io_mode & 1) for (const auto& v : fn.inputs()) read_ivalue(v);
   return nullptr;
 }
 void end_io(const at::RecordFunction& fn, at::ObserverContext*) {
-  for (const auto& v : fn.outputs()) read_ivalue(v);
+  if (io_mode & 2) for (const auto& v : fn.outputs()) read_ivalue(v);
 }
 
-void rf(bool on, bool io) {
+// io: 0 neither the inputs nor the outputs, 1 the inputs, 2 the outputs, 3 both.
+void rf(bool on, int io) {
   if (on && !rf_on) {
-    auto cb = io ? at::RecordFunctionCallback(start_io, end_io).needsInputs(true).needsOutputs(true)
+    io_mode = io;
+    auto cb = io ? at::RecordFunctionCallback(start_io, end_io).needsInputs(io & 1).needsOutputs(io & 2)
                  : at::RecordFunctionCallback(start_plain, end_plain);
     cb.scopes({at::RecordScope::FUNCTION});
     handle = at::addGlobalCallback(std::move(cb));
@@ -167,8 +170,10 @@ def main() -> None:
 
     modes = {
         "plain": (lambda: None, lambda: None),
-        "RecordFunction": (lambda: ext.rf(True, False), lambda: ext.rf(False, False)),
-        "RecordFunction, inputs and outputs": (lambda: ext.rf(True, True), lambda: ext.rf(False, True)),
+        "RecordFunction": (lambda: ext.rf(True, 0), lambda: ext.rf(False, 0)),
+        "RecordFunction, inputs": (lambda: ext.rf(True, 1), lambda: ext.rf(False, 1)),
+        "RecordFunction, outputs": (lambda: ext.rf(True, 2), lambda: ext.rf(False, 2)),
+        "RecordFunction, inputs and outputs": (lambda: ext.rf(True, 3), lambda: ext.rf(False, 3)),
         "boxed fallback": (lambda: ext.fb(True, False), lambda: ext.fb(False, False)),
         "boxed fallback, outermost ops only": (lambda: ext.fb(True, True), lambda: ext.fb(False, True)),
     }

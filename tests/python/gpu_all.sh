@@ -104,7 +104,7 @@ RESERVE=15
 # the real-code suite's verdicts are gpu_realcode.sh's (too long for this step's limit)
 xdist=()  # the suite takes longer than this step's limit on one core: spread it where xdist is
 python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
-run pytest 240 "$out/pytest.txt" env STREAMSAN_REQUIRE_GPU=1 python3 -m pytest tests/python -rs -p no:cacheprovider \
+run pytest 240 "$out/pytest.txt" env STREAMSAN_REQUIRE_GPU=1 python3 -m pytest tests/python -rfEs -p no:cacheprovider \
   "${xdist[@]}" --ignore=tests/python/test_gpu_realcode.py &
 p_pytest=$!
 run memory-nosync 150 "$tmp/memory-nosync.json" python3 $py/bench_overhead.py memory --steps 10000 --backend native --max-seconds 100 &

@@ -318,13 +318,16 @@ def summary(a) -> int:
     checks: list = []
     parts = []
     if a.pytest:
+        last: list = []
         try:
             with open(a.pytest) as f:
                 last = [line.strip() for line in f if line.strip()]
             tail = next((line for line in reversed(last) if " in " in line and ("passed" in line or "failed" in line or "error" in line)), "?")
         except OSError as e:
             tail = f"no pytest output ({e})"
-        parts.append("pytest tests/python (STREAMSAN_REQUIRE_GPU=1): " + tail.strip("= "))
+        # with the tests that failed or raised, by name (pytest's `-rfE` lines)
+        parts.append("\n".join(["pytest tests/python (STREAMSAN_REQUIRE_GPU=1): " + tail.strip("= ")]
+                               + ["  " + line for line in last if line.startswith(("FAILED ", "ERROR "))]))
         checks.append(("pytest: all Python tests pass on the GPU", "passed" in tail and "failed" not in tail and "error" not in tail))
     if a.suite:
         data = {}

@@ -782,7 +782,7 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
             for m in modes:
                 if m != "plain" and m in cell:
                     cell[f"{m}_ratio"] = round(cell[m] / plain, 2)
-                    if len(samples[m]) == len(samples["plain"]):
+                    if "plain" in samples and len(samples[m]) == len(samples["plain"]):
                         # each round's run against the plain run of the same round, the median:
                         # a drift of the machine's speed from round to round cancels
                         cell[f"{m}_ratio_paired"] = round(statistics.median(

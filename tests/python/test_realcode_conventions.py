@@ -65,3 +65,22 @@ def test_the_compiled_programs_leave_their_eager_reference_to_after_the_run():
                  "torch.compile nanoGPT loop with pinned batches", "gpt-fast decode (reduce-overhead) 64 tokens"):
         assert name in later, name
     assert "Later(" in inspect.getsource(realcode.compiled_llm_decode)
+
+
+def test_cost_rounds_of_a_mode_measured_apart_from_plain_are_ratioed(monkeypatch):
+    # `cost --csan` times the plain rounds first and CSAN's in a second pass (importing CSAN's
+    # module slows plain runs down): the second pass has no plain samples of its own, and its
+    # ratio is the medians'.
+    import realcode_report as rr
+
+    times = {"plain": 0.010, "csan": 0.100}
+    monkeypatch.setattr(rr, "_once", lambda fn, mode: (times[mode], {}))
+    monkeypatch.setattr(rr, "_collect", lambda: None)
+    out = rr.Out("cost-csan", None, {})
+    progs = [("prog", lambda *a: None, True)]
+    rr._cost_rows(out, progs, ["plain"], 3)
+    rr._cost_rows(out, progs, ["csan"], 3)
+    cell = out.rows["prog"]["seconds"]
+    assert cell["plain"] == 0.01 and cell["csan"] == 0.1
+    assert cell["csan_ratio"] == 10.0
+    assert "csan_ratio_paired" not in cell
