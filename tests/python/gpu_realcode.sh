@@ -57,7 +57,8 @@
 # times slower than plain ones). About 45 s go to steps 0-1 (the warm-up of the compiled suite up
 # to 240 s, cold caches), 60-120 s to step 2 (more with compiled programs: each process traces
 # them again; bounded by what step 3 keeps, and 240 s); each part of step 3 has what the steps
-# before it left, less what is kept for the steps after it.
+# before it left, less what is kept for the steps after it. Under a REALCODE_SECONDS shorter than
+# both parts' shares and 150 s, the shares not set shrink (the verdicts keep 150 s).
 #
 # Files under $OUT: realcode.json (every step's results merged), table.md, summary.txt, log.txt
 # (every step's exit status and standard error). Exit status 0 when every criterion passes.
@@ -91,6 +92,17 @@ runs=${REALCODE_RUNS:-5}
 cost_runs=${REALCODE_COST_RUNS:-9}
 cost_s=${REALCODE_COST_SECONDS:-$def_cost}
 csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-$def_csan}
+# The verdicts come first: a budget too short for the build, the verdicts (about 150 s together on
+# a fresh machine) and both cost steps' default shares shrinks those shares (where not set), so
+# that the verdict steps are not left without time.
+budget=${REALCODE_SECONDS:-$def_s}
+if [ "$budget" -lt $((cost_s + csan_cost_s + 150)) ] && [ -z "${REALCODE_COST_SECONDS:-}${REALCODE_CSAN_COST_SECONDS:-}" ]; then
+  spare=$((budget - 150))
+  [ "$spare" -lt 40 ] && spare=40
+  cost_s=$((spare * def_cost / (def_cost + def_csan)))
+  csan_cost_s=$((spare - cost_s))
+  echo "gpu_realcode.sh: REALCODE_SECONDS=$budget is short: the cost steps keep $cost_s s and $csan_cost_s s (the verdicts first)" >&2
+fi
 only=()
 [ -n "${REALCODE_ONLY:-}" ] && only=(--only "$REALCODE_ONLY")
 sets=(--set "$suite")
