@@ -15,7 +15,10 @@
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
 # PART_SECONDS the part's (600: the steps after the first stop in time for a call that long). The
 # `all` part runs .device/run-tests (the Rust GPU test executables staged by tools/device-stage)
-# where it is there.
+# where it is there. PACK=FILE: at the end, everything the part wrote is packed into FILE (a .tgz:
+# for a machine whose results come back as a few files, e.g. `PACK=$OUT/eager.tgz
+# OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
+# $OUT is the caller's).
 set -u
 part=${1:?part: eager, compiled, all or observe}
 wheels=${2:?WHEELDIR}
@@ -91,3 +94,7 @@ case "$part" in
     exit 2
     ;;
 esac
+if [ -n "${PACK:-}" ]; then
+  mkdir -p "$(dirname "$PACK")"
+  tar czf "$PACK" -C "$O" . && echo "packed $O into $PACK ($(du -h "$PACK" | cut -f1))"
+fi
