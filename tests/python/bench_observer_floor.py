@@ -1,6 +1,6 @@
 """What observing every op costs, by the mechanism that observes it (docs/performance.md, "Two
 ways to see every op"): a RecordFunction callback (as the C++ recorder uses), with and without the
-ops' inputs and outputs, against a boxed fallback kernel on a dispatch key put in the thread's
+ops' inputs and outputs (and with either alone), against a boxed fallback kernel on a dispatch key put in the thread's
 included set (`TESTING_ONLY_GenericMode`), which sees the same aten ops with their arguments on
 the stack. The observers given inputs and outputs, and the fallback, read every tensor
 argument's storage pointer and nothing more; the plain RecordFunction observer counts its calls.
