@@ -108,8 +108,9 @@ def test_everything_holds(tmp_path):
 
 def test_what_does_not_hold_fails(tmp_path):
     out = summary(tmp_path, suite(python_line_ok=False), overhead(mlp_native=3000.0), memory(grows=True),
-                  "===== 1 failed, 71 passed in 80.1s =====")
+                  "FAILED test_x.py::test_y - AssertionError: boom\n===== 1 failed, 71 passed in 80.1s =====")
     assert out.returncode == 1
+    assert "  FAILED test_x.py::test_y - AssertionError: boom" in out.stdout  # the failed test named
     fails = [line for line in out.stdout.splitlines() if line.startswith("[FAIL]")]
     assert len(fails) == 4, out.stdout
     assert any("python: side stream without wait: buggy reported at its # RACE line" in f for f in fails)
