@@ -189,6 +189,34 @@ def test_what_is_recorded_before_the_program_waits_is_checked_while_it_waits(mon
     assert run.report.errors == 0
 
 
+def test_a_part_batch_goes_to_the_checker_while_ops_keep_coming(monkeypatch):
+    """Ops issued more slowly than a batch fills, never a whole pass of the recorder's thread
+    apart and with no host synchronization (a decode loop): the part batch goes to the checker
+    once it has waited a millisecond, and the checker checks it while the program still runs,
+    not at the check's end."""
+    ext = _ext()
+    import torch
+
+    def spin(seconds):  # busy: the program never pauses for a whole pass (half a millisecond)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    run = _run(threaded=True)
+    with run:
+        ext.set_fake_stream(0xA)
+        x = torch.ones(16)
+        seen, n = 0, 0
+        while seen == 0 and n < 100:  # at most 100 lines (13 KiB): below a batch (16 KiB)
+            x.add_(x)
+            n += 1
+            spin(0.0002)
+            seen = run._checker.ops
+    assert 0 < seen < 100 and n < 100, (seen, n)
+    assert run.report.errors == 0
+
+
 @pytest.mark.parametrize("sync", ["device_sync", "stream_sync", "event_sync"])
 def test_a_host_synchronization_hands_what_came_before_it_to_the_checker(monkeypatch, sync):
     """A host synchronization (the program is about to wait for the GPU) starts the recorder's

@@ -573,6 +573,9 @@ struct State {
   py::object raw_sink_owner;          // the capsule (`raw_mu` and the GIL held)
   uint64_t raw_refused_bytes = 0;     // batches the raw sink refused (the check was over)
   std::string batch;  // JSON Lines not yet handed to Python
+  // When the batch's oldest line was written, about (`mu` held): the resolver's pass after which
+  // the batch was last found empty, or the latest hand-over (see kStaleBatchNs).
+  uint64_t batch_since_ns = 0;
   std::string spare_batch;  // an empty buffer of a batch's size, for the next batch
   uint64_t fake_stream = 0;
   std::unordered_set<uint64_t> fake_pinned;  // tests: CPU storages standing for pinned memory
@@ -1681,6 +1684,7 @@ bool hand_over_locked(bool whole, bool now = false) {
   }
   std::string out;
   cut_batch(out, whole);
+  S->batch_since_ns = now_ns();  // what is left of the batch (if anything) came after it
   push_raw(S->raw_sink, out, now);
   keep_buffer_locked(out);
   return true;
@@ -1801,6 +1805,13 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 // hands over everything written, and that pass starts at once unless one began less than
 // kKickGapNs before or nothing was queued since: the program is about to wait for the GPU, and
 // the checker checks what came before the synchronization during that wait.
+// The longest a part batch waits on the resolver's thread while the program keeps issuing ops:
+// then it goes to the checker, which checks it while the program runs. A batch fills (16 KiB,
+// about 55 ops) faster than this in most programs; a decode loop of a few dozen ops a millisecond
+// without a host synchronization would otherwise leave up to a batch to be checked at the
+// check's end, while the program waits.
+constexpr uint64_t kStaleBatchNs = 1'000'000;
+
 void resolver_main() {
   for (;;) {
     bool synced;
@@ -1827,14 +1838,20 @@ void resolver_main() {
       if (ablating(kResolverPaused) && !kicked) continue;
       synced = std::exchange(S->sync_pending, false);
     }
-    S->last_pass_ns.store(now_ns(), std::memory_order_relaxed);
+    const uint64_t pass = now_ns();
+    S->last_pass_ns.store(pass, std::memory_order_relaxed);
     try {
-      // Full batches go over as they fill (resolve_queued), what is left once nothing new came
-      // or a synchronization asked for it; the checker's thread is woken for the latter (it
-      // finds the former at its next look, within a millisecond: a program between ops pays
-      // no wake-up of it every half millisecond).
+      // Full batches go over as they fill (resolve_queued), what is left once nothing new came,
+      // a synchronization asked for it, or it has waited kStaleBatchNs (a program that issues
+      // ops more slowly than a batch fills and never pauses for a whole pass: a decode loop
+      // between host synchronizations); the checker's thread is woken for the latter two (it
+      // finds the others at its next look, within a millisecond: a program between ops pays no
+      // wake-up of it every half millisecond).
       std::lock_guard<std::mutex> g(S->mu);
-      if (resolve_queued(true) == 0 || synced) hand_over_locked(true, synced);
+      const bool idle = resolve_queued(true) == 0;
+      const bool stale = !S->batch.empty() && pass - S->batch_since_ns >= kStaleBatchNs;
+      if (idle || synced || stale) hand_over_locked(true, synced || stale);
+      if (S->batch.empty()) S->batch_since_ns = pass;
     } catch (...) {
       // Out of memory handing the batch over (resolve_queued counts its own failures): counted
       // (`resolver_errors`: the trace is incomplete) rather than ending the process.
@@ -2848,6 +2865,7 @@ void reset() {
     S->queue.reserve(kMaxQueued + 64);
   }
   S->batch.clear();
+  S->batch_since_ns = now_ns();
   Leftovers old;
   old.device_bufs.swap(S->device_bufs);
   old.pinned_bufs.swap(S->pinned_bufs);
