@@ -1849,7 +1849,8 @@ void resolver_main() {
       // wake-up of it every half millisecond).
       std::lock_guard<std::mutex> g(S->mu);
       const bool idle = resolve_queued(true) == 0;
-      const bool stale = !S->batch.empty() && pass - S->batch_since_ns >= kStaleBatchNs;
+      // (batch_since_ns may be later than the pass's start: a hand-over in this pass set it)
+      const bool stale = !S->batch.empty() && pass >= S->batch_since_ns + kStaleBatchNs;
       if (idle || synced || stale) hand_over_locked(true, synced || stale);
       if (S->batch.empty()) S->batch_since_ns = pass;
     } catch (...) {
