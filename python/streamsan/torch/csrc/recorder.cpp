@@ -1797,14 +1797,6 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
   emit_text(std::move(text), may_flush);
 }
 
-// The resolver's thread: while records are deferred, writes the queue every half millisecond
-// and hands the batch over when it is large enough, or whatever it holds once a look finds
-// nothing new queued (the program is waiting: for the GPU, a lock, its input): the checker
-// checks it meanwhile, and what is left for the check's end is the little issued since; else
-// sleeps until a check defers again. After a host synchronization (kick_resolver) the next pass
-// hands over everything written, and that pass starts at once unless one began less than
-// kKickGapNs before or nothing was queued since: the program is about to wait for the GPU, and
-// the checker checks what came before the synchronization during that wait.
 // The longest a part batch waits on the resolver's thread while the program keeps issuing ops:
 // then it goes to the checker, which checks it while the program runs. A batch fills (16 KiB,
 // about 55 ops) faster than this in most programs; a decode loop of a few dozen ops a millisecond
@@ -1812,6 +1804,15 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 // check's end, while the program waits.
 constexpr uint64_t kStaleBatchNs = 1'000'000;
 
+// The resolver's thread: while records are deferred, writes the queue every half millisecond
+// and hands the batch over when it is large enough, or whatever it holds once a look finds
+// nothing new queued (the program is waiting: for the GPU, a lock, its input) or it has waited
+// kStaleBatchNs: the checker checks it meanwhile, and what is left for the check's end is the
+// little issued since; else sleeps until a check defers again. After a host synchronization
+// (kick_resolver) the next pass hands over everything written, and that pass starts at once
+// unless one began less than kKickGapNs before or nothing was queued since: the program is
+// about to wait for the GPU, and the checker checks what came before the synchronization during
+// that wait.
 void resolver_main() {
   for (;;) {
     bool synced;
