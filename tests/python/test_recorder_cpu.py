@@ -1196,3 +1196,30 @@ def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
     assert "open_check" in out.stdout
+
+
+def test_auto_says_when_it_falls_back_to_the_python_recorder(tmp_path):
+    """backend="auto" whose C++ recorder cannot be loaded checks with the Python recorder and
+    says so, once per process, at the user's line; backend="python" says nothing."""
+    torch_or_skip()
+    other = tmp_path / "other_recorder.py"  # not this version's recorder: refused
+    other.write_text("def configure(*a): pass\n")
+    code = (
+        "import warnings, torch, streamsan.torch\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    for backend in ('python', 'auto', 'auto'):\n"
+        "        with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True) as run:  # LINE\n"
+        "            torch.ones(4).add_(1)\n"
+        "        print('BACKEND', backend, run.backend)\n"
+        "for w in caught:\n"
+        "    if 'C++ recorder' in str(w.message):\n"
+        "        print('WARNED', w.lineno, w.message)\n"
+    )
+    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("BACKEND auto python") == 2 and "BACKEND python python" in out.stdout, out.stdout
+    warned = [line for line in out.stdout.splitlines() if line.startswith("WARNED")]
+    assert len(warned) == 1, out.stdout
+    assert warned[0].startswith("WARNED 5 ") and "another version" in warned[0], warned

@@ -92,6 +92,26 @@ class _Warned:
         warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
+_FALLBACKS_WARNED: set[str] = set()
+
+
+def _warn_fallback(error: str) -> None:
+    """Says, once per process and reason, that `backend="auto"` checks with the Python recorder
+    because the C++ one could not be loaded: a check that sees less (the outermost ops only,
+    compiled code run eagerly) and costs more must not pass for the other."""
+    if error in _FALLBACKS_WARNED:
+        return
+    _FALLBACKS_WARNED.add(error)
+    warnings.warn(
+        f"streamsan: the C++ recorder could not be loaded ({error}); checking with the Python "
+        "recorder, which sees only the outermost op of each call, runs compiled code eagerly and "
+        'costs more (docs/pytorch.md, "Two recorders"). backend="python" chooses it without this '
+        'warning; backend="native" makes this an error.',
+        RuntimeWarning,
+        stacklevel=_outside_stacklevel(),
+    )
+
+
 def _outside_stacklevel() -> int:
     """The `stacklevel` of the innermost frame outside streamsan, torch, Triton and Inductor's
     generated code, for a warning given by the caller: the user's `with` line (or the user's line
@@ -1363,6 +1383,7 @@ class Recorder:
                 if choice == "native":
                     raise
                 self.backend_error = str(e)
+                _warn_fallback(self.backend_error)
         if self.backend is None:
             self.backend = PythonBackend(self, fake_device)
         self.patches: Optional[_Patches] = None
