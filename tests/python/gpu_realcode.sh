@@ -87,7 +87,8 @@ case "$suite" in
   all) def_s=570 def_cost=150 def_csan=150 warm_limit=240 ;;
   *) echo "REALCODE_SET=$suite: expected realcode, compiled, extra or all" >&2; exit 2 ;;
 esac
-deadline=$((start + ${REALCODE_SECONDS:-$def_s}))
+budget=${REALCODE_SECONDS:-$def_s}
+deadline=$((start + budget))
 runs=${REALCODE_RUNS:-5}
 cost_runs=${REALCODE_COST_RUNS:-9}
 cost_s=${REALCODE_COST_SECONDS:-$def_cost}
@@ -95,7 +96,6 @@ csan_cost_s=${REALCODE_CSAN_COST_SECONDS:-$def_csan}
 # The verdicts come first: a budget too short for the build, the verdicts (about 150 s together on
 # a fresh machine) and both cost steps' default shares shrinks those shares (where not set), so
 # that the verdict steps are not left without time.
-budget=${REALCODE_SECONDS:-$def_s}
 if [ "$budget" -lt $((cost_s + csan_cost_s + 150)) ] && [ -z "${REALCODE_COST_SECONDS:-}${REALCODE_CSAN_COST_SECONDS:-}" ]; then
   spare=$((budget - 150))
   [ "$spare" -lt 40 ] && spare=40

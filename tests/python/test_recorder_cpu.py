@@ -1179,12 +1179,19 @@ def test_a_checks_warnings_point_at_the_users_line():
     assert [(w.filename, w.lineno) for w in ours] == [(HERE, line_of("WARNED"))] * len(ours)
 
 
+def _python_with_another_recorder(tmp_path, code: str) -> subprocess.CompletedProcess:
+    """Runs `code` in a Python whose STREAMSAN_TORCH_EXT names a module with the recorder's older
+    entry points only (built by another version: refused)."""
+    other = tmp_path / "other_recorder.py"
+    other.write_text("def configure(*a): pass\ndef reset(): pass\ndef install(with_cuda): pass\n")
+    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
     """STREAMSAN_TORCH_EXT names a module built elsewhere: one without this version's entry
     points is refused with the reason, not used until a call fails inside a check."""
     torch_or_skip()
-    other = tmp_path / "other_recorder.py"  # a module with the recorder's older entry points only
-    other.write_text("def configure(*a): pass\ndef reset(): pass\ndef install(with_cuda): pass\n")
     code = (
         "from streamsan.torch import _native\n"
         "try:\n"
@@ -1192,8 +1199,7 @@ def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
         "except RuntimeError as e:\n"
         "    print('REFUSED', e)\n"
     )
-    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = _python_with_another_recorder(tmp_path, code)
     assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
     assert "open_check" in out.stdout
 
@@ -1202,8 +1208,6 @@ def test_auto_says_when_it_falls_back_to_the_python_recorder(tmp_path):
     """backend="auto" whose C++ recorder cannot be loaded checks with the Python recorder and
     says so, once per process, at the user's line; backend="python" says nothing."""
     torch_or_skip()
-    other = tmp_path / "other_recorder.py"  # not this version's recorder: refused
-    other.write_text("def configure(*a): pass\n")
     code = (
         "import warnings, torch, streamsan.torch\n"
         "warnings.simplefilter('always')\n"
@@ -1216,8 +1220,7 @@ def test_auto_says_when_it_falls_back_to_the_python_recorder(tmp_path):
         "    if 'C++ recorder' in str(w.message):\n"
         "        print('WARNED', w.lineno, w.message)\n"
     )
-    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = _python_with_another_recorder(tmp_path, code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("BACKEND auto python") == 2 and "BACKEND python python" in out.stdout, out.stdout
     warned = [line for line in out.stdout.splitlines() if line.startswith("WARNED")]

@@ -92,23 +92,20 @@ class _Warned:
         warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=_outside_stacklevel())
 
 
-_FALLBACKS_WARNED: set[str] = set()
+# What `backend="auto"` falling back to the Python recorder said, once per process and reason.
+_FALLBACKS_WARNED = _Warned()
 
 
 def _warn_fallback(error: str) -> None:
-    """Says, once per process and reason, that `backend="auto"` checks with the Python recorder
-    because the C++ one could not be loaded: a check that sees less (the outermost ops only,
-    compiled code run eagerly) and costs more must not pass for the other."""
-    if error in _FALLBACKS_WARNED:
-        return
-    _FALLBACKS_WARNED.add(error)
-    warnings.warn(
-        f"streamsan: the C++ recorder could not be loaded ({error}); checking with the Python "
-        "recorder, which sees only the outermost op of each call, runs compiled code eagerly and "
-        'costs more (docs/pytorch.md, "Two recorders"). backend="python" chooses it without this '
-        'warning; backend="native" makes this an error.',
-        RuntimeWarning,
-        stacklevel=_outside_stacklevel(),
+    """Says that `backend="auto"` checks with the Python recorder because the C++ one could not
+    be loaded: a check that sees less (the outermost ops only, compiled code run eagerly) and
+    costs more must not pass for the other."""
+    _FALLBACKS_WARNED(
+        error,
+        f"the C++ recorder could not be loaded ({error}); checking with the Python recorder, which "
+        "sees only the outermost op of each call, runs compiled code eagerly and costs more "
+        '(docs/pytorch.md, "Two recorders"). backend="python" chooses it without this warning; '
+        'backend="native" makes this an error.',
     )
 
 
