@@ -124,6 +124,37 @@ impl Reread for TraceFile<'_> {
     }
 }
 
+/// A trace (JSON Lines) held in memory, read again for each walk.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceBytes<'a> {
+    bytes: &'a [u8],
+    name: &'a str,
+}
+
+impl<'a> TraceBytes<'a> {
+    /// The trace `bytes`; `name` is how the located messages of bad input name it.
+    pub fn new(bytes: &'a [u8], name: &'a str) -> Self {
+        TraceBytes { bytes, name }
+    }
+}
+
+impl Reread for TraceBytes<'_> {
+    type Error = ParseError;
+
+    fn reread(
+        &mut self,
+        each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
+    ) -> Result<(), ParseError> {
+        let mut reader = TraceReader::new(self.bytes, self.name);
+        while let Some((op, _)) = reader.next_op()? {
+            if each(&op).is_break() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Why a run's report could not be completed.
 #[derive(Debug, thiserror::Error)]
 pub enum RecheckError<E> {
@@ -412,7 +443,16 @@ mod tests {
         std::fs::write(&path, GRAPH).expect("a temporary file");
         let from_file = run(&ops, true, true).finish(Some(TraceFile::new(&path, "t")));
         let _ = std::fs::remove_file(&path);
-        assert_eq!(from_file.expect("re-checked").syncs, Some(syncs));
+        assert_eq!(from_file.expect("re-checked").syncs.as_ref(), Some(&syncs));
+        // From the lines held in memory.
+        let from_bytes = run(&ops, true, true).finish(Some(TraceBytes::new(GRAPH.as_bytes(), "t")));
+        assert_eq!(from_bytes.expect("re-checked").syncs, Some(syncs));
+        // Lines that are not valid ops are a located error.
+        let e = run(&ops, true, true)
+            .finish(Some(TraceBytes::new(b"{\"op\":\"nope\"}\n", "kept")))
+            .expect_err("bad lines");
+        assert!(matches!(e, RecheckError::Read(_)));
+        assert!(e.to_string().starts_with("kept:1:"), "{e}");
     }
 
     #[test]

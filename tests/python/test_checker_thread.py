@@ -86,6 +86,43 @@ def test_the_report_is_the_synchronous_one_on_every_trace(path):
                 assert want["returned"] == want["found"]
 
 
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_the_ops_kept_in_memory_or_in_a_file_give_the_same_report(path, tmp_path, monkeypatch):
+    """The ops kept to explain a report stay in memory up to `_memory_bytes` (a short check
+    makes no file) and go to a temporary file past it: the report, its `why:` lines and the
+    synchronization verdicts (the ops left to a re-check read again from what was kept) are
+    the same all three ways, on a thread or not."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with open(path) as f:
+        text = f.read()
+    for threaded in (False, True):
+        for syncs in (False, True):
+            kw = dict(syncs=syncs, explain=True, name="t")
+            in_memory = outcome(threaded, [text], **kw)
+            assert not spools_in(tmp_path)
+            assert outcome(threaded, [text], _memory_bytes=len(text) // 2 + 1, **kw) == in_memory
+            assert outcome(threaded, [text], _memory_bytes=0, **kw) == in_memory
+            assert not spools_in(tmp_path)  # the files went with their reports
+
+
+def test_a_short_checks_ops_stay_in_memory_and_a_long_ones_go_to_a_file(tmp_path, monkeypatch):
+    """No file while the kept ops fit `_memory_bytes`; past it, one file (what memory held
+    written first), removed with its report."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for threaded in (False, True):
+        c = streamsan.Checker(threaded=threaded, _memory_bytes=4096)
+        c.push_lines(numbered_ops(0, 10))
+        c.drain()
+        assert not spools_in(tmp_path)
+        c.push_lines(numbered_ops(10, 200))
+        c.drain()
+        assert len(spools_in(tmp_path)) == 1
+        r = c.finish()
+        assert r.clean and r.to_dot().startswith("digraph")
+        del r, c
+        assert not spools_in(tmp_path)
+
+
 def bench_trace(tmp_path, ops: int, drop_every: int = 0) -> str:
     """The clean pipeline of `streamsan bench`, every `drop_every`th event_wait removed (races)."""
     path = tmp_path / "bench.jsonl"
@@ -270,7 +307,7 @@ def test_the_thread_starts_at_the_first_batch_and_ends_by_itself_after_finish(tm
 
     monkeypatch.setattr(tempfile, "tempdir", None)
     before = checker_threads()  # other checks' threads, some of them ending by themselves
-    c = streamsan.Checker(threaded=True, explain=True)
+    c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)  # the ops in a file
     assert not checker_threads() - before and not spools_in(tmp_path)
     c.push_lines(numbered_ops(0, 10))
     assert wait_for(lambda: c.stats()["ops"] == 29)
@@ -283,7 +320,7 @@ def test_the_thread_starts_at_the_first_batch_and_ends_by_itself_after_finish(tm
     assert not spools_in(tmp_path)
     # None handed over: no thread; the empty copy is made at the end, for the report.
     before = checker_threads()
-    c = streamsan.Checker(threaded=True, explain=True)
+    c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)
     r = c.finish()
     assert not checker_threads() - before and r.ops == 0 and "digraph" in r.to_dot()
     del r, c
@@ -634,7 +671,7 @@ def test_a_forked_child_leaves_its_parents_copies_of_the_ops(tmp_path):
         pytest.skip("no fork here")
     code = """
         import os, sys, streamsan
-        c = streamsan.Checker(explain=True)
+        c = streamsan.Checker(explain=True, _memory_bytes=0)
         c.push_lines('{"op":"alloc","buffer":"a","bytes":16}\\n{"op":"launch","stream":"s1","writes":["a"]}\\n')
         report = c.finish()
         def spools():

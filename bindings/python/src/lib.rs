@@ -19,7 +19,7 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyCapsule, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-use streamsan::analysis::run::{CheckRun, RecheckError, TraceFile};
+use streamsan::analysis::run::{CheckRun, RecheckError, TraceBytes, TraceFile};
 use streamsan::graph::Picture;
 use streamsan::report::{render_sarif, render_text, SarifOptions, TextOptions};
 use streamsan::trace::{ParseError, TraceReader};
@@ -45,25 +45,48 @@ pyo3::create_exception!(
 /// thread could be woken for it.
 const DISPOSE_FROM_OPS: u64 = 2048;
 
+/// The ops a check keeps to explain its report stay in memory up to this many bytes (about
+/// 25,000 ops of a PyTorch program), and go to a temporary file past it: a short check, which
+/// a program may enter at every step, makes and removes no file.
+const MEMORY_BYTES: usize = 4 << 20;
+
 /// Ends a check: the report, with the verdicts on the synchronization ops when analysed (the
 /// ops the analysis left to a re-check are re-checked from `kept`); the checker's state of a
 /// large run is dropped on another thread ([`worker::dispose`]).
-fn finish_run(run: CheckRun, kept: Option<&Path>, name: &str) -> Result<streamsan::Report, String> {
+fn finish_run(
+    run: CheckRun,
+    kept: Option<&Source>,
+    name: &str,
+) -> Result<streamsan::Report, String> {
     let large = run.ops() >= DISPOSE_FROM_OPS;
-    run.finish_apart(kept.map(|path| TraceFile::new(path, name)))
-        .map(|(report, rest)| {
-            if large {
-                worker::dispose(rest);
-            }
-            report
-        })
-        .map_err(|e| match e {
-            RecheckError::NotKept { undecided } => format!(
-                "{name}: the ops were not kept: {undecided} synchronization ops cannot be re-checked"
-            ),
-            RecheckError::Read(e) => e.to_string(),
-            RecheckError::Check(e) => format!("{name}: op {}: {e}", e.op),
-        })
+    let finished = match kept {
+        Some(Source::Memory(bytes)) => run
+            .finish_apart(Some(TraceBytes::new(bytes, name)))
+            .map_err(|e| recheck_message(e, name)),
+        Some(Source::File(f)) => run
+            .finish_apart(Some(TraceFile::new(&f.path, name)))
+            .map_err(|e| recheck_message(e, name)),
+        None => run
+            .finish_apart(None::<TraceFile<'_>>)
+            .map_err(|e| recheck_message(e, name)),
+    };
+    finished.map(|(report, rest)| {
+        if large {
+            worker::dispose(rest);
+        }
+        report
+    })
+}
+
+/// Why the ops left to a re-check could not be re-checked.
+fn recheck_message<E: std::fmt::Display>(e: RecheckError<E>, name: &str) -> String {
+    match e {
+        RecheckError::NotKept { undecided } => format!(
+            "{name}: the ops were not kept: {undecided} synchronization ops cannot be re-checked"
+        ),
+        RecheckError::Read(e) => e.to_string(),
+        RecheckError::Check(e) => format!("{name}: op {}: {e}", e.op),
+    }
 }
 
 /// Where the ops of a check are kept, to explain its hazards and draw it afterwards.
@@ -76,6 +99,13 @@ enum Kept {
         /// Removed when the last holder goes away.
         temporary: bool,
     },
+}
+
+/// Where a report reads the ops it explains: the lines kept in memory (a short check), or a
+/// file.
+enum Source {
+    Memory(Vec<u8>),
+    File(KeptFile),
 }
 
 /// A kept file; a temporary one is removed when dropped.
@@ -112,6 +142,14 @@ fn remove_spool(path: &Path) {
         spools.swap_remove(i);
         drop(spools);
         let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Forgets a temporary copy's path that no file was made at (the ops stayed in memory).
+fn forget_spool(path: &Path) {
+    let mut spools = lock(&SPOOLS);
+    if let Some(i) = registered(&spools, path) {
+        spools.swap_remove(i);
     }
 }
 
@@ -544,6 +582,7 @@ impl Checker {
         queue_bytes = 64 << 20,
         _delay = 0.0,
         _panic_at = None,
+        _memory_bytes = MEMORY_BYTES,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -555,6 +594,7 @@ impl Checker {
         queue_bytes: usize,
         _delay: f64,
         _panic_at: Option<u64>,
+        _memory_bytes: usize,
     ) -> PyResult<Self> {
         if !(_delay.is_finite() && _delay >= 0.0) {
             return Err(PyValueError::new_err(
@@ -576,15 +616,25 @@ impl Checker {
                 )
             }
             None if explain => {
-                // Made at the first line kept; where it cannot be, the report says so and
-                // does not explain its hazards (checking does not need the copy).
+                // Kept in memory up to `_memory_bytes`, then in a file made when they pass it
+                // (with none, at the first line kept); where it cannot be made, the report says
+                // so and does not explain its hazards (checking does not need the copy).
                 let path = spool_path();
+                let out = if _memory_bytes > 0 {
+                    OpsCopy::Memory {
+                        bytes: Vec::new(),
+                        limit: _memory_bytes,
+                        path: path.clone(),
+                    }
+                } else {
+                    OpsCopy::Spool(path.clone())
+                };
                 (
                     Kept::File {
-                        path: path.clone(),
+                        path,
                         temporary: true,
                     },
-                    OpsCopy::Spool(path),
+                    out,
                 )
             }
             None => (Kept::Nothing, OpsCopy::Nothing),
@@ -863,6 +913,14 @@ impl Checker {
         let Some(checker) = checker else {
             return Err(finished());
         };
+        let kept = std::mem::replace(&mut *lock(&self.kept), Kept::Nothing);
+        // The lines kept in memory are the report's source: no file was made.
+        let mut in_memory = None;
+        if let OpsCopy::Memory { bytes, path, .. } = out {
+            forget_spool(&path);
+            in_memory = Some(bytes);
+            out = OpsCopy::Nothing;
+        }
         // A temporary copy no line was kept in is made now, empty: the report can be drawn.
         if let Err(e) = out.open() {
             write_error.get_or_insert(e);
@@ -876,12 +934,12 @@ impl Checker {
                 write_error.get_or_insert(e.to_string());
             }
         }
-        let kept = std::mem::replace(&mut *lock(&self.kept), Kept::Nothing);
         let source = match kept {
+            Kept::File { .. } if in_memory.is_some() => in_memory.map(Source::Memory),
             Kept::File { path, temporary } => {
                 let file = KeptFile { path, temporary };
                 match &write_error {
-                    None => Some(file),
+                    None => Some(Source::File(file)),
                     Some(e) => {
                         let what = if temporary {
                             "a copy of the ops"
@@ -900,16 +958,15 @@ impl Checker {
             Kept::Nothing => None,
         };
         let implicit = checker.checker().implicit_syncs().to_vec();
-        let kept_path = source.as_ref().map(|f| f.path.clone());
         let name = self.name.clone();
         let report = py
-            .detach(|| finish_run(checker, kept_path.as_deref(), &name))
+            .detach(|| finish_run(checker, source.as_ref(), &name))
             .map_err(PyValueError::new_err)?;
         // The hazards are explained when the text report is first asked for (`to_text`, `str`),
         // not here: a check whose report is only counted or read as data (`hazards`, `to_json`)
         // does not read its ops again. Unless the ops are in the caller's trace file, which a
         // later check may write over: then now, while it holds the ops checked.
-        let explain_now = source.as_ref().is_some_and(|f| !f.temporary);
+        let explain_now = matches!(&source, Some(Source::File(f)) if !f.temporary);
         let mut r = Report {
             report,
             name: self.name.clone(),
@@ -935,7 +992,7 @@ impl Checker {
 struct Report {
     report: streamsan::Report,
     name: String,
-    source: Option<KeptFile>,
+    source: Option<Source>,
     implicit: Vec<(u64, u64)>,
     picture: Option<Picture>,
     /// Whether the kept ops were walked (explained and drawn, or found unreadable) already.
@@ -949,7 +1006,18 @@ impl Report {
             return;
         }
         let Some(source) = &self.source else { return };
-        match walk(&source.path, &self.name, &mut self.report, &self.implicit) {
+        let walked = match source {
+            Source::Memory(bytes) => streamsan::graph::explain_trace(
+                &bytes[..],
+                &self.name,
+                &mut self.report,
+                &self.implicit,
+                |_| {},
+            )
+            .map_err(|e| e.to_string()),
+            Source::File(f) => walk(&f.path, &self.name, &mut self.report, &self.implicit),
+        };
+        match walked {
             Ok(p) => self.picture = Some(p),
             Err(e) => eprintln!("streamsan: {e}; the report will not explain its hazards"),
         }
@@ -1157,14 +1225,15 @@ fn check_trace(py: Python<'_>, path: PathBuf, explain: bool, syncs: bool) -> PyR
             }
         }
         let implicit = checker.checker().implicit_syncs().to_vec();
-        let report = finish_run(checker, Some(&path), &name).map_err(|e| (false, e))?;
+        let file = Source::File(KeptFile {
+            path: path.clone(),
+            temporary: false,
+        });
+        let report = finish_run(checker, Some(&file), &name).map_err(|e| (false, e))?;
         let mut r = Report {
             report,
             name: name.clone(),
-            source: explain.then(|| KeptFile {
-                path: path.clone(),
-                temporary: false,
-            }),
+            source: explain.then_some(file),
             implicit,
             picture: None,
             walked: false,

@@ -113,6 +113,17 @@ pub(crate) struct Core {
 pub(crate) enum OpsCopy {
     /// Nowhere.
     Nothing,
+    /// In memory, while they take at most `limit` bytes: a short check touches no file. Past
+    /// that they go to the temporary copy at `path` (registered for removal already), made then
+    /// with what the memory held.
+    Memory {
+        /// The lines kept so far, each with its line end.
+        bytes: Vec<u8>,
+        /// The most bytes kept in memory.
+        limit: usize,
+        /// Where they go past `limit`.
+        path: PathBuf,
+    },
     /// A temporary copy, made at the first line kept (by whoever checks it: usually the
     /// checker's thread, off the caller's) or when the check finishes, at this path, registered
     /// for removal already.
@@ -123,7 +134,7 @@ pub(crate) enum OpsCopy {
 
 impl OpsCopy {
     /// Makes the temporary copy now, if it is to be made and is not yet; a failure is the
-    /// copy's write error.
+    /// copy's write error. Lines kept in memory stay there.
     pub(crate) fn open(&mut self) -> Result<(), String> {
         if let OpsCopy::Spool(path) = self {
             match crate::create_spool(path) {
@@ -133,6 +144,31 @@ impl OpsCopy {
                     return Err(e);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Keeps `line` (without its line end): in memory while it fits, else in the file.
+    fn write_line(&mut self, line: &[u8]) -> Result<(), String> {
+        if let OpsCopy::Memory { bytes, limit, path } = self {
+            if bytes.len() + line.len() < *limit {
+                bytes.extend_from_slice(line);
+                bytes.push(b'\n');
+                return Ok(());
+            }
+            // Past the limit: what memory held goes to the file, first.
+            let held = std::mem::take(bytes);
+            *self = OpsCopy::Spool(std::mem::take(path));
+            self.open()?;
+            if let OpsCopy::File(out) = self {
+                out.write_all(&held).map_err(|e| e.to_string())?;
+            }
+        }
+        self.open()?;
+        if let OpsCopy::File(out) = self {
+            out.write_all(line)
+                .and_then(|_| out.write_all(b"\n"))
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -230,15 +266,9 @@ impl Core {
     }
 
     fn keep(&mut self, line: &[u8]) {
-        if let Err(e) = self.out.open() {
+        if let Err(e) = self.out.write_line(line) {
             self.write_error = Some(e);
-        }
-        if let OpsCopy::File(out) = &mut self.out {
-            let r = out.write_all(line).and_then(|_| out.write_all(b"\n"));
-            if let Err(e) = r {
-                self.write_error = Some(e.to_string());
-                self.out = OpsCopy::Nothing;
-            }
+            self.out = OpsCopy::Nothing;
         }
     }
 }
