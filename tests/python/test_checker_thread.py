@@ -298,32 +298,82 @@ def test_finish_leaves_the_checkers_state_to_a_thread_of_its_own(threaded):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc")
-def test_the_thread_starts_at_the_first_batch_and_ends_by_itself_after_finish(tmp_path, monkeypatch):
-    """A threaded Checker starts its thread when the first batch is handed over (a check that
+def test_a_checks_thread_serves_the_next_checks_and_ends_when_idle(tmp_path):
+    """A threaded Checker starts a thread when the first batch is handed over (a check that
     hands none over starts none), and its temporary copy of the ops when the first op is kept;
-    `finish` does not wait for the thread to end: it ends by itself."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    import tempfile
+    `finish` does not wait for the thread: once done with the check, it waits for the next
+    check's first batch (checks one after another, the program running between them, use one
+    thread; two at once, two), and ends when none comes within its idle wait."""
+    code = r"""
+        import os, time, streamsan
+        from streamsan._streamsan import _set_checker_thread_idle
 
-    monkeypatch.setattr(tempfile, "tempdir", None)
-    before = checker_threads()  # other checks' threads, some of them ending by themselves
-    c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)  # the ops in a file
-    assert not checker_threads() - before and not spools_in(tmp_path)
-    c.push_lines(numbered_ops(0, 10))
-    assert wait_for(lambda: c.stats()["ops"] == 29)
-    mine = checker_threads() - before
-    assert len(mine) == 1 and len(spools_in(tmp_path)) == 1
-    r = c.finish()
-    assert r.ops == 29 and r.clean
-    assert wait_for(lambda: not mine & checker_threads()), "the thread did not end"
-    del r, c
-    assert not spools_in(tmp_path)
-    # None handed over: no thread; the empty copy is made at the end, for the report.
-    before = checker_threads()
-    c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)
-    r = c.finish()
-    assert not checker_threads() - before and r.ops == 0 and "digraph" in r.to_dot()
-    del r, c
+        def threads():
+            n = 0
+            for task in os.listdir("/proc/self/task"):
+                try:
+                    with open(f"/proc/self/task/{task}/comm") as f:
+                        n += f.read().strip() == "streamsan-check"
+                except OSError:
+                    pass
+            return n
+
+        def spools():
+            return len([p for p in os.listdir(os.environ["TMPDIR"]) if p.startswith("streamsan-ops-")])
+
+        def wait_for(cond, limit=30.0):
+            until = time.monotonic() + limit
+            while not cond() and time.monotonic() < until:
+                time.sleep(0.002)
+            return cond()
+
+        ops = "".join('{"op":"alloc","buffer":"b%d","bytes":64,"stream":"s"}\n' % i for i in range(20))
+        _set_checker_thread_idle(1.0)
+        c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)  # the ops in a file
+        print("made", threads(), spools())
+        c.push_lines(ops)
+        assert wait_for(lambda: c.stats()["ops"] == 20)
+        print("first batch", threads(), spools())
+        r = c.finish()
+        assert r.ops == 20 and r.clean
+        del r, c
+        print("finished", threads(), spools())
+        for _ in range(5):
+            time.sleep(0.05)  # the program between checks
+            c = streamsan.Checker(threaded=True)
+            c.push_lines(ops)
+            assert c.finish().ops == 20
+        print("five more", threads())
+        time.sleep(0.05)
+        a, b = streamsan.Checker(threaded=True, _delay=0.2), streamsan.Checker(threaded=True, _delay=0.2)
+        a.push_lines(ops)
+        b.push_lines(ops)
+        assert a.finish().ops == b.finish().ops == 20
+        print("two at once", threads())
+        print("idle", wait_for(lambda: threads() == 0, 10.0))
+        c = streamsan.Checker(threaded=True)
+        c.push_lines(ops)
+        assert c.finish().ops == 20
+        print("again", wait_for(lambda: threads() == 1, 5.0))  # its name is set once it runs
+        _set_checker_thread_idle(0)
+        print("no wait", wait_for(lambda: threads() == 0, 10.0))
+        c = streamsan.Checker(threaded=True, explain=True, _memory_bytes=0)
+        r = c.finish()  # none handed over: no thread; the empty copy made for the report
+        print("none handed over", threads(), r.ops, "digraph" in r.to_dot())
+        """
+    out = run_python(code, timeout=120, tmpdir=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "made 0 0",
+        "first batch 1 1",
+        "finished 1 0",
+        "five more 1",
+        "two at once 2",
+        "idle True",
+        "again True",
+        "no wait True",
+        "none handed over 0 0 True",
+    ], out.stdout
     assert not spools_in(tmp_path)
 
 

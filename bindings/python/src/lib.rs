@@ -153,6 +153,17 @@ fn forget_spool(path: &Path) {
     }
 }
 
+/// How long a checker's thread whose check is over waits for the next check before it ends, in
+/// seconds (10 unless set; for tests).
+#[pyfunction]
+fn _set_checker_thread_idle(seconds: f64) -> PyResult<()> {
+    if !(seconds.is_finite() && seconds >= 0.0) {
+        return Err(PyValueError::new_err("seconds: a number, 0 or more"));
+    }
+    worker::set_thread_idle(Duration::from_secs_f64(seconds.min(86_400.0)));
+    Ok(())
+}
+
 /// Removes the temporary copies of the ops this process still has (at the interpreter's exit:
 /// a report read after it cannot explain its hazards any more). Returns how many there were.
 #[pyfunction]
@@ -540,10 +551,9 @@ impl Checker {
     /// Stops and joins the checker's thread once the queue is closed: what it queued is
     /// checked first.
     fn join(&self, py: Python<'_>) {
-        if let Some(handle) = self.shared.take_thread() {
+        if self.shared.take_thread() {
             py.detach(|| {
                 self.shared.wait_exit(None);
-                let _ = handle.join();
             });
         }
     }
@@ -901,7 +911,7 @@ impl Checker {
             }
             s.finished = true;
         }
-        drop(self.shared.take_thread());
+        self.shared.take_thread(); // done with the check by itself: not waited for
         let (checker, mut out, mut write_error) = py.detach(|| {
             let mut core = lock(&self.shared.core);
             (
@@ -1269,5 +1279,6 @@ fn _streamsan(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_trace, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(_remove_spools, m)?)?;
+    m.add_function(wrap_pyfunction!(_set_checker_thread_idle, m)?)?;
     Ok(())
 }

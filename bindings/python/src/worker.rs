@@ -16,6 +16,10 @@
 //! Wake-ups are made after `state` is let go (a thread woken while it is held only waits again,
 //! for the lock), and only when someone waits.
 //!
+//! The thread is started at a check's first batch; once the check is over it waits for the next
+//! check's first batch (at most [`THREAD_IDLE`], then ends): a program that enters a check at
+//! every step starts one thread, not one per check.
+//!
 //! What the thread finds comes back through [`State`]: the hazards not handed out yet, the
 //! errors of bad input not raised yet (each raised once, in order, by the caller's next call),
 //! and why the thread died if it panicked. Every wait ends when the thread makes progress, has
@@ -35,7 +39,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use streamsan::analysis::run::CheckRun;
@@ -398,8 +401,9 @@ pub(crate) struct Shared {
     abort: AtomicBool,
     delay: Duration,
     panic_at: Option<u64>,
-    /// The checker's thread, once started and until joined or left to end by itself.
-    thread: Mutex<Option<JoinHandle<()>>>,
+    /// Whether a thread serves this check (started for it, or an idle one that took it), until
+    /// the check waits for it or leaves it (see [`Self::take_thread`]).
+    thread: AtomicBool,
     /// This `Shared`, for the thread started at the first batch.
     me: Weak<Shared>,
     /// The process that made it: a process forked from it has a copy, without the thread, and
@@ -422,6 +426,82 @@ const POLLS_BEFORE_SLEEP: u32 = 100;
 
 /// How long dropping a Checker waits for its thread to end before leaving it behind.
 const DROP_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a checker's thread whose check is over waits for the next check before it ends: a
+/// program that enters a check at every step (a test, a benchmark's timed loop) starts one
+/// thread, not one per check (starting a thread costs about as much as the rest of entering
+/// and leaving a short check).
+const THREAD_IDLE: Duration = Duration::from_secs(10);
+
+/// [`THREAD_IDLE`] in milliseconds, or another wait set by [`set_thread_idle`] (tests).
+static THREAD_IDLE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(THREAD_IDLE.as_millis() as u64);
+
+/// Sets how long an idle checker's thread waits for the next check (threads waiting already
+/// keep the wait they began).
+pub(crate) fn set_thread_idle(wait: Duration) {
+    THREAD_IDLE_MS.store(wait.as_millis() as u64, Ordering::Relaxed);
+}
+
+/// The checkers' threads whose check is over, each with its process and a number of its own,
+/// waiting for the next check on their channel (at most [`THREAD_IDLE`]).
+type Idle = Vec<(u32, u64, std::sync::mpsc::Sender<Arc<Shared>>)>;
+static IDLE_THREADS: Mutex<Idle> = Mutex::new(Vec::new());
+
+/// Numbers the checkers' threads (their entries in [`IDLE_THREADS`]).
+static THREAD_NUMBERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Hands `shared` to an idle checker's thread of this process, if there is one; gives it back
+/// if not. Only tried: a lock a parent's thread held at a fork stays held in the child.
+fn hand_to_idle(mut shared: Arc<Shared>) -> Result<(), Arc<Shared>> {
+    let me = std::process::id();
+    let Ok(mut idle) = IDLE_THREADS.try_lock() else {
+        return Err(shared);
+    };
+    idle.retain(|(pid, _, _)| *pid == me); // a forked child's copies of its parent's threads
+    while let Some((_, _, tx)) = idle.pop() {
+        match tx.send(shared) {
+            Ok(()) => return Ok(()),
+            Err(refused) => shared = refused.0, // that thread has ended
+        }
+    }
+    Err(shared)
+}
+
+/// A checker's thread: serves `first`, then each check an idle wait of [`THREAD_IDLE`] brings.
+fn serve_checks(first: Arc<Shared>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let number = THREAD_NUMBERS.fetch_add(1, Ordering::Relaxed);
+    let me = std::process::id();
+    let mut shared = first;
+    loop {
+        run(&shared);
+        drop(shared); // the check's state, if this was its last holder
+                      // Only tried (a lock a parent's thread held at a fork stays held in the child; a busy
+                      // one is let be): where it is not had, this thread ends, and the next check starts one.
+        match IDLE_THREADS.try_lock() {
+            Ok(mut idle) => idle.push((me, number, tx.clone())),
+            Err(_) => return,
+        }
+        let idle = Duration::from_millis(THREAD_IDLE_MS.load(Ordering::Relaxed));
+        shared = match rx.recv_timeout(idle) {
+            Ok(next) => next,
+            Err(_) => {
+                let mut idle = lock(&IDLE_THREADS);
+                if let Some(i) = idle.iter().position(|(_, n, _)| *n == number) {
+                    idle.swap_remove(i);
+                    return;
+                }
+                drop(idle);
+                // Taken by a check meanwhile: it is on its way.
+                match rx.recv() {
+                    Ok(next) => next,
+                    Err(_) => return,
+                }
+            }
+        };
+    }
+}
 
 impl Shared {
     /// A check whose batches the caller checks on its own thread (`options`: `None`) or a
@@ -463,7 +543,7 @@ impl Shared {
             abort: AtomicBool::new(false),
             delay: options.delay,
             panic_at: options.panic_at,
-            thread: Mutex::new(None),
+            thread: AtomicBool::new(false),
             me: me.clone(),
             pid: std::process::id(),
         })
@@ -482,11 +562,20 @@ impl Shared {
         let Some(worker) = self.me.upgrade() else {
             return;
         };
+        let worker = match hand_to_idle(worker) {
+            Ok(()) => {
+                self.thread.store(true, Ordering::Relaxed);
+                return;
+            }
+            Err(worker) => worker,
+        };
         let spawned = std::thread::Builder::new()
             .name("streamsan-checker".into())
-            .spawn(move || run(&worker));
+            .spawn(move || serve_checks(worker));
         match spawned {
-            Ok(handle) => *lock(&self.thread) = Some(handle),
+            // Not joined: it goes on to wait for the next check (a check is over with its
+            // thread when `exited`).
+            Ok(_) => self.thread.store(true, Ordering::Relaxed),
             Err(e) => {
                 eprintln!(
                     "streamsan: cannot start the checker's thread: {e}; checking on the \
@@ -498,9 +587,10 @@ impl Shared {
         }
     }
 
-    /// The checker's thread, to be joined or left; `None` when it was never started.
-    pub(crate) fn take_thread(&self) -> Option<JoinHandle<()>> {
-        lock(&self.thread).take()
+    /// Whether a thread served this check and was not waited for or left yet (once: the
+    /// caller then waits for it to be done with the check, `exited`, or leaves it).
+    pub(crate) fn take_thread(&self) -> bool {
+        self.thread.swap(false, Ordering::Relaxed)
     }
 
     /// Why no batch can be taken now, if so.
@@ -888,15 +978,13 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "a panic".into())
 }
 
-/// Ends a Checker's thread when the Checker goes away: it drops what is left, and is joined if it
-/// ends within [`DROP_WAIT`], else left behind (it holds no Python object and ends by itself).
+/// Ends a Checker's thread's work when the Checker goes away: it drops what is left, and is
+/// waited for at most [`DROP_WAIT`], else left behind (it holds no Python object, and goes on to
+/// wait for the next check once done).
 pub(crate) fn stop(shared: &Shared) {
     shared.abort();
-    let Some(handle) = shared.take_thread() else {
-        return;
-    };
-    if shared.wait_exit(Some(DROP_WAIT)) {
-        let _ = handle.join();
+    if shared.take_thread() {
+        shared.wait_exit(Some(DROP_WAIT));
     }
 }
 
