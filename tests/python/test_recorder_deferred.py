@@ -189,11 +189,14 @@ def test_what_is_recorded_before_the_program_waits_is_checked_while_it_waits(mon
     assert run.report.errors == 0
 
 
-def test_a_part_batch_goes_to_the_checker_while_ops_keep_coming(monkeypatch):
+@pytest.mark.parametrize("pause", [0.0, 0.4], ids=["right-after-a-check", "recorder-thread-asleep"])
+def test_a_part_batch_goes_to_the_checker_while_ops_keep_coming(monkeypatch, pause):
     """Ops issued more slowly than a batch fills, never a whole pass of the recorder's thread
     apart and with no host synchronization (a decode loop): the part batch goes to the checker
     once it has waited a millisecond, and the checker checks it while the program still runs,
-    not at the check's end."""
+    not at the check's end. The check begins right after another (the recorder's thread still
+    looking every half millisecond: it is not woken) or after a pause longer than its 0.2 s of
+    looking (it sleeps, and is woken)."""
     ext = _ext()
     import torch
 
@@ -203,6 +206,10 @@ def test_a_part_batch_goes_to_the_checker_while_ops_keep_coming(monkeypatch):
             pass
 
     monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    with _run(threaded=True):
+        ext.set_fake_stream(0xA)
+        torch.ones(16).add_(1)
+    time.sleep(pause)
     run = _run(threaded=True)
     with run:
         ext.set_fake_stream(0xA)

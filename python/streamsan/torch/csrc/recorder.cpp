@@ -559,6 +559,7 @@ struct State {
   std::vector<Rec> queue;
   std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
   bool resolver_started = false;      // `q_mu` held
+  bool resolver_asleep = false;       // waiting until woken (`q_mu` held): see kLingerNs
   std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
   // Leftovers handed to the resolver in this process, and those it has not freed yet.
   std::atomic<uint64_t> leftovers_handed{0}, leftovers_unfreed{0};
@@ -1804,6 +1805,12 @@ void emit_lines(std::vector<std::string>& lines, bool may_flush) {
 // check's end, while the program waits.
 constexpr uint64_t kStaleBatchNs = 1'000'000;
 
+// How long the resolver keeps looking every half millisecond after a check ends, before it sleeps
+// until woken: a check begun meanwhile (a program that checks every step, a test's loop of
+// checks) is found at its next look, and the program's thread pays no wake-up of it (a system
+// call, 10-30 µs where CPUs are virtual) when the check starts.
+constexpr uint64_t kLingerNs = 200'000'000;
+
 // The resolver's thread: while records are deferred, writes the queue every half millisecond
 // and hands the batch over when it is large enough, or whatever it holds once a look finds
 // nothing new queued (the program is waiting: for the GPU, a lock, its input) or it has waited
@@ -1820,7 +1827,15 @@ void resolver_main() {
       std::vector<std::unique_ptr<Leftovers>> gone;
       {
         std::unique_lock<std::mutex> q(S->q_mu);
-        S->q_cv.wait(q, [] { return S->defer.load() || !S->leftovers.empty(); });
+        const auto wanted = [] { return S->defer.load() || !S->leftovers.empty(); };
+        for (const uint64_t until = now_ns() + kLingerNs; !wanted() && now_ns() < until;) {
+          S->q_cv.wait_for(q, std::chrono::microseconds(500));
+        }
+        if (!wanted()) {
+          S->resolver_asleep = true;
+          S->q_cv.wait(q, wanted);
+          S->resolver_asleep = false;
+        }
         gone.swap(S->leftovers);
       }
       if (!gone.empty()) {
@@ -1884,6 +1899,7 @@ void after_fork_child() {
   S->active.store(false);
   S->defer.store(false);
   S->resolver_started = false;
+  S->resolver_asleep = false;
   S->kicked = S->sync_pending = false;
   new (&S->q_cv) std::condition_variable();  // the parent's waiter is not in this process
   new (&S->raw_mu) std::mutex();
@@ -1910,6 +1926,7 @@ void watch_forks() {
 // started the first time), or written at once (the check ends: `drain` writes what is queued).
 void set_deferring(bool on) {
   watch_forks();
+  bool wake = false;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
     // A synchronization of an earlier check asks nothing of this one.
@@ -1923,10 +1940,12 @@ void set_deferring(bool on) {
       }
     }
     S->defer.store(on);
+    // A resolver still looking since the last check's end (kLingerNs) finds it by itself.
+    wake = on && S->resolver_asleep;
   }
   // Woken with the lock let go of (woken while it is held, the resolver would only wait again,
   // for the lock).
-  if (on) S->q_cv.notify_all();
+  if (wake) S->q_cv.notify_all();
 }
 
 // Takes the host ops issued inside `fr` so far (its op is calling another op, or the allocator
@@ -2906,17 +2925,17 @@ void reset() {
   S->prof.unwritten.clear();
   // A few are freed here, sooner than the resolver could be woken for them.
   if (old.size() < kLeftoversApart) return;
-  bool handed = false;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> q(S->q_mu);
     if (S->resolver_started) {
       S->leftovers.push_back(std::make_unique<Leftovers>(std::move(old)));
       S->leftovers_handed.fetch_add(1);
       S->leftovers_unfreed.fetch_add(1);
-      handed = true;
+      wake = S->resolver_asleep;  // else found at its next look (kLingerNs)
     }
   }
-  if (handed) S->q_cv.notify_all();
+  if (wake) S->q_cv.notify_all();
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
