@@ -476,9 +476,10 @@ fn serve_checks(first: Arc<Shared>) {
     let mut shared = first;
     loop {
         run(&shared);
-        drop(shared); // the check's state, if this was its last holder
-                      // Only tried (a lock a parent's thread held at a fork stays held in the child; a busy
-                      // one is let be): where it is not had, this thread ends, and the next check starts one.
+        // The check's state goes here if this was its last holder.
+        drop(shared);
+        // Only tried (a lock a parent's thread held at a fork stays held in the child; a busy
+        // one is let be): where it is not had, this thread ends, and the next check starts one.
         match IDLE_THREADS.try_lock() {
             Ok(mut idle) => idle.push((me, number, tx.clone())),
             Err(_) => return,
