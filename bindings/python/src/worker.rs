@@ -611,9 +611,9 @@ impl Shared {
     /// released, only while the queue is full or callers that entered before have not handed
     /// theirs over yet.
     pub(crate) fn push(&self, py: pyo3::Python<'_>, batch: Vec<u8>) -> Result<(), Refused> {
-        match self.enter(batch, false) {
+        match self.enter(batch, false, false) {
             Entry::Done(r) => r,
-            Entry::Wait(ticket, batch) => py.detach(|| self.wait_turn(ticket, batch, false)),
+            Entry::Wait(ticket, batch) => py.detach(|| self.wait_turn(ticket, batch, false, false)),
         }
     }
 
@@ -622,17 +622,19 @@ impl Shared {
     /// thread is woken for the batch, not left to find it at its next look (the recorder's own
     /// thread hands over what came before a host synchronization: the program waits for the
     /// GPU, and the batch is checked during that wait; the wake-up's system call is that
-    /// thread's, not the program's).
+    /// thread's, not the program's). The first batch handed over without `now` starts no
+    /// thread: a check whose ops fit one batch (handed over at its end, and checked by the
+    /// caller waiting for them) makes no system call for one; the next batch starts it.
     pub(crate) fn push_raw(&self, batch: Vec<u8>, now: bool) -> Result<(), Refused> {
-        match self.enter(batch, now) {
+        match self.enter(batch, now, true) {
             Entry::Done(r) => r,
-            Entry::Wait(ticket, batch) => self.wait_turn(ticket, batch, now),
+            Entry::Wait(ticket, batch) => self.wait_turn(ticket, batch, now, true),
         }
     }
 
-    /// Takes a ticket, and admits `batch` at once when it is its turn and there is room (`now`:
-    /// see [`Self::admit`]).
-    fn enter(&self, batch: Vec<u8>, now: bool) -> Entry {
+    /// Takes a ticket, and admits `batch` at once when it is its turn and there is room (`now`,
+    /// `lazy`: see [`Self::admit`]).
+    fn enter(&self, batch: Vec<u8>, now: bool, lazy: bool) -> Entry {
         let len = batch.len();
         let mut s = lock(&self.state);
         if let Some(r) = Self::refused(&s) {
@@ -641,7 +643,7 @@ impl Shared {
         let ticket = s.tickets;
         s.tickets += 1;
         if s.admits(ticket, len) {
-            let wake = self.admit(&mut s, batch, now);
+            let wake = self.admit(&mut s, batch, now, lazy);
             drop(s);
             self.wake(wake);
             return Entry::Done(Ok(()));
@@ -649,8 +651,9 @@ impl Shared {
         Entry::Wait(ticket, batch)
     }
 
-    /// Waits for the turn of `ticket` and room for `batch`, then admits it.
-    fn wait_turn(&self, ticket: u64, batch: Vec<u8>, now: bool) -> Result<(), Refused> {
+    /// Waits for the turn of `ticket` and room for `batch`, then admits it. A thread not
+    /// started yet (see [`Self::admit`]) is started first: the room comes from its progress.
+    fn wait_turn(&self, ticket: u64, batch: Vec<u8>, now: bool, lazy: bool) -> Result<(), Refused> {
         let len = batch.len();
         let since = Instant::now();
         let mut s = lock(&self.state);
@@ -661,12 +664,32 @@ impl Shared {
             }
             if s.admits(ticket, len) {
                 s.waited += since.elapsed();
-                let wake = self.admit(&mut s, batch, now);
+                let wake = self.admit(&mut s, batch, now, lazy);
                 drop(s);
                 self.wake(wake);
                 return Ok(());
             }
+            if s.threaded && !s.spawned {
+                drop(s);
+                self.start_late();
+                s = lock(&self.state);
+                continue;
+            }
             s = self.wait_progress(s, None);
+        }
+    }
+
+    /// Starts the thread a native caller's first batch did not start (see [`Self::admit`]),
+    /// where the progress waited for is to come from it.
+    fn start_late(&self) {
+        let spawn = {
+            let mut s = lock(&self.state);
+            let spawn = s.threaded && !s.spawned;
+            s.spawned = true;
+            spawn
+        };
+        if spawn {
+            self.spawn();
         }
     }
 
@@ -692,14 +715,15 @@ impl Shared {
 
     /// Puts `batch` in the queue; `state` held. Returns whom to wake once `state` is let go
     /// (woken while it is held, the thread would only wait again, for the lock): the thread when
-    /// it sleeps, or (`now`) when it is between looks at the queue.
-    fn admit(&self, s: &mut State, batch: Vec<u8>, now: bool) -> Wake {
+    /// it sleeps, or (`now`) when it is between looks at the queue. The thread is started at the
+    /// first batch, or with `lazy` at the first handed over `now` or the second.
+    fn admit(&self, s: &mut State, batch: Vec<u8>, now: bool, lazy: bool) -> Wake {
         s.bytes += batch.len();
         s.peak = s.peak.max(s.bytes);
         s.queue.push_back(batch);
         s.admitted += 1;
-        let spawn = s.threaded && !s.spawned;
-        s.spawned = true;
+        let spawn = s.threaded && !s.spawned && (!lazy || now || s.admitted >= 2);
+        s.spawned |= spawn;
         Wake {
             thread: s.idle || (now && !s.checking),
             // The next ticket's holder may be waiting for its turn.
@@ -824,6 +848,7 @@ impl Shared {
         if self.check_queued_here(false) {
             return true;
         }
+        self.start_late();
         self.work.notify_one();
         let s = lock(&self.state);
         if s.caught_up() {
@@ -1017,9 +1042,30 @@ mod tests {
         s.spawned = true; // no thread is started by this test
         s.idle = idle;
         s.checking = checking;
-        let wake = shared.admit(&mut s, b"\n".to_vec(), now);
+        let wake = shared.admit(&mut s, b"\n".to_vec(), now, false);
         assert!(!wake.spawn && !wake.waiters && !wake.check_here);
         wake.thread
+    }
+
+    #[test]
+    fn a_native_callers_first_batch_starts_the_thread_only_handed_over_now() {
+        // (`spawn` is only asked for here: no thread is started by this test.)
+        for (now, second) in [(false, false), (false, true), (true, false)] {
+            let shared = shared();
+            let mut s = lock(&shared.state);
+            let first = shared.admit(&mut s, b"\n".to_vec(), now, true);
+            assert_eq!(first.spawn, now);
+            let next = shared.admit(&mut s, b"\n".to_vec(), second, true);
+            assert_eq!(
+                next.spawn, !now,
+                "the second batch starts it if the first did not"
+            );
+            assert!(s.spawned);
+        }
+        // A caller in Python starts it at the first.
+        let shared = shared();
+        let mut s = lock(&shared.state);
+        assert!(shared.admit(&mut s, b"\n".to_vec(), false, false).spawn);
     }
 
     #[test]
