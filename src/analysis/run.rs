@@ -124,17 +124,65 @@ impl Reread for TraceFile<'_> {
     }
 }
 
-/// A trace (JSON Lines) held in memory, read again for each walk.
+/// A trace (JSON Lines) held in memory, in parts read one after another (a part may end
+/// inside a line: the lines are those of the parts joined), read again for each walk.
 #[derive(Clone, Copy, Debug)]
 pub struct TraceBytes<'a> {
-    bytes: &'a [u8],
+    parts: &'a [Vec<u8>],
     name: &'a str,
 }
 
 impl<'a> TraceBytes<'a> {
-    /// The trace `bytes`; `name` is how the located messages of bad input name it.
-    pub fn new(bytes: &'a [u8], name: &'a str) -> Self {
-        TraceBytes { bytes, name }
+    /// The trace held in `parts`; `name` is how the located messages of bad input name it.
+    pub fn new(parts: &'a [Vec<u8>], name: &'a str) -> Self {
+        TraceBytes { parts, name }
+    }
+
+    /// The trace's bytes, the parts joined, as a reader.
+    pub fn reader(&self) -> PartsReader<'a> {
+        PartsReader {
+            parts: self.parts,
+            at: 0,
+        }
+    }
+}
+
+/// Reads parts held in memory one after another, without joining them: [`TraceBytes::reader`].
+#[derive(Clone, Debug)]
+pub struct PartsReader<'a> {
+    /// The parts not read to their end yet.
+    parts: &'a [Vec<u8>],
+    /// How far the first of them is read.
+    at: usize,
+}
+
+impl std::io::Read for PartsReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = {
+            let rest = std::io::BufRead::fill_buf(self)?;
+            let n = rest.len().min(buf.len());
+            buf[..n].copy_from_slice(&rest[..n]);
+            n
+        };
+        std::io::BufRead::consume(self, n);
+        Ok(n)
+    }
+}
+
+impl std::io::BufRead for PartsReader<'_> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        while let Some((first, rest)) = self.parts.split_first() {
+            if self.at < first.len() {
+                return Ok(&first[self.at..]);
+            }
+            self.parts = rest;
+            self.at = 0;
+        }
+        Ok(&[])
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.at += amount;
     }
 }
 
@@ -145,7 +193,7 @@ impl Reread for TraceBytes<'_> {
         &mut self,
         each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
     ) -> Result<(), ParseError> {
-        let mut reader = TraceReader::new(self.bytes, self.name);
+        let mut reader = TraceReader::new(self.reader(), self.name);
         while let Some((op, _)) = reader.next_op()? {
             if each(&op).is_break() {
                 break;
@@ -444,12 +492,22 @@ mod tests {
         let from_file = run(&ops, true, true).finish(Some(TraceFile::new(&path, "t")));
         let _ = std::fs::remove_file(&path);
         assert_eq!(from_file.expect("re-checked").syncs.as_ref(), Some(&syncs));
-        // From the lines held in memory.
-        let from_bytes = run(&ops, true, true).finish(Some(TraceBytes::new(GRAPH.as_bytes(), "t")));
-        assert_eq!(from_bytes.expect("re-checked").syncs, Some(syncs));
+        // From the lines held in memory, in parts that cut lines anywhere.
+        let bytes = GRAPH.as_bytes();
+        for cut in [1, 7, 64, bytes.len()] {
+            let parts: Vec<Vec<u8>> = bytes.chunks(cut).map(<[u8]>::to_vec).collect();
+            let from_bytes = run(&ops, true, true).finish(Some(TraceBytes::new(&parts, "t")));
+            assert_eq!(from_bytes.expect("re-checked").syncs.as_ref(), Some(&syncs));
+        }
+        let mut read = String::new();
+        let parts = [b"ab".to_vec(), Vec::new(), b"c\nd".to_vec()];
+        std::io::Read::read_to_string(&mut TraceBytes::new(&parts, "t").reader(), &mut read)
+            .expect("in memory");
+        assert_eq!(read, "abc\nd");
         // Lines that are not valid ops are a located error.
+        let bad = [b"{\"op\":\"nope\"}\n".to_vec()];
         let e = run(&ops, true, true)
-            .finish(Some(TraceBytes::new(b"{\"op\":\"nope\"}\n", "kept")))
+            .finish(Some(TraceBytes::new(&bad, "kept")))
             .expect_err("bad lines");
         assert!(matches!(e, RecheckError::Read(_)));
         assert!(e.to_string().starts_with("kept:1:"), "{e}");

@@ -60,8 +60,8 @@ fn finish_run(
 ) -> Result<streamsan::Report, String> {
     let large = run.ops() >= DISPOSE_FROM_OPS;
     let finished = match kept {
-        Some(Source::Memory(bytes)) => run
-            .finish_apart(Some(TraceBytes::new(bytes, name)))
+        Some(Source::Memory(parts)) => run
+            .finish_apart(Some(TraceBytes::new(parts, name)))
             .map_err(|e| recheck_message(e, name)),
         Some(Source::File(f)) => run
             .finish_apart(Some(TraceFile::new(&f.path, name)))
@@ -104,7 +104,7 @@ enum Kept {
 /// Where a report reads the ops it explains: the lines kept in memory (a short check), or a
 /// file.
 enum Source {
-    Memory(Vec<u8>),
+    Memory(Vec<Vec<u8>>),
     File(KeptFile),
 }
 
@@ -632,7 +632,8 @@ impl Checker {
                 let path = spool_path();
                 let out = if _memory_bytes > 0 {
                     OpsCopy::Memory {
-                        bytes: Vec::new(),
+                        parts: Vec::new(),
+                        held: 0,
                         limit: _memory_bytes,
                         path: path.clone(),
                     }
@@ -926,9 +927,9 @@ impl Checker {
         let kept = std::mem::replace(&mut *lock(&self.kept), Kept::Nothing);
         // The lines kept in memory are the report's source: no file was made.
         let mut in_memory = None;
-        if let OpsCopy::Memory { bytes, path, .. } = out {
+        if let OpsCopy::Memory { parts, path, .. } = out {
             forget_spool(&path);
-            in_memory = Some(bytes);
+            in_memory = Some(parts);
             out = OpsCopy::Nothing;
         }
         // A temporary copy no line was kept in is made now, empty: the report can be drawn.
@@ -1017,8 +1018,8 @@ impl Report {
         }
         let Some(source) = &self.source else { return };
         let walked = match source {
-            Source::Memory(bytes) => streamsan::graph::explain_trace(
-                &bytes[..],
+            Source::Memory(parts) => streamsan::graph::explain_trace(
+                TraceBytes::new(parts, &self.name).reader(),
                 &self.name,
                 &mut self.report,
                 &self.implicit,

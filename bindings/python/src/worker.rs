@@ -120,8 +120,11 @@ pub(crate) enum OpsCopy {
     /// that they go to the temporary copy at `path` (registered for removal already), made then
     /// with what the memory held.
     Memory {
-        /// The lines kept so far, each with its line end.
-        bytes: Vec<u8>,
+        /// The lines kept so far, each with its line end, in parts of [`PART_BYTES`] or more
+        /// (each a whole number of lines): growing copies nothing that was kept.
+        parts: Vec<Vec<u8>>,
+        /// Bytes in `parts`.
+        held: usize,
         /// The most bytes kept in memory.
         limit: usize,
         /// Where they go past `limit`.
@@ -134,6 +137,9 @@ pub(crate) enum OpsCopy {
     /// This file.
     File(BufWriter<File>),
 }
+
+/// The size of the parts the ops kept in memory are held in ([`OpsCopy::Memory`]).
+const PART_BYTES: usize = 64 << 10;
 
 impl OpsCopy {
     /// Makes the temporary copy now, if it is to be made and is not yet; a failure is the
@@ -153,18 +159,34 @@ impl OpsCopy {
 
     /// Keeps `line` (without its line end): in memory while it fits, else in the file.
     fn write_line(&mut self, line: &[u8]) -> Result<(), String> {
-        if let OpsCopy::Memory { bytes, limit, path } = self {
-            if bytes.len() + line.len() < *limit {
-                bytes.extend_from_slice(line);
-                bytes.push(b'\n');
+        if let OpsCopy::Memory {
+            parts,
+            held,
+            limit,
+            path,
+        } = self
+        {
+            let need = line.len() + 1;
+            if *held + need <= *limit {
+                let fits = parts.last().is_some_and(|p| p.capacity() - p.len() >= need);
+                if !fits {
+                    parts.push(Vec::with_capacity(need.max(PART_BYTES)));
+                }
+                if let Some(part) = parts.last_mut() {
+                    part.extend_from_slice(line);
+                    part.push(b'\n');
+                    *held += need;
+                }
                 return Ok(());
             }
             // Past the limit: what memory held goes to the file, first.
-            let held = std::mem::take(bytes);
+            let kept = std::mem::take(parts);
             *self = OpsCopy::Spool(std::mem::take(path));
             self.open()?;
             if let OpsCopy::File(out) = self {
-                out.write_all(&held).map_err(|e| e.to_string())?;
+                for part in &kept {
+                    out.write_all(part).map_err(|e| e.to_string())?;
+                }
             }
         }
         self.open()?;
