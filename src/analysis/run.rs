@@ -114,14 +114,22 @@ impl Reread for TraceFile<'_> {
             path: self.path.to_path_buf(),
             error,
         })?;
-        let mut reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), self.name);
-        while let Some((op, _)) = reader.next_op().map_err(RereadError::Read)? {
-            if each(&op).is_break() {
-                break;
-            }
-        }
-        Ok(())
+        let reader = TraceReader::new(BufReader::with_capacity(1 << 16, f), self.name);
+        each_op(reader, each).map_err(RereadError::Read)
     }
+}
+
+/// Hands every op `reader` reads to `each`, in order, and stops early where `each` breaks.
+fn each_op<R: std::io::BufRead>(
+    mut reader: TraceReader<R>,
+    each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
+) -> Result<(), ParseError> {
+    while let Some((op, _)) = reader.next_op()? {
+        if each(&op).is_break() {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// A trace (JSON Lines) held in memory, in parts read one after another (a part may end
@@ -193,13 +201,7 @@ impl Reread for TraceBytes<'_> {
         &mut self,
         each: &mut dyn FnMut(&TraceOp) -> ControlFlow<()>,
     ) -> Result<(), ParseError> {
-        let mut reader = TraceReader::new(self.reader(), self.name);
-        while let Some((op, _)) = reader.next_op()? {
-            if each(&op).is_break() {
-                break;
-            }
-        }
-        Ok(())
+        each_op(TraceReader::new(self.reader(), self.name), each)
     }
 }
 
