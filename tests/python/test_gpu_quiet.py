@@ -24,8 +24,15 @@ def _program(torch, n: int, record: bool):
     a = torch.full((n,), 3.0, device="cuda")
     b = torch.full((n,), 1.0, device="cuda")
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     for _ in range(3):
         F.mse_loss(a, b)  # its callees learned: nothing but device work on its stream
+        # Every kernel of the race loaded before it: with CUDA's lazy loading, a kernel's first
+        # launch may wait for the device to be idle, the side stream's sleep included, and the
+        # side stream's read would then be done before the temporary is written.
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(1)
+            a.sum()
     torch.cuda.synchronize()
     t = torch.full((n,), 1.0, device="cuda")
     side.wait_stream(torch.cuda.current_stream())
