@@ -5,6 +5,7 @@
     python tests/python/bench_overhead.py memory --steps 10000 [--sync-every 100]
     python tests/python/bench_overhead.py paired WORKLOAD [--iters N]   # plain and checked in one process
     python tests/python/bench_overhead.py startup [--device cpu] [--between N] # a check's enter and exit
+        [--flush-mib N] [--idle-ms MS]                                 # … with cold caches, an idle core
     python tests/python/bench_overhead.py floor WORKLOAD [--device cpu] # what being called costs
     python tests/python/bench_overhead.py loop WORKLOAD MODE [--device cpu] # a loop for a profiler
     python tests/python/bench_overhead.py ablate WORKLOAD [--device cpu] # each part of recording left out
@@ -400,7 +401,8 @@ def loop(workload: str, mode: str, iters: int, device: str = "cuda") -> dict:
 
 
 def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool = False,
-            between: int = 0, inside: int = 0, wait_ms: float = 0.0, model: str = "mlp") -> dict:
+            between: int = 0, inside: int = 0, wait_ms: float = 0.0, model: str = "mlp",
+            flush_mib: int = 0, idle_ms: float = 0.0) -> dict:
     """What a check costs to enter and to leave, around one op (what a short program pays once
     per check): milliseconds, the median of `n` after three not timed. With `profile`, that many
     more checks run under cProfile: `profile` gives each function's calls and microseconds per
@@ -417,7 +419,10 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
     CPU, the fake device's: c10's GPU trace called as `torch.cuda.synchronize()` calls it), and
     in as many more checks without one: `exit_ms` is then leaving after the synchronization,
     `exit_nosync_ms` without; the wait is not timed (a program that waits for its GPU at its
-    end, as most do)."""
+    end, as most do). With `flush_mib`, the host writes a buffer of that many MiB before each
+    check (the check's code and data evicted from the CPU's caches, and nothing else done);
+    with `idle_ms`, the thread sleeps that long before each check (an idle core, as a program
+    waiting for its GPU leaves it). Both are untimed, like `between`."""
     import torch
 
     import streamsan.torch
@@ -429,6 +434,7 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         _sync(device)
     if between or inside:
         net, opt, data = _mlp_between(device, model)
+    flush = torch.zeros(flush_mib << 18) if flush_mib else None  # float32: 4 bytes each
 
     def steps(k: int) -> None:
         for _ in range(k):
@@ -437,15 +443,21 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
             opt.step()
 
     def once(sync: bool = True) -> tuple:
+        cold = bool(between or flush_mib or idle_ms)
         if between:
             steps(between)
             _sync(device)
+        if flush is not None:
+            flush.add_(1)
+        if cold:
             gc.collect(1)
             gc.disable()
+        if idle_ms:
+            time.sleep(idle_ms / 1e3)
         try:
             return _check_once(sync)
         finally:
-            if between:
+            if cold:
                 gc.enable()
 
     def _check_once(sync: bool) -> tuple:
@@ -479,6 +491,7 @@ def startup(device: str = "cuda", n: int = 20, profile: int = 0, compiled: bool 
         if wait_ms:
             nosync.append(once(sync=False))
     out = {"device": device, "compiled": compiled, "between": between, "inside": inside, "model": model,
+           "flush_mib": flush_mib, "idle_ms": idle_ms,
            "enter_ms": round(statistics.median(t[0] for t in runs), 3),
            "exit_ms": round(statistics.median(t[1] for t in runs), 3), "n": n,
            # the parts of entering and leaving (Run.phase_seconds), medians
@@ -632,6 +645,10 @@ def main() -> None:
     p.add_argument("--wait-ms", type=float, default=0.0,
                    help="startup: the program waits that long at the check's end, after a device "
                         "synchronization (exit_ms) and, alternating, without one (exit_nosync_ms)")
+    p.add_argument("--flush-mib", type=int, default=0,
+                   help="startup: the host writes a buffer of that many MiB before each check (cold caches)")
+    p.add_argument("--idle-ms", type=float, default=0.0,
+                   help="startup: the thread sleeps that long before each check (an idle core)")
     p.add_argument("--n", type=int, default=20, help="startup: checks timed (each way)")
     p.add_argument("--model", choices=["mlp", "resnet", "vit"], default="mlp",
                    help="startup: the network of --between and --inside (resnet: torchvision, vit: timm)")
@@ -643,7 +660,8 @@ def main() -> None:
         return
     if a.what == "startup":
         print(json.dumps(startup(a.device, n=a.n, profile=a.profile, compiled=a.compiled, between=a.between,
-                                 inside=a.inside, wait_ms=a.wait_ms, model=a.model), indent=1))
+                                 inside=a.inside, wait_ms=a.wait_ms, model=a.model, flush_mib=a.flush_mib,
+                                 idle_ms=a.idle_ms), indent=1))
         return
     if a.what == "paired":
         print(json.dumps(paired(a.mode or "mlp", a.iters, a.rounds, a.device, a.sync_each)))
