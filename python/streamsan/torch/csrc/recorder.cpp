@@ -55,8 +55,9 @@
 #include "pyframes.h"
 
 // The GPU trace hook (events, waits, synchronizations) is written against the interpreter
-// interface of the torch versions listed here; elsewhere they come from Python's callbacks.
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+// interface of the torch versions listed here (c10/core/impl/PyInterpreter.h's vtable and
+// GPUTrace.h: the same in 2.11 and 2.12); elsewhere they come from Python's callbacks.
+#if TORCH_VERSION_MAJOR == 2 && (TORCH_VERSION_MINOR == 11 || TORCH_VERSION_MINOR == 12)
 #define STREAMSAN_GPU_TRACE 1
 #include <torch/csrc/PyInterpreter.h>
 #endif
