@@ -1017,39 +1017,30 @@ impl Report {
             return;
         }
         let Some(source) = &self.source else { return };
-        let walked = match source {
-            Source::Memory(parts) => streamsan::graph::explain_trace(
-                TraceBytes::new(parts, &self.name).reader(),
-                &self.name,
-                &mut self.report,
-                &self.implicit,
-                |_| {},
-            )
-            .map_err(|e| e.to_string()),
-            Source::File(f) => walk(&f.path, &self.name, &mut self.report, &self.implicit),
-        };
-        match walked {
+        match walk(source, &self.name, &mut self.report, &self.implicit) {
             Ok(p) => self.picture = Some(p),
             Err(e) => eprintln!("streamsan: {e}; the report will not explain its hazards"),
         }
     }
 }
 
+/// Explains `report`'s hazards from the ops `source` holds; the picture of the run.
 fn walk(
-    path: &Path,
+    source: &Source,
     name: &str,
     report: &mut streamsan::Report,
     implicit: &[(u64, u64)],
 ) -> Result<Picture, String> {
-    let f = File::open(path).map_err(|e| format!("{}: cannot open: {e}", path.display()))?;
-    streamsan::graph::explain_trace(
-        BufReader::with_capacity(1 << 16, f),
-        name,
-        report,
-        implicit,
-        |_| {},
-    )
-    .map_err(|e| e.to_string())
+    let reader: Box<dyn std::io::BufRead + '_> = match source {
+        Source::Memory(parts) => Box::new(TraceBytes::new(parts, name).reader()),
+        Source::File(f) => {
+            let file = File::open(&f.path)
+                .map_err(|e| format!("{}: cannot open: {e}", f.path.display()))?;
+            Box::new(BufReader::with_capacity(1 << 16, file))
+        }
+    };
+    streamsan::graph::explain_trace(reader, name, report, implicit, |_| {})
+        .map_err(|e| e.to_string())
 }
 
 #[pymethods]

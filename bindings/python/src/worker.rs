@@ -159,6 +159,7 @@ impl OpsCopy {
 
     /// Keeps `line` (without its line end): in memory while it fits, else in the file.
     fn write_line(&mut self, line: &[u8]) -> Result<(), String> {
+        let mut held_before = Vec::new();
         if let OpsCopy::Memory {
             parts,
             held,
@@ -180,17 +181,14 @@ impl OpsCopy {
                 return Ok(());
             }
             // Past the limit: what memory held goes to the file, first.
-            let kept = std::mem::take(parts);
+            held_before = std::mem::take(parts);
             *self = OpsCopy::Spool(std::mem::take(path));
-            self.open()?;
-            if let OpsCopy::File(out) = self {
-                for part in &kept {
-                    out.write_all(part).map_err(|e| e.to_string())?;
-                }
-            }
         }
         self.open()?;
         if let OpsCopy::File(out) = self {
+            for part in &held_before {
+                out.write_all(part).map_err(|e| e.to_string())?;
+            }
             out.write_all(line)
                 .and_then(|_| out.write_all(b"\n"))
                 .map_err(|e| e.to_string())?;
