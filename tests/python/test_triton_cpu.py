@@ -638,6 +638,56 @@ def test_hooks_record_a_triton_launch_before_it_is_issued(fakes):
     assert errors == []
 
 
+def test_a_tuned_inductor_launch_goes_straight_to_the_direct_entry(fakes):
+    """Once an autotuner's launch has been recorded tuned, its next launches with the same
+    launcher go to the one listener's `direct` entry with the kernel's name, the stream as
+    passed, its role bytes and the launch's own arguments; a launch it cannot take (a negative
+    answer), a new launcher, or a second listener takes the usual path."""
+    direct_calls, fast_calls = [], []
+    answer = [1]
+
+    def direct(name, stream, roles, args):
+        direct_calls.append((name, stream, roles, args))
+        return answer[0]
+
+    def fast(name, stream, roles, args):
+        fast_calls.append(name)
+        return True
+
+    hooks = fakes.hooks()
+    assert hooks.install(fakes.events.launch, fast, direct)
+    at = generated_autotuner(fakes)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+    a, b, c = FakeTensor("a"), FakeTensor("b"), FakeTensor("c")
+    at.run(a, b, c, 1000, stream=2)  # the first: through _record_autotuner (the plan is made)
+    assert fast_calls == ["triton_poi_fused_add_0"] and direct_calls == []
+    at.run(a, b, c, 1000, stream=3)
+    assert [(n, st, r[:3], args) for n, st, r, args in direct_calls] == [
+        ("triton_poi_fused_add_0", 3, bytes([1, 3, 2]), (a, b, c, 1000))]  # in, in_out, out
+    assert len(fast_calls) == 1 and hooks.launches == {"inductor": 2, "triton": 0}
+    answer[0] = -1  # not taken: the fast path records it
+    at.run(a, b, c, 1000, stream=4)
+    assert len(direct_calls) == 2 and len(fast_calls) == 2 and hooks.launches["inductor"] == 3
+    answer[0] = 1
+    at.launchers = [SimpleNamespace(cache_hash="h1")]  # tuned again: a new plan first
+    at.run(a, b, c, 1000, stream=5)
+    assert len(direct_calls) == 2 and len(fast_calls) == 3
+    at.run(a, b, c, 1000, stream=6)
+    assert len(direct_calls) == 3
+    other = fakes.hooks()
+    assert other.install(lambda *x: None)  # two listeners: no direct entry
+    at.run(a, b, c, 1000, stream=7)
+    assert len(direct_calls) == 3 and len(fast_calls) == 4
+    other.uninstall()
+    at.run(a, b, c, 1000, stream=8)
+    assert len(direct_calls) == 4
+    hooks.uninstall(keep=True)  # stopped: the wrapper calls nothing
+    at.run(a, b, c, 1000, stream=9)
+    assert len(direct_calls) == 4 and len(fast_calls) == 4
+    assert [e[2] for e in fakes.events if e[0] == "launch"] == [2, 3, 4, 5, 6, 7, 8, 9]
+    hooks.uninstall()
+
+
 def test_hooks_leave_out_untouched_tensors(fakes):
     hooks = fakes.hooks()
     hooks.install(fakes.events.launch)
@@ -1028,6 +1078,47 @@ def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch
     hooks.uninstall()
     assert "launch_metadata" in mod.CompiledKernel.__dict__
     assert mod.CompiledKernel.launch_metadata.__name__ == "launch_metadata"
+
+
+def test_a_class_imported_between_checks_is_patched_inert_then_listened_to(tmp_path, monkeypatch):
+    """Hooks stopped with `keep` (between two checks) still watch a module not imported yet:
+    imported then, its class gets the wrapper, recording nothing until the next install."""
+    pkg = tmp_path / "streamsan_later_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "compiler.py").write_text(textwrap.dedent("""\
+        class CompiledKernel:
+            def launch_metadata(self, grid, stream, *args):
+                return ("original", stream)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("streamsan_later_pkg", "streamsan_later_pkg.compiler"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    log = Log()
+    hooks = TritonHooks(autotuner_target=None,
+                        kernel_target=("streamsan_later_pkg.compiler", "CompiledKernel", "launch_metadata"))
+    assert hooks.install(log.launch)
+    hooks.uninstall(keep=True)
+    assert _triton._WATCHER in sys.meta_path
+    mod = importlib.import_module("streamsan_later_pkg.compiler")
+    assert _triton._WATCHER not in sys.meta_path
+    wrapper = mod.CompiledKernel.__dict__["launch_metadata"]
+    assert wrapper.__name__ == "launch_metadata" and hooks.patched == []
+    k = mod.CompiledKernel()
+    k.name = "later"
+    k.asm = {"ttir": ttir("add_kernel")}
+    k.src = SimpleNamespace(fn=SimpleNamespace(arg_names=CASES["add_kernel"]["arg_names"]),
+                            signature=CASES["add_kernel"]["signature"], constants={(4,): 1024})
+    args = (FakeTensor("x"), FakeTensor("y"), FakeTensor("o"), 3, 1024)
+    assert k.launch_metadata((1,), 5, *args) == ("original", 5)
+    assert log == []  # between checks: nothing recorded
+    assert hooks.install(log.launch)
+    assert mod.CompiledKernel.__dict__["launch_metadata"] is wrapper
+    assert k.launch_metadata((1,), 6, *args) == ("original", 6)
+    assert log == [("record", "later", 6, {"x": "R", "y": "R", "o": "W"}, "triton")]
+    hooks.uninstall()
+    assert mod.CompiledKernel.__dict__["launch_metadata"].__name__ == "launch_metadata"
+    assert mod.CompiledKernel.__dict__["launch_metadata"] is not wrapper
     assert not hasattr(mod.CompiledKernel.launch_metadata, "_streamsan")
 
 
@@ -1042,8 +1133,9 @@ def test_uninstall_before_the_import_stops_watching(tmp_path, monkeypatch):
 
 
 def test_renewed_hooks_are_uninstalled_and_forget_their_counts_and_errors(monkeypatch):
-    """One set of hooks serves check after check: `renew` takes off what an earlier user left
-    installed, and the next user hears each error once again, with its own callback."""
+    """One set of hooks serves check after check: `renew` stops what an earlier user left
+    installed (its watch of a module not imported yet stays, as `uninstall(keep=True)` leaves
+    it), and the next user hears each error once again, with its own callback."""
     hooks = TritonHooks(autotuner_target=None, kernel_target=("streamsan_never_imported.y", "C", "m"))
     monkeypatch.setitem(sys.modules, "streamsan_never_imported", types.ModuleType("streamsan_never_imported"))
     first: list = []
@@ -1054,13 +1146,84 @@ def test_renewed_hooks_are_uninstalled_and_forget_their_counts_and_errors(monkey
     hooks.launches["triton"] = 3
     assert first == ["boom"] and hooks.errors == 2
     second: list = []
-    hooks.renew(on_error=second.append)  # still installed: taken off first
-    assert not hooks.installed and _triton._WATCHER not in sys.meta_path
+    hooks.renew(on_error=second.append)  # still installed: stopped first
+    assert not hooks.installed and _triton._WATCHER in sys.meta_path
     assert hooks.errors == 0 and hooks.launches == {"inductor": 0, "triton": 0}
     assert hooks.install(lambda *a: None)
+    assert len(_triton._WATCHER.pending["streamsan_never_imported.y"]) == 1  # watched once
     hooks._error("boom")
     hooks.uninstall()
     assert first == ["boom"] and second == ["boom"]
+    assert _triton._WATCHER not in sys.meta_path and not _triton._WATCHER.pending
+
+
+def test_kept_wrappers_stay_inert_and_are_listened_to_again(fakes):
+    """`uninstall(keep=True)` (a check's end) leaves the wrappers in place, doing nothing but
+    call their originals; the next install listens to the same wrappers (no patching), and a
+    plain `uninstall()` puts the exact originals back."""
+    run = fakes.CachingAutotuner.__dict__["run"]
+    md = fakes.CompiledKernel.__dict__["launch_metadata"]
+    hooks = fakes.hooks()
+    assert hooks.install(fakes.events.launch)
+    wrapped = (fakes.CachingAutotuner.__dict__["run"], fakes.CompiledKernel.__dict__["launch_metadata"])
+    hooks.uninstall(keep=True)
+    assert not hooks.installed and hooks.patched == []
+    assert (fakes.CachingAutotuner.__dict__["run"], fakes.CompiledKernel.__dict__["launch_metadata"]) == wrapped
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=1)
+    assert [e[0] for e in fakes.events] == ["metadata", "launch"]  # inert: nothing recorded
+    assert hooks.install(fakes.events.launch)
+    assert (fakes.CachingAutotuner.__dict__["run"], fakes.CompiledKernel.__dict__["launch_metadata"]) == wrapped
+    assert hooks.patched == ["CachingAutotuner.run", "CompiledKernel.launch_metadata"]
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=3)
+    assert [e[0] for e in fakes.events][2:] == ["record", "metadata", "launch"]
+    hooks.uninstall(keep=True)
+    hooks.uninstall()  # not installed: what was kept is put back
+    assert fakes.CachingAutotuner.__dict__["run"] is run
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is md
+
+
+def test_a_kept_wrapper_outlives_other_hooks(fakes):
+    """Other hooks installed and uninstalled between two checks listen to the kept wrapper and
+    leave it in place for the hooks that kept it."""
+    run = fakes.CachingAutotuner.__dict__["run"]
+    kept, other = fakes.hooks(), fakes.hooks()
+    assert kept.install(fakes.events.launch)
+    kept.uninstall(keep=True)
+    wrapper = fakes.CompiledKernel.__dict__["launch_metadata"]
+    log = Log()
+    assert other.install(log.launch)
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is wrapper
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=1)
+    assert [e[0] for e in log] == ["record"] and [e[0] for e in fakes.events] == ["metadata", "launch"]
+    other.uninstall()
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is wrapper
+    assert kept.install(fakes.events.launch)
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=2)
+    assert [e[0] for e in fakes.events][2:] == ["record", "metadata", "launch"] and len(log) == 1
+    kept.uninstall()
+    assert fakes.CachingAutotuner.__dict__["run"] is run
+    assert "streamsan" not in repr(fakes.CompiledKernel.__dict__["launch_metadata"].__code__.co_filename)
+
+
+def test_a_kept_wrapper_replaced_since_is_patched_anew(fakes):
+    """A wrapper kept by `uninstall(keep=True)` that someone replaced before the next install
+    is not listened to again: the class is patched anew, over theirs."""
+    hooks = fakes.hooks()
+    assert hooks.install(fakes.events.launch)
+    hooks.uninstall(keep=True)
+    ours = fakes.CompiledKernel.__dict__["launch_metadata"]
+
+    def theirs(self, grid, stream, *args):
+        return ours(self, grid, stream, *args)
+
+    fakes.CompiledKernel.launch_metadata = theirs
+    assert hooks.install(fakes.events.launch)
+    now = fakes.CompiledKernel.__dict__["launch_metadata"]
+    assert now is not theirs and now.__wrapped__ is theirs
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=3)
+    assert [e[0] for e in fakes.events].count("record") == 1  # recorded once, by the new wrapper
+    hooks.uninstall()
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is theirs
 
 # ------------------------------------------------------------------------------------------------
 # With Triton installed (PYTHONPATH=/path/to/triton): the real classes, the real compiler

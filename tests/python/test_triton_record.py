@@ -40,7 +40,8 @@ def _record(fakes, tmp_path, tag, fast, launch, profile=None):  # noqa: F811
                                  trace=trace, _profile=profile) as run:
             rec = run._recorder
             hooks = fakes.hooks()
-            assert hooks.install(rec._on_kernel, rec._on_kernel_fast if fast else None)
+            direct = rec.backend.record_triton if fast == "direct" else None
+            assert hooks.install(rec._on_kernel, rec._on_kernel_fast if fast else None, direct)
             try:
                 launch(x, y, out)
             finally:
@@ -78,6 +79,25 @@ def test_an_inductor_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native
     assert [r["bytes"] for r in op["reads"]] == [256]
     assert [r["bytes"] for r in op["writes"]] == [256, 256]
     assert stats["recorder_triton_launches"] == 1
+
+
+def test_tuned_inductor_launches_are_the_same_on_the_direct_path(fakes, tmp_path, native):  # noqa: F811
+    """The launches after the first of a tuned kernel go from the hooks' wrapper to the C++
+    recorder directly: the same launch ops as the list path's, and counted alike; a launch the
+    recorder declines (a descriptor argument) takes the list path as before."""
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        for stream in (0, 0, 0):
+            at.run(x, y, out, 64, stream=stream)
+        at.run(x, FakeDescriptor(y), out, 64, stream=0)
+
+    slow, n_slow, _ = _record(fakes, tmp_path, "slow", False, launch)
+    direct, n_direct, stats = _record(fakes, tmp_path, "direct", "direct", launch)
+    assert len(direct) == 4 and n_direct == n_slow == {"inductor": 4, "triton": 0}
+    _same_shape(direct, slow)
+    assert stats["recorder_triton_launches"] == 4
 
 
 def test_a_user_kernel_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811

@@ -1516,7 +1516,10 @@ class Recorder:
                 hooks = _TRITON_HOOKS = TritonHooks()
             hooks.renew(on_error=lambda message: self.warn("triton-error", message))
             fast = self._on_kernel_fast if hasattr(self.backend, "record_triton") else None
-            if hooks.install(self._on_kernel, fast):
+            # The C++ recorder's own entry, for a tuned Inductor kernel's launches: it records
+            # nothing once the recording ends (before the hooks are stopped).
+            direct = getattr(self.backend, "record_triton", None)
+            if hooks.install(self._on_kernel, fast, direct):
                 self.triton = hooks
         except Exception as e:  # the check goes on without Triton's launches, and says so
             self.warn("triton-error", f"could not hook Triton's kernel launches: {type(e).__name__}: {e}")
@@ -1527,7 +1530,7 @@ class Recorder:
             counts = self.backend.stop()  # the C++ recorder's: what the end warns about
             self.on = False
             if self.triton is not None:
-                self.triton.uninstall()
+                self.triton.uninstall(keep=True)  # its wrappers stay, inert, for the next check
             if self.patches is not None:
                 self.patches.restore()
             data = self.backend.drain()

@@ -970,6 +970,32 @@ _LOCK = threading.RLock()
 _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
+
+# The direct path of a tuned autotuner's launches (see _autotuner_wrapper), by id(autotuner):
+# (a weak reference to it, its launcher, its kernel's name, the role bytes, the parameter names).
+# Made by the first launch recorded through `_record_autotuner` once it is tuned (`_tuned` stays
+# true for a launcher once it is); an entry goes with its autotuner.
+_DIRECT_PLANS: dict = {}
+
+
+def _direct_plan(autotuner: Any, launcher: Any, name: str, roles: bytes, positions: Any) -> None:
+    key = id(autotuner)
+    hit = _DIRECT_PLANS.get(key)
+    if hit is not None and hit[0]() is autotuner and hit[1] is launcher:
+        return
+    try:
+        ref = weakref.ref(autotuner, lambda _r, key=key: _drop_direct(key, _r))
+    except TypeError:  # not weakly referenceable: the list path every time
+        return
+    _DIRECT_PLANS[key] = (ref, launcher, name, roles, frozenset(positions))
+
+
+def _drop_direct(key: int, ref: Any) -> None:
+    hit = _DIRECT_PLANS.get(key)
+    if hit is not None and hit[0] is ref:
+        del _DIRECT_PLANS[key]
+
+
 # Whether a module is importable, by (name, sys.path): TritonHooks._available.
 _FOUND: dict = {}
 
@@ -977,17 +1003,35 @@ _FOUND: dict = {}
 class _Patch:
     """One method of a class, replaced by a wrapper that calls the hooks listening to it."""
 
-    def __init__(self, owner: type, attr: str, kind: str) -> None:
+    def __init__(self, owner: type, attr: str, kind: str, target: tuple = ()) -> None:
         self.owner = owner
         self.attr = attr
+        self.target = target  # the hooks' target it serves: ((module, class, method), kind)
         self.raw = owner.__dict__.get(attr, _MISSING)  # the exact attribute, to put back
         self.original = getattr(owner, attr)
-        self.listeners: tuple = ()
+        self._listeners: tuple = ()
+        # The one listener's direct entry into its recorder (`TritonHooks.install`), else None.
+        self.direct: Optional[Callable[..., int]] = None
+        self.kept_by: tuple = ()  # hooks uninstalled with `keep` that will listen again
         self.wrapper = _autotuner_wrapper(self) if kind == "autotuner" else _kernel_wrapper(self)
         setattr(owner, attr, self.wrapper)
 
+    @property
+    def listeners(self) -> tuple:
+        return self._listeners
+
+    @listeners.setter
+    def listeners(self, hooks: tuple) -> None:
+        self._listeners = hooks
+        self.direct = hooks[0]._direct if len(hooks) == 1 else None
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the class's attribute is still this wrapper (nobody replaced it since)."""
+        return self.owner.__dict__.get(self.attr) is self.wrapper
+
     def restore(self) -> bool:
-        if self.owner.__dict__.get(self.attr) is not self.wrapper:
+        if not self.in_place:
             return False  # wrapped again by someone else since: ours stays, inert
         if self.raw is _MISSING:
             delattr(self.owner, self.attr)
@@ -1012,10 +1056,25 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        listeners = patch.listeners
+        listeners = patch._listeners
         deferred = False
         if listeners and not kwargs.get("benchmark_run", False):
-            deferred = _record_autotuner(listeners, self, args, kwargs, before=True) is _DEFER
+            # A tuned kernel's launch handed straight to the one listener's recorder (its
+            # `direct`: the C++ recorder's `record_triton`), else through `_record_autotuner`.
+            direct = patch.direct
+            plan = _DIRECT_PLANS.get(id(self)) if direct is not None else None
+            taken = False
+            if plan is not None and plan[0]() is self:
+                launchers = self.launchers
+                if len(launchers) == 1 and launchers[0] is plan[1] and plan[4].isdisjoint(kwargs):
+                    try:
+                        taken = direct(plan[2], kwargs.get("stream"), plan[3], args) >= 0
+                    except Exception:  # noqa: BLE001 - the list path says what went wrong
+                        taken = False
+                    if taken:
+                        listeners[0].launches["inductor"] += 1
+            if not taken:
+                deferred = _record_autotuner(listeners, self, args, kwargs, before=True) is _DEFER
         _TLS.depth = getattr(_TLS, "depth", 0) + 1
         try:
             result = original(self, *args, **kwargs)
@@ -1032,7 +1091,7 @@ def _kernel_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        listeners = patch.listeners
+        listeners = patch._listeners
         if listeners and not getattr(_TLS, "depth", 0):
             _record_kernel(listeners, self, stream, args)
         return original(self, grid, stream, *args)
@@ -1090,6 +1149,8 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
                 for h in listeners:
                     h._error(f"Triton kernel {_autotuner_name(autotuner)}: {note}")
         _launcher, slots, positions, name, roles = hit
+        if before and roles is not None and launcher is not None:
+            _direct_plan(autotuner, launcher, name, roles, positions)
         stream = _stream_handle(kwargs.get("stream"))
         if roles is not None and kwargs.keys().isdisjoint(positions):
             listeners = _not_taken(listeners, name, stream, roles, args, "inductor")
@@ -1218,9 +1279,14 @@ class TritonHooks:
         self._on_error = on_error
         self._on_launch: Optional[Callable[..., Any]] = None
         self._on_launch_fast: Optional[Callable[..., Any]] = None
+        self._direct: Optional[Callable[..., int]] = None
         self._targets = [(t, "autotuner") for t in [autotuner_target] if t]
         self._targets += [(t, "kernel") for t in [kernel_target] if t]
         self._attached: list = []
+        # The patches left in place, inert, by `uninstall(keep=True)`, by target: the next
+        # install listens to them again without patching anything.
+        self._kept: dict = {}
+        self._keeping = False  # uninstalled with `keep`: still watching, patching inert
         self._installed = False
         self._found = False  # Triton was found installed (it stays so)
         self._seen_errors: set = set()
@@ -1230,8 +1296,8 @@ class TritonHooks:
     def renew(self, on_error: Optional[Callable[[str], Any]] = None) -> None:
         """Makes the hooks as new, `on_error` their error callback: uninstalled (where an
         earlier user left them installed), the counts and the errors heard forgotten (one set of
-        hooks serves check after check)."""
-        self.uninstall()
+        hooks serves check after check; the wrappers a previous check left in place stay)."""
+        self.uninstall(keep=True)
         with _LOCK:
             self._on_error = on_error
             self._seen_errors.clear()
@@ -1250,6 +1316,7 @@ class TritonHooks:
         self,
         on_launch: Callable[[str, Any, list, str], Any],
         on_launch_fast: Optional[Callable[[str, int, bytes, tuple], Any]] = None,
+        direct: Optional[Callable[[str, Any, bytes, tuple], int]] = None,
     ) -> bool:
         """Start recording: `on_launch(name, stream, accesses, kind)` is called for each launch,
         before it is issued, with `stream` the raw CUDA stream handle (an int), `accesses` a list
@@ -1262,51 +1329,98 @@ class TritonHooks:
         written, 3 both; positions past its end read and written). It returns True when it
         recorded the launch (or had nothing to record), False to get it through `on_launch`.
 
+        `direct(name, stream, roles, args)`, where given, takes an Inductor launch whose kernel
+        is tuned and whose plan is known before any of that (the recorder's own entry, with
+        `stream` as the launch passed it): it returns a negative number when it cannot take
+        the launch (which then goes through `on_launch_fast` and `on_launch`), else it took it.
+        It is used while these hooks are the only ones listening.
+
         Returns False, patching nothing, when Triton is not installed (the top-level package of
         the kernel target cannot be found). A class whose module is not imported yet is patched
         when it is. Installing installed hooks again only replaces the callback. Several hooks
         may be installed at once (nested checks): each hears every launch; the methods are
-        patched once, and put back when the last of them is uninstalled."""
+        patched once, and put back when the last of them is uninstalled (or left in place,
+        inert, by `uninstall(keep=True)`, for the next install to listen to again)."""
         with _LOCK:
             if self._installed:
                 self._on_launch = on_launch
                 self._on_launch_fast = on_launch_fast
+                self._direct = direct
+                for patch in self._attached:
+                    patch.listeners = patch.listeners  # its direct entry anew
                 return True
             if not self._found and not self._available():
                 return False
             self._found = True
             self._on_launch = on_launch
             self._on_launch_fast = on_launch_fast
+            self._direct = direct
             self._installed = True
+            kept, self._kept = self._kept, {}
             for target in self._targets:
+                patch = kept.get(target)
+                if patch is not None:
+                    patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
+                if patch is not None and patch.in_place and _PATCHES.get((id(patch.owner), patch.attr)) is patch:
+                    if self not in patch.listeners:
+                        patch.listeners = patch.listeners + (self,)
+                    self._attached.append(patch)
+                    continue
                 (module_name, cls_name, _attr), _kind = target
-                _WATCHER.watch(module_name, self, target)  # first: an import racing us is seen
+                if not self._watching(module_name, target):
+                    _WATCHER.watch(module_name, self, target)  # first: an import racing us is seen
                 module = sys.modules.get(module_name)
                 if module is not None and getattr(module, cls_name, None) is not None:
                     self._attach(module, target)
                     self._unwatch_one(module_name, target)
             return True
 
-    def uninstall(self) -> None:
-        """Stop recording; the original methods are put back when no other hooks listen."""
+    def _watching(self, module_name: str, target: tuple) -> bool:
+        return any(h is self and t == target for h, t in _WATCHER.pending.get(module_name, ()))
+
+    def uninstall(self, keep: bool = False) -> None:
+        """Stop recording; the original methods are put back when no other hooks listen. With
+        `keep`, the wrappers stay in place instead, each calling its original and nothing else
+        while no hooks listen: the next `install` of these hooks patches nothing (a check
+        starts without patching and ends without restoring)."""
         with _LOCK:
             if not self._installed:
+                if not keep:  # what an earlier `uninstall(keep=True)` left: put back
+                    _WATCHER.unwatch(self)
+                    kept, self._kept = self._kept, {}
+                    for patch in kept.values():
+                        patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
+                        if not patch.listeners and not patch.kept_by:
+                            self._put_back(patch)
+                self._keeping = keep and self._keeping
                 return
             self._installed = False
-            _WATCHER.unwatch(self)
+            # With `keep`, a class not imported yet stays watched: patched (inert) when it is.
+            self._keeping = keep
+            if not keep:
+                _WATCHER.unwatch(self)
             for patch in self._attached:
                 patch.listeners = tuple(h for h in patch.listeners if h is not self)
-                if patch.listeners:
+                if keep and patch.in_place:
+                    self._kept[patch.target] = patch
+                    patch.kept_by = patch.kept_by + (self,)
                     continue
-                key = (id(patch.owner), patch.attr)
-                if _PATCHES.get(key) is patch:
-                    del _PATCHES[key]
-                if not patch.restore():
-                    self._error(f"{patch.owner.__name__}.{patch.attr} was replaced after streamsan "
-                                "patched it: streamsan's wrapper stays there, recording nothing")
+                if patch.listeners or patch.kept_by:
+                    continue
+                self._put_back(patch)
             self._attached = []
             self._on_launch = None
             self._on_launch_fast = None
+            self._direct = None
+
+    def _put_back(self, patch: _Patch) -> None:
+        """The original method back in place of `patch`'s wrapper (no hooks listen to it)."""
+        key = (id(patch.owner), patch.attr)
+        if _PATCHES.get(key) is patch:
+            del _PATCHES[key]
+        if not patch.restore():
+            self._error(f"{patch.owner.__name__}.{patch.attr} was replaced after streamsan "
+                        "patched it: streamsan's wrapper stays there, recording nothing")
 
     def _available(self) -> bool:
         kernel = [t for t, kind in self._targets if kind == "kernel"]
@@ -1338,7 +1452,7 @@ class TritonHooks:
     def _attach(self, module: Any, target: tuple) -> None:
         (module_name, cls_name, attr), kind = target
         with _LOCK:
-            if not self._installed:
+            if not self._installed and not self._keeping:
                 return
             owner = getattr(module, cls_name, None)
             if not isinstance(owner, type) or not callable(getattr(owner, attr, None)):
@@ -1346,9 +1460,15 @@ class TritonHooks:
                 return
             key = (id(owner), attr)
             patch = _PATCHES.get(key)
-            if patch is None or patch.owner is not owner:
-                patch = _Patch(owner, attr, kind)
+            if patch is None or patch.owner is not owner or not patch.in_place:
+                # (a wrapper replaced since stays in the chain, inert once nobody listens)
+                patch = _Patch(owner, attr, kind, target)
                 _PATCHES[key] = patch
+            if not self._installed:  # imported between checks: in place, inert, for the next
+                self._kept[target] = patch
+                if self not in patch.kept_by:
+                    patch.kept_by = patch.kept_by + (self,)
+                return
             if self not in patch.listeners:
                 patch.listeners = patch.listeners + (self,)
             if patch not in self._attached:
@@ -1395,3 +1515,4 @@ def _clear_caches() -> None:
     """Forget the analyses cached per kernel and per autotuner."""
     _KERNEL_PLANS.clear()
     _AUTOTUNER_PLANS.clear()
+    _DIRECT_PLANS.clear()
