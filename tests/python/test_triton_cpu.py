@@ -1046,8 +1046,10 @@ def test_install_without_triton_patches_nothing(monkeypatch):
         assert sys.meta_path == meta_path
 
 
-def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch):
-    pkg = tmp_path / "streamsan_lazy_pkg"
+def _lazy_package(tmp_path, monkeypatch, name: str) -> TritonHooks:
+    """A package `name` with a `compiler.CompiledKernel`, importable and not imported yet, and
+    hooks whose kernel target is its class."""
+    pkg = tmp_path / name
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "compiler.py").write_text(textwrap.dedent("""\
@@ -1056,11 +1058,14 @@ def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch
                 return ("original", stream)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("streamsan_lazy_pkg", "streamsan_lazy_pkg.compiler"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    for module in (name, name + ".compiler"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    return TritonHooks(autotuner_target=None, kernel_target=(name + ".compiler", "CompiledKernel", "launch_metadata"))
+
+
+def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch):
+    hooks = _lazy_package(tmp_path, monkeypatch, "streamsan_lazy_pkg")
     log = Log()
-    hooks = TritonHooks(autotuner_target=None,
-                        kernel_target=("streamsan_lazy_pkg.compiler", "CompiledKernel", "launch_metadata"))
     assert hooks.install(log.launch)
     assert hooks.patched == [] and _triton._WATCHER in sys.meta_path
     mod = importlib.import_module("streamsan_lazy_pkg.compiler")
@@ -1083,20 +1088,8 @@ def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch
 def test_a_class_imported_between_checks_is_patched_inert_then_listened_to(tmp_path, monkeypatch):
     """Hooks stopped with `keep` (between two checks) still watch a module not imported yet:
     imported then, its class gets the wrapper, recording nothing until the next install."""
-    pkg = tmp_path / "streamsan_later_pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "compiler.py").write_text(textwrap.dedent("""\
-        class CompiledKernel:
-            def launch_metadata(self, grid, stream, *args):
-                return ("original", stream)
-    """))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    for name in ("streamsan_later_pkg", "streamsan_later_pkg.compiler"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    hooks = _lazy_package(tmp_path, monkeypatch, "streamsan_later_pkg")
     log = Log()
-    hooks = TritonHooks(autotuner_target=None,
-                        kernel_target=("streamsan_later_pkg.compiler", "CompiledKernel", "launch_metadata"))
     assert hooks.install(log.launch)
     hooks.uninstall(keep=True)
     assert _triton._WATCHER in sys.meta_path
