@@ -1,10 +1,22 @@
 """Where a checked real-code program's time goes, in Python: one program of the real-code or
-compiled suite (tests/python/realcode.py, realcode_compiled.py), timed plain, under the C++
-recorder observing only (`_profile="observe"`), without Triton's launch hooks, and checked, in
-interleaved rounds in one process; then one checked run under cProfile, whose top functions are
-printed (by own time and by cumulative time). A benchmark, not a test.
+compiled suite (tests/python/realcode.py, realcode_compiled.py), timed in interleaved rounds in
+one process, in the modes `--modes` names (default: plain, observe, no-triton, checked):
+
+- `plain`: the program alone;
+- `floor`: the program under a RecordFunction observer that does nothing but ask for every op's
+  inputs and outputs (the C++ recorder's `bench_floor`: no check, no tracker, no patches);
+- `observe`: a check whose C++ recorder observes only (`_profile="observe"`);
+- `observe-no-patches`: the same without the Python patches of torch.cuda, Tensor.tolist and
+  torch.save (CUDA graph captures and replays not recorded: what they cost);
+- `no-triton`: a check without Triton's launch hooks;
+- `checked`: a check.
+
+Then one checked run under cProfile, whose top functions are printed (by own time and by
+cumulative time), and with `--profile-plain` one plain run's. A benchmark, not a test.
 
     python tests/python/profile_program.py "torch.compile nanoGPT" --rounds 5 [--top 25]
+    python tests/python/profile_program.py "reduce-overhead LLM decode" --set compiled --rounds 21 \
+        --modes plain,floor,observe,observe-no-patches,checked
 """
 
 import argparse
@@ -26,6 +38,9 @@ def main() -> None:
     p.add_argument("--set", dest="suite", default="all", help="realcode, compiled or all")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--modes", default="plain,observe,no-triton,checked",
+                   help="comma-separated: plain, floor, observe, observe-no-patches, no-triton, checked")
+    p.add_argument("--profile-plain", action="store_true", help="also profile one plain run")
     args = p.parse_args()
 
     import torch
@@ -39,32 +54,51 @@ def main() -> None:
         sys.exit(f"no program matches {args.program!r}")
     name, fn, _clean = progs[0]
     print(f"program: {name}", flush=True)
+    from streamsan.torch import _native
+
     install_triton = _recorder.Recorder._install_triton
+    install_patches = _recorder._install_patches
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    known = {"plain", "floor", "observe", "observe-no-patches", "no-triton", "checked"}
+    if not modes or set(modes) - known:
+        sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
+    if "plain" not in modes:
+        modes.insert(0, "plain")
 
     def once(mode: str) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        if mode == "plain":
-            fn(True, False)
-            torch.cuda.synchronize()
+        if mode in ("plain", "floor"):
+            ext = _native.load() if mode == "floor" else None
+            if ext is not None:
+                ext.bench_floor(True, True)
+            try:
+                fn(True, False)
+                torch.cuda.synchronize()
+            finally:
+                if ext is not None:
+                    ext.bench_floor(False, True)
             return time.perf_counter() - t0
         if mode == "no-triton":
             _recorder.Recorder._install_triton = lambda self: None
+        if mode == "observe-no-patches":
+            _recorder._install_patches = lambda rec: _recorder._Patches()
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                observe = mode in ("observe", "observe-no-patches")
                 with streamsan.torch.Run(raise_on_hazard=False, backend="native",
-                                         _profile="observe" if mode == "observe" else "0") as run:
+                                         _profile="observe" if observe else "0") as run:
                     fn(True, False)
                     torch.cuda.synchronize()
         finally:
             _recorder.Recorder._install_triton = install_triton
+            _recorder._install_patches = install_patches
         seconds = time.perf_counter() - t0
         if mode == "checked":
             once.stats = run.stats()
         return seconds
 
-    modes = ["plain", "observe", "no-triton", "checked"]
     for m in modes:  # warm-up: compiles, caches
         once(m)
     samples: dict = {m: [] for m in modes}
@@ -81,6 +115,20 @@ def main() -> None:
         if k in st:
             print(f"{k}: {st[k]}")
 
+    def show(prof: cProfile.Profile, what: str) -> None:
+        for key in ("tottime", "cumulative"):
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(args.top)
+            print(f"--- {what}, by {key} ---")
+            print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[:6000])
+
+    if args.profile_plain:
+        prof = cProfile.Profile()
+        prof.enable()
+        fn(True, False)
+        torch.cuda.synchronize()
+        prof.disable()
+        show(prof, "plain")
     prof = cProfile.Profile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -89,11 +137,7 @@ def main() -> None:
             fn(True, False)
             torch.cuda.synchronize()
             prof.disable()
-    for key in ("tottime", "cumulative"):
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(args.top)
-        print(f"--- checked, by {key} ---")
-        print("\n".join(line for line in buf.getvalue().splitlines() if line.strip())[:6000])
+    show(prof, "checked")
 
 
 if __name__ == "__main__":
