@@ -8,6 +8,8 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `observe`: a check whose C++ recorder observes only (`_profile="observe"`);
 - `observe-no-patches`: the same without the Python patches of torch.cuda, Tensor.tolist and
   torch.save (CUDA graph captures and replays not recorded: what they cost);
+- `observe-without-A+B…`: observing without the patches of the methods named A, B, … (`replay`,
+  `tolist`, `__new__`: the attribute names `_install_patches` patches), to tell them apart;
 - `no-triton`: a check without Triton's launch hooks;
 - `checked`: a check.
 
@@ -60,7 +62,7 @@ def main() -> None:
     install_patches = _recorder._install_patches
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = {"plain", "floor", "observe", "observe-no-patches", "no-triton", "checked"}
-    if not modes or set(modes) - known:
+    if not modes or {m for m in modes if not m.startswith("observe-without-")} - known:
         sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
     if "plain" not in modes:
         modes.insert(0, "plain")
@@ -83,10 +85,27 @@ def main() -> None:
             _recorder.Recorder._install_triton = lambda self: None
         if mode == "observe-no-patches":
             _recorder._install_patches = lambda rec: _recorder._Patches()
+        if mode.startswith("observe-without-"):
+            skip = set(mode[len("observe-without-"):].split("+"))
+
+            def install_some(rec):
+                p = _recorder._Patches()
+                patch, inherited = p.patch, p.patch_inherited
+                p.patch = lambda owner, attr, make: None if attr in skip else patch(owner, attr, make)
+                p.patch_inherited = lambda owner, attr, make: (
+                    False if attr in skip else inherited(owner, attr, make))
+                saved = _recorder._Patches
+                _recorder._Patches = lambda: p
+                try:
+                    return install_patches(rec)
+                finally:
+                    _recorder._Patches = saved
+
+            _recorder._install_patches = install_some
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                observe = mode in ("observe", "observe-no-patches")
+                observe = mode.startswith("observe")
                 with streamsan.torch.Run(raise_on_hazard=False, backend="native",
                                          _profile="observe" if observe else "0") as run:
                     fn(True, False)

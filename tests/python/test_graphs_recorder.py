@@ -458,6 +458,43 @@ def test_replay_of_a_graph_captured_before_the_check(prog):
     assert prog.check().errors == 0
 
 
+def test_replay_of_an_unknown_graph_asks_cuda_nothing():
+    """A replay of a graph whose capture the check did not see (cudagraph trees' graphs, captured
+    in an earlier check) is warned about, without asking for the current stream or whether it
+    captures (CUDA calls at every replay); a recorded graph's replay asks both."""
+    asked: list = []
+    ops = _graphs.GraphOps(lambda partial: None, lambda raw, device: '"s"', lambda key, message: asked.append(key))
+    on = [False]
+
+    def stream():
+        asked.append("stream")
+        return (S1, 0)
+
+    def capturing():
+        asked.append("capturing")
+        return False
+
+    patches = _Patches()
+    for attr, make in _graphs.make_wrappers(lambda: ops if on[0] else None, stream, ops.warn, capturing).items():
+        patches.patch_inherited(CUDAGraph, attr, make)
+    try:
+        before = CUDAGraph()
+        before.capture_begin()
+        before.capture_end()
+        on[0] = True
+        before.replay()
+        before.replay()
+        assert asked == ["graph-replay-outside", "graph-replay-outside"]
+        asked.clear()
+        seen = CUDAGraph()
+        seen.capture_begin()
+        seen.capture_end()
+        seen.replay()
+        assert asked == ["stream", "stream", "capturing"]  # the capture's stream, then the replay's
+    finally:
+        patches.restore()
+
+
 def test_capture_begun_before_the_check_is_not_ended_in_it(prog):
     prog.on = False
     g = CUDAGraph()

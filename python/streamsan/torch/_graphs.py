@@ -196,22 +196,28 @@ class GraphOps:
                 "captured ops of a capture that never ended",
             )
 
-    def replay(self, graph: Any, stream: int, device: int, in_capture: bool = False) -> None:
-        """`graph` was launched on `stream` (the current stream of the `replay()` call);
-        `in_capture`: that stream was capturing (the launch became a node of another graph)."""
+    def knows(self, graph: Any) -> bool:
+        """Whether `graph`'s capture was recorded and has ended (its replays are recorded)."""
         g = self._get(graph)
-        if in_capture:
-            self.warn(
-                "graph-replay-in-capture",
-                "a CUDA graph was replayed inside a capture (it became a node of the graph being "
-                "captured): that replay is not recorded",
-            )
-            return
+        return g is not None and g.state == "ended"
+
+    def replay(self, graph: Any, stream: Optional[int], device: Optional[int], in_capture: bool = False) -> None:
+        """`graph` was launched on `stream` (the current stream of the `replay()` call);
+        `in_capture`: that stream was capturing (the launch became a node of another graph).
+        `stream` and `device` are needed only for a graph `knows` (None: not asked)."""
+        g = self._get(graph)
         if g is None or g.state != "ended":
             self.warn(
                 "graph-replay-outside",
                 "a CUDA graph captured before the check began was replayed: the work of its "
                 "replays is not recorded",
+            )
+            return
+        if in_capture:
+            self.warn(
+                "graph-replay-in-capture",
+                "a CUDA graph was replayed inside a capture (it became a node of the graph being "
+                "captured): that replay is not recorded",
             )
             return
         self.emit('{"op":"graph_launch","graph":%s,"stream":%s' % (g.name, self.stream_id(stream, device)))
@@ -297,15 +303,22 @@ def make_wrappers(
             ops = ops_of()
             stream = None
             in_capture = False
+            known = False
             if ops is not None:
                 try:
-                    stream = current_stream()
-                    in_capture = bool(capturing())
+                    # The stream and whether it captures (each a CUDA call) only for a graph
+                    # whose replays are recorded: one captured before the check (cudagraph
+                    # trees' graphs, from one check to the next) is only warned about.
+                    known = ops.knows(self)
+                    if known:
+                        stream = current_stream()
+                        in_capture = bool(capturing())
                 except Exception as e:
                     warn("graph-error", f"could not record a CUDA graph replay: {type(e).__name__}: {e}")
             out = orig(self, *args, **kwargs)
-            if ops is not None and stream is not None:
-                guard("replay", lambda: ops.replay(self, stream[0], stream[1], in_capture))
+            if ops is not None and (stream is not None or not known):
+                where = stream if stream is not None else (None, None)
+                guard("replay", lambda: ops.replay(self, where[0], where[1], in_capture))
             return out
 
         return replay
