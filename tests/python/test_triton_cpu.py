@@ -1083,6 +1083,7 @@ def test_classes_are_patched_when_their_module_is_imported(tmp_path, monkeypatch
     hooks.uninstall()
     assert "launch_metadata" in mod.CompiledKernel.__dict__
     assert mod.CompiledKernel.launch_metadata.__name__ == "launch_metadata"
+    assert not hasattr(mod.CompiledKernel.launch_metadata, "_streamsan")  # the original, back
 
 
 def test_a_class_imported_between_checks_is_patched_inert_then_listened_to(tmp_path, monkeypatch):
@@ -1196,6 +1197,33 @@ def test_a_kept_wrapper_outlives_other_hooks(fakes):
     kept.uninstall()
     assert fakes.CachingAutotuner.__dict__["run"] is run
     assert "streamsan" not in repr(fakes.CompiledKernel.__dict__["launch_metadata"].__code__.co_filename)
+
+
+def test_hooks_of_other_targets_for_one_method_keep_and_put_back_alike(tmp_path, monkeypatch):
+    """Two hooks naming one class's method by different module paths (a re-export) share its
+    wrapper; each keeps it under its own target, listens to it again, and the last plain
+    uninstall puts the original back."""
+    pkg = tmp_path / "streamsan_reexport"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .sub import C\n")
+    (pkg / "sub.py").write_text("class C:\n    def m(self, grid, stream, *args):\n        return 'original'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for module in ("streamsan_reexport", "streamsan_reexport.sub"):
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    mod = importlib.import_module("streamsan_reexport")
+    original = mod.C.__dict__["m"]
+    h1 = TritonHooks(autotuner_target=None, kernel_target=("streamsan_reexport.sub", "C", "m"))
+    h2 = TritonHooks(autotuner_target=None, kernel_target=("streamsan_reexport", "C", "m"))
+    for _ in range(2):  # kept between the rounds
+        assert h1.install(lambda *a: None) and h2.install(lambda *a: None)
+        assert h1.patched == h2.patched == ["C.m"]
+        h1.uninstall(keep=True)
+        h2.uninstall(keep=True)
+        assert mod.C.__dict__["m"] is not original
+    assert h1.install(lambda *a: None) and h2.install(lambda *a: None)
+    h1.uninstall()
+    h2.uninstall()
+    assert mod.C.__dict__["m"] is original
 
 
 def test_a_kept_wrapper_replaced_since_is_patched_anew(fakes):

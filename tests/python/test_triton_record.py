@@ -29,9 +29,13 @@ def _launches(trace_path) -> list:
     return [o for o in ops if o.get("op") == "launch" and not o.get("name", "").startswith("aten::")]
 
 
+answers: list = []  # what the direct entry answered, launch by launch (fast="direct")
+
+
 def _record(fakes, tmp_path, tag, fast, launch, profile=None):  # noqa: F811
-    """Runs `launch(args)` under a check whose hooks take the fast path or not; returns the
-    launch ops of its trace and the hooks' launch counts."""
+    """Runs `launch(args)` under a check whose hooks take the fast path, the direct one
+    (`fast="direct"`; `"direct-spy"`: the same, its answers going to `answers`) or neither;
+    returns the launch ops of its trace and the hooks' launch counts."""
     trace = tmp_path / f"{tag}.jsonl"
     x, y, out = torch.ones(64), torch.ones(64), torch.zeros(64)
     with warnings.catch_warnings():
@@ -41,6 +45,14 @@ def _record(fakes, tmp_path, tag, fast, launch, profile=None):  # noqa: F811
             rec = run._recorder
             hooks = fakes.hooks()
             direct = rec.backend.record_triton if fast == "direct" else None
+            if fast == "direct-spy":  # (a Python frame of this file: the launches' site moves here)
+                record = rec.backend.record_triton
+
+                def direct(*args):
+                    answer = record(*args)
+                    answers.append(answer)
+                    return answer
+
             assert hooks.install(rec._on_kernel, rec._on_kernel_fast if fast else None, direct)
             try:
                 launch(x, y, out)
@@ -98,6 +110,11 @@ def test_tuned_inductor_launches_are_the_same_on_the_direct_path(fakes, tmp_path
     assert len(direct) == 4 and n_direct == n_slow == {"inductor": 4, "triton": 0}
     _same_shape(direct, slow)
     assert stats["recorder_triton_launches"] == 4
+    answers.clear()
+    _record(fakes, tmp_path, "spy", "direct-spy", launch)
+    # The kernel's plan, made in the first check, serves the next ones from their first launch;
+    # the descriptor's launch is declined and takes the list path.
+    assert answers == [1, 1, 1, -1]
 
 
 def test_a_user_kernel_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811

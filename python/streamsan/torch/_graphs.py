@@ -315,6 +315,7 @@ def make_wrappers(
                         in_capture = bool(capturing())
                 except Exception as e:
                     warn("graph-error", f"could not record a CUDA graph replay: {type(e).__name__}: {e}")
+                    ops = None  # said once: nothing more of this replay
             out = orig(self, *args, **kwargs)
             if ops is not None and (stream is not None or not known):
                 where = stream if stream is not None else (None, None)

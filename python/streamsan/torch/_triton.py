@@ -991,9 +991,9 @@ def _direct_plan(autotuner: Any, launcher: Any, name: str, roles: bytes, positio
 
 
 def _drop_direct(key: int, ref: Any) -> None:
-    hit = _DIRECT_PLANS.get(key)
-    if hit is not None and hit[0] is ref:
-        del _DIRECT_PLANS[key]
+    hit = _DIRECT_PLANS.pop(key, None)
+    if hit is not None and hit[0] is not ref:  # a newer autotuner's, at a reused id: it stays
+        _DIRECT_PLANS.setdefault(key, hit)
 
 
 # Whether a module is importable, by (name, sys.path): TritonHooks._available.
@@ -1009,21 +1009,10 @@ class _Patch:
         self.target = target  # the hooks' target it serves: ((module, class, method), kind)
         self.raw = owner.__dict__.get(attr, _MISSING)  # the exact attribute, to put back
         self.original = getattr(owner, attr)
-        self._listeners: tuple = ()
-        # The one listener's direct entry into its recorder (`TritonHooks.install`), else None.
-        self.direct: Optional[Callable[..., int]] = None
+        self.listeners: tuple = ()
         self.kept_by: tuple = ()  # hooks uninstalled with `keep` that will listen again
         self.wrapper = _autotuner_wrapper(self) if kind == "autotuner" else _kernel_wrapper(self)
         setattr(owner, attr, self.wrapper)
-
-    @property
-    def listeners(self) -> tuple:
-        return self._listeners
-
-    @listeners.setter
-    def listeners(self, hooks: tuple) -> None:
-        self._listeners = hooks
-        self.direct = hooks[0]._direct if len(hooks) == 1 else None
 
     @property
     def in_place(self) -> bool:
@@ -1056,12 +1045,12 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        listeners = patch._listeners
+        listeners = patch.listeners
         deferred = False
         if listeners and not kwargs.get("benchmark_run", False):
             # A tuned kernel's launch handed straight to the one listener's recorder (its
             # `direct`: the C++ recorder's `record_triton`), else through `_record_autotuner`.
-            direct = patch.direct
+            direct = listeners[0]._direct if len(listeners) == 1 else None
             plan = _DIRECT_PLANS.get(id(self)) if direct is not None else None
             taken = False
             if plan is not None and plan[0]() is self:
@@ -1091,7 +1080,7 @@ def _kernel_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        listeners = patch._listeners
+        listeners = patch.listeners
         if listeners and not getattr(_TLS, "depth", 0):
             _record_kernel(listeners, self, stream, args)
         return original(self, grid, stream, *args)
@@ -1286,6 +1275,7 @@ class TritonHooks:
         # The patches left in place, inert, by `uninstall(keep=True)`, by target: the next
         # install listens to them again without patching anything.
         self._kept: dict = {}
+        self._target_of: dict = {}  # id(patch) -> the target of these hooks it serves
         self._keeping = False  # uninstalled with `keep`: still watching, patching inert
         self._installed = False
         self._found = False  # Triton was found installed (it stays so)
@@ -1346,8 +1336,6 @@ class TritonHooks:
                 self._on_launch = on_launch
                 self._on_launch_fast = on_launch_fast
                 self._direct = direct
-                for patch in self._attached:
-                    patch.listeners = patch.listeners  # its direct entry anew
                 return True
             if not self._found and not self._available():
                 return False
@@ -1357,14 +1345,15 @@ class TritonHooks:
             self._direct = direct
             self._installed = True
             kept, self._kept = self._kept, {}
+            for patch in kept.values():  # listened to again below, or let go of
+                patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
             for target in self._targets:
-                patch = kept.get(target)
-                if patch is not None:
-                    patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
+                patch = kept.pop(target, None)
                 if patch is not None and patch.in_place and _PATCHES.get((id(patch.owner), patch.attr)) is patch:
                     if self not in patch.listeners:
                         patch.listeners = patch.listeners + (self,)
                     self._attached.append(patch)
+                    self._target_of[id(patch)] = target
                     continue
                 (module_name, cls_name, _attr), _kind = target
                 if not self._watching(module_name, target):
@@ -1373,6 +1362,9 @@ class TritonHooks:
                 if module is not None and getattr(module, cls_name, None) is not None:
                     self._attach(module, target)
                     self._unwatch_one(module_name, target)
+            for patch in kept.values():  # kept under no target of these hooks: not theirs to keep
+                if not patch.listeners and not patch.kept_by:
+                    self._put_back(patch)
             return True
 
     def _watching(self, module_name: str, target: tuple) -> bool:
@@ -1402,13 +1394,15 @@ class TritonHooks:
             for patch in self._attached:
                 patch.listeners = tuple(h for h in patch.listeners if h is not self)
                 if keep and patch.in_place:
-                    self._kept[patch.target] = patch
+                    # Under these hooks' own target (the patch may be another's, same method).
+                    self._kept[self._target_of.get(id(patch), patch.target)] = patch
                     patch.kept_by = patch.kept_by + (self,)
                     continue
                 if patch.listeners or patch.kept_by:
                     continue
                 self._put_back(patch)
             self._attached = []
+            self._target_of = {}
             self._on_launch = None
             self._on_launch_fast = None
             self._direct = None
@@ -1473,6 +1467,7 @@ class TritonHooks:
                 patch.listeners = patch.listeners + (self,)
             if patch not in self._attached:
                 self._attached.append(patch)
+            self._target_of[id(patch)] = target
 
     def _launch(self, name: str, stream: Any, accesses: list, kind: str) -> None:
         on_launch = self._on_launch
