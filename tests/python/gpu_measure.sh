@@ -10,6 +10,9 @@
 #   bash tests/python/gpu_measure.sh observe  WHEELDIR  # what observing costs, split (bench_observer_floor
 #                                                       # --check), entering and leaving after each model's step,
 #                                                       # the paired MLP step synchronizing at every step
+#   bash tests/python/gpu_measure.sh profile  WHEELDIR  # the compiled decode loop and compiled AMP by mode
+#                                                       # (profile_program.py: floor, observing with and without
+#                                                       # the patches, checked with and without Triton's hooks)
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
@@ -89,8 +92,18 @@ case "$part" in
     cat "$O"/floor-*.txt; for m in mlp resnet vit; do tail -c 400 "$O/startup-$m.json"; echo; done
     tail -c 800 "$O/paired-mlp-sync.json" 2>/dev/null
     ;;
+  profile)
+    site
+    step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    (cd "$here" && step decode 200 python3 profile_program.py "reduce-overhead LLM decode" --set compiled \
+      --rounds 21 --top 30 --modes plain,floor,observe,observe-no-patches,observe-without-replay,no-triton,checked \
+      > "$O/decode.txt" 2>&1)
+    (cd "$here" && step amp 150 python3 profile_program.py "AMP" --set compiled --rounds 9 --top 30 \
+      --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
+    head -12 "$O/decode.txt"; head -10 "$O/amp.txt"
+    ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile)" >&2
     exit 2
     ;;
 esac
