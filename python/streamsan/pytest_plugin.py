@@ -46,6 +46,20 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "streamsan: check this test's CUDA streams and allocations with streamsan.torch"
     )
+    if config.getoption("--streamsan") or config.getoption("--streamsan-syncs"):
+        # Every test is checked: Triton's wrappers stay in place from one test's check to the
+        # next (put back when the session ends).
+        from streamsan.torch import _recorder
+
+        _recorder._KEEP_TRITON_HOOKS = True
+
+
+def pytest_unconfigure(config):
+    if config.getoption("--streamsan") or config.getoption("--streamsan-syncs"):
+        from streamsan.torch import _recorder
+
+        _recorder._KEEP_TRITON_HOOKS = False
+        _recorder.release_triton_hooks()
 
 
 def _checked(item) -> bool:

@@ -662,6 +662,10 @@ def test_marked():
 
 def test_fixture(streamsan):
     race()
+
+def test_triton_wrappers_kept_only_when_every_test_is_checked():
+    import os
+    assert R._KEEP_TRITON_HOOKS == (os.environ["EXPECT_KEEP"] == "1")
 """
 
 
@@ -669,13 +673,18 @@ def test_pytest_plugin(backend, tmp_path):
     torch_or_skip()
     (tmp_path / "test_x.py").write_text(PLUGIN_TEST)
     env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *a], capture_output=True, text=True, env=env, cwd=tmp_path)  # noqa: E731
+
+    def run(*args, keep="0"):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                              capture_output=True, text=True, env=dict(env, EXPECT_KEEP=keep), cwd=tmp_path)
+
     out = run()
-    # test_plain passes (not checked), test_marked fails, test_fixture fails at teardown.
-    assert outcomes(out.stdout) == {"failed": 1, "passed": 2, "error": 1}, out.stdout
+    # test_plain passes (not checked), test_marked fails, test_fixture fails at teardown; Triton's
+    # wrappers are put back after each check (some tests run unchecked).
+    assert outcomes(out.stdout) == {"failed": 1, "passed": 3, "error": 1}, out.stdout
     assert "HazardError" in out.stdout and "data-race" in out.stdout
-    out = run("--streamsan")
-    assert outcomes(out.stdout)["failed"] == 2, out.stdout
+    out = run("--streamsan", keep="1")  # every test checked: the wrappers stay between them
+    assert outcomes(out.stdout) == {"failed": 2, "passed": 2, "error": 1}, out.stdout
 
 
 def outcomes(stdout: str) -> dict:

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import threading
 import types
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -1174,6 +1175,38 @@ def test_kept_wrappers_stay_inert_and_are_listened_to_again(fakes):
     hooks.uninstall()  # not installed: what was kept is put back
     assert fakes.CachingAutotuner.__dict__["run"] is run
     assert fakes.CompiledKernel.__dict__["launch_metadata"] is md
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="needs Triton installed")
+def test_a_check_puts_tritons_method_back_unless_told_to_keep_it(monkeypatch):
+    """A check's end puts Triton's `launch_metadata` back (a program may go on unchecked); where
+    every check of the process keeps them (`_KEEP_TRITON_HOOKS`: `pytest --streamsan`), the next
+    check finds its wrapper in place, and `release_triton_hooks` puts the original back."""
+    torch = pytest.importorskip("torch")
+    import streamsan.torch
+    from streamsan.torch import _recorder
+    from triton.compiler.compiler import CompiledKernel
+
+    _recorder.release_triton_hooks()
+    original = CompiledKernel.__dict__["launch_metadata"]
+
+    def check(expect_patched):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with streamsan.torch.Run(raise_on_hazard=False, backend="python", _fake_device=True):
+                assert (CompiledKernel.__dict__["launch_metadata"] is not original) == expect_patched
+                torch.ones(4).add_(1)
+
+    check(True)
+    assert CompiledKernel.__dict__["launch_metadata"] is original
+    monkeypatch.setattr(_recorder, "_KEEP_TRITON_HOOKS", True)
+    check(True)
+    kept = CompiledKernel.__dict__["launch_metadata"]
+    assert kept is not original and getattr(kept, "_streamsan", False)
+    check(True)
+    assert CompiledKernel.__dict__["launch_metadata"] is kept
+    _recorder.release_triton_hooks()
+    assert CompiledKernel.__dict__["launch_metadata"] is original
 
 
 def test_a_kept_wrapper_outlives_other_hooks(fakes):

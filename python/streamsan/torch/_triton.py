@@ -967,6 +967,14 @@ def _autotuner_name(autotuner: Any) -> str:
 
 _TLS = threading.local()  # .depth: CachingAutotuner.run calls in progress on this thread
 _LOCK = threading.RLock()
+# How many TritonHooks are installed (changed under _LOCK): none, and a wrapper calls its
+# original and nothing else.
+_INSTALLED = 0
+
+
+def _count_installed(change: int) -> None:
+    global _INSTALLED
+    _INSTALLED += change
 _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
@@ -1045,6 +1053,8 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _INSTALLED:  # between checks (kept wrappers): the original alone
+            return original(self, *args, **kwargs)
         listeners = patch.listeners
         deferred = False
         if listeners and not kwargs.get("benchmark_run", False):
@@ -1344,6 +1354,7 @@ class TritonHooks:
             self._on_launch_fast = on_launch_fast
             self._direct = direct
             self._installed = True
+            _count_installed(1)
             kept, self._kept = self._kept, {}
             for patch in kept.values():  # listened to again below, or let go of
                 patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
@@ -1387,6 +1398,7 @@ class TritonHooks:
                 self._keeping = keep and self._keeping
                 return
             self._installed = False
+            _count_installed(-1)
             # With `keep`, a class not imported yet stays watched: patched (inert) when it is.
             self._keeping = keep
             if not keep:
