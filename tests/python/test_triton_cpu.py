@@ -639,6 +639,30 @@ def test_hooks_record_a_triton_launch_before_it_is_issued(fakes):
     assert errors == []
 
 
+def test_the_plan_cache_holds_an_entry_as_long_as_its_object():
+    """Plans are kept per object, by identity: an entry goes with its object (a new object at the
+    same address finds none), and an object without weak references is held by its entry."""
+    import gc
+
+    cache = _triton._Cache()
+
+    class Kernel:
+        pass
+
+    k = Kernel()
+    cache.put(k, "plan")
+    assert cache.get(k) == "plan" and cache.get(Kernel()) is None
+    addr = id(k)
+    del k
+    gc.collect()
+    assert addr not in cache._by_id
+    slots = (1, 2)  # a tuple takes no weak reference: held
+    cache.put(slots, "held")
+    assert cache.get(slots) == "held" and cache.get((1, 2, 3)) is None
+    cache.clear()
+    assert cache.get(slots) is None
+
+
 def test_a_tuned_inductor_launch_goes_straight_to_the_direct_entry(fakes):
     """Once an autotuner's launch has been recorded tuned, its next launches with the same
     launcher go to the one listener's `direct` entry with the kernel's name, the stream as

@@ -742,31 +742,50 @@ def _kernel_ttir(kernel: Any) -> Optional[str]:
 
 
 class _Cache:
-    """Results per object, held weakly where the object allows it."""
+    """Results per object, by the object's identity: held with a weak reference to it where the
+    object allows one (the entry goes with the object), else with the object itself. A lookup
+    is a dict read and a dereference (a launch's path looks up its kernel's plan each time)."""
 
     def __init__(self) -> None:
-        self._weak: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
-        self._strong: dict = {}
-        self._lock = threading.Lock()
+        self._by_id: dict = {}  # id(key) -> (a callable giving key, value)
+        # Reentrant: a weak reference's callback (`_drop`) may run on this thread inside `put`
+        # or `clear`, when what they let go of frees an object with an entry.
+        self._lock = threading.RLock()
 
     def get(self, key: Any) -> Any:
-        try:
-            return self._weak.get(key)
-        except TypeError:  # not weakly referenceable (or not hashable)
-            hit = self._strong.get(id(key))
-            return hit[1] if hit is not None and hit[0] is key else None
+        hit = self._by_id.get(id(key))
+        return hit[1] if hit is not None and hit[0]() is key else None
 
     def put(self, key: Any, value: Any) -> None:
+        k = id(key)
+        try:
+            holder = weakref.ref(key, lambda ref, k=k: self._drop(k, ref))
+        except TypeError:  # not weakly referenceable: held (and kept alive) as it is
+            holder = _Held(key)
         with self._lock:
-            try:
-                self._weak[key] = value
-            except TypeError:
-                self._strong[id(key)] = (key, value)
+            self._by_id[k] = (holder, value)
+
+    def _drop(self, k: int, ref: Any) -> None:
+        with self._lock:
+            hit = self._by_id.get(k)
+            if hit is not None and hit[0] is ref:  # not a newer object's, at a reused id
+                del self._by_id[k]
 
     def clear(self) -> None:
         with self._lock:
-            self._weak.clear()
-            self._strong.clear()
+            self._by_id.clear()
+
+
+class _Held:
+    """A strong reference called like a weak one."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __call__(self) -> Any:
+        return self.obj
 
 
 _KERNEL_PLANS = _Cache()
@@ -979,30 +998,6 @@ _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
 
-# The direct path of a tuned autotuner's launches (see _autotuner_wrapper), by id(autotuner):
-# (a weak reference to it, its launcher, its kernel's name, the role bytes, the parameter names).
-# Made by the first launch recorded through `_record_autotuner` once it is tuned (`_tuned` stays
-# true for a launcher once it is); an entry goes with its autotuner.
-_DIRECT_PLANS: dict = {}
-
-
-def _direct_plan(autotuner: Any, launcher: Any, name: str, roles: bytes, positions: Any) -> None:
-    key = id(autotuner)
-    hit = _DIRECT_PLANS.get(key)
-    if hit is not None and hit[0]() is autotuner and hit[1] is launcher:
-        return
-    try:
-        ref = weakref.ref(autotuner, lambda _r, key=key: _drop_direct(key, _r))
-    except TypeError:  # not weakly referenceable: the list path every time
-        return
-    _DIRECT_PLANS[key] = (ref, launcher, name, roles, frozenset(positions))
-
-
-def _drop_direct(key: int, ref: Any) -> None:
-    hit = _DIRECT_PLANS.pop(key, None)
-    if hit is not None and hit[0] is not ref:  # a newer autotuner's, at a reused id: it stays
-        _DIRECT_PLANS.setdefault(key, hit)
-
 
 # Whether a module is importable, by (name, sys.path): TritonHooks._available.
 _FOUND: dict = {}
@@ -1060,14 +1055,16 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
         if listeners and not kwargs.get("benchmark_run", False):
             # A tuned kernel's launch handed straight to the one listener's recorder (its
             # `direct`: the C++ recorder's `record_triton`), else through `_record_autotuner`.
+            # Its plan (`_record_autotuner`'s) says whether a launch was seen tuned with this
+            # launcher (`_tuned` stays true for a launcher once it is).
             direct = listeners[0]._direct if len(listeners) == 1 else None
-            plan = _DIRECT_PLANS.get(id(self)) if direct is not None else None
+            plan = _AUTOTUNER_PLANS.get(self) if direct is not None else None
             taken = False
-            if plan is not None and plan[0]() is self:
+            if plan is not None and plan[5] and plan[4] is not None:
                 launchers = self.launchers
-                if len(launchers) == 1 and launchers[0] is plan[1] and plan[4].isdisjoint(kwargs):
+                if len(launchers) == 1 and launchers[0] is plan[0] and plan[2].keys().isdisjoint(kwargs):
                     try:
-                        taken = direct(plan[2], kwargs.get("stream"), plan[3], args) >= 0
+                        taken = direct(plan[3], kwargs.get("stream"), plan[4], args) >= 0
                     except Exception:  # noqa: BLE001 - the list path says what went wrong
                         taken = False
                     if taken:
@@ -1142,16 +1139,17 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
         hit = _AUTOTUNER_PLANS.get(autotuner)
         if hit is None or hit[0] is not launcher:
             slots, positions, note = _autotuner_plan(autotuner, launcher)
-            hit = (launcher, slots, positions, _autotuner_name(autotuner), _fast_roles(slots))
+            hit = (launcher, slots, positions, _autotuner_name(autotuner), _fast_roles(slots), False)
             _AUTOTUNER_PLANS.put(autotuner, hit)
             if note is not None:
                 for h in listeners:
                     h._error(f"Triton kernel {_autotuner_name(autotuner)}: {note}")
-        _launcher, slots, positions, name, roles = hit
-        if before and roles is not None and launcher is not None:
-            _direct_plan(autotuner, launcher, name, roles, positions)
+        if before and not hit[5] and launcher is not None:  # seen tuned: the wrapper's direct path
+            hit = hit[:5] + (True,)
+            _AUTOTUNER_PLANS.put(autotuner, hit)
+        _launcher, slots, positions, name, roles, _seen_tuned = hit
         stream = _stream_handle(kwargs.get("stream"))
-        if roles is not None and kwargs.keys().isdisjoint(positions):
+        if roles is not None and positions.keys().isdisjoint(kwargs):  # (walks the few kwargs)
             listeners = _not_taken(listeners, name, stream, roles, args, "inductor")
             if not listeners:
                 return None
@@ -1522,4 +1520,3 @@ def _clear_caches() -> None:
     """Forget the analyses cached per kernel and per autotuner."""
     _KERNEL_PLANS.clear()
     _AUTOTUNER_PLANS.clear()
-    _DIRECT_PLANS.clear()
