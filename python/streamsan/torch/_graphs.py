@@ -317,9 +317,10 @@ def make_wrappers(
                     warn("graph-error", f"could not record a CUDA graph replay: {type(e).__name__}: {e}")
                     ops = None  # said once: nothing more of this replay
             out = orig(self, *args, **kwargs)
-            if ops is not None and (stream is not None or not known):
-                where = stream if stream is not None else (None, None)
-                guard("replay", lambda: ops.replay(self, where[0], where[1], in_capture))
+            if ops is not None and not known:
+                guard("replay", lambda: ops.replay(self, None, None))  # warned about, not recorded
+            elif ops is not None and stream is not None:
+                guard("replay", lambda: ops.replay(self, stream[0], stream[1], in_capture))
             return out
 
         return replay

@@ -994,6 +994,8 @@ _INSTALLED = 0
 def _count_installed(change: int) -> None:
     global _INSTALLED
     _INSTALLED += change
+
+
 _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
