@@ -13,6 +13,10 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `no-triton`: a check without Triton's launch hooks;
 - `checked`: a check.
 
+Each checked mode's time is also split into entering the check (`__enter__`), the program's
+body (from inside the `with` to its last synchronization) and leaving it (`__exit__`), medians of
+the rounds: what a check costs once against what it costs per op.
+
 Then one checked run under cProfile, whose top functions are printed (by own time and by
 cumulative time), and with `--profile-plain` one plain run's. A benchmark, not a test.
 
@@ -67,6 +71,8 @@ def main() -> None:
     if "plain" not in modes:
         modes.insert(0, "plain")
 
+    parts: dict = {}  # mode -> (enter, body, leave) seconds of each round
+
     def once(mode: str) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -106,20 +112,25 @@ def main() -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 observe = mode.startswith("observe")
-                with streamsan.torch.Run(raise_on_hazard=False, backend="native",
-                                         _profile="observe" if observe else "0") as run:
+                run = streamsan.torch.Run(raise_on_hazard=False, backend="native",
+                                          _profile="observe" if observe else "0")
+                with run:
+                    t1 = time.perf_counter()
                     fn(True, False)
                     torch.cuda.synchronize()
+                    t2 = time.perf_counter()
         finally:
             _recorder.Recorder._install_triton = install_triton
             _recorder._install_patches = install_patches
         seconds = time.perf_counter() - t0
+        parts.setdefault(mode, []).append((t1 - t0, t2 - t1, t0 + seconds - t2))
         if mode == "checked":
             once.stats = run.stats()
         return seconds
 
     for m in modes:  # warm-up: compiles, caches
         once(m)
+    parts.clear()
     samples: dict = {m: [] for m in modes}
     for _ in range(args.rounds):
         for m in modes:
@@ -129,6 +140,11 @@ def main() -> None:
         med = statistics.median(samples[m])
         spread = ", ".join(f"{s * 1e3:.1f}" for s in samples[m])
         print(f"{m:10s} {med * 1e3:8.1f} ms ({med / plain:.2f}x)   rounds: {spread}")
+    for m in modes:
+        if m in parts:
+            enter, body, leave = (statistics.median(r[i] for r in parts[m]) * 1e3 for i in range(3))
+            print(f"{m:10s} enter {enter:6.3f} ms  body {body:7.3f} ms ({body / plain * 1e-3:.2f}x plain)  "
+                  f"leave {leave:6.3f} ms")
     st = getattr(once, "stats", {})
     for k in ("recorder_triton_launches", "ops", "recorder_sites_without_gil", "recorder_sites_with_gil"):
         if k in st:
