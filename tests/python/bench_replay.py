@@ -1,0 +1,168 @@
+"""What wrapping `torch.cuda.CUDAGraph.replay` costs a replay, in place (docs/performance.md, "The
+decode loop's replays"): one small CUDA graph (a few element-wise kernels on a 4 KiB tensor),
+captured once outside any check as cudagraph trees' graphs are, replayed in blocks of `--replays`
+in the modes below, interleaved in rounds (the order rotated each round), the collector off;
+prints the median microseconds per replay and the difference to `plain`.
+
+- `plain`: `graph.replay()` with nothing installed;
+- `passthrough`: the method replaced by a Python function that only calls the original (what any
+  Python wrapper costs);
+- `wrapper-off`: the recorder's wrapper (`_graphs.make_wrappers`), no check on (`ops_of()` None);
+- `wrapper-unknown`: the recorder's wrapper inside a stand-in check that does not know the graph
+  (`GraphOps.knows` False: warned once, not recorded), without a recorder;
+- `observe`: a check whose C++ recorder observes only, every patch installed (the graph was
+  captured before it: its replays are warned about, not recorded);
+- `observe-no-replay-patch`: the same without the `replay` patch;
+- `checked-known`: a check that captured its own copy of the graph: every replay recorded.
+
+    python tests/python/bench_replay.py [--replays 2000] [--rounds 9]
+
+Needs a GPU. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replays", type=int, default=2000, help="replays per timed block")
+    p.add_argument("--rounds", type=int, default=9)
+    args = p.parse_args()
+
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench_replay.py needs a GPU (torch.cuda.is_available() is False)")
+    import streamsan.torch
+    from streamsan.torch import _graphs, _recorder
+
+    G = torch.cuda.CUDAGraph
+    orig = G.__dict__.get("replay")
+    inherited = orig is None
+    orig_fn = getattr(G, "replay")
+
+    def capture():
+        x = torch.zeros(1024, device="cuda")
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                x.add_(1)
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            for _ in range(3):
+                x.add_(1)
+        torch.cuda.synchronize()
+        return g, x
+
+    graph, _x = capture()
+
+    def block(g) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.replays):
+            g.replay()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / args.replays * 1e6
+
+    def put_back() -> None:
+        if inherited:
+            if "replay" in G.__dict__:
+                delattr(G, "replay")
+        else:
+            setattr(G, "replay", orig)
+
+    def with_replay(fn) -> float:
+        setattr(G, "replay", fn)
+        try:
+            return block(graph)
+        finally:
+            put_back()
+
+    class Unknown:  # a GraphOps that does not know the graph: the wrapper's cheapest recorded path
+        def __init__(self) -> None:
+            self.warned = 0
+
+        def knows(self, g) -> bool:
+            return False
+
+        def replay(self, g, stream, device, in_capture=False) -> None:
+            self.warned += 1
+
+    unknown = Unknown()
+
+    def wrapper(ops_of):
+        return _graphs.make_wrappers(ops_of, lambda: (0, 0), lambda key, msg: None)["replay"](orig_fn)
+
+    def passthrough(self, *a, **k):
+        return orig_fn(self, *a, **k)
+
+    def in_check(skip_replay: bool, known: bool) -> float:
+        install = _recorder._install_patches
+        if skip_replay:
+
+            def install_some(rec):
+                p = _recorder._Patches()
+                inherited_patch = p.patch_inherited
+                p.patch_inherited = lambda owner, attr, make: (
+                    False if attr == "replay" else inherited_patch(owner, attr, make))
+                saved = _recorder._Patches
+                _recorder._Patches = lambda: p
+                try:
+                    return install(rec)
+                finally:
+                    _recorder._Patches = saved
+
+            _recorder._install_patches = install_some
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                with streamsan.torch.Run(raise_on_hazard=False, backend="native",
+                                         _profile="0" if known else "observe"):
+                    g = capture()[0] if known else graph
+                    return block(g)
+        finally:
+            _recorder._install_patches = install
+
+    modes = {
+        "plain": lambda: block(graph),
+        "passthrough": lambda: with_replay(passthrough),
+        "wrapper-off": lambda: with_replay(wrapper(lambda: None)),
+        "wrapper-unknown": lambda: with_replay(wrapper(lambda: unknown)),
+        "observe": lambda: in_check(False, False),
+        "observe-no-replay-patch": lambda: in_check(True, False),
+        "checked-known": lambda: in_check(False, True),
+    }
+    for fn in modes.values():  # warm-up
+        fn()
+    samples: dict = {m: [] for m in modes}
+    names = list(modes)
+    gc.disable()
+    try:
+        for r in range(args.rounds):
+            for m in names[r % len(names):] + names[: r % len(names)]:
+                samples[m].append(modes[m]())
+    finally:
+        gc.enable()
+    plain = statistics.median(samples["plain"])
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.rounds} rounds of "
+          f"{args.replays} replays")
+    print(f"{'mode':26s} {'us/replay':>10s} {'- plain':>8s}")
+    for m in names:
+        med = statistics.median(samples[m])
+        print(f"{m:26s} {med:10.2f} {med - plain:8.2f}")
+
+
+if __name__ == "__main__":
+    main()
