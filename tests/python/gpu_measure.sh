@@ -12,7 +12,8 @@
 #                                                       # the paired MLP step synchronizing at every step
 #   bash tests/python/gpu_measure.sh profile  WHEELDIR  # the compiled decode loop and compiled AMP by mode
 #                                                       # (profile_program.py: floor, observing with and without
-#                                                       # the patches, checked with and without Triton's hooks)
+#                                                       # the patches, checked with and without Triton's hooks),
+#                                                       # then a graph's replays by wrapper (bench_replay.py)
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
@@ -100,7 +101,8 @@ case "$part" in
       > "$O/decode.txt" 2>&1)
     (cd "$here" && step amp 150 python3 profile_program.py "AMP" --set compiled --rounds 9 --top 30 \
       --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
-    head -12 "$O/decode.txt"; head -10 "$O/amp.txt"
+    step replay 90 python3 "$here/bench_replay.py" --replays 2000 --rounds 9 > "$O/replay.txt" 2>&1
+    head -20 "$O/decode.txt"; head -16 "$O/amp.txt"; cat "$O/replay.txt"
     ;;
   *)
     echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile)" >&2
