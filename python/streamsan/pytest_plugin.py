@@ -60,6 +60,7 @@ def pytest_unconfigure(config):
 
         _recorder._KEEP_TRITON_HOOKS = False
         _recorder.release_triton_hooks()
+        _recorder.release_kept_methods()  # torch.Tensor.tolist, wrapped at the first check
 
 
 def _checked(item) -> bool:

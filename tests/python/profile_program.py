@@ -96,10 +96,12 @@ def main() -> None:
 
             def install_some(rec):
                 p = _recorder._Patches()
-                patch, inherited = p.patch, p.patch_inherited
+                patch, inherited, kept = p.patch, p.patch_inherited, p.keep_inherited
                 p.patch = lambda owner, attr, make: None if attr in skip else patch(owner, attr, make)
                 p.patch_inherited = lambda owner, attr, make: (
                     False if attr in skip else inherited(owner, attr, make))
+                p.keep_inherited = lambda owner, attr, make: (
+                    False if attr in skip else kept(owner, attr, make))
                 saved = _recorder._Patches
                 _recorder._Patches = lambda: p
                 try:

@@ -979,7 +979,69 @@ def test_tolist_reads_pinned_memory_on_the_host(backend, fixed):
         assert run.report.errors == 0, run.report.to_text()
     else:
         assert sites(run) == {("data-race", line_of("TOLIST"))}
-    assert "tolist" not in torch.Tensor.__dict__  # the inherited method is torch.Tensor's again
+    # Wrapped once for the process and left in place, inert (see test_tolist_is_wrapped_once).
+    assert torch.Tensor.__dict__["tolist"].__wrapped__ is torch._C.TensorBase.tolist
+
+
+def test_tolist_is_wrapped_once_and_left_inert_between_checks(backend):
+    # torch.Tensor is not modified at every check (CPython 3.13+ stops caching the attributes of
+    # a class modified 1,000 times): the first check wraps Tensor.tolist, later checks listen to
+    # the same wrapper, and between checks it only calls the method it wraps.
+    import torch
+
+    from streamsan.torch import _recorder as R
+
+    R.release_kept_methods()
+    assert "tolist" not in torch.Tensor.__dict__
+
+    def body(f):
+        f.pinned(16).tolist()
+
+    checked(backend, body)
+    wrapper = torch.Tensor.__dict__["tolist"]
+    assert wrapper.__wrapped__ is torch._C.TensorBase.tolist
+    assert wrapper.__name__ == "tolist"
+    assert torch.arange(3).tolist() == [0, 1, 2]  # between checks: the method it wraps
+    assert all(k.listener is None for k in R._KEPT.values())
+    for _ in range(3):
+        checked(backend, body)
+        assert torch.Tensor.__dict__["tolist"] is wrapper
+    R.release_kept_methods()
+    assert "tolist" not in torch.Tensor.__dict__
+    assert torch.arange(2).tolist() == [0, 1]
+
+
+def test_a_tolist_replaced_between_checks_is_wrapped_anew(backend):
+    # The program (or another tool) puts its own tolist on torch.Tensor between two checks: the
+    # next check wraps that one, and its host read is still recorded.
+    import torch
+
+    from streamsan.torch import _recorder as R
+
+    checked(backend, lambda f: None)
+    kept = torch.Tensor.__dict__["tolist"]
+    calls = []
+
+    def theirs(self):
+        calls.append(1)
+        return kept(self)
+
+    torch.Tensor.tolist = theirs
+    try:
+
+        def body(f):
+            host = copied_to_pinned(f, 256, False)
+            host.tolist()  # TOLIST_THEIRS
+
+        run = checked(backend, body)
+        assert sites(run) == {("data-race", line_of("TOLIST_THEIRS"))}
+        assert torch.Tensor.__dict__["tolist"].__wrapped__ is theirs
+        assert calls == [1]
+    finally:
+        R.release_kept_methods()
+        if torch.Tensor.__dict__.get("tolist") is theirs:
+            del torch.Tensor.tolist
+    assert "tolist" not in torch.Tensor.__dict__
 
 
 def test_tolist_of_a_tensor_subclass_is_one_host_read(backend, tmp_path):

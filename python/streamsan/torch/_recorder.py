@@ -1126,9 +1126,55 @@ def _register_callbacks(allocations: bool) -> None:
 # Wrappers of what the callbacks do not report
 
 
+class _Kept:
+    """A method of a class wrapped once for the process and left in place between checks: calls
+    go straight to the method it replaced unless a check listens (`listener`: the wrapper that
+    check made of it). Patching a class and putting it back at every check would modify the class
+    twice a check, and CPython (3.13 and later) stops caching a class's attributes for good once
+    it has been modified 1,000 times (`MAX_VERSIONS_PER_CLASS`): for torch.Tensor, every
+    attribute read of every tensor in the process slower after some 500 checks (docs/pytorch.md,
+    "What a check leaves in the process")."""
+
+    def __init__(self, owner: Any, attr: str, orig: Callable, inherited: bool) -> None:
+        self.owner = owner
+        self.attr = attr
+        self.orig = orig
+        self.inherited = inherited  # put back by deleting the wrapper
+        self.listener: Optional[Callable] = None
+        kept = self
+
+        @functools.wraps(orig)
+        def method(self, *args, **kwargs):
+            f = kept.listener
+            return orig(self, *args, **kwargs) if f is None else f(self, *args, **kwargs)
+
+        self.method = method
+
+    def put_back(self) -> None:
+        """The class as it was, where the wrapper is still in place."""
+        self.listener = None
+        if self.owner.__dict__.get(self.attr) is self.method:
+            if self.inherited:
+                delattr(self.owner, self.attr)
+            else:
+                setattr(self.owner, self.attr, self.orig)
+
+
+# (id(owner), attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
+_KEPT: dict[tuple[int, str], _Kept] = {}
+
+
+def release_kept_methods() -> None:
+    """Puts back the methods checks wrapped for the process (`_Kept`) where their wrappers are
+    still in place: the classes are as they were before the first check."""
+    while _KEPT:
+        _KEPT.popitem()[1].put_back()
+
+
 class _Patches:
     def __init__(self) -> None:
         self.saved: list[tuple[Any, str, Any]] = []
+        self.listening: list[_Kept] = []
 
     def patch(self, owner, attr: str, make: Callable[[Any], Any]) -> None:
         orig = owner.__dict__.get(attr)
@@ -1148,7 +1194,29 @@ class _Patches:
         setattr(owner, attr, make(orig))
         return True
 
+    def keep_inherited(self, owner, attr: str, make: Callable[[Any], Any]) -> bool:
+        """Like `patch_inherited`, for a method read so often that its class must not change
+        at every check (see `_Kept`): wrapped the first time and left in place; this check's
+        wrapper, `make(orig)`, listens until `restore`. False when there is no such method."""
+        key = (id(owner), attr)
+        kept = _KEPT.get(key)
+        if kept is None or owner.__dict__.get(attr) is not kept.method:
+            # The first check, or the method replaced since (by the program): the wrapper
+            # wraps what is there now.
+            orig = getattr(owner, attr, None)
+            if orig is None or not callable(orig):
+                return False
+            kept = _Kept(owner, attr, orig, inherited=attr not in owner.__dict__)
+            setattr(owner, attr, kept.method)
+            _KEPT[key] = kept
+        kept.listener = make(kept.orig)
+        self.listening.append(kept)
+        return True
+
     def restore(self) -> None:
+        for kept in self.listening:
+            kept.listener = None
+        self.listening.clear()
         for owner, attr, orig in reversed(self.saved):
             if orig is _INHERITED:
                 try:
@@ -1273,8 +1341,9 @@ def _install_patches(rec: "Recorder") -> _Patches:
 
         return tolist
 
-    # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor.
-    p.patch_inherited(torch.Tensor, "tolist", make_tolist)
+    # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: wrapped
+    # once and left in place, inert between checks (see _Kept).
+    p.keep_inherited(torch.Tensor, "tolist", make_tolist)
 
     def make_save(orig):
         def save(obj, *args, **kwargs):
