@@ -51,14 +51,14 @@ def pytest_configure(config):
         # next (put back when the session ends).
         from streamsan.torch import _recorder
 
-        _recorder._KEEP_TRITON_HOOKS = True
+        _recorder._KEEP_WRAPPERS = True
 
 
 def pytest_unconfigure(config):
     if config.getoption("--streamsan") or config.getoption("--streamsan-syncs"):
         from streamsan.torch import _recorder
 
-        _recorder._KEEP_TRITON_HOOKS = False
+        _recorder._KEEP_WRAPPERS = False
         _recorder.release_triton_hooks()
         _recorder.release_kept_methods()  # torch.Tensor.tolist, wrapped at the first check
 

@@ -665,7 +665,7 @@ def test_fixture(streamsan):
 
 def test_triton_wrappers_kept_only_when_every_test_is_checked():
     import os
-    assert R._KEEP_TRITON_HOOKS == (os.environ["EXPECT_KEEP"] == "1")
+    assert R._KEEP_WRAPPERS == (os.environ["EXPECT_KEEP"] == "1")
 """
 
 
@@ -979,11 +979,11 @@ def test_tolist_reads_pinned_memory_on_the_host(backend, fixed):
         assert run.report.errors == 0, run.report.to_text()
     else:
         assert sites(run) == {("data-race", line_of("TOLIST"))}
-    # Wrapped once for the process and left in place, inert (see test_tolist_is_wrapped_once).
-    assert torch.Tensor.__dict__["tolist"].__wrapped__ is torch._C.TensorBase.tolist
+    assert "tolist" not in torch.Tensor.__dict__  # the inherited method is torch.Tensor's again
 
 
-def test_tolist_is_wrapped_once_and_left_inert_between_checks(backend):
+def test_tolist_is_wrapped_once_and_left_inert_where_every_check_keeps_it(backend, monkeypatch):
+    # Where every part of the process is checked (`pytest --streamsan`: _KEEP_WRAPPERS),
     # torch.Tensor is not modified at every check (CPython 3.13+ stops caching the attributes of
     # a class modified 1,000 times): the first check wraps Tensor.tolist, later checks listen to
     # the same wrapper, and between checks it only calls the method it wraps.
@@ -991,43 +991,47 @@ def test_tolist_is_wrapped_once_and_left_inert_between_checks(backend):
 
     from streamsan.torch import _recorder as R
 
-    R.release_kept_methods()
+    monkeypatch.setattr(R, "_KEEP_WRAPPERS", True)
     assert "tolist" not in torch.Tensor.__dict__
 
     def body(f):
         f.pinned(16).tolist()
 
-    checked(backend, body)
-    wrapper = torch.Tensor.__dict__["tolist"]
-    assert wrapper.__wrapped__ is torch._C.TensorBase.tolist
-    assert wrapper.__name__ == "tolist"
-    assert torch.arange(3).tolist() == [0, 1, 2]  # between checks: the method it wraps
-    assert all(k.listener is None for k in R._KEPT.values())
-    for _ in range(3):
+    try:
         checked(backend, body)
-        assert torch.Tensor.__dict__["tolist"] is wrapper
-    R.release_kept_methods()
+        wrapper = torch.Tensor.__dict__["tolist"]
+        assert wrapper.__wrapped__ is torch._C.TensorBase.tolist
+        assert wrapper.__name__ == "tolist"
+        assert torch.arange(3).tolist() == [0, 1, 2]  # between checks: the method it wraps
+        assert all(k.listener is None for k in R._KEPT.values())
+        for _ in range(3):
+            checked(backend, body)
+            assert torch.Tensor.__dict__["tolist"] is wrapper
+    finally:
+        R.release_kept_methods()
     assert "tolist" not in torch.Tensor.__dict__
     assert torch.arange(2).tolist() == [0, 1]
 
 
-def test_a_tolist_replaced_between_checks_is_wrapped_anew(backend):
-    # The program (or another tool) puts its own tolist on torch.Tensor between two checks: the
-    # next check wraps that one, and its host read is still recorded.
+def test_a_tolist_replaced_between_kept_checks_is_wrapped_anew(backend, monkeypatch):
+    # The program (or another tool) puts its own tolist on torch.Tensor between two checks that
+    # keep the wrapper: the next check wraps that one, records its host read, and putting the
+    # wrappers back leaves the program's own.
     import torch
 
     from streamsan.torch import _recorder as R
 
-    checked(backend, lambda f: None)
-    kept = torch.Tensor.__dict__["tolist"]
+    monkeypatch.setattr(R, "_KEEP_WRAPPERS", True)
     calls = []
-
-    def theirs(self):
-        calls.append(1)
-        return kept(self)
-
-    torch.Tensor.tolist = theirs
     try:
+        checked(backend, lambda f: None)
+        kept = torch.Tensor.__dict__["tolist"]
+
+        def theirs(self):
+            calls.append(1)
+            return kept(self)
+
+        torch.Tensor.tolist = theirs
 
         def body(f):
             host = copied_to_pinned(f, 256, False)
@@ -1037,11 +1041,39 @@ def test_a_tolist_replaced_between_checks_is_wrapped_anew(backend):
         assert sites(run) == {("data-race", line_of("TOLIST_THEIRS"))}
         assert torch.Tensor.__dict__["tolist"].__wrapped__ is theirs
         assert calls == [1]
+        R.release_kept_methods()
+        assert torch.Tensor.__dict__["tolist"] is theirs
     finally:
         R.release_kept_methods()
         if torch.Tensor.__dict__.get("tolist") is theirs:
             del torch.Tensor.tolist
     assert "tolist" not in torch.Tensor.__dict__
+
+
+def test_a_failed_start_leaves_no_patch(backend, monkeypatch):
+    # Making the wrappers fails midway (here: at torch.save's, after Tensor.tolist's): the ones
+    # made are taken off again, and the next check runs.
+    import torch
+    import torch.serialization as serialization
+
+    from streamsan.torch import _recorder as R
+
+    before = (torch.Tensor.__dict__.get("tolist"), serialization.save, torch.save)
+    real = R._Patches.patch
+
+    def failing(self, owner, attr, make):
+        if attr == "save":
+            raise RuntimeError("patch failed")
+        return real(self, owner, attr, make)
+
+    monkeypatch.setattr(R._Patches, "patch", failing)
+    with pytest.raises(RuntimeError, match="patch failed"):
+        checked(backend, lambda f: None)
+    monkeypatch.setattr(R._Patches, "patch", real)
+    assert (torch.Tensor.__dict__.get("tolist"), serialization.save, torch.save) == before
+    assert R._KEPT == {}
+    run = checked(backend, lambda f: f.pinned(8).tolist())
+    assert run.report.errors == 0
 
 
 def test_tolist_of_a_tensor_subclass_is_one_host_read(backend, tmp_path):

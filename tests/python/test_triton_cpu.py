@@ -1204,7 +1204,7 @@ def test_kept_wrappers_stay_inert_and_are_listened_to_again(fakes):
 @pytest.mark.skipif(not HAVE_TRITON, reason="needs Triton installed")
 def test_a_check_puts_tritons_method_back_unless_told_to_keep_it(monkeypatch):
     """A check's end puts Triton's `launch_metadata` back (a program may go on unchecked); where
-    every check of the process keeps them (`_KEEP_TRITON_HOOKS`: `pytest --streamsan`), the next
+    every check of the process keeps them (`_KEEP_WRAPPERS`: `pytest --streamsan`), the next
     check finds its wrapper in place, and `release_triton_hooks` puts the original back."""
     torch = pytest.importorskip("torch")
     import streamsan.torch
@@ -1223,7 +1223,7 @@ def test_a_check_puts_tritons_method_back_unless_told_to_keep_it(monkeypatch):
 
     check(True)
     assert CompiledKernel.__dict__["launch_metadata"] is original
-    monkeypatch.setattr(_recorder, "_KEEP_TRITON_HOOKS", True)
+    monkeypatch.setattr(_recorder, "_KEEP_WRAPPERS", True)
     check(True)
     kept = CompiledKernel.__dict__["launch_metadata"]
     assert kept is not original and getattr(kept, "_streamsan", False)

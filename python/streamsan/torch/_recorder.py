@@ -1127,19 +1127,21 @@ def _register_callbacks(allocations: bool) -> None:
 
 
 class _Kept:
-    """A method of a class wrapped once for the process and left in place between checks: calls
-    go straight to the method it replaced unless a check listens (`listener`: the wrapper that
-    check made of it). Patching a class and putting it back at every check would modify the class
-    twice a check, and CPython (3.13 and later) stops caching a class's attributes for good once
-    it has been modified 1,000 times (`MAX_VERSIONS_PER_CLASS`): for torch.Tensor, every
-    attribute read of every tensor in the process slower after some 500 checks (docs/pytorch.md,
-    "What a check leaves in the process")."""
+    """A method of a class wrapped by a check and, where every part of the process is checked
+    (`_KEEP_WRAPPERS`: `pytest --streamsan`), left in place between checks: calls go straight
+    to the method it replaced unless a check listens (`listener`: the wrapper that check made of
+    it). Patching a class and putting it back at every check modifies it twice a check, and
+    CPython (3.13 and later) gives a class no new version tag after 1,000 (a modification
+    followed by an attribute lookup takes one): its attributes are looked up the slow way for the
+    rest of the process. For torch.Tensor that is every attribute read of every tensor, after
+    some 500 checks (docs/pytorch.md, "What a check leaves in the process")."""
 
-    def __init__(self, owner: Any, attr: str, orig: Callable, inherited: bool) -> None:
+    def __init__(self, owner: Any, attr: str) -> None:
         self.owner = owner
         self.attr = attr
+        self.saved = owner.__dict__.get(attr, _INHERITED)  # what put_back restores
+        orig = getattr(owner, attr)
         self.orig = orig
-        self.inherited = inherited  # put back by deleting the wrapper
         self.listener: Optional[Callable] = None
         kept = self
 
@@ -1154,21 +1156,23 @@ class _Kept:
         """The class as it was, where the wrapper is still in place."""
         self.listener = None
         if self.owner.__dict__.get(self.attr) is self.method:
-            if self.inherited:
+            if self.saved is _INHERITED:
                 delattr(self.owner, self.attr)
             else:
-                setattr(self.owner, self.attr, self.orig)
+                setattr(self.owner, self.attr, self.saved)
 
 
-# (id(owner), attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
-_KEPT: dict[tuple[int, str], _Kept] = {}
+# (owner, attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
+_KEPT: dict[tuple[Any, str], _Kept] = {}
 
 
 def release_kept_methods() -> None:
-    """Puts back the methods checks wrapped for the process (`_Kept`) where their wrappers are
-    still in place: the classes are as they were before the first check."""
-    while _KEPT:
-        _KEPT.popitem()[1].put_back()
+    """Puts back the methods checks left wrapped (`_Kept`) where their wrappers are still in
+    place, but not one a running check listens to: the classes are as they were."""
+    for key, kept in list(_KEPT.items()):
+        if kept.listener is None:
+            _KEPT.pop(key, None)
+            kept.put_back()
 
 
 class _Patches:
@@ -1195,20 +1199,20 @@ class _Patches:
         return True
 
     def keep_inherited(self, owner, attr: str, make: Callable[[Any], Any]) -> bool:
-        """Like `patch_inherited`, for a method read so often that its class must not change
-        at every check (see `_Kept`): wrapped the first time and left in place; this check's
-        wrapper, `make(orig)`, listens until `restore`. False when there is no such method."""
-        key = (id(owner), attr)
+        """Like `patch_inherited`, for a method read so often that its class should not change at
+        every check (see `_Kept`): this check's wrapper, `make(orig)`, listens to a wrapper
+        made once; `restore` stops it listening, and puts the method back unless every part of
+        the process is checked (`_KEEP_WRAPPERS`). False when there is no such method."""
+        key = (owner, attr)
         kept = _KEPT.get(key)
         if kept is None or owner.__dict__.get(attr) is not kept.method:
             # The first check, or the method replaced since (by the program): the wrapper
             # wraps what is there now.
-            orig = getattr(owner, attr, None)
-            if orig is None or not callable(orig):
+            if not callable(getattr(owner, attr, None)):
                 return False
-            kept = _Kept(owner, attr, orig, inherited=attr not in owner.__dict__)
-            setattr(owner, attr, kept.method)
+            kept = _Kept(owner, attr)
             _KEPT[key] = kept
+            setattr(owner, attr, kept.method)
         kept.listener = make(kept.orig)
         self.listening.append(kept)
         return True
@@ -1216,6 +1220,9 @@ class _Patches:
     def restore(self) -> None:
         for kept in self.listening:
             kept.listener = None
+            if not _KEEP_WRAPPERS and _KEPT.get((kept.owner, kept.attr)) is kept:
+                del _KEPT[(kept.owner, kept.attr)]
+                kept.put_back()
         self.listening.clear()
         for owner, attr, orig in reversed(self.saved):
             if orig is _INHERITED:
@@ -1264,9 +1271,20 @@ def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
+    """The wrappers of what the callbacks do not report, for `rec`'s check; none left behind
+    when making them fails."""
+    p = _Patches()
+    try:
+        _make_patches(rec, p)
+    except BaseException:
+        p.restore()
+        raise
+    return p
+
+
+def _make_patches(rec: "Recorder", p: _Patches) -> None:
     import torch
 
-    p = _Patches()
     b = rec.backend
 
     def on() -> bool:
@@ -1341,8 +1359,8 @@ def _install_patches(rec: "Recorder") -> _Patches:
 
         return tolist
 
-    # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: wrapped
-    # once and left in place, inert between checks (see _Kept).
+    # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: left in
+    # place, inert, between the checks of a process where every part is checked (see _Kept).
     p.keep_inherited(torch.Tensor, "tolist", make_tolist)
 
     def make_save(orig):
@@ -1364,7 +1382,6 @@ def _install_patches(rec: "Recorder") -> _Patches:
         p.patch(serialization, "save", make_save)
         if torch.__dict__.get("save") is saved:
             p.patch(torch, "save", lambda _orig: serialization.save)
-    return p
 
 
 def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
@@ -1398,12 +1415,14 @@ def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
 
 # The Triton launch hooks of this process's checks (Recorder._install_triton).
 _TRITON_HOOKS: Any = None
-# Whether a check's end leaves Triton's wrappers in place, inert, for the next check (it saves
-# patching them at each start and putting them back at each end, about 0.01 ms a check; the cost
-# is a Python call around each Inductor launch made between checks, about 0.3 µs). On where
-# every part of the process is checked: `pytest --streamsan` (its plugin turns it on for the
-# session and calls `release_triton_hooks` at the end).
-_KEEP_TRITON_HOOKS = False
+# Whether a check's end leaves Triton's wrappers and torch.Tensor.tolist's (see _Kept) in place,
+# inert, for the next check (it saves patching them at each start and putting them back at each
+# end, about 0.01 ms a check, and keeps torch.Tensor's attribute cache on Python 3.13+; the
+# cost is a Python call around each Inductor launch and each tolist made between checks, about
+# 0.3 and 0.15 µs). On where every part of the process is checked: `pytest --streamsan` (its
+# plugin turns it on for the session and calls `release_triton_hooks` and
+# `release_kept_methods` at the end).
+_KEEP_WRAPPERS = False
 
 
 def release_triton_hooks() -> None:
@@ -1612,14 +1631,15 @@ class Recorder:
             counts = self.backend.stop()  # the C++ recorder's: what the end warns about
             self.on = False
             if self.triton is not None:
-                self.triton.uninstall(keep=_KEEP_TRITON_HOOKS)
-            if self.patches is not None:
-                self.patches.restore()
+                self.triton.uninstall(keep=_KEEP_WRAPPERS)
             data = self.backend.drain()
             if data:
                 self._sink(data)
         finally:
             self.on = False
+            if self.patches is not None:  # whatever failed above: the program's methods back
+                self.patches.restore()
+                self.patches = None
             self._unclaim()  # whatever failed above, the next check may run
         c = counts or self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
