@@ -322,7 +322,8 @@ def summary(a) -> int:
         try:
             with open(a.pytest) as f:
                 last = [line.strip() for line in f if line.strip()]
-            tail = next((line for line in reversed(last) if " in " in line and ("passed" in line or "failed" in line or "error" in line)), "?")
+            tail = next((line for line in reversed(last) if " in " in line and ("passed" in line or "failed" in line or "error" in line)),
+                        "no summary line: stopped before pytest printed it (its time limit? see log.txt)" if last else "no output")
         except OSError as e:
             tail = f"no pytest output ({e})"
         # with the tests that failed or raised, by name (pytest's `-rfE` lines)

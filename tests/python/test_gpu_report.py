@@ -120,6 +120,13 @@ def test_what_does_not_hold_fails(tmp_path):
     assert "WRONG LINE" in out.stdout
 
 
+def test_a_pytest_run_stopped_before_its_summary_fails_and_says_so(tmp_path):
+    out = summary(tmp_path, suite(), overhead(), memory(), "....s...." + " " * 40 + "[100%]")
+    assert out.returncode == 1
+    assert "pytest tests/python (STREAMSAN_REQUIRE_GPU=1): no summary line: stopped before pytest printed it" in out.stdout
+    assert any("pytest" in line for line in out.stdout.splitlines() if line.startswith("[FAIL]"))
+
+
 def test_missing_results_fail(tmp_path):
     s = suite()
     del s["streamsan-python"], s["csan"]
