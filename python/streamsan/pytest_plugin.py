@@ -47,8 +47,8 @@ def pytest_configure(config):
         "markers", "streamsan: check this test's CUDA streams and allocations with streamsan.torch"
     )
     if config.getoption("--streamsan") or config.getoption("--streamsan-syncs"):
-        # Every test is checked: Triton's wrappers stay in place from one test's check to the
-        # next (put back when the session ends).
+        # Every test is checked: Triton's wrappers and Tensor.tolist's stay in place from one
+        # test's check to the next (put back when the session ends).
         from streamsan.torch import _recorder
 
         _recorder._KEEP_WRAPPERS = True
@@ -59,8 +59,10 @@ def pytest_unconfigure(config):
         from streamsan.torch import _recorder
 
         _recorder._KEEP_WRAPPERS = False
-        _recorder.release_triton_hooks()
-        _recorder.release_kept_methods()  # torch.Tensor.tolist, wrapped at the first check
+        try:
+            _recorder.release_triton_hooks()
+        finally:
+            _recorder.release_kept_methods()  # torch.Tensor.tolist's wrapper
 
 
 def _checked(item) -> bool:

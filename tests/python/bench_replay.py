@@ -1,5 +1,5 @@
 """What wrapping `torch.cuda.CUDAGraph.replay` costs a replay, in place (docs/performance.md, "The
-decode loop's replays"): one small CUDA graph (a few element-wise kernels on a 4 KiB tensor),
+suites at a28b993, and the floor again (H100)"): one small CUDA graph (a few element-wise kernels on a 4 KiB tensor),
 captured once outside any check as cudagraph trees' graphs are, replayed in blocks of `--replays`
 in the modes below, interleaved in rounds (the order rotated each round), the collector off;
 prints the median microseconds per replay and the difference to `plain`.
@@ -24,13 +24,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import statistics
 import sys
 import time
 import warnings
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:

@@ -101,7 +101,9 @@ case "$part" in
       > "$O/decode.txt" 2>&1)
     (cd "$here" && step amp 150 python3 profile_program.py "AMP" --set compiled --rounds 9 --top 30 \
       --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
-    step replay 90 python3 "$here/bench_replay.py" --replays 2000 --rounds 9 > "$O/replay.txt" 2>&1
+    l=$(left 590)
+    [ "$l" -gt 30 ] && step replay $(( l < 90 ? l : 90 )) python3 "$here/bench_replay.py" --replays 2000 \
+      --rounds 9 > "$O/replay.txt" 2>&1
     head -20 "$O/decode.txt"; head -16 "$O/amp.txt"; cat "$O/replay.txt"
     ;;
   *)

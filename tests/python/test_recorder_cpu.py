@@ -1023,14 +1023,15 @@ def test_a_tolist_replaced_between_kept_checks_is_wrapped_anew(backend, monkeypa
 
     monkeypatch.setattr(R, "_KEEP_WRAPPERS", True)
     calls = []
+    kept = None
+
+    def theirs(self):
+        calls.append(1)
+        return kept(self)
+
     try:
         checked(backend, lambda f: None)
         kept = torch.Tensor.__dict__["tolist"]
-
-        def theirs(self):
-            calls.append(1)
-            return kept(self)
-
         torch.Tensor.tolist = theirs
 
         def body(f):
@@ -1048,6 +1049,48 @@ def test_a_tolist_replaced_between_kept_checks_is_wrapped_anew(backend, monkeypa
         if torch.Tensor.__dict__.get("tolist") is theirs:
             del torch.Tensor.tolist
     assert "tolist" not in torch.Tensor.__dict__
+
+
+def test_a_check_that_does_not_keep_puts_a_kept_tolist_back(backend, monkeypatch):
+    # A check that kept the wrapper (pytest --streamsan), then one that does not (the session's
+    # flag off, or a check after it): the second puts torch's method back at its end.
+    import torch
+
+    from streamsan.torch import _recorder as R
+
+    monkeypatch.setattr(R, "_KEEP_WRAPPERS", True)
+    checked(backend, lambda f: None)
+    assert "tolist" in torch.Tensor.__dict__
+    monkeypatch.setattr(R, "_KEEP_WRAPPERS", False)
+    run = checked(backend, lambda f: f.pinned(8).tolist())
+    assert run.report.errors == 0
+    assert "tolist" not in torch.Tensor.__dict__ and R._KEPT == {}
+
+
+def test_a_failed_stop_still_puts_the_methods_back(backend, monkeypatch):
+    # The recorder's end fails: the program's methods are put back all the same, and the next
+    # check runs.
+    import torch
+    import torch.serialization as serialization
+
+    from streamsan.torch import _recorder as R
+
+    before = (torch.Tensor.__dict__.get("tolist"), serialization.save, torch.save)
+    cls = R.NativeBackend if backend == "native" else R.PythonBackend
+    real = cls.stop
+
+    def failing(self):
+        real(self)
+        raise RuntimeError("stop failed")
+
+    monkeypatch.setattr(cls, "stop", failing)
+    with pytest.raises(RuntimeError, match="stop failed"):
+        checked(backend, lambda f: None)
+    monkeypatch.setattr(cls, "stop", real)
+    assert (torch.Tensor.__dict__.get("tolist"), serialization.save, torch.save) == before
+    assert R._active is None and R._claimed is None
+    run = checked(backend, lambda f: f.pinned(8).tolist())
+    assert run.report.errors == 0
 
 
 def test_a_failed_start_leaves_no_patch(backend, monkeypatch):

@@ -1218,21 +1218,33 @@ class _Patches:
         return True
 
     def restore(self) -> None:
-        for kept in self.listening:
+        """Every wrapper off (or, kept, no longer listening), each on its own: one that cannot be
+        put back does not keep the others on; the first failure is raised at the end."""
+        failed: Optional[BaseException] = None
+        listening, self.listening = self.listening, []
+        for kept in listening:
             kept.listener = None
             if not _KEEP_WRAPPERS and _KEPT.get((kept.owner, kept.attr)) is kept:
-                del _KEPT[(kept.owner, kept.attr)]
-                kept.put_back()
-        self.listening.clear()
-        for owner, attr, orig in reversed(self.saved):
-            if orig is _INHERITED:
                 try:
-                    delattr(owner, attr)
-                except AttributeError:
-                    pass
-            else:
-                setattr(owner, attr, orig)
-        self.saved.clear()
+                    kept.put_back()
+                except BaseException as e:  # noqa: BLE001 - raised below, after the others
+                    failed = failed or e
+                else:
+                    del _KEPT[(kept.owner, kept.attr)]
+        saved, self.saved = self.saved, []
+        for owner, attr, orig in reversed(saved):
+            try:
+                if orig is _INHERITED:
+                    try:
+                        delattr(owner, attr)
+                    except AttributeError:
+                        pass
+                else:
+                    setattr(owner, attr, orig)
+            except BaseException as e:  # noqa: BLE001 - raised below, after the others
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
 
 _INHERITED = object()  # a patched method that was inherited: restored by deleting the patch
@@ -1630,17 +1642,22 @@ class Recorder:
         try:
             counts = self.backend.stop()  # the C++ recorder's: what the end warns about
             self.on = False
-            if self.triton is not None:
-                self.triton.uninstall(keep=_KEEP_WRAPPERS)
             data = self.backend.drain()
             if data:
                 self._sink(data)
         finally:
             self.on = False
-            if self.patches is not None:  # whatever failed above: the program's methods back
-                self.patches.restore()
-                self.patches = None
-            self._unclaim()  # whatever failed above, the next check may run
+            # Whatever failed above: the program's methods back, and the next check may run.
+            try:
+                if self.triton is not None:
+                    self.triton.uninstall(keep=_KEEP_WRAPPERS)
+            finally:
+                try:
+                    if self.patches is not None:
+                        patches, self.patches = self.patches, None
+                        patches.restore()
+                finally:
+                    self._unclaim()
         c = counts or self.backend.counters
         if getattr(self.backend, "gpu_trace_replaced", False):
             self.warn(
