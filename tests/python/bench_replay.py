@@ -41,6 +41,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_replay.py needs a GPU (torch.cuda.is_available() is False)")
     import streamsan.torch
+    from profile_program import install_patches_without  # beside this file
     from streamsan.torch import _graphs, _recorder
 
     G = torch.cuda.CUDAGraph
@@ -108,20 +109,7 @@ def main() -> None:
     def in_check(skip_replay: bool, known: bool) -> float:
         install = _recorder._install_patches
         if skip_replay:
-
-            def install_some(rec):
-                p = _recorder._Patches()
-                inherited_patch = p.patch_inherited
-                p.patch_inherited = lambda owner, attr, make: (
-                    False if attr == "replay" else inherited_patch(owner, attr, make))
-                saved = _recorder._Patches
-                _recorder._Patches = lambda: p
-                try:
-                    return install(rec)
-                finally:
-                    _recorder._Patches = saved
-
-            _recorder._install_patches = install_some
+            _recorder._install_patches = install_patches_without({"replay"})
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -38,6 +38,28 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+def install_patches_without(skip: set):
+    """A stand-in for the recorder's `_install_patches` that makes every wrapper but those of
+    the methods named in `skip` (`replay`, `tolist`, `__new__`: the attribute names)."""
+    from streamsan.torch import _recorder
+
+    install = _recorder._install_patches
+
+    def install_some(rec):
+        p = _recorder._Patches()
+        for how in ("patch", "patch_inherited", "keep_inherited"):
+            made = getattr(p, how)
+            setattr(p, how, lambda owner, attr, make, made=made: False if attr in skip else made(owner, attr, make))
+        saved = _recorder._Patches
+        _recorder._Patches = lambda: p
+        try:
+            return install(rec)
+        finally:
+            _recorder._Patches = saved
+
+    return install_some
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("program", help="a substring of the program's name")
@@ -92,24 +114,7 @@ def main() -> None:
         if mode == "observe-no-patches":
             _recorder._install_patches = lambda rec: _recorder._Patches()
         if mode.startswith("observe-without-"):
-            skip = set(mode[len("observe-without-"):].split("+"))
-
-            def install_some(rec):
-                p = _recorder._Patches()
-                patch, inherited, kept = p.patch, p.patch_inherited, p.keep_inherited
-                p.patch = lambda owner, attr, make: None if attr in skip else patch(owner, attr, make)
-                p.patch_inherited = lambda owner, attr, make: (
-                    False if attr in skip else inherited(owner, attr, make))
-                p.keep_inherited = lambda owner, attr, make: (
-                    False if attr in skip else kept(owner, attr, make))
-                saved = _recorder._Patches
-                _recorder._Patches = lambda: p
-                try:
-                    return install_patches(rec)
-                finally:
-                    _recorder._Patches = saved
-
-            _recorder._install_patches = install_some
+            _recorder._install_patches = install_patches_without(set(mode[len("observe-without-"):].split("+")))
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -1156,10 +1156,7 @@ class _Kept:
         """The class as it was, where the wrapper is still in place."""
         self.listener = None
         if self.owner.__dict__.get(self.attr) is self.method:
-            if self.saved is _INHERITED:
-                delattr(self.owner, self.attr)
-            else:
-                setattr(self.owner, self.attr, self.saved)
+            _put_back(self.owner, self.attr, self.saved)
 
 
 # (owner, attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
@@ -1234,13 +1231,7 @@ class _Patches:
         saved, self.saved = self.saved, []
         for owner, attr, orig in reversed(saved):
             try:
-                if orig is _INHERITED:
-                    try:
-                        delattr(owner, attr)
-                    except AttributeError:
-                        pass
-                else:
-                    setattr(owner, attr, orig)
+                _put_back(owner, attr, orig)
             except BaseException as e:  # noqa: BLE001 - raised below, after the others
                 failed = failed or e
         if failed is not None:
@@ -1248,6 +1239,14 @@ class _Patches:
 
 
 _INHERITED = object()  # a patched method that was inherited: restored by deleting the patch
+
+
+def _put_back(owner: Any, attr: str, saved: Any) -> None:
+    """`owner.attr` as it was: `saved`, or none of its own where it inherited it (`_INHERITED`)."""
+    if saved is not _INHERITED:
+        setattr(owner, attr, saved)
+    elif attr in owner.__dict__:
+        delattr(owner, attr)
 
 
 def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
