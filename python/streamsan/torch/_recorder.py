@@ -1153,10 +1153,12 @@ class _Kept:
         self.method = method
 
     def put_back(self) -> None:
-        """The class as it was, where the wrapper is still in place."""
+        """The class as it was, where the wrapper is still in place; no longer kept."""
         self.listener = None
         if self.owner.__dict__.get(self.attr) is self.method:
             _put_back(self.owner, self.attr, self.saved)
+        if _KEPT.get((self.owner, self.attr)) is self:
+            del _KEPT[(self.owner, self.attr)]
 
 
 # (owner, attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
@@ -1166,9 +1168,8 @@ _KEPT: dict[tuple[Any, str], _Kept] = {}
 def release_kept_methods() -> None:
     """Puts back the methods checks left wrapped (`_Kept`) where their wrappers are still in
     place, but not one a running check listens to: the classes are as they were."""
-    for key, kept in list(_KEPT.items()):
+    for kept in list(_KEPT.values()):
         if kept.listener is None:
-            _KEPT.pop(key, None)
             kept.put_back()
 
 
@@ -1226,8 +1227,6 @@ class _Patches:
                     kept.put_back()
                 except BaseException as e:  # noqa: BLE001 - raised below, after the others
                     failed = failed or e
-                else:
-                    del _KEPT[(kept.owner, kept.attr)]
         saved, self.saved = self.saved, []
         for owner, attr, orig in reversed(saved):
             try:
