@@ -13,7 +13,8 @@
 #   bash tests/python/gpu_measure.sh profile  WHEELDIR  # the compiled decode loop and compiled AMP by mode
 #                                                       # (profile_program.py: floor, observing with and without
 #                                                       # the patches, checked with and without Triton's hooks),
-#                                                       # after a graph's replays by wrapper (bench_replay.py)
+#                                                       # after a graph's replays by wrapper (bench_replay.py);
+#                                                       # entering and leaving a check under cProfile
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
@@ -98,12 +99,15 @@ case "$part" in
     step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
     step replay 90 python3 "$here/bench_replay.py" --replays 2000 --rounds 9 > "$O/replay.txt" 2>&1
     (cd "$here" && step decode 200 python3 profile_program.py "reduce-overhead LLM decode" --set compiled \
-      --rounds 21 --top 30 --modes plain,floor,observe,observe-no-patches,observe-without-replay,no-triton,checked \
-      > "$O/decode.txt" 2>&1)
+      --rounds 21 --top 30 --modes plain,floor,observe,observe-no-patches,observe-without-replay,\
+observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
+    step startup-profile 60 python3 "$here/bench_overhead.py" startup --device cuda --compiled --n 40 \
+      --profile 300 > "$O/startup-profile.json" 2> "$O/startup-profile.err"
     l=$(left 590)
     [ "$l" -gt 40 ] && (cd "$here" && step amp $(( l < 150 ? l : 150 )) python3 profile_program.py "AMP" --set \
       compiled --rounds 9 --top 30 --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
-    cat "$O/replay.txt"; head -20 "$O/decode.txt"; head -16 "$O/amp.txt" 2>/dev/null
+    cat "$O/replay.txt"; head -22 "$O/decode.txt"; head -16 "$O/amp.txt" 2>/dev/null
+    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if k != 'profile']; [print(r) for r in d.get('profile', [])[:25]]" "$O/startup-profile.json" 2>&1 | head -40
     ;;
   *)
     echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile)" >&2

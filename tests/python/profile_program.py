@@ -10,10 +10,14 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
   torch.save (CUDA graph captures and replays not recorded: what they cost);
 - `observe-without-A+B…`: observing without the patches of the methods named A, B, … (`replay`,
   `tolist`, `__new__`: the attribute names `_install_patches` patches), to tell them apart;
+- `observe-passthrough-replay`: observing with `CUDAGraph.replay` patched for the check by a
+  wrapper that only calls the original (what any Python wrapper there costs, against the
+  recorder's);
 - `no-triton`: a check without Triton's launch hooks;
 - `checked`: a check.
 
-Each checked mode's time is also split into entering the check (`__enter__`), the program's
+The modes run in rounds, the order rotated each round (a mode's time does not depend on which
+mode ran before it). Each checked mode's time is also split into entering the check (`__enter__`), the program's
 body (from inside the `with` to its last synchronization) and leaving it (`__exit__`), medians of
 the rounds: what a check costs once against what it costs per op.
 
@@ -60,6 +64,34 @@ def install_patches_without(skip: set):
     return install_some
 
 
+def install_patches_passthrough(attr: str):
+    """A stand-in for the recorder's `_install_patches` whose wrapper of `attr` (the attribute
+    name, as in `install_patches_without`) only calls the original."""
+    from streamsan.torch import _recorder
+
+    install = _recorder._install_patches
+
+    def passthrough(orig):
+        def call(self, *args, **kwargs):
+            return orig(self, *args, **kwargs)
+
+        return call
+
+    def install_some(rec):
+        p = _recorder._Patches()
+        for how in ("patch", "patch_inherited", "keep_inherited"):
+            made = getattr(p, how)
+            setattr(p, how, lambda owner, a, make, made=made: made(owner, a, passthrough if a == attr else make))
+        saved = _recorder._Patches
+        _recorder._Patches = lambda: p
+        try:
+            return install(rec)
+        finally:
+            _recorder._Patches = saved
+
+    return install_some
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("program", help="a substring of the program's name")
@@ -87,7 +119,7 @@ def main() -> None:
     install_triton = _recorder.Recorder._install_triton
     install_patches = _recorder._install_patches
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    known = {"plain", "floor", "observe", "observe-no-patches", "no-triton", "checked"}
+    known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked"}
     if not modes or {m for m in modes if not m.startswith("observe-without-")} - known:
         sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
     if "plain" not in modes:
@@ -115,6 +147,8 @@ def main() -> None:
             _recorder._install_patches = lambda rec: _recorder._Patches()
         if mode.startswith("observe-without-"):
             _recorder._install_patches = install_patches_without(set(mode[len("observe-without-"):].split("+")))
+        if mode == "observe-passthrough-replay":
+            _recorder._install_patches = install_patches_passthrough("replay")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -139,8 +173,8 @@ def main() -> None:
         once(m)
     parts.clear()
     samples: dict = {m: [] for m in modes}
-    for _ in range(args.rounds):
-        for m in modes:
+    for r in range(args.rounds):
+        for m in modes[r % len(modes):] + modes[: r % len(modes)]:
             samples[m].append(once(m))
     plain = statistics.median(samples["plain"])
     for m in modes:
