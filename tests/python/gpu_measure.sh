@@ -31,12 +31,13 @@ O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$(date +%s)
+exec 3>&1  # the part's own output: a step's line goes there, not into its command's redirected output
 step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs its status and time
   local name=$1 limit=$2
   shift 2
   local t1=$(date +%s)
   timeout "$limit" "$@"
-  echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt"
+  echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt" >&3
 }
 left() { echo $(( ${1:-580} - 600 + ${PART_SECONDS:-600} - ($(date +%s) - t0) )); }
 site() {  # the wheel installed into /tmp/site (as gpu_realcode.sh and gpu_all.sh do)
