@@ -460,10 +460,14 @@ def test_replay_of_a_graph_captured_before_the_check(prog):
 
 def test_replay_of_an_unknown_graph_asks_cuda_nothing():
     """A replay of a graph whose capture the check did not see (cudagraph trees' graphs, captured
-    in an earlier check) is warned about, without asking for the current stream or whether it
-    captures (CUDA calls at every replay); a recorded graph's replay asks both."""
+    in an earlier check) is warned about once per check, without asking for the current stream
+    or whether it captures (CUDA calls at every replay) and without looking the graph up in the
+    check's table; a recorded graph's replay asks both."""
     asked: list = []
     ops = _graphs.GraphOps(lambda partial: None, lambda raw, device: '"s"', lambda key, message: asked.append(key))
+    looked_up: list = []
+    get = ops._get
+    ops._get = lambda graph: looked_up.append(graph) or get(graph)
     on = [False]
 
     def stream():
@@ -484,13 +488,24 @@ def test_replay_of_an_unknown_graph_asks_cuda_nothing():
         on[0] = True
         before.replay()
         before.replay()
-        assert asked == ["graph-replay-outside", "graph-replay-outside"]
+        assert asked == ["graph-replay-outside"]
+        assert looked_up == []
         asked.clear()
         seen = CUDAGraph()
         seen.capture_begin()
         seen.capture_end()
+        looked_up.clear()
         seen.replay()
         assert asked == ["stream", "stream", "capturing"]  # the capture's stream, then the replay's
+        assert looked_up[:1] == [seen]
+        before.replay()  # still not known, still said once
+        assert asked == ["stream", "stream", "capturing"]
+        # An id the table has seen, taken by another object (its graph gone): looked up, not known.
+        ops.ids.add(id(before))
+        looked_up.clear()
+        before.replay()
+        assert looked_up and looked_up[0] is before
+        assert asked == ["stream", "stream", "capturing"]
     finally:
         patches.restore()
 
