@@ -1,15 +1,17 @@
 """What wrapping `torch.cuda.CUDAGraph.replay` costs a replay, in place (docs/performance.md, "The
-suites at a28b993, and the floor again (H100)"): one small CUDA graph (a few element-wise kernels on a 4 KiB tensor),
-captured once outside any check as cudagraph trees' graphs are, replayed in blocks of `--replays`
-in the modes below, interleaved in rounds (the order rotated each round), the collector off;
-prints the median microseconds per replay and the difference to `plain`.
+suites at 2e629e9, and where the replay wrapper's time goes (H100)"): one small CUDA graph (a few
+element-wise kernels on a 4 KiB tensor), captured once outside any check as cudagraph trees'
+graphs are, replayed in blocks of `--replays` in the modes below, interleaved in rounds (the
+order rotated each round), the collector off; prints the median microseconds per replay and the
+difference to `plain`.
 
 - `plain`: `graph.replay()` with nothing installed;
 - `passthrough`: the method replaced by a Python function that only calls the original (what any
   Python wrapper costs);
 - `wrapper-off`: the recorder's wrapper (`_graphs.make_wrappers`), no check on (`ops_of()` None);
 - `wrapper-unknown`: the recorder's wrapper inside a stand-in check that does not know the graph
-  (`GraphOps.knows` False: warned once, not recorded), without a recorder;
+  (its id is not in `GraphOps.ids`: the wrapper's shortest path, warned once), without a
+  recorder;
 - `observe`: a check whose C++ recorder observes only, every patch installed (the graph was
   captured before it: its replays are warned about, not recorded);
 - `observe-no-replay-patch`: the same without the `replay` patch;
@@ -17,7 +19,12 @@ prints the median microseconds per replay and the difference to `plain`.
 
     python tests/python/bench_replay.py [--replays 2000] [--rounds 9]
 
-Needs a GPU. A benchmark, not a test.
+Needs a GPU. With `--stand-in` it needs none: a Python class stands for `CUDAGraph` and each
+observing check of the C++ recorder on the fake device replays it `--per-check` times (12) between
+two torch ops, as a decode loop does between its steps, with and without the recorder's wrappers
+made for the check (`--checks` checks each way, alternating); prints the median microseconds of
+a check's body each way and their difference, then the wrapper's cost per replay back to back.
+A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -34,7 +41,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replays", type=int, default=2000, help="replays per timed block")
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--stand-in", action="store_true", help="no GPU: a Python class for CUDAGraph (see above)")
+    p.add_argument("--checks", type=int, default=1000, help="--stand-in: checks each way")
+    p.add_argument("--per-check", type=int, default=12, help="--stand-in: replays in each check")
     args = p.parse_args()
+    if args.stand_in:
+        stand_in(args)
+        return
 
     import torch
 
@@ -89,8 +102,9 @@ def main() -> None:
             put_back()
 
     class Unknown:  # a GraphOps that does not know the graph: the wrapper's cheapest recorded path
-        ids: frozenset = frozenset()  # the graphs captured in the check: none
-        outside_warned = False
+        def __init__(self) -> None:
+            self.ids: frozenset = frozenset()  # the graphs captured in the check: none
+            self.outside_warned = False
 
         def outside(self) -> None:
             self.outside_warned = True
@@ -144,6 +158,100 @@ def main() -> None:
     for m in names:
         med = statistics.median(samples[m])
         print(f"{m:26s} {med:10.2f} {med - plain:8.2f}")
+
+
+def stand_in(args) -> None:
+    """`--stand-in`: the recorder's replay wrapper around a Python class, in observing checks on
+    the fake device (no GPU), each check's replays between torch ops."""
+    import torch
+
+    import streamsan.torch
+    from streamsan.torch import _graphs, _recorder
+
+    class Graph:  # stands for torch.cuda.CUDAGraph: a replay does nothing
+        def capture_begin(self, *args, **kwargs) -> None:
+            pass
+
+        def capture_end(self, *args, **kwargs) -> None:
+            pass
+
+        def replay(self) -> None:
+            pass
+
+        def reset(self) -> None:
+            pass
+
+        def pool(self) -> tuple:
+            return (0, 0)
+
+    graph = Graph()  # made before any check, as cudagraph trees' graphs are
+    x = torch.zeros(16)
+
+    def body() -> None:
+        for _ in range(args.per_check):
+            x.add_(1)
+            graph.replay()
+            x.argmax()
+
+    def once(wrapped: bool) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True,
+                                     _profile="observe") as run:
+                rec = run._recorder
+                patches = _recorder._Patches()
+                if wrapped:  # what the recorder makes for a check on a GPU (_install_graph_patches)
+                    for attr, make in _graphs.make_wrappers(lambda: rec.graphs if rec.on else None,
+                                                            lambda: (0, 0), rec.warn).items():
+                        patches.patch_inherited(Graph, attr, make)
+                try:
+                    t0 = time.perf_counter()
+                    body()
+                    return time.perf_counter() - t0
+                finally:
+                    patches.restore()
+
+    for wrapped in (False, True):  # warm-up
+        once(wrapped)
+    samples: dict = {False: [], True: []}
+    gc.disable()
+    try:
+        for r in range(args.checks):
+            for wrapped in ((True, False) if r % 2 else (False, True)):
+                samples[wrapped].append(once(wrapped))
+    finally:
+        gc.enable()
+    bare, wrapped = (statistics.median(samples[w]) * 1e6 for w in (False, True))
+    print(f"torch {torch.__version__}, a stand-in graph on the CPU, {args.checks} observing checks each way, "
+          f"{args.per_check} replays between torch ops in each")
+    print(f"check body without the wrapper {bare:8.1f} us")
+    print(f"check body with the wrapper    {wrapped:8.1f} us   (+{wrapped - bare:.1f} us a check, "
+          f"{(wrapped - bare) / args.per_check:.2f} us a replay)")
+    # Back to back: the wrapper's own cost per replay, the check's table hot in the caches.
+    n = 20000
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True,
+                                 _profile="observe") as run:
+            rec = run._recorder
+            costs = []
+            for wrapped in (False, True, False, True):
+                patches = _recorder._Patches()
+                if wrapped:
+                    for attr, make in _graphs.make_wrappers(lambda: rec.graphs if rec.on else None,
+                                                            lambda: (0, 0), rec.warn).items():
+                        patches.patch_inherited(Graph, attr, make)
+                try:
+                    graph.replay()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        graph.replay()
+                    costs.append((wrapped, (time.perf_counter() - t0) / n * 1e6))
+                finally:
+                    patches.restore()
+    b = min(c for w, c in costs if not w)
+    w = min(c for w, c in costs if w)
+    print(f"back to back: {b:.2f} us a replay without the wrapper, {w:.2f} with it (+{w - b:.2f})")
 
 
 if __name__ == "__main__":

@@ -25,10 +25,11 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all or observe}
+part=${1:?part: eager, compiled, all, observe or profile}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
+O=$(cd "$O" && pwd)  # the steps run in other folders
 here=$(cd "$(dirname "$0")" && pwd)
 t0=$(date +%s)
 exec 3>&1  # the part's own output: a step's line goes there, not into its command's redirected output
@@ -36,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs its
   local name=$1 limit=$2
   shift 2
   local t1=$(date +%s)
-  timeout "$limit" "$@"
+  timeout "$limit" "$@" 3>&-
   echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt" >&3
 }
 left() { echo $(( ${1:-580} - 600 + ${PART_SECONDS:-600} - ($(date +%s) - t0) )); }
@@ -98,12 +99,16 @@ case "$part" in
   profile)
     site
     step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
-    step replay 90 python3 "$here/bench_replay.py" --replays 2000 --rounds 9 > "$O/replay.txt" 2>&1
-    (cd "$here" && step decode 200 python3 profile_program.py "reduce-overhead LLM decode" --set compiled \
-      --rounds 21 --top 30 --modes plain,floor,observe,observe-no-patches,observe-without-replay,\
-observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
-    step startup-profile 60 python3 "$here/bench_overhead.py" startup --device cuda --compiled --n 40 \
-      --profile 300 > "$O/startup-profile.json" 2> "$O/startup-profile.err"
+    l=$(left 590)
+    [ "$l" -gt 20 ] && step replay $(( l < 90 ? l : 90 )) python3 "$here/bench_replay.py" --replays 2000 \
+      --rounds 9 > "$O/replay.txt" 2>&1
+    l=$(left 590)
+    [ "$l" -gt 40 ] && (cd "$here" && step decode $(( l < 200 ? l : 200 )) python3 profile_program.py \
+      "reduce-overhead LLM decode" --set compiled --rounds 21 --top 30 --modes plain,floor,observe,\
+observe-no-patches,observe-without-replay,observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
+    l=$(left 590)
+    [ "$l" -gt 20 ] && step startup-profile $(( l < 60 ? l : 60 )) python3 "$here/bench_overhead.py" startup \
+      --device cuda --compiled --n 40 --profile 300 > "$O/startup-profile.json" 2> "$O/startup-profile.err"
     l=$(left 590)
     [ "$l" -gt 40 ] && (cd "$here" && step amp $(( l < 150 ? l : 150 )) python3 profile_program.py "AMP" --set \
       compiled --rounds 9 --top 30 --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)

@@ -16,8 +16,8 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `no-triton`: a check without Triton's launch hooks;
 - `checked`: a check.
 
-The modes run in rounds, the order rotated each round (a mode's time does not depend on which
-mode ran before it). Each checked mode's time is also split into entering the check (`__enter__`), the program's
+The modes run in rounds, the order rotated each round (so that no mode always follows the same
+one). Each checked mode's time is also split into entering the check (`__enter__`), the program's
 body (from inside the `with` to its last synchronization) and leaving it (`__exit__`), medians of
 the rounds: what a check costs once against what it costs per op.
 
@@ -99,7 +99,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--modes", default="plain,observe,no-triton,checked",
-                   help="comma-separated: plain, floor, observe, observe-no-patches, no-triton, checked")
+                   help="comma-separated: plain, floor, observe, observe-no-patches, observe-without-A+B…, "
+                   "observe-passthrough-replay, no-triton, checked")
     p.add_argument("--profile-plain", action="store_true", help="also profile one plain run")
     args = p.parse_args()
 

@@ -468,6 +468,10 @@ def test_replay_of_an_unknown_graph_asks_cuda_nothing():
     looked_up: list = []
     get = ops._get
     ops._get = lambda graph: looked_up.append(graph) or get(graph)
+    # The wrapper's own test of the check's ids: an unknown graph's replay calls neither.
+    slow: list = []
+    ops.knows = lambda g: slow.append("knows") or _graphs.GraphOps.knows(ops, g)
+    ops.replay = lambda *a, **k: slow.append("replay") or _graphs.GraphOps.replay(ops, *a, **k)
     on = [False]
 
     def stream():
@@ -490,6 +494,7 @@ def test_replay_of_an_unknown_graph_asks_cuda_nothing():
         before.replay()
         assert asked == ["graph-replay-outside"]
         assert looked_up == []
+        assert slow == []
         asked.clear()
         seen = CUDAGraph()
         seen.capture_begin()
@@ -498,6 +503,7 @@ def test_replay_of_an_unknown_graph_asks_cuda_nothing():
         seen.replay()
         assert asked == ["stream", "stream", "capturing"]  # the capture's stream, then the replay's
         assert looked_up[:1] == [seen]
+        assert slow == ["knows", "replay"]
         before.replay()  # still not known, still said once
         assert asked == ["stream", "stream", "capturing"]
         # An id the table has seen, taken by another object (its graph gone): looked up, not known.

@@ -266,7 +266,9 @@ def make_wrappers(
     capturing: Callable[[], bool] = lambda: False,
 ) -> dict[str, Callable[[Callable], Callable]]:
     """Wrappers of CUDAGraph's methods, by name: each calls the original and records what it
-    did. `ops_of()` is the GraphOps of the check that is on (None: record nothing);
+    did. `ops_of()` is the GraphOps of the check that is on (None: record nothing; a stand-in
+    must have what `replay` reads of it before anything else, `ids` and `outside_warned`, read
+    without a guard on the shortest path);
     `current_stream()` is (raw handle, device) of the calling thread's current stream;
     `capturing()` whether that stream is capturing (`torch.cuda.is_current_stream_capturing`).
     A failure of the recording is a warning, never an error of the program."""
