@@ -15,6 +15,12 @@
 #                                                       # the patches, checked with and without Triton's hooks),
 #                                                       # after a graph's replays by wrapper (bench_replay.py);
 #                                                       # entering and leaving a check under cProfile
+#   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
+#                                                       # under two wheels on the same machine, each
+#                                                       # in processes of its own, alternated: a change
+#                                                       # against its parent (AB_PROGRAM, default the
+#                                                       # compiled decode loop; AB_SET, AB_MODES, AB_ROUNDS,
+#                                                       # AB_REPEATS: the processes per wheel)
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
@@ -25,7 +31,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe or profile}
+part=${1:?part: eager, compiled, all, observe, profile or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -115,8 +121,37 @@ observe-no-patches,observe-without-replay,observe-passthrough-replay,no-triton,c
     cat "$O/replay.txt"; head -22 "$O/decode.txt"; head -16 "$O/amp.txt" 2>/dev/null
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if k != 'profile']; [print(r) for r in d.get('profile', [])[:25]]" "$O/startup-profile.json" 2>&1 | head -40
     ;;
+  ab)
+    # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
+    # each wheel in a folder of its own, its C++ recorder built apart, the processes alternated.
+    other=${3:?ab: a second WHEELDIR}
+    for x in a b; do
+      d=$wheels
+      [ "$x" = b ] && d=$other
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "/tmp/site-$x" "$d"/*.whl >&2
+      echo "wheel $x: $d $(cat "$d/COMMIT" 2>/dev/null)" | tee -a "$O/steps.txt"
+      step "build-$x" 300 env PYTHONPATH="/tmp/site-$x" STREAMSAN_TORCH_EXT_DIR="/tmp/streamsan-ext-$x" python3 -c \
+        "from streamsan.torch import _native; _native.load()" > "$O/build-$x.txt" 2>&1
+    done
+    for i in $(seq 1 "${AB_REPEATS:-2}"); do
+      order="a b"
+      [ $(( i % 2 )) -eq 0 ] && order="b a"
+      for x in $order; do
+        l=$(left 590)
+        [ "$l" -gt 30 ] || break 2
+        (cd "$here" && step "$x-$i" $(( l < 240 ? l : 240 )) env PYTHONPATH="/tmp/site-$x" \
+          STREAMSAN_TORCH_EXT_DIR="/tmp/streamsan-ext-$x" python3 profile_program.py \
+          "${AB_PROGRAM:-reduce-overhead LLM decode}" --set "${AB_SET:-compiled}" --rounds "${AB_ROUNDS:-15}" \
+          --top 0 --modes "${AB_MODES:-plain,observe,checked}" > "$O/$x-$i.txt" 2>&1)
+      done
+    done
+    for f in "$O"/[ab]-*.txt; do
+      echo "== $(basename "$f" .txt)"
+      grep -E "^(plain|floor|observe|no-triton|checked)" "$f"
+    done
+    ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, ab)" >&2
     exit 2
     ;;
 esac
