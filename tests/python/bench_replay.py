@@ -1,6 +1,6 @@
 """What wrapping `torch.cuda.CUDAGraph.replay` costs a replay, in place (docs/performance.md, "The
-suites at 2e629e9, and where the replay wrapper's time goes (H100)"): one small CUDA graph (a few
-element-wise kernels on a 4 KiB tensor), captured once outside any check as cudagraph trees'
+suites at 2e629e9, and where the replay wrapper's time goes (H100)"): one small CUDA graph
+(`--kernels` element-wise kernels, 3 by default, on a 4 KiB tensor), captured once outside any check as cudagraph trees'
 graphs are, replayed in blocks of `--replays` in the modes below, interleaved in rounds (the
 order rotated each round), the collector off; prints the median microseconds per replay and the
 difference to `plain`.
@@ -17,7 +17,10 @@ difference to `plain`.
 - `observe-no-replay-patch`: the same without the `replay` patch;
 - `checked-known`: a check that captured its own copy of the graph: every replay recorded.
 
-    python tests/python/bench_replay.py [--replays 2000] [--rounds 9]
+    python tests/python/bench_replay.py [--replays 2000] [--rounds 9] [--kernels 3]
+
+Where a replay is bound by the GPU (`plain` no faster than the graph's kernels run: every
+wrapper then hides behind it), `--kernels 1` makes the host's part the larger one.
 
 Needs a GPU. With `--stand-in` it needs none: a Python class stands for `CUDAGraph` and each
 observing check of the C++ recorder on the fake device replays it `--per-check` times (12) between
@@ -41,6 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replays", type=int, default=2000, help="replays per timed block")
     p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--kernels", type=int, default=3, help="kernels in the graph (at least 1)")
     p.add_argument("--stand-in", action="store_true", help="no GPU: a Python class for CUDAGraph (see above)")
     p.add_argument("--checks", type=int, default=1000, help="--stand-in: checks each way")
     p.add_argument("--per-check", type=int, default=12, help="--stand-in: replays in each check")
@@ -51,6 +55,7 @@ def main() -> None:
 
     import torch
 
+    kernels = max(1, args.kernels)
     if not torch.cuda.is_available():
         sys.exit("bench_replay.py needs a GPU (torch.cuda.is_available() is False)")
     import streamsan.torch
@@ -68,11 +73,11 @@ def main() -> None:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(3):
+            for _ in range(kernels):
                 x.add_(1)
         torch.cuda.current_stream().wait_stream(s)
         with torch.cuda.graph(g):
-            for _ in range(3):
+            for _ in range(kernels):
                 x.add_(1)
         torch.cuda.synchronize()
         return g, x
@@ -153,7 +158,7 @@ def main() -> None:
         gc.enable()
     plain = statistics.median(samples["plain"])
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.rounds} rounds of "
-          f"{args.replays} replays")
+          f"{args.replays} replays of a graph of {kernels} kernel{'s' if kernels != 1 else ''}")
     print(f"{'mode':26s} {'us/replay':>10s} {'- plain':>8s}")
     for m in names:
         med = statistics.median(samples[m])
