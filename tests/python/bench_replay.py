@@ -192,6 +192,15 @@ def stand_in(args) -> None:
     graph = Graph()  # made before any check, as cudagraph trees' graphs are
     x = torch.zeros(16)
 
+    def wrap(rec) -> "_recorder._Patches":
+        """The recorder's wrappers of Graph for `rec`'s check, as _install_graph_patches makes
+        them on a GPU."""
+        patches = _recorder._Patches()
+        for attr, make in _graphs.make_wrappers(lambda: rec.graphs if rec.on else None, lambda: (0, 0),
+                                                rec.warn).items():
+            patches.patch_inherited(Graph, attr, make)
+        return patches
+
     def body() -> None:
         for _ in range(args.per_check):
             x.add_(1)
@@ -203,12 +212,7 @@ def stand_in(args) -> None:
             warnings.simplefilter("ignore")
             with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True,
                                      _profile="observe") as run:
-                rec = run._recorder
-                patches = _recorder._Patches()
-                if wrapped:  # what the recorder makes for a check on a GPU (_install_graph_patches)
-                    for attr, make in _graphs.make_wrappers(lambda: rec.graphs if rec.on else None,
-                                                            lambda: (0, 0), rec.warn).items():
-                        patches.patch_inherited(Graph, attr, make)
+                patches = wrap(run._recorder) if wrapped else _recorder._Patches()
                 try:
                     t0 = time.perf_counter()
                     body()
@@ -238,14 +242,9 @@ def stand_in(args) -> None:
         warnings.simplefilter("ignore")
         with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True,
                                  _profile="observe") as run:
-            rec = run._recorder
             costs = []
             for wrapped in (False, True, False, True):
-                patches = _recorder._Patches()
-                if wrapped:
-                    for attr, make in _graphs.make_wrappers(lambda: rec.graphs if rec.on else None,
-                                                            lambda: (0, 0), rec.warn).items():
-                        patches.patch_inherited(Graph, attr, make)
+                patches = wrap(run._recorder) if wrapped else _recorder._Patches()
                 try:
                     graph.replay()
                     t0 = time.perf_counter()

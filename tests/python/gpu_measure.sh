@@ -47,6 +47,14 @@ step() {  # step NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs its
   echo "$name exit $? in $(( $(date +%s) - t1 )) s" | tee -a "$O/steps.txt" >&3
 }
 left() { echo $(( ${1:-580} - 600 + ${PART_SECONDS:-600} - ($(date +%s) - t0) )); }
+step_left() {  # step_left MIN MAX NAME COMMAND...: `step` for at most MAX s of the time left, if MIN s are
+  local l
+  l=$(left 590)
+  [ "$l" -gt "$1" ] || return 0
+  local limit=$(( l < $2 ? l : $2 ))
+  shift 2
+  step "$1" "$limit" "${@:2}"
+}
 site() {  # the wheel installed into /tmp/site (as gpu_realcode.sh and gpu_all.sh do)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$wheels"/*.whl >&2
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} STREAMSAN_TORCH_EXT_DIR=${STREAMSAN_TORCH_EXT_DIR:-/tmp/streamsan-ext}
@@ -105,19 +113,14 @@ case "$part" in
   profile)
     site
     step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
-    l=$(left 590)
-    [ "$l" -gt 20 ] && step replay $(( l < 90 ? l : 90 )) python3 "$here/bench_replay.py" --replays 2000 \
-      --rounds 9 > "$O/replay.txt" 2>&1
-    l=$(left 590)
-    [ "$l" -gt 40 ] && (cd "$here" && step decode $(( l < 200 ? l : 200 )) python3 profile_program.py \
-      "reduce-overhead LLM decode" --set compiled --rounds 21 --top 30 --modes plain,floor,observe,\
-observe-no-patches,observe-without-replay,observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
-    l=$(left 590)
-    [ "$l" -gt 20 ] && step startup-profile $(( l < 60 ? l : 60 )) python3 "$here/bench_overhead.py" startup \
-      --device cuda --compiled --n 40 --profile 300 > "$O/startup-profile.json" 2> "$O/startup-profile.err"
-    l=$(left 590)
-    [ "$l" -gt 40 ] && (cd "$here" && step amp $(( l < 150 ? l : 150 )) python3 profile_program.py "AMP" --set \
-      compiled --rounds 9 --top 30 --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
+    step_left 20 90 replay python3 "$here/bench_replay.py" --replays 2000 --rounds 9 > "$O/replay.txt" 2>&1
+    (cd "$here" && step_left 40 200 decode python3 profile_program.py "reduce-overhead LLM decode" --set compiled \
+      --rounds 21 --top 30 --modes plain,floor,observe,observe-no-patches,observe-without-replay,\
+observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
+    step_left 20 60 startup-profile python3 "$here/bench_overhead.py" startup --device cuda --compiled --n 40 \
+      --profile 300 > "$O/startup-profile.json" 2> "$O/startup-profile.err"
+    (cd "$here" && step_left 40 150 amp python3 profile_program.py "AMP" --set compiled --rounds 9 --top 30 \
+      --modes plain,floor,observe,observe-no-patches,no-triton,checked > "$O/amp.txt" 2>&1)
     cat "$O/replay.txt"; head -22 "$O/decode.txt"; head -16 "$O/amp.txt" 2>/dev/null
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if k != 'profile']; [print(r) for r in d.get('profile', [])[:25]]" "$O/startup-profile.json" 2>&1 | head -40
     ;;
@@ -137,9 +140,8 @@ observe-no-patches,observe-without-replay,observe-passthrough-replay,no-triton,c
       order="a b"
       [ $(( i % 2 )) -eq 0 ] && order="b a"
       for x in $order; do
-        l=$(left 590)
-        [ "$l" -gt 30 ] || break 2
-        (cd "$here" && step "$x-$i" $(( l < 240 ? l : 240 )) env PYTHONPATH="/tmp/site-$x" \
+        [ "$(left 590)" -gt 30 ] || break 2
+        (cd "$here" && step_left 30 240 "$x-$i" env PYTHONPATH="/tmp/site-$x" \
           STREAMSAN_TORCH_EXT_DIR="/tmp/streamsan-ext-$x" python3 profile_program.py \
           "${AB_PROGRAM:-reduce-overhead LLM decode}" --set "${AB_SET:-compiled}" --rounds "${AB_ROUNDS:-15}" \
           --top 0 --modes "${AB_MODES:-plain,observe,checked}" > "$O/$x-$i.txt" 2>&1)

@@ -42,9 +42,10 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def install_patches_without(skip: set):
-    """A stand-in for the recorder's `_install_patches` that makes every wrapper but those of
-    the methods named in `skip` (`replay`, `tolist`, `__new__`: the attribute names)."""
+def _install_patches_remade(remake):
+    """A stand-in for the recorder's `_install_patches` in which `remake(attr, make)` decides,
+    for each method the recorder patches (by attribute name), the wrapper's maker: `make` (the
+    recorder's), another, or None (the method left alone)."""
     from streamsan.torch import _recorder
 
     install = _recorder._install_patches
@@ -53,7 +54,12 @@ def install_patches_without(skip: set):
         p = _recorder._Patches()
         for how in ("patch", "patch_inherited", "keep_inherited"):
             made = getattr(p, how)
-            setattr(p, how, lambda owner, attr, make, made=made: False if attr in skip else made(owner, attr, make))
+
+            def patched(owner, attr, make, made=made):
+                make = remake(attr, make)
+                return False if make is None else made(owner, attr, make)
+
+            setattr(p, how, patched)
         saved = _recorder._Patches
         _recorder._Patches = lambda: p
         try:
@@ -64,12 +70,15 @@ def install_patches_without(skip: set):
     return install_some
 
 
+def install_patches_without(skip: set):
+    """A stand-in for the recorder's `_install_patches` that makes every wrapper but those of
+    the methods named in `skip` (`replay`, `tolist`, `__new__`: the attribute names)."""
+    return _install_patches_remade(lambda attr, make: None if attr in skip else make)
+
+
 def install_patches_passthrough(attr: str):
     """A stand-in for the recorder's `_install_patches` whose wrapper of `attr` (the attribute
     name, as in `install_patches_without`) only calls the original."""
-    from streamsan.torch import _recorder
-
-    install = _recorder._install_patches
 
     def passthrough(orig):
         def call(self, *args, **kwargs):
@@ -77,19 +86,7 @@ def install_patches_passthrough(attr: str):
 
         return call
 
-    def install_some(rec):
-        p = _recorder._Patches()
-        for how in ("patch", "patch_inherited", "keep_inherited"):
-            made = getattr(p, how)
-            setattr(p, how, lambda owner, a, make, made=made: made(owner, a, passthrough if a == attr else make))
-        saved = _recorder._Patches
-        _recorder._Patches = lambda: p
-        try:
-            return install(rec)
-        finally:
-            _recorder._Patches = saved
-
-    return install_some
+    return _install_patches_remade(lambda a, make: passthrough if a == attr else make)
 
 
 def main() -> None:
