@@ -686,6 +686,38 @@ def test_real_ops_in_a_capture_through_the_recorder(backend):
     assert run_once(True).report.errors == 0
 
 
+@pytest.mark.parametrize("backend", ["python", "native"])
+def test_a_checks_graph_ops_are_made_when_first_read(backend):
+    """A check makes the GraphOps of its graph ops when they are first read (most checks have
+    none): one, whichever thread reads it first, writing on the check's backend."""
+    import threading
+
+    from conftest import torch_or_skip
+
+    torch_or_skip()
+    import streamsan.torch
+
+    if backend == "native":
+        from conftest import native_ext_or_skip
+
+        native_ext_or_skip()
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+    with run:
+        rec = run._recorder
+        assert "graphs" not in vars(rec)
+        seen = []
+        threads = [threading.Thread(target=lambda: seen.append(rec.graphs)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(seen) == 4 and all(ops is seen[0] for ops in seen)
+        assert vars(rec)["graphs"] is seen[0] and rec.graphs is seen[0]
+        assert seen[0].stream_id == rec.backend.stream_id and seen[0].warn is rec.warn
+    with pytest.raises(AttributeError, match="no attribute 'no_such_attribute'"):
+        rec.no_such_attribute
+
+
 def test_graphs_are_named_after_their_capture_site():
     lines: list[str] = []
     sites = iter(["train.py:42", "train.py:42", None, "eval.py:7"])

@@ -1013,6 +1013,49 @@ def test_tolist_is_wrapped_once_and_left_inert_where_every_check_keeps_it(backen
     assert torch.arange(2).tolist() == [0, 1]
 
 
+def test_a_tolist_put_back_is_put_on_again_by_the_next_check(backend):
+    # Checks that do not keep the wrapper put torch's method back at their end, and the next
+    # check puts the same wrapper on again (not one made anew at every check); a tolist the
+    # program put on torch.Tensor between the checks is wrapped instead, and left in place.
+    import torch
+
+    seen = []
+
+    def body(f):
+        seen.append(torch.Tensor.__dict__["tolist"])
+        f.pinned(16).tolist()
+
+    for _ in range(2):
+        run = checked(backend, body)
+        assert run.report.errors == 0, run.report.to_text()
+        assert "tolist" not in torch.Tensor.__dict__
+    assert seen[0] is seen[1]
+    calls = []
+
+    def theirs(self):
+        calls.append(1)
+        return torch._C.TensorBase.tolist(self)
+
+    torch.Tensor.tolist = theirs
+    try:
+
+        def racing(f):
+            seen.append(torch.Tensor.__dict__["tolist"])
+            host = copied_to_pinned(f, 256, False)
+            host.tolist()  # TOLIST_PUT_ON
+
+        run = checked(backend, racing)
+        assert sites(run) == {("data-race", line_of("TOLIST_PUT_ON"))}
+        assert seen[2] is not seen[0] and seen[2].__wrapped__ is theirs and calls == [1]
+        assert torch.Tensor.__dict__["tolist"] is theirs
+    finally:
+        if torch.Tensor.__dict__.get("tolist") is theirs:
+            del torch.Tensor.tolist
+    run = checked(backend, body)
+    assert seen[3].__wrapped__ is torch._C.TensorBase.tolist
+    assert "tolist" not in torch.Tensor.__dict__
+
+
 def test_a_tolist_replaced_between_kept_checks_is_wrapped_anew(backend, monkeypatch):
     # The program (or another tool) puts its own tolist on torch.Tensor between two checks that
     # keep the wrapper: the next check wraps that one, records its host read, and putting the

@@ -984,6 +984,44 @@ def test_uninstall_restores_the_exact_originals(fakes):
     hooks.uninstall()  # a second uninstall does nothing
 
 
+def test_a_wrapper_put_back_is_put_on_again_by_the_next_install(fakes):
+    """A plain `uninstall()` puts the originals back; the next install puts the same wrappers on
+    again rather than make new ones, unless the class's method was replaced in between (then the
+    new one is wrapped, and is what the next uninstall leaves)."""
+    md = fakes.CompiledKernel.__dict__["launch_metadata"]
+    hooks = fakes.hooks()
+    assert hooks.install(fakes.events.launch)
+    first = fakes.CompiledKernel.__dict__["launch_metadata"]
+    hooks.uninstall()
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is md
+    assert hooks.install(fakes.events.launch)
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is first
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=3)
+    assert [e[0] for e in fakes.events] == ["record", "metadata", "launch"]
+    hooks.uninstall()
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is md
+
+    theirs = _replace_launch_metadata(fakes, md)
+    assert hooks.install(fakes.events.launch)
+    now = fakes.CompiledKernel.__dict__["launch_metadata"]
+    assert now is not first and now.__wrapped__ is theirs
+    user_kernel(fakes)[(1,)](FakeTensor("x"), stream=4)
+    assert [e[0] for e in fakes.events][3:] == ["record", "metadata", "launch"]
+    hooks.uninstall()
+    assert fakes.CompiledKernel.__dict__["launch_metadata"] is theirs
+
+
+def _replace_launch_metadata(fakes, inner):
+    """The program's own `CompiledKernel.launch_metadata`, calling `inner`, put in place of
+    whatever is there; returned."""
+
+    def theirs(self, grid, stream, *args):
+        return inner(self, grid, stream, *args)
+
+    fakes.CompiledKernel.launch_metadata = theirs
+    return theirs
+
+
 def test_an_inherited_method_is_restored_by_removal(fakes, monkeypatch):
     class Sub(fakes.CompiledKernel):
         pass
@@ -1291,10 +1329,7 @@ def test_a_kept_wrapper_replaced_since_is_patched_anew(fakes):
     hooks.uninstall(keep=True)
     ours = fakes.CompiledKernel.__dict__["launch_metadata"]
 
-    def theirs(self, grid, stream, *args):
-        return ours(self, grid, stream, *args)
-
-    fakes.CompiledKernel.launch_metadata = theirs
+    theirs = _replace_launch_metadata(fakes, ours)
     assert hooks.install(fakes.events.launch)
     now = fakes.CompiledKernel.__dict__["launch_metadata"]
     assert now is not theirs and now.__wrapped__ is theirs

@@ -40,11 +40,17 @@ import time
 from typing import Any, Optional, Union
 
 from .. import Checker, HazardError, Report, TraceError
+from . import _rank
 from ._rank import Rank
 
 __all__ = ["Rank", "Run", "check", "note_host_read", "note_host_write", "record"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+# The recorder's class, imported by the first check (not with this package: nothing needs it
+# before) and kept: an import inside `Run.__enter__` runs the import system's Python code at
+# every check, which costs most once the program's own work has left the CPU's caches.
+_Recorder: Any = None
 
 
 class Run:
@@ -162,8 +168,9 @@ class Run:
         return out
 
     def __enter__(self) -> "Run":
-        from . import _rank
-        from ._recorder import Recorder
+        global _Recorder
+        if _Recorder is None:
+            from ._recorder import Recorder as _Recorder
 
         t0 = time.perf_counter()
         self.phase_seconds = {}
@@ -188,7 +195,7 @@ class Run:
             self._file = open(self.trace, "wb", buffering=0)
         t1 = time.perf_counter()
         try:
-            self._recorder = Recorder(
+            self._recorder = _Recorder(
                 self._sink, backend=self.backend_choice, fake_device=self.fake_device, profile=self.profile
             )
             if self._checker is not None and hasattr(self._checker, "_raw_sink"):

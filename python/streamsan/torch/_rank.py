@@ -42,7 +42,8 @@ def current(env: Optional[Mapping[str, str]] = None) -> Optional[Rank]:
     """This process's rank: from RANK and WORLD_SIZE (torchrun sets them, and LOCAL_RANK), else
     from an initialized default process group of torch.distributed; None for a single process."""
     env = os.environ if env is None else env
-    rank, world = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+    rank = _int(env, "RANK")
+    world = _int(env, "WORLD_SIZE") if rank is not None else None  # (decides nothing without RANK)
     if rank is None or world is None:
         rank = world = None
         dist = sys.modules.get("torch.distributed")  # never imported here for this

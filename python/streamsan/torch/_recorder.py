@@ -27,6 +27,10 @@ import warnings
 import weakref
 from typing import Any, Callable, Optional
 
+# Imported here, not where a check uses them: an import inside a function costs Python calls at
+# every check (neither imports torch).
+from . import _graphs, _native
+
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A freed buffer's name is given to a new buffer only after this many other frees: reports of a
@@ -210,12 +214,21 @@ def _torch_dir() -> str:
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
+@functools.lru_cache(maxsize=8)
+def _dirs(path: tuple, cache: str) -> tuple:
+    """`Sites`' folders for `sys.path` (`path`) and Inductor's cache directory (`cache`, as
+    `_internal_dirs` reads it): torch's, streamsan's, the standard library's, the package folders
+    inside it, and the folders of code that is not the user's. One lookup at each check."""
+    std, libraries = _stdlib_dirs()
+    return _torch_dir(), _PKG_DIR + os.sep, std, tuple(libraries), _internal_dirs_for(cache)
+
+
 class Sites:
     def __init__(self) -> None:
-        self.torch_dir = _torch_dir()
-        self.own_dir = _PKG_DIR + os.sep
-        self.stdlib_dir, self.libraries = _stdlib_dirs()
-        self.internal_dirs = tuple(_internal_dirs())
+        self.torch_dir, self.own_dir, self.stdlib_dir, libraries, self.internal_dirs = _dirs(
+            tuple(sys.path), os.environ.get("TORCHINDUCTOR_CACHE_DIR") or ""
+        )
+        self.libraries = list(libraries)
         self.rewritten: Any = None
         self.cwd = os.getcwd().rstrip(os.sep) + os.sep
         self.cache: dict[Any, Optional[str]] = {}
@@ -952,8 +965,6 @@ class NativeBackend:
     def __init__(self, rec: "Recorder", fake_device: bool = False, profile: Optional[str] = None) -> None:
         import torch
 
-        from . import _native
-
         self.ext = _native.load()
         self.rec = rec
         self.sites = rec.sites  # one per check: the Python-level sites share its cache
@@ -1143,6 +1154,10 @@ class _Kept:
         orig = getattr(owner, attr)
         self.orig = orig
         self.listener: Optional[Callable] = None
+        # The listener made of `orig` for a check, and its maker: the next check whose maker is
+        # the same listens with it again (see _Patches.keep_inherited).
+        self.made: Optional[Callable] = None
+        self.made_by: Optional[Callable] = None
         kept = self
 
         @functools.wraps(orig)
@@ -1155,14 +1170,19 @@ class _Kept:
     def put_back(self) -> None:
         """The class as it was, where the wrapper is still in place; no longer kept."""
         self.listener = None
+        key = (self.owner, self.attr)
         if self.owner.__dict__.get(self.attr) is self.method:
             _put_back(self.owner, self.attr, self.saved)
-        if _KEPT.get((self.owner, self.attr)) is self:
-            del _KEPT[(self.owner, self.attr)]
+            _PUT_BACK[key] = self
+        if _KEPT.get(key) is self:
+            del _KEPT[key]
 
 
 # (owner, attribute) -> the _Kept wrapper made for it (see _Patches.keep_inherited).
 _KEPT: dict[tuple[Any, str], _Kept] = {}
+# (owner, attribute) -> the _Kept wrapper last put back: the next check that wraps the method
+# puts it on again where it still fits, rather than make a wrapper at every check.
+_PUT_BACK: dict[tuple[Any, str], _Kept] = {}
 
 
 def release_kept_methods() -> None:
@@ -1200,18 +1220,27 @@ class _Patches:
         """Like `patch_inherited`, for a method read so often that its class should not change at
         every check (see `_Kept`): this check's wrapper, `make(orig)`, listens to a wrapper
         made once; `restore` stops it listening, and puts the method back unless every part of
-        the process is checked (`_KEEP_WRAPPERS`). False when there is no such method."""
+        the process is checked (`_KEEP_WRAPPERS`). False when there is no such method. The
+        listener is made again only when `make` is another than the last check's."""
         key = (owner, attr)
         kept = _KEPT.get(key)
         if kept is None or owner.__dict__.get(attr) is not kept.method:
             # The first check, or the method replaced since (by the program): the wrapper
-            # wraps what is there now.
-            if not callable(getattr(owner, attr, None)):
-                return False
-            kept = _Kept(owner, attr)
+            # wraps what is there now (the one last put back, where that is what it wraps).
+            kept = _PUT_BACK.get(key)
+            if (
+                kept is None
+                or owner.__dict__.get(attr, _INHERITED) is not kept.saved
+                or getattr(owner, attr, None) is not kept.orig
+            ):
+                if not callable(getattr(owner, attr, None)):
+                    return False
+                kept = _Kept(owner, attr)
             _KEPT[key] = kept
             setattr(owner, attr, kept.method)
-        kept.listener = make(kept.orig)
+        if kept.made_by is not make:
+            kept.made, kept.made_by = make(kept.orig), make
+        kept.listener = kept.made
         self.listening.append(kept)
         return True
 
@@ -1252,8 +1281,6 @@ def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
     """Records CUDA graphs: wraps torch.cuda.CUDAGraph's capture_begin, capture_end(_pre),
     replay and reset (see _graphs). Where they are missing, a warning says graphs are not
     recorded."""
-    from . import _graphs
-
     G = getattr(torch.cuda, "CUDAGraph", None)
     missing = [m for m in _graphs.REQUIRED if G is None or not callable(getattr(G, m, None))]
     if missing:
@@ -1357,21 +1384,9 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
 
         _install_graph_patches(rec, p, torch)
 
-    has_torch_function = torch.overrides.has_torch_function_unary
-
-    def make_tolist(orig):
-        def tolist(self):
-            # A subclass with __torch_function__ comes back here from it, torch functions
-            # disabled: its read is written then, once.
-            if on() and not self.is_cuda and not has_torch_function(self):
-                b.host_access(self, False)
-            return orig(self)
-
-        return tolist
-
     # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: left in
     # place, inert, between the checks of a process where every part is checked (see _Kept).
-    p.keep_inherited(torch.Tensor, "tolist", make_tolist)
+    p.keep_inherited(torch.Tensor, "tolist", _make_tolist)
 
     def make_save(orig):
         def save(obj, *args, **kwargs):
@@ -1392,6 +1407,25 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
         p.patch(serialization, "save", make_save)
         if torch.__dict__.get("save") is saved:
             p.patch(torch, "save", lambda _orig: serialization.save)
+
+
+def _make_tolist(orig):
+    """The wrapper of `Tensor.tolist` (`orig`) that the checks listen with: a CPU tensor's bytes
+    read on the host. Made once (it reads the recorder that is on, as the sync callbacks do): a
+    check that wraps the same method listens with it again."""
+    import torch
+
+    has_torch_function = torch.overrides.has_torch_function_unary
+
+    def tolist(self):
+        # A subclass with __torch_function__ comes back here from it, torch functions
+        # disabled: its read is written then, once.
+        r = _active
+        if r is not None and r.on and not self.is_cuda and not has_torch_function(self):
+            r.backend.host_access(self, False)
+        return orig(self)
+
+    return tolist
 
 
 def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
@@ -1496,13 +1530,28 @@ class Recorder:
             self.backend = PythonBackend(self, fake_device)
         self.patches: Optional[_Patches] = None
         self._compiled_before = self._compiled_frames()
-        from ._graphs import GraphOps
+        # `graphs`, the check's GraphOps, is made when first read (see __getattr__).
+        self.graph_hooks_missing: list[str] = []
+        self.triton: Any = None  # the Triton launch hooks while the check runs
 
+    def __getattr__(self, name: str) -> Any:
+        # Called only for an attribute the recorder lacks: `graphs`, the check's GraphOps, is made
+        # when first read (a CUDA graph's capture or replay, a factory op under the Python
+        # recorder), not at every check's start: most checks have no graph ops.
+        if name != "graphs":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        with _lock:  # one GraphOps, whichever thread reads it first
+            graphs = self.__dict__.get("graphs")
+            if graphs is None:
+                graphs = self.graphs = self._make_graph_ops()
+        return graphs
+
+    def _make_graph_ops(self) -> "_graphs.GraphOps":
         ext = getattr(self.backend, "ext", None)
         captures = getattr(ext, "set_captures", None)
         pool_name = getattr(ext, "pool_name", None)
         set_pool_name = getattr(ext, "set_pool_name", None)
-        self.graphs = GraphOps(
+        return _graphs.GraphOps(
             self._graph_op,
             self.backend.stream_id,
             self.warn,
@@ -1513,8 +1562,6 @@ class Recorder:
             if set_pool_name is not None
             else (lambda key, name: None),
         )
-        self.graph_hooks_missing: list[str] = []
-        self.triton: Any = None  # the Triton launch hooks while the check runs
 
     def _graph_op(self, partial: str) -> None:
         self.backend.host_op(partial)

@@ -991,11 +991,6 @@ _LOCK = threading.RLock()
 _INSTALLED = 0
 
 
-def _count_installed(change: int) -> None:
-    global _INSTALLED
-    _INSTALLED += change
-
-
 _MISSING = object()
 _DEFER = object()
 _AUTOTUNER_PLANS = _Cache()
@@ -1011,6 +1006,7 @@ class _Patch:
     def __init__(self, owner: type, attr: str, kind: str, target: tuple = ()) -> None:
         self.owner = owner
         self.attr = attr
+        self.kind = kind
         self.target = target  # the hooks' target it serves: ((module, class, method), kind)
         self.raw = owner.__dict__.get(attr, _MISSING)  # the exact attribute, to put back
         self.original = getattr(owner, attr)
@@ -1023,6 +1019,21 @@ class _Patch:
     def in_place(self) -> bool:
         """Whether the class's attribute is still this wrapper (nobody replaced it since)."""
         return self.owner.__dict__.get(self.attr) is self.wrapper
+
+    def put_on(self, owner: type, attr: str, kind: str) -> bool:
+        """Puts this patch's wrapper, put back earlier, in place again where a patch made now
+        would be the same (the same method and kind, the class's attribute what it wrapped):
+        see TritonHooks._attach. False, touching nothing, where it would not."""
+        if (
+            owner is not self.owner
+            or attr != self.attr
+            or kind != self.kind
+            or owner.__dict__.get(attr, _MISSING) is not self.raw
+            or getattr(owner, attr, None) is not self.original
+        ):
+            return False
+        setattr(owner, attr, self.wrapper)
+        return True
 
     def restore(self) -> bool:
         if not self.in_place:
@@ -1286,6 +1297,9 @@ class TritonHooks:
         # install listens to them again without patching anything.
         self._kept: dict = {}
         self._target_of: dict = {}  # id(patch) -> the target of these hooks it serves
+        # The patches these hooks last put back, by target: put in place again by the next
+        # install where they still fit, rather than made anew at every check.
+        self._spare: dict = {}
         self._keeping = False  # uninstalled with `keep`: still watching, patching inert
         self._installed = False
         self._found = False  # Triton was found installed (it stays so)
@@ -1297,8 +1311,9 @@ class TritonHooks:
         """Makes the hooks as new, `on_error` their error callback: uninstalled (where an
         earlier user left them installed), the counts and the errors heard forgotten (one set of
         hooks serves check after check; the wrappers a previous check left in place stay)."""
-        self.uninstall(keep=True)
         with _LOCK:
+            if self._installed:  # (for hooks not installed, `uninstall(keep=True)` does nothing)
+                self.uninstall(keep=True)
             self._on_error = on_error
             self._seen_errors.clear()
             self.launches = {"inductor": 0, "triton": 0}
@@ -1341,6 +1356,7 @@ class TritonHooks:
         may be installed at once (nested checks): each hears every launch; the methods are
         patched once, and put back when the last of them is uninstalled (or left in place,
         inert, by `uninstall(keep=True)`, for the next install to listen to again)."""
+        global _INSTALLED
         with _LOCK:
             if self._installed:
                 self._on_launch = on_launch
@@ -1354,7 +1370,7 @@ class TritonHooks:
             self._on_launch_fast = on_launch_fast
             self._direct = direct
             self._installed = True
-            _count_installed(1)
+            _INSTALLED += 1
             kept, self._kept = self._kept, {}
             for patch in kept.values():  # listened to again below, or let go of
                 patch.kept_by = tuple(h for h in patch.kept_by if h is not self)
@@ -1367,6 +1383,14 @@ class TritonHooks:
                     self._target_of[id(patch)] = target
                     continue
                 (module_name, cls_name, _attr), _kind = target
+                module = sys.modules.get(module_name)
+                if module is not None and getattr(module, cls_name, None) is not None:
+                    # Imported already: patched now, with nothing to watch for (only a watch
+                    # left from an earlier install to take off).
+                    self._attach(module, target)
+                    if _WATCHER.pending.get(module_name):
+                        self._unwatch_one(module_name, target)
+                    continue
                 if not self._watching(module_name, target):
                     _WATCHER.watch(module_name, self, target)  # first: an import racing us is seen
                 module = sys.modules.get(module_name)
@@ -1379,13 +1403,15 @@ class TritonHooks:
             return True
 
     def _watching(self, module_name: str, target: tuple) -> bool:
-        return any(h is self and t == target for h, t in _WATCHER.pending.get(module_name, ()))
+        watched = _WATCHER.pending.get(module_name)
+        return watched is not None and any(h is self and t == target for h, t in watched)
 
     def uninstall(self, keep: bool = False) -> None:
         """Stop recording; the original methods are put back when no other hooks listen. With
         `keep`, the wrappers stay in place instead, each calling its original and nothing else
         while no hooks listen: the next `install` of these hooks patches nothing (a check
         starts without patching and ends without restoring)."""
+        global _INSTALLED
         with _LOCK:
             if not self._installed:
                 if not keep:  # what an earlier `uninstall(keep=True)` left: put back
@@ -1398,7 +1424,7 @@ class TritonHooks:
                 self._keeping = keep and self._keeping
                 return
             self._installed = False
-            _count_installed(-1)
+            _INSTALLED -= 1
             # With `keep`, a class not imported yet stays watched: patched (inert) when it is.
             self._keeping = keep
             if not keep:
@@ -1424,7 +1450,9 @@ class TritonHooks:
         key = (id(patch.owner), patch.attr)
         if _PATCHES.get(key) is patch:
             del _PATCHES[key]
-        if not patch.restore():
+        if patch.restore():
+            self._spare[patch.target] = patch
+        else:
             self._error(f"{patch.owner.__name__}.{patch.attr} was replaced after streamsan "
                         "patched it: streamsan's wrapper stays there, recording nothing")
 
@@ -1468,7 +1496,9 @@ class TritonHooks:
             patch = _PATCHES.get(key)
             if patch is None or patch.owner is not owner or not patch.in_place:
                 # (a wrapper replaced since stays in the chain, inert once nobody listens)
-                patch = _Patch(owner, attr, kind, target)
+                patch = self._spare.pop(target, None)
+                if patch is None or not patch.put_on(owner, attr, kind):
+                    patch = _Patch(owner, attr, kind, target)
                 _PATCHES[key] = patch
             if not self._installed:  # imported between checks: in place, inert, for the next
                 self._kept[target] = patch
