@@ -58,7 +58,7 @@ at most COST_GOAL (1.3) times plain, shown beside the ratio (not a criterion).
   wrong result (and the runs' notes, `note`). Key `widen`.
 - `cost`: per program (its fixed or clean variant), one warm-up run in each mode (`warmup`:
   first-run costs are not timed), then up to `--runs` rounds of plain / check(native),
-  interleaved, each after a garbage collection; the median seconds of each mode and the ratios to
+  interleaved (each round's order the last one's rotated by one), each after a garbage collection; the median seconds of each mode and the ratios to
   plain. Then the same for check(python) (`--no-python`: not), after every program's plain and
   native rounds: the Python recorder turns on torch's own GPU trace, which cannot be turned off
   (a Python call at every allocation and free from then on, plain runs included). `--profile`:
@@ -699,8 +699,8 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                field: str = "seconds", freeze_after_warmup: bool = False) -> None:
     """Measures `modes` of every program of `progs` into out.rows[name][field][mode]: a warm-up
     run in each mode first (its seconds under "warmup": first-run costs, cuDNN's and cuBLAS's
-    set-up, lazy imports, compilation), then up to `runs` rounds of the modes interleaved, each a
-    timed run after a garbage collection. A program's rounds stop once its share of the time left
+    set-up, lazy imports, compilation), then up to `runs` rounds of the modes interleaved (each
+    round in the order of the last rotated by one), each round after a garbage collection. A program's rounds stop once its share of the time left
     (until `until`, monotonic, or the deadline; the share is that time over the programs left) is
     spent, after one timed round at least. The first exception of each program is printed in full
     on standard error."""
@@ -729,7 +729,10 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
                     row["cut_short"] = f"its share of the time ({share:.1f} s) spent"
                     break
             _collect()
-            for m in modes:
+            # Each timed round starts with another mode (the modes rotated): none is always the
+            # one run right after the collection, or right after another given mode.
+            k = (rnd - 1) % len(modes) if rnd else 0
+            for m in modes[k:] + modes[:k]:
                 if m in failed:
                     continue
                 try:

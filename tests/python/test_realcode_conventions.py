@@ -5,8 +5,10 @@ judge by."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
+import signal
 import sys
 
 import pytest
@@ -84,3 +86,39 @@ def test_cost_rounds_of_a_mode_measured_apart_from_plain_are_ratioed(monkeypatch
     assert cell["plain"] == 0.01 and cell["csan"] == 0.1
     assert cell["csan_ratio"] == 10.0
     assert "csan_ratio_paired" not in cell
+
+
+def test_the_cost_rounds_rotate_the_modes(monkeypatch):
+    """`cost` runs the modes of a program in a warm-up round in their order, then each timed round
+    in the order of the one before rotated by one: no mode is always first after the collection
+    or always after the same mode. The medians and the paired ratios are of those rounds."""
+    import realcode_report
+
+    calls = []
+    seconds = {"plain": 1.0, "native": 1.5, "native-observe": 1.25}
+
+    def once(fn, mode):
+        calls.append(mode)
+        return seconds[mode], {}
+
+    monkeypatch.setattr(realcode_report, "_once", once)
+    monkeypatch.setattr(realcode_report, "_collect", lambda: None)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        out = realcode_report.Out("cost", None, {})  # (it takes SIGTERM, and freezes the heap)
+    finally:
+        signal.signal(signal.SIGTERM, term)
+        gc.unfreeze()
+    modes = ["plain", "native", "native-observe"]
+    realcode_report._cost_rows(out, [("prog", lambda *a: None, True)], modes, runs=4)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert rounds == [
+        modes,  # the warm-up
+        ["plain", "native", "native-observe"],
+        ["native", "native-observe", "plain"],
+        ["native-observe", "plain", "native"],
+        ["plain", "native", "native-observe"],
+    ]
+    cell = out.rows["prog"]["seconds"]
+    assert cell["plain"] == 1.0 and cell["native_ratio"] == 1.5 and cell["native_ratio_paired"] == 1.5
+    assert out.rows["prog"]["samples"]["native-observe"] == [1.25] * 4
