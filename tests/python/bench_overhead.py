@@ -197,11 +197,19 @@ def _checked_block(step, iters: int, device: str, profile: str) -> float:
         return _block(step, iters, device)
 
 
+def _rotated(modes: list, rnd: int) -> list:
+    """The modes in the order round `rnd` runs them: the warm-up round (0) and round 1 in their
+    order, each later round in the order of the one before rotated by one, so that no mode is
+    always the first of a round or always the one after another given mode."""
+    k = (rnd - 1) % len(modes) if rnd else 0
+    return modes[k:] + modes[:k]
+
+
 def _medians(samples: dict) -> dict:
     """Each mode's median µs per iteration, its ratio to `plain` (the ratio of the medians), the
     ratio paired by round (`ratio_paired`: the median, lowest and highest over the rounds of the
-    mode's block against the plain block of the same round, which ran just before it: a drift of
-    the host's speed from round to round cancels), and the samples."""
+    mode's block against the plain block of the same round: a drift of the host's speed from
+    round to round cancels), and the samples."""
     med = {m: statistics.median(v) for m, v in samples.items()}
     paired = {}
     for m, v in samples.items():
@@ -288,7 +296,7 @@ def _paired(step, workload: str, iters: int, rounds: int, device: str) -> dict:
     samples: dict = {m: [] for m in modes}
     stages, errors = [], set()
     for rnd in range(rounds + 1):
-        for m in modes:
+        for m in _rotated(modes, rnd):
             if m == "plain":
                 us = _block(step, iters, device)
             else:
@@ -336,7 +344,7 @@ def floor(workload: str, iters: int, rounds: int = 5, device: str = "cuda") -> d
     samples: dict = {m: [] for m in FLOOR_MODES}
     with _workload("floor", workload, device, warmup=20) as step:
         for rnd in range(rounds + 1):
-            for m in FLOOR_MODES:
+            for m in _rotated(FLOOR_MODES, rnd):
                 if m in ("observe", "streamsan"):
                     us = _checked_block(step, iters, device, PROFILE.get(m, "0"))
                 else:
@@ -373,7 +381,7 @@ def ablate(workload: str, iters: int, rounds: int = 5, device: str = "cuda", mic
     samples: dict = {m: [] for m in modes}
     with _workload("ablate", workload, device, warmup=20) as step:
         for rnd in range(rounds + 1):
-            for m in modes:
+            for m in _rotated(modes, rnd):
                 if m == "plain":
                     us = _block(step, iters, device)
                 else:

@@ -216,3 +216,15 @@ def test_csan_error_found_behind_a_failed_capture_end():
     except RuntimeError as e:
         assert str(gpu_report._csan_error(e)) == "race"
     assert gpu_report._csan_error(RuntimeError("x")) is None
+
+
+def test_the_benchmarks_rounds_rotate_the_modes():
+    """bench_overhead's interleaved rounds: the warm-up and the first timed round in the modes'
+    order, each later one rotated by one; every mode first in as many rounds as the others."""
+    modes = ["plain", "streamsan", "observe"]
+    assert bench_overhead._rotated(modes, 0) == modes
+    assert bench_overhead._rotated(modes, 1) == modes
+    assert bench_overhead._rotated(modes, 2) == ["streamsan", "observe", "plain"]
+    assert bench_overhead._rotated(modes, 3) == ["observe", "plain", "streamsan"]
+    firsts = [bench_overhead._rotated(modes, r)[0] for r in range(1, 10)]
+    assert all(firsts.count(m) == 3 for m in modes)
