@@ -20,7 +20,9 @@
 #                                                       # in processes of its own, alternated: a change
 #                                                       # against its parent (AB_PROGRAM, default the
 #                                                       # compiled decode loop; AB_SET, AB_MODES, AB_ROUNDS,
-#                                                       # AB_REPEATS: the processes per wheel)
+#                                                       # AB_REPEATS: the processes per wheel); AB_BENCH=startup:
+#                                                       # entering and leaving a check instead (bench_overhead
+#                                                       # startup --compiled, AB_N checks a process)
 #
 # WHEELDIR holds the wheel (built where Rust is, with maturin); results go under $OUT (default
 # /tmp/gpu-measure/PART), a line per step in steps.txt. SECS overrides a suite's time budget,
@@ -141,6 +143,12 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
       [ $(( i % 2 )) -eq 0 ] && order="b a"
       for x in $order; do
         [ "$(left 590)" -gt 30 ] || break 2
+        if [ "${AB_BENCH:-}" = startup ]; then
+          step_left 30 120 "$x-$i" env PYTHONPATH="/tmp/site-$x" STREAMSAN_TORCH_EXT_DIR="/tmp/streamsan-ext-$x" \
+            python3 "$here/bench_overhead.py" startup --device cuda --compiled --between 2 --inside 5 \
+            --wait-ms 0.3 --n "${AB_N:-60}" > "$O/$x-$i.json" 2> "$O/$x-$i.err"
+          continue
+        fi
         (cd "$here" && step_left 30 240 "$x-$i" env PYTHONPATH="/tmp/site-$x" \
           STREAMSAN_TORCH_EXT_DIR="/tmp/streamsan-ext-$x" python3 profile_program.py \
           "${AB_PROGRAM:-reduce-overhead LLM decode}" --set "${AB_SET:-compiled}" --rounds "${AB_ROUNDS:-15}" \
@@ -150,6 +158,11 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
     for f in "$O"/[ab]-*.txt; do
       echo "== $(basename "$f" .txt)"
       grep -E "^(plain|floor|observe|no-triton|checked)" "$f"
+    done
+    for f in "$O"/[ab]-*.json; do
+      [ -e "$f" ] || continue
+      echo "== $(basename "$f" .json) $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); \
+print('enter', d.get('enter_ms'), 'exit', d.get('exit_ms'), d.get('parts_ms'))" "$f" 2>&1)"
     done
     ;;
   *)
