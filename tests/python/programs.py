@@ -18,9 +18,9 @@ SLEEP = 50_000_000  # cycles: tens of milliseconds, far longer than any copy or 
 
 def side_stream_without_wait(fixed: bool, widen: bool) -> bool:
     """A side stream reads what the default stream writes, without waiting for it."""
-    main = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
     x = torch.full((N,), -1.0, device="cuda")
+    side.wait_stream(main)  # x's first values (else the read may see an earlier run's 1.0s)
     if widen:
         torch.cuda._sleep(SLEEP)
     x.fill_(1.0)
