@@ -14,7 +14,9 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
   wrapper that only calls the original (what any Python wrapper there costs, against the
   recorder's);
 - `no-triton`: a check without Triton's launch hooks;
-- `checked`: a check.
+- `checked`: a check;
+- `stages`: a check with the recorder's stages timed (`_profile="1"`): its `recorder_profile_*`
+  counts, medians of the rounds, are printed after the times.
 
 The modes run in rounds, the order rotated each round (so that no mode always follows the same
 one). Each checked mode's time is also split into entering the check (`__enter__`), the program's
@@ -117,13 +119,15 @@ def main() -> None:
     install_triton = _recorder.Recorder._install_triton
     install_patches = _recorder._install_patches
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked"}
+    known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked",
+             "stages"}
     if not modes or {m for m in modes if not m.startswith("observe-without-")} - known:
         sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
     if "plain" not in modes:
         modes.insert(0, "plain")
 
     parts: dict = {}  # mode -> (enter, body, leave) seconds of each round
+    stages: list = []  # the recorder's stage counts of each `stages` run
 
     def once(mode: str) -> float:
         torch.cuda.synchronize()
@@ -152,12 +156,14 @@ def main() -> None:
                 warnings.simplefilter("ignore")
                 observe = mode.startswith("observe")
                 run = streamsan.torch.Run(raise_on_hazard=False, backend="native",
-                                          _profile="observe" if observe else "0")
+                                          _profile="observe" if observe else "1" if mode == "stages" else "0")
                 with run:
                     t1 = time.perf_counter()
                     fn(True, False)
                     torch.cuda.synchronize()
                     t2 = time.perf_counter()
+                    if mode == "stages":
+                        stages.append({k: v for k, v in run.stats().items() if k.startswith("recorder_profile_")})
         finally:
             _recorder.Recorder._install_triton = install_triton
             _recorder._install_patches = install_patches
@@ -170,6 +176,7 @@ def main() -> None:
     for m in modes:  # warm-up: compiles, caches
         once(m)
     parts.clear()
+    stages.clear()
     samples: dict = {m: [] for m in modes}
     for r in range(args.rounds):
         for m in modes[r % len(modes):] + modes[: r % len(modes)]:
@@ -188,6 +195,14 @@ def main() -> None:
     for k in ("recorder_triton_launches", "ops", "recorder_sites_without_gil", "recorder_sites_with_gil"):
         if k in st:
             print(f"{k}: {st[k]}")
+    if stages:  # medians over the `stages` rounds: ms for the times, counts as they are
+        print(f"stages (medians of {len(stages)} runs; ms where `_seconds`):")
+        for k in stages[0]:
+            vals = [s[k] for s in stages if isinstance(s.get(k), (int, float))]
+            if vals:
+                v = statistics.median(vals)
+                shown = f"{v * 1e3:.3f} ms" if k.endswith("_seconds") else f"{v:g}"
+                print(f"  {k[len('recorder_profile_'):]}: {shown}")
 
     def show(prof: cProfile.Profile, what: str) -> None:
         for key in ("tottime", "cumulative"):

@@ -1195,9 +1195,11 @@ def table(files: list[str]) -> str:
     return "\n".join(out)
 
 
-# The recorder's stages (STREAMSAN_PROFILE=1), and `callbacks`: all the time inside its dispatcher
-# callbacks (the stages there, and the ops it passes by)
-PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks", "resolver")
+# The recorder's stages (STREAMSAN_PROFILE=1), `callbacks`: all the time inside its dispatcher
+# callbacks (the stages there, and the ops it passes by), and `kernels`: all the time inside its
+# entries for Triton's launches (`record_triton`, `record_kernel`; "-" before they were timed)
+PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks", "kernels",
+                  "resolver")
 
 
 def profile_table(cost: dict) -> str:

@@ -146,15 +146,18 @@ def test_profile_counts_each_stage(monkeypatch):
             for _ in range(50):
                 x.add_(1)
             ext.fake_gpu_trace("record", 0xE1, 0xA)
+            # A Triton launch handed over whole (as TritonHooks' direct entry does): `kernels`
+            for _ in range(20):
+                assert ext.record_triton("triton_poi_fused_add_0", 0xA, bytes([3]), (x,)) == (1 if mode == "1" else 0)
             st = run.stats()
         return run, st
 
     run, st = profiled("1")
     assert st["recorder_profile_ops"] >= 50
     assert st["recorder_profile_callbacks"] >= st["recorder_profile_ops"]
-    for k in ("regions", "site", "serialize", "syncs"):
+    for k in ("regions", "site", "serialize", "syncs", "kernels"):
         assert st[f"recorder_profile_{k}_seconds"] > 0, (k, st)
-    assert run.report.ops >= 51
+    assert run.report.ops >= 71
 
     run, st = profiled("observe")
     assert st["recorder_profile_ops"] == 0 and st["recorder_profile_callbacks"] == 0

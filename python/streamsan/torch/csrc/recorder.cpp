@@ -455,6 +455,7 @@ struct Profile {
   std::atomic<uint64_t> handover{0};   // batches handed to the checker (Python's sink)
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> callback_total{0};  // everything inside the RecordFunction callbacks
+  std::atomic<uint64_t> kernels{0};  // everything inside record_triton and record_kernel (Triton's launches)
   std::atomic<uint64_t> resolver{0};   // records written (resolved and turned into text), any thread
   std::atomic<uint64_t> resolved{0};   // records written from the queue
   std::atomic<uint64_t> deferred{0};   // records queued
@@ -470,6 +471,18 @@ uint64_t now_ns() {
                                    std::chrono::steady_clock::now().time_since_epoch())
                                    .count());
 }
+
+// Adds the time from its making to its end to `total` when the recorder's stages are timed.
+struct StageTimer {
+  std::atomic<uint64_t>& total;
+  uint64_t t0;
+  StageTimer(std::atomic<uint64_t>& total, bool on) : total(total), t0(on ? now_ns() : 0) {}
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+  ~StageTimer() {
+    if (t0 != 0) total += now_ns() - t0;
+  }
+};
 
 // Benchmarks only (bench_overhead.py ablate): parts of recording left out, to measure what each
 // costs in place. A check with any of the first four on records a wrong trace; tests never set them.
@@ -2919,7 +2932,7 @@ void reset() {
   }
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
                   &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
-                  &S->prof.callback_total, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
+                  &S->prof.callback_total, &S->prof.kernels, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
                   &S->prof.caught_up, &S->prof.quieted}) {
     c->store(0);
   }
@@ -3028,6 +3041,7 @@ bool recording() {
 // A Triton kernel's launch with `accesses` = [(tensor, read, write)] (see record_launch).
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
   if (!recording()) return false;
+  StageTimer timed(S->prof.kernels, S->profiling.load(std::memory_order_relaxed));
   c10::SmallVector<Access, 8> all;
   for (py::handle item : accesses) {
     auto tup = item.cast<py::tuple>();
@@ -3055,6 +3069,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
 // `tl.dtype` constexpr) holds no memory, as for the hooks' `_apply`.
 int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
   if (!recording()) return 0;
+  StageTimer timed(S->prof.kernels, S->profiling.load(std::memory_order_relaxed));
   char* role_data = nullptr;
   Py_ssize_t n_roles = 0;
   if (PyBytes_AsStringAndSize(roles.ptr(), &role_data, &n_roles) != 0) {
@@ -3464,6 +3479,7 @@ py::dict profile() {
   d["syncs_seconds"] = sec(S->prof.syncs);
   d["handover_seconds"] = sec(S->prof.handover);
   d["callbacks_seconds"] = sec(S->prof.callback_total);
+  d["kernels_seconds"] = sec(S->prof.kernels);
   d["resolver_seconds"] = sec(S->prof.resolver);
   d["resolved"] = S->prof.resolved.load();
   d["deferred"] = S->prof.deferred.load();
