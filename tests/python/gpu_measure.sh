@@ -15,6 +15,11 @@
 #                                                       # the patches, checked with and without Triton's hooks),
 #                                                       # after a graph's replays by wrapper (bench_replay.py);
 #                                                       # entering and leaving a check under cProfile
+#   bash tests/python/gpu_measure.sh kernels  WHEELDIR  # compiled ViT-Tiny inference, nanoGPT loop and SDPA
+#                                                       # by mode (profile_program.py: floor, observing with and
+#                                                       # without Triton's hooks and the patches, checked with
+#                                                       # and without the hooks, the recorder's stages with
+#                                                       # `kernels`, the time inside its Triton entries)
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -33,7 +38,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe, profile or ab}
+part=${1:?part: eager, compiled, all, observe, profile, kernels or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -126,6 +131,17 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
     cat "$O/replay.txt"; head -22 "$O/decode.txt"; head -16 "$O/amp.txt" 2>/dev/null
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, v) for k, v in d.items() if k != 'profile']; [print(r) for r in d.get('profile', [])[:25]]" "$O/startup-profile.json" 2>&1 | head -40
     ;;
+  kernels)
+    site
+    step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    for w in "ViT-Tiny inference:vit:11" "nanoGPT:nanogpt:7" "SDPA:sdpa:11"; do
+      IFS=: read -r prog key rounds <<< "$w"
+      (cd "$here" && step_left 40 200 "$key" python3 profile_program.py "$prog" --set compiled --rounds "$rounds" \
+        --top 0 --modes plain,floor,observe,observe-no-triton,observe-no-patches-no-triton,no-triton,checked,stages \
+        > "$O/$key.txt" 2>&1)
+    done
+    for key in vit nanogpt sdpa; do grep -v -i warn "$O/$key.txt" 2>/dev/null | head -40; done
+    ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
     # each wheel in a folder of its own, its C++ recorder built apart, the processes alternated.
@@ -166,7 +182,7 @@ print('enter', d.get('enter_ms'), 'exit', d.get('exit_ms'), d.get('parts_ms'))" 
     done
     ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, ab)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, ab)" >&2
     exit 2
     ;;
 esac

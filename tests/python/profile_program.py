@@ -13,7 +13,9 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `observe-passthrough-replay`: observing with `CUDAGraph.replay` patched for the check by a
   wrapper that only calls the original (what any Python wrapper there costs, against the
   recorder's);
-- `no-triton`: a check without Triton's launch hooks;
+- `no-triton`: a check without Triton's launch hooks; `observe-no-triton`, observing without
+  them (what the hooks' Python costs when the recorder takes nothing), and
+  `observe-no-patches-no-triton`, observing without either;
 - `checked`: a check;
 - `stages`: a check with the recorder's stages timed (`_profile="1"`): its `recorder_profile_*`
   counts, medians of the rounds, are printed after the times.
@@ -98,8 +100,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--modes", default="plain,observe,no-triton,checked",
-                   help="comma-separated: plain, floor, observe, observe-no-patches, observe-without-A+B…, "
-                   "observe-passthrough-replay, no-triton, checked")
+                   help="comma-separated: plain, floor, observe, observe-no-patches, observe-no-triton, "
+                   "observe-no-patches-no-triton, observe-without-A+B…, observe-passthrough-replay, no-triton, "
+                   "checked, stages")
     p.add_argument("--profile-plain", action="store_true", help="also profile one plain run")
     args = p.parse_args()
 
@@ -120,7 +123,7 @@ def main() -> None:
     install_patches = _recorder._install_patches
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked",
-             "stages"}
+             "stages", "observe-no-triton", "observe-no-patches-no-triton"}
     if not modes or {m for m in modes if not m.startswith("observe-without-")} - known:
         sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
     if "plain" not in modes:
@@ -143,9 +146,9 @@ def main() -> None:
                 if ext is not None:
                     ext.bench_floor(False, True)
             return time.perf_counter() - t0
-        if mode == "no-triton":
+        if mode.endswith("no-triton"):
             _recorder.Recorder._install_triton = lambda self: None
-        if mode == "observe-no-patches":
+        if mode.startswith("observe-no-patches"):
             _recorder._install_patches = lambda rec: _recorder._Patches()
         if mode.startswith("observe-without-"):
             _recorder._install_patches = install_patches_without(set(mode[len("observe-without-"):].split("+")))
