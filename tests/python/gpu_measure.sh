@@ -140,7 +140,12 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
         --top 0 --modes plain,floor,observe,observe-no-triton,observe-no-patches-no-triton,no-triton,checked,stages \
         > "$O/$key.txt" 2>&1)
     done
+    # the same launch paths on this host's CPU, the stand-in autotuner with CPU tensors (the
+    # host's speed against the project's CPU machine, where docs/performance.md has them)
+    step_left 20 60 launch-cpu python3 -m pytest -q -s -p no:cacheprovider \
+      "$here/bench_triton_record.py" > "$O/launch-cpu.txt" 2>&1
     for key in vit nanogpt sdpa; do grep -v -i warn "$O/$key.txt" 2>/dev/null | head -40; done
+    grep -E "µs|passed|failed" "$O/launch-cpu.txt" | head -12
     ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
