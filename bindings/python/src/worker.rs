@@ -583,28 +583,26 @@ impl Shared {
         let Some(worker) = self.me.upgrade() else {
             return;
         };
+        // Said before a thread has the check: one that checks it and is done at once is still
+        // waited for by the caller that takes it (`take_thread`).
+        self.thread.store(true, Ordering::Relaxed);
         let worker = match hand_to_idle(worker) {
-            Ok(()) => {
-                self.thread.store(true, Ordering::Relaxed);
-                return;
-            }
+            Ok(()) => return,
             Err(worker) => worker,
         };
+        // Not joined: it goes on to wait for the next check (a check is over with its thread
+        // when `exited`).
         let spawned = std::thread::Builder::new()
             .name("streamsan-checker".into())
             .spawn(move || serve_checks(worker));
-        match spawned {
-            // Not joined: it goes on to wait for the next check (a check is over with its
-            // thread when `exited`).
-            Ok(_) => self.thread.store(true, Ordering::Relaxed),
-            Err(e) => {
-                eprintln!(
-                    "streamsan: cannot start the checker's thread: {e}; checking on the \
-                     threads that hand the ops over"
-                );
-                lock(&self.state).no_thread = true;
-                self.check_queued_here(true);
-            }
+        if let Err(e) = spawned {
+            self.thread.store(false, Ordering::Relaxed);
+            eprintln!(
+                "streamsan: cannot start the checker's thread: {e}; checking on the \
+                 threads that hand the ops over"
+            );
+            lock(&self.state).no_thread = true;
+            self.check_queued_here(true);
         }
     }
 
