@@ -1266,6 +1266,12 @@ class _Watcher(importlib.abc.MetaPathFinder):
 _WATCHER = _Watcher()
 
 
+def _imported(module_name: str, cls_name: str) -> Any:
+    """The module `module_name` where it is imported and has its class `cls_name`, else None."""
+    module = sys.modules.get(module_name)
+    return module if module is not None and getattr(module, cls_name, None) is not None else None
+
+
 class TritonHooks:
     """Records Triton kernel launches (see the module's docstring) while installed.
 
@@ -1383,19 +1389,18 @@ class TritonHooks:
                     self._target_of[id(patch)] = target
                     continue
                 (module_name, cls_name, _attr), _kind = target
-                module = sys.modules.get(module_name)
-                if module is not None and getattr(module, cls_name, None) is not None:
-                    # Imported already: patched now, with nothing to watch for (only a watch
-                    # left from an earlier install to take off).
-                    self._attach(module, target)
-                    if _WATCHER.pending.get(module_name):
-                        self._unwatch_one(module_name, target)
-                    continue
-                if not self._watching(module_name, target):
-                    _WATCHER.watch(module_name, self, target)  # first: an import racing us is seen
-                module = sys.modules.get(module_name)
-                if module is not None and getattr(module, cls_name, None) is not None:
-                    self._attach(module, target)
+                module = _imported(module_name, cls_name)
+                if module is None:
+                    # Watched first, then looked at again: an import racing us is seen.
+                    if not self._watching(module_name, target):
+                        _WATCHER.watch(module_name, self, target)
+                    module = _imported(module_name, cls_name)
+                    if module is None:
+                        continue
+                # Imported: patched now, and not watched for (a watch left from an earlier
+                # install, or the one above, taken off; the import's own hook took it if it ran).
+                self._attach(module, target)
+                if _WATCHER.pending.get(module_name):
                     self._unwatch_one(module_name, target)
             for patch in kept.values():  # kept under no target of these hooks: not theirs to keep
                 if not patch.listeners and not patch.kept_by:
