@@ -45,6 +45,8 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bench_overhead import _rotated  # noqa: E402  (the order of an interleaved round's modes)
+
 
 def _install_patches_remade(remake):
     """A stand-in for the recorder's `_install_patches` in which `remake(attr, make)` decides,
@@ -182,7 +184,7 @@ def main() -> None:
     stages.clear()
     samples: dict = {m: [] for m in modes}
     for r in range(args.rounds):
-        for m in modes[r % len(modes):] + modes[: r % len(modes)]:
+        for m in _rotated(modes, r + 1):
             samples[m].append(once(m))
     plain = statistics.median(samples["plain"])
     for m in modes:

@@ -121,6 +121,7 @@ def _log(msg: str) -> None:
     print(f"[realcode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+from bench_overhead import _rotated  # noqa: E402  (the order of an interleaved round's modes)
 from gpu_report import _csan_error, load, merge  # noqa: E402  (the suite report's helpers)
 
 
@@ -731,8 +732,7 @@ def _cost_rows(out: Out, progs, modes: list[str], runs: int, until: float | None
             _collect()
             # Each timed round starts with another mode (the modes rotated): none is always the
             # one run right after the collection, or right after another given mode.
-            k = (rnd - 1) % len(modes) if rnd else 0
-            for m in modes[k:] + modes[:k]:
+            for m in _rotated(modes, rnd):
                 if m in failed:
                     continue
                 try:
