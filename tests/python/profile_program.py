@@ -197,7 +197,8 @@ def main() -> None:
             print(f"{m:10s} enter {enter:6.3f} ms  body {body:7.3f} ms ({body / plain * 1e-3:.2f}x plain)  "
                   f"leave {leave:6.3f} ms")
     st = getattr(once, "stats", {})
-    for k in ("recorder_triton_launches", "ops", "recorder_sites_without_gil", "recorder_sites_with_gil"):
+    for k in ("recorder_triton_launches", "ops", "recorder_sites_without_gil", "recorder_sites_with_gil",
+              "recorder_queue_caught_up", "checker_busy_seconds", "queue_waited_seconds"):
         if k in st:
             print(f"{k}: {st[k]}")
     if stages:  # medians over the `stages` rounds: ms for the times, counts as they are
