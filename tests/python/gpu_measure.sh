@@ -68,7 +68,7 @@ site() {  # the wheel installed into /tmp/site (as gpu_realcode.sh and gpu_all.s
 }
 case "$part" in
   eager)
-    OUT=$O/eager REALCODE_PYTHON_COST=0 REALCODE_SET=realcode REALCODE_PROFILE=1 REALCODE_SECONDS=${SECS:-480} \
+    OUT=$O/eager REALCODE_PYTHON_COST=0 REALCODE_SET=realcode REALCODE_PROFILE=1 REALCODE_STEADY=${STEADY:-1} REALCODE_SECONDS=${SECS:-480} \
       step eager-suite 560 bash "$here/gpu_realcode.sh" "$wheels" > "$O/eager-stdout.txt" 2>&1
     site
     l=$(left 575)
@@ -77,7 +77,7 @@ case "$part" in
     tail -45 "$O/eager-stdout.txt"; tail -c 1200 "$O/paired-mlp.json"; echo
     ;;
   compiled)
-    OUT=$O/compiled REALCODE_PYTHON_COST=0 REALCODE_SET=compiled REALCODE_PROFILE=1 REALCODE_SECONDS=${SECS:-520} \
+    OUT=$O/compiled REALCODE_PYTHON_COST=0 REALCODE_SET=compiled REALCODE_PROFILE=1 REALCODE_STEADY=${STEADY:-1} REALCODE_SECONDS=${SECS:-520} \
       step compiled-suite 560 bash "$here/gpu_realcode.sh" "$wheels" > "$O/compiled-stdout.txt" 2>&1
     site
     l=$(left 585)

@@ -46,7 +46,9 @@
 # times the C++ recorder observing only and with its stages timed: `cost --profile`, the table's
 # "Where the time goes"), REALCODE_AT_ONCE=1 (the cost step also times the C++ recorder writing
 # its records on the program's thread: `cost --at-once`, STREAMSAN_DEFER=0; each round is longer,
-# and the programs that capture CUDA graphs, timed last, may get no time), REALCODE_PYTHON_COST=0
+# and the programs that capture CUDA graphs, timed last, may get no time), REALCODE_STEADY=1 (the
+# cost step also times each program's third run inside one check around three: `cost --steady`,
+# a long run's cost per step), REALCODE_PYTHON_COST=0
 # (the cost step without the Python recorder),
 # REALCODE_ALLOW_SKIPS=1 (a program whose
 # library is missing does not fail the summary), REALCODE_WARM_JOBS (4) and
@@ -221,6 +223,7 @@ machine_state cost
 cost_flags=()
 [ "${REALCODE_PROFILE:-0}" = 1 ] && cost_flags+=(--profile)
 [ "${REALCODE_AT_ONCE:-0}" = 1 ] && cost_flags+=(--at-once)
+[ "${REALCODE_STEADY:-0}" = 1 ] && cost_flags+=(--steady)
 [ "${REALCODE_PYTHON_COST:-1}" = 0 ] && cost_flags+=(--no-python)
 run cost 600 "$tmp/cost.json" python3 $report cost --runs "$cost_runs" "${cost_flags[@]}" --deadline-seconds @DEADLINE@ "${sets[@]}" "${only[@]}"
 logged cost

@@ -624,6 +624,13 @@ PROFILE_MODES = {"native-observe": "observe", "native-stages": "1"}
 # And the C++ recorder writing its records on the program's thread (STREAMSAN_DEFER=0), against
 # its default (records written by its own thread), in the same rounds.
 AT_ONCE = "native-at-once"
+# And the program checked the way a long run is (`cost --steady`): one check around three runs,
+# the first two under it untimed, the third timed — what each run costs once the check is
+# entered and has seen the program (the check's entry and exit, and the first run's first sight
+# of every buffer and line, are not in it). The run is timed to its last synchronization, as
+# plain is.
+STEADY = "native-steady"
+STEADY_WARM_RUNS = 2
 
 # Timed rounds of the Python recorder in `cost` (at most; `--runs` bounds the others).
 PYTHON_COST_RUNS = 3
@@ -656,6 +663,8 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
         return time.perf_counter() - t0, info
     import streamsan.torch
 
+    if mode == STEADY:
+        return _once_steady(fn)
     backend = "native" if mode in PROFILE_MODES or mode == AT_ONCE else mode
     with mock.patch.dict(os.environ):
         os.environ.pop("STREAMSAN_DEFER", None)
@@ -686,6 +695,27 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
             if k in stats:
                 info["profile"][k if k != "ops" else "checked_ops"] = stats[k]
     return seconds, info
+
+
+def _once_steady(fn) -> tuple[float, dict]:
+    """One run of `fn` timed inside a check that has already run it STEADY_WARM_RUNS times (see
+    STEADY)."""
+    import torch
+    import streamsan.torch
+
+    with mock.patch.dict(os.environ):
+        os.environ.pop("STREAMSAN_DEFER", None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native") as run:
+                for _ in range(STEADY_WARM_RUNS):
+                    fn(True, False)
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn(True, False)
+                torch.cuda.synchronize()
+                seconds = time.perf_counter() - t0
+    return seconds, {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
 
 
 def _fail_text(e: BaseException, mode: str) -> str:
@@ -840,6 +870,8 @@ def _cost_child(out: Out, a, name: str, clean: bool, mine: float, later: float) 
         cmd.append("--profile")
     if getattr(a, "at_once", False):
         cmd.append("--at-once")
+    if getattr(a, "steady", False):
+        cmd.append("--steady")
     if getattr(a, "no_python", False):
         cmd.append("--no-python")
     if seconds is not None:
@@ -908,7 +940,8 @@ def run_cost(a) -> Out:
         # (a Python call at every allocation and free from then on, plain runs included); the C++
         # recorder puts back what it found.
         modes = (["plain", "native"] + (list(PROFILE_MODES) if a.profile else [])
-                 + ([AT_ONCE] if getattr(a, "at_once", False) else []))
+                 + ([AT_ONCE] if getattr(a, "at_once", False) else [])
+                 + ([STEADY] if getattr(a, "steady", False) else []))
         python_end = end
         if not a.no_python and end is not None:
             end = time.monotonic() + 0.75 * (end - time.monotonic())
@@ -1147,9 +1180,9 @@ def table(files: list[str]) -> str:
     c, w = data.get("csan", {}), data.get("widen", {})
     cost, ccost = data.get("cost", {}), data.get("cost-csan", {})
     out = ["| program | streamsan native | streamsan python | CSAN | corrupted widened (buggy/fixed or clean) "
-           "| Triton launches (native) | plain ms | native ms (×) | python ms (×) | CSAN ms (×) "
+           "| Triton launches (native) | plain ms | native ms (×) | steady ms (×) | python ms (×) | CSAN ms (×) "
            f"| cost goal (compiled: native ≤ {COST_GOAL}×) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes, failures, starred, any_compiled = [], [], False, False
     for name in _names(data):
         clean = _is_clean(data, name)
@@ -1169,7 +1202,8 @@ def table(files: list[str]) -> str:
                    f"| {_streamsan_cell(native.get(name), clean)} "
                    f"| {_streamsan_cell(python.get(name), clean)}{eager} | {csan}{eager} | {wid} "
                    f"| {_triton_cell(native.get(name), clean)} "
-                   f"| {_ms(crow, 'plain')} | {_ms(crow, 'native')} | {_ms(crow, 'python')}{eager} | {csan_ms}{eager} "
+                   f"| {_ms(crow, 'plain')} | {_ms(crow, 'native')} | {_ms(crow, STEADY)} | {_ms(crow, 'python')}{eager} "
+                   f"| {csan_ms}{eager} "
                    f"| {_goal(crow, compiled)} |")
         note = _note_text(data, name)
         if note:
@@ -1239,6 +1273,25 @@ def profile_table(cost: dict) -> str:
     return "\n".join(out)
 
 
+def cost_overview(*costs: dict) -> str:
+    """One line per mode measured (`native`, `native-steady`, and CSAN's where merged in): the
+    median of the programs' ratios to plain, the range, and how many are within 1.1×, 1.2× and
+    1.3×; "" when no program has a ratio."""
+    lines = []
+    for mode, what in (("native", "checked (each run a check of its own)"),
+                       (STEADY, "checked, a long run's step (the third run in one check)"),
+                       ("native-observe", "observing only"), ("csan", "CSAN")):
+        ratios = sorted(r["seconds"][f"{mode}_ratio"] for cost in costs for r in cost.values()
+                        if isinstance(r, dict) and isinstance(r.get("seconds"), dict)
+                        and isinstance(r["seconds"].get(f"{mode}_ratio"), (int, float)))
+        if not ratios:
+            continue
+        within = ", ".join(f"{sum(x <= g for x in ratios)} within {g}x" for g in (1.1, 1.2, 1.3))
+        lines.append(f"  {what}: median {statistics.median(ratios):.3f}x, {ratios[0]:.2f}-{ratios[-1]:.2f}x, "
+                     f"{within} (of {len(ratios)})")
+    return "cost against plain (median rounds):\n" + "\n".join(lines) if lines else ""
+
+
 def _grid(rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = []
@@ -1284,7 +1337,8 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
               "meta-cost-csan"):
         if data.get(m, {}).get("stopped"):
             notes.append(f"{m[5:]} stopped early: {data[m]['stopped']}")
-    head = ["program", "native", "python", "CSAN", "widened", "triton", "native x", "goal", "python x", "CSAN x"]
+    head = ["program", "native", "python", "CSAN", "widened", "triton", "native x", "steady x", "goal", "python x",
+            "CSAN x"]
     grid = [head]
     goals: dict = {"met": [], "NOT met": [], "unmeasured": []}
     any_compiled = False
@@ -1342,7 +1396,7 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
             goals[goal].append(f"{name} ({_ratio(cost, 'seconds', 'native')})")
         grid.append([name[:48] + ("" if clean else " (bug)") + (" †" if compiled else ""), *cells,
                      _triton_cell(data.get("streamsan-native", {}).get(name), clean),
-                     _ratio(cost, "seconds", "native"), goal,
+                     _ratio(cost, "seconds", "native"), _ratio(cost, "seconds", STEADY), goal,
                      _ratio(cost, "seconds", "python"), _ratio(ccost, "seconds", "csan", _plain(cost))])
         note = _note_text(data, name)
         if note:
@@ -1365,6 +1419,9 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
                        "TorchDispatchMode is active), so their verdicts and costs on it are the eager program's "
                        f"(\"python (eager)\" below); goal: native at most {COST_GOAL}x plain (not a criterion)")
         parts.append(legend + "\n" + _grid(grid))
+    overview = cost_overview(data.get("cost", {}), data.get("cost-csan", {}))
+    if overview:
+        notes.append(overview)
     if any(goals.values()):
         lines = [f"cost goal of the compiled programs (native at most {COST_GOAL}x plain; not a criterion): "
                  f"{len(goals['met'])} met, {len(goals['NOT met'])} not met, {len(goals['unmeasured'])} unmeasured"]
@@ -1399,6 +1456,9 @@ def main() -> None:
                    help="cost: also the C++ recorder observing only and with its stages timed (STREAMSAN_PROFILE)")
     p.add_argument("--at-once", action="store_true",
                    help="cost: also the C++ recorder writing its records on the program's thread (STREAMSAN_DEFER=0)")
+    p.add_argument("--steady", action="store_true",
+                   help="cost: also each program's third run inside one check around three (the check's entry, exit "
+                        "and first run not in it: a long run's cost per step)")
     p.add_argument("--no-python", action="store_true", help="cost: not the Python recorder")
     p.add_argument("--set", dest="suite", default="all", choices=SUITES,
                    help="the suite: realcode.py's programs, realcode_compiled.py's, or both (all)")

@@ -122,3 +122,55 @@ def test_the_cost_rounds_rotate_the_modes(monkeypatch):
     cell = out.rows["prog"]["seconds"]
     assert cell["plain"] == 1.0 and cell["native_ratio"] == 1.5 and cell["native_ratio_paired"] == 1.5
     assert out.rows["prog"]["samples"]["native-observe"] == [1.25] * 4
+
+
+def test_a_steady_round_times_the_third_run_inside_one_check(monkeypatch):
+    """`cost --steady` enters one check, runs the program twice untimed, and times the third run
+    alone (a long run's step: not the check's entry or exit, nor the first run under it)."""
+    import time
+
+    import torch
+
+    import realcode_report
+    import streamsan.torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    runs = []
+    entered = []
+    real_enter = streamsan.torch.Run.__enter__
+
+    def enter(self):
+        entered.append(len(runs))
+        return real_enter(self)
+
+    monkeypatch.setattr(streamsan.torch.Run, "__enter__", enter)
+
+    def program(fixed, widen):
+        runs.append((fixed, widen))
+        time.sleep(0.2 if len(runs) <= 2 else 0.0)  # the untimed runs are the slow ones
+
+    seconds, info = realcode_report._once(program, realcode_report.STEADY)
+    assert runs == [(True, False)] * 3
+    assert entered == [0]  # one check, entered before the first run
+    assert seconds < 0.15
+    assert info["errors"] == 0 and info["backend"] in ("native", "python")
+
+
+def test_the_cost_overview_counts_the_programs_within_each_bound():
+    import realcode_report as rr
+
+    def row(native, steady=None):
+        sec = {"plain": 0.01, "native_ratio": native}
+        if steady is not None:
+            sec[f"{rr.STEADY}_ratio"] = steady
+        return {"seconds": sec}
+
+    cost = {"a": row(1.05, 1.02), "b": row(1.15, 1.08), "c": row(1.25, 1.19), "d": row(1.4)}
+    text = rr.cost_overview(cost, {"a": {"seconds": {"csan_ratio": 9.5}}})
+    lines = text.splitlines()
+    assert lines[0] == "cost against plain (median rounds):"
+    assert "each run a check of its own): median 1.200x, 1.05-1.40x, 1 within 1.1x, 2 within 1.2x, " \
+           "3 within 1.3x (of 4)" in lines[1]
+    assert "long run's step" in lines[2] and "median 1.080x, 1.02-1.19x, 2 within 1.1x, 3 within 1.2x" in lines[2]
+    assert "CSAN: median 9.500x" in lines[3]
+    assert rr.cost_overview({}) == ""
