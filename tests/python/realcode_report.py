@@ -1231,9 +1231,10 @@ def table(files: list[str]) -> str:
 
 # The recorder's stages (STREAMSAN_PROFILE=1), `callbacks`: all the time inside its dispatcher
 # callbacks (the stages there, and the ops it passes by), and `kernels`: all the time inside its
-# entries for Triton's launches (`record_triton`, `record_kernel`; "-" before they were timed)
+# entries for Triton's launches (`record_triton`, `record_kernel`; "-" before they were timed), and
+# its parts: the arguments' regions, the user's site, the record queued
 PROFILE_STAGES = ("regions", "site", "serialize", "allocator", "syncs", "handover", "callbacks", "kernels",
-                  "resolver")
+                  "kernels_regions", "kernels_site", "kernels_submit", "resolver")
 
 
 def profile_table(cost: dict) -> str:

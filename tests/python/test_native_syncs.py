@@ -155,8 +155,12 @@ def test_profile_counts_each_stage(monkeypatch):
     run, st = profiled("1")
     assert st["recorder_profile_ops"] >= 50
     assert st["recorder_profile_callbacks"] >= st["recorder_profile_ops"]
-    for k in ("regions", "site", "serialize", "syncs", "kernels"):
+    for k in ("regions", "site", "serialize", "syncs", "kernels", "kernels_regions", "kernels_site",
+              "kernels_submit"):
         assert st[f"recorder_profile_{k}_seconds"] > 0, (k, st)
+    # the parts of `kernels` are inside it
+    parts = sum(st[f"recorder_profile_kernels_{k}_seconds"] for k in ("regions", "site", "submit"))
+    assert parts <= st["recorder_profile_kernels_seconds"], st
     assert run.report.ops >= 71
 
     run, st = profiled("observe")

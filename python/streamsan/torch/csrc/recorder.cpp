@@ -456,6 +456,11 @@ struct Profile {
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> callback_total{0};  // everything inside the RecordFunction callbacks
   std::atomic<uint64_t> kernels{0};  // everything inside record_triton and record_kernel (Triton's launches)
+  // The parts of `kernels`: the arguments' regions, the user's site, the record queued (and the
+  // rest of record_launch: the enclosing op's covered regions, the name quoted)
+  std::atomic<uint64_t> kernels_regions{0};
+  std::atomic<uint64_t> kernels_site{0};
+  std::atomic<uint64_t> kernels_submit{0};
   std::atomic<uint64_t> resolver{0};   // records written (resolved and turned into text), any thread
   std::atomic<uint64_t> resolved{0};   // records written from the queue
   std::atomic<uint64_t> deferred{0};   // records queued
@@ -479,8 +484,11 @@ struct StageTimer {
   StageTimer(std::atomic<uint64_t>& total, bool on) : total(total), t0(on ? now_ns() : 0) {}
   StageTimer(const StageTimer&) = delete;
   StageTimer& operator=(const StageTimer&) = delete;
-  ~StageTimer() {
+  ~StageTimer() { stop(); }
+  // Counts the time until now, once (the destructor then adds nothing).
+  void stop() {
     if (t0 != 0) total += now_ns() - t0;
+    t0 = 0;
   }
 };
 
@@ -2932,7 +2940,8 @@ void reset() {
   }
   for (auto* c : {&S->prof.ops, &S->prof.callbacks, &S->prof.regions, &S->prof.site, &S->prof.serialize,
                   &S->prof.allocator, &S->prof.syncs, &S->prof.handover, &S->prof.batches,
-                  &S->prof.callback_total, &S->prof.kernels, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
+                  &S->prof.callback_total, &S->prof.kernels, &S->prof.kernels_regions, &S->prof.kernels_site,
+                  &S->prof.kernels_submit, &S->prof.resolver, &S->prof.resolved, &S->prof.deferred,
                   &S->prof.caught_up, &S->prof.quieted}) {
     c->store(0);
   }
@@ -3015,8 +3024,14 @@ py::object pool_name(int64_t a, int64_t b) {
 // nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
 // op around the kernel) does not write these regions again. GIL held.
 void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
   ThreadState& t = tls();
-  Site site = op_site(t);
+  Site site;
+  {
+    StageTimer timed(S->prof.kernels_site, profiling);
+    site = op_site(t);
+  }
+  StageTimer timed(S->prof.kernels_submit, profiling);
   if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back());
   if (!t.frames.empty()) {
     Frame& parent = t.frames.back();
@@ -3069,7 +3084,9 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
 // `tl.dtype` constexpr) holds no memory, as for the hooks' `_apply`.
 int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
   if (!recording()) return 0;
-  StageTimer timed(S->prof.kernels, S->profiling.load(std::memory_order_relaxed));
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  StageTimer timed(S->prof.kernels, profiling);
+  StageTimer regions(S->prof.kernels_regions, profiling);  // (stopped below, before the record)
   char* role_data = nullptr;
   Py_ssize_t n_roles = 0;
   if (PyBytes_AsStringAndSize(roles.ptr(), &role_data, &n_roles) != 0) {
@@ -3107,6 +3124,7 @@ int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py:
       }
     }
   }
+  regions.stop();
   record_launch(name, stream, device, all);
   return 1;
 }
@@ -3480,6 +3498,9 @@ py::dict profile() {
   d["handover_seconds"] = sec(S->prof.handover);
   d["callbacks_seconds"] = sec(S->prof.callback_total);
   d["kernels_seconds"] = sec(S->prof.kernels);
+  d["kernels_regions_seconds"] = sec(S->prof.kernels_regions);
+  d["kernels_site_seconds"] = sec(S->prof.kernels_site);
+  d["kernels_submit_seconds"] = sec(S->prof.kernels_submit);
   d["resolver_seconds"] = sec(S->prof.resolver);
   d["resolved"] = S->prof.resolved.load();
   d["deferred"] = S->prof.deferred.load();
