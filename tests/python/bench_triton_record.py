@@ -71,3 +71,50 @@ def test_recorded_launch_cost(fakes, how):  # noqa: F811
     assert run.stats()["recorder_triton_launches"] >= n
     print(f"\n{how}: plain {plain:.2f} µs; hooked, listeners doing nothing: {hooked[False]:.2f} µs "
           f"(list), {hooked[True]:.2f} µs (fast); recorded {recorded:.2f} µs a launch")
+
+
+@pytest.mark.parametrize("flush_mib", [0, 4, 32])
+def test_direct_launch_with_cold_caches(fakes, flush_mib):  # noqa: F811
+    """A launch recorded through the direct entry against the same launch unhooked, and the
+    entry's parts (`_profile="1"`: the arguments' regions, the user's site, the record queued),
+    with `flush_mib` MiB written between launches: a real program's
+    launch finds the recorder's code and the tensors' metadata evicted by what ran since (the
+    launcher, the driver, the interpreter). Records are deferred as on a GPU (`STREAMSAN_DEFER=all`)."""
+    import os
+    from unittest import mock
+
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+    x, y, out = (torch.ones(256) for _ in range(3))
+    flush = torch.zeros(flush_mib * 262144)
+    n = 20000 if flush_mib == 0 else 2000 if flush_mib < 16 else 400
+
+    def launch():
+        if flush_mib:
+            flush.add_(1)
+        at.run(x, y, out, 256, stream=0)
+        fakes.events.clear()
+
+    plain = _per_call(launch, n)  # the launch and the flush, unhooked
+    with mock.patch.dict(os.environ, {"STREAMSAN_DEFER": "all"}), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, _profile="1") as run:
+            rec = run._recorder
+            rec.device = lambda: 0
+            hooks = fakes.hooks()
+            assert hooks.install(rec._on_kernel, rec._on_kernel_fast, rec.backend.record_triton)
+            try:
+                launch()
+                st0 = run.stats()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    launch()
+                per = (time.perf_counter() - t0) / n * 1e6
+                st = run.stats()
+            finally:
+                hooks.uninstall()
+    parts = {k: (st[f"recorder_profile_{k}_seconds"] - st0[f"recorder_profile_{k}_seconds"]) / n * 1e6
+             for k in ("kernels", "kernels_regions", "kernels_site", "kernels_submit")}
+    print(f"\nflush {flush_mib} MiB: plain {plain:.2f} µs, recorded {per:.2f} µs a launch (each with the flush: "
+          f"{per - plain:.2f} µs more); inside the entry "
+          + ", ".join(f"{k} {v:.2f} µs" for k, v in parts.items()))
