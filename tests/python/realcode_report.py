@@ -1274,19 +1274,40 @@ def profile_table(cost: dict) -> str:
     return "\n".join(out)
 
 
-def cost_overview(*costs: dict) -> str:
-    """One line per mode measured (`native`, `native-steady`, and CSAN's where merged in): the
-    median of the programs' ratios to plain, the range, and how many are within 1.1×, 1.2× and
-    1.3×; "" when no program has a ratio."""
+def cost_overview(cost: dict, csan_cost: dict | None = None) -> str:
+    """One line per mode measured (`native`, `native-steady`, observing only, and CSAN from
+    `csan_cost`: its ratio, or its seconds over `cost`'s plain ones where its process timed no
+    plain run): the median of the programs' ratios to plain, the range, and how many are within
+    1.1×, 1.2× and 1.3×; "" when no program has a ratio."""
+
+    def ratios_of(mode: str) -> list:
+        out = []
+        for r in cost.values():
+            sec = r.get("seconds") if isinstance(r, dict) else None
+            if isinstance(sec, dict) and isinstance(sec.get(f"{mode}_ratio"), (int, float)):
+                out.append(sec[f"{mode}_ratio"])
+        return out
+
+    series = [("checked (each run a check of its own)", ratios_of("native")),
+              ("checked, a long run's step (the third run in one check)", ratios_of(STEADY)),
+              ("observing only", ratios_of("native-observe"))]
+    csan = []
+    for name, r in (csan_cost or {}).items():
+        sec = r.get("seconds") if isinstance(r, dict) else None
+        if not isinstance(sec, dict) or not sec.get("csan"):
+            continue
+        if isinstance(sec.get("csan_ratio"), (int, float)):
+            csan.append(sec["csan_ratio"])
+        else:
+            plain = _plain(cost.get(name))
+            if plain:
+                csan.append(sec["csan"] / plain)
+    series.append(("CSAN", csan))
     lines = []
-    for mode, what in (("native", "checked (each run a check of its own)"),
-                       (STEADY, "checked, a long run's step (the third run in one check)"),
-                       ("native-observe", "observing only"), ("csan", "CSAN")):
-        ratios = sorted(r["seconds"][f"{mode}_ratio"] for cost in costs for r in cost.values()
-                        if isinstance(r, dict) and isinstance(r.get("seconds"), dict)
-                        and isinstance(r["seconds"].get(f"{mode}_ratio"), (int, float)))
+    for what, ratios in series:
         if not ratios:
             continue
+        ratios.sort()
         within = ", ".join(f"{sum(x <= g for x in ratios)} within {g}x" for g in (1.1, 1.2, 1.3))
         lines.append(f"  {what}: median {statistics.median(ratios):.3f}x, {ratios[0]:.2f}-{ratios[-1]:.2f}x, "
                      f"{within} (of {len(ratios)})")

@@ -166,11 +166,12 @@ def test_the_cost_overview_counts_the_programs_within_each_bound():
         return {"seconds": sec}
 
     cost = {"a": row(1.05, 1.02), "b": row(1.15, 1.08), "c": row(1.25, 1.19), "d": row(1.4)}
-    text = rr.cost_overview(cost, {"a": {"seconds": {"csan_ratio": 9.5}}})
+    # CSAN's ratio, or (its process timed no plain run) its seconds over the cost step's plain ones
+    text = rr.cost_overview(cost, {"a": {"seconds": {"csan": 0.095, "csan_ratio": 9.5}}, "b": {"seconds": {"csan": 0.1}}})
     lines = text.splitlines()
     assert lines[0] == "cost against plain (median rounds):"
     assert "each run a check of its own): median 1.200x, 1.05-1.40x, 1 within 1.1x, 2 within 1.2x, " \
            "3 within 1.3x (of 4)" in lines[1]
     assert "long run's step" in lines[2] and "median 1.080x, 1.02-1.19x, 2 within 1.1x, 3 within 1.2x" in lines[2]
-    assert "CSAN: median 9.500x" in lines[3]
+    assert "CSAN: median 9.750x, 9.50-10.00x" in lines[3] and "(of 2)" in lines[3]
     assert rr.cost_overview({}) == ""
