@@ -64,7 +64,11 @@ at most COST_GOAL (1.3) times plain, shown beside the ratio (not a criterion).
   (a Python call at every allocation and free from then on, plain runs included). `--profile`:
   the interleaved rounds also run the C++ recorder observing only (STREAMSAN_PROFILE=observe:
   called, recording nothing) and with its stages timed (STREAMSAN_PROFILE=1); the median round's
-  stages are the row's `profile`, shown by `table` ("Where the time goes"). A program's rounds
+  stages are the row's `profile`, shown by `table` ("Where the time goes"). `--steady`: the
+  rounds also time each program's third run inside one check around three, the first two
+  untimed (`native-steady`: a long run's step, without the check's entry and exit), shown beside
+  the per-check ratio; `summary` prints each mode's median and how many programs are within
+  1.1×, 1.2× and 1.3× (`cost against plain`). A program's rounds
   stop once its share of the time left is spent (one timed round at least). The programs of realcode.CAPTURES (CUDA graphs, make_graphed_callables,
   torch.compile) run after the others, each in a process of its own (`cost --only NAME`, its
   JSON merged; `process`: its exit status and seconds): a capture that fails cannot leave the CUDA
