@@ -19,7 +19,9 @@
 #                                                       # by mode (profile_program.py: floor, observing with and
 #                                                       # without Triton's hooks and the patches, checked with
 #                                                       # and without the hooks, the recorder's stages with
-#                                                       # `kernels`, the time inside its Triton entries)
+#                                                       # `kernels` and its parts, the time inside its Triton
+#                                                       # entries; with `perf` there, a profile of the checked
+#                                                       # ViT-Tiny inference by function, perf-vit.txt)
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -144,8 +146,21 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
     # host's speed against the project's CPU machine, where docs/performance.md has them)
     step_left 20 60 launch-cpu python3 -m pytest -q -s -p no:cacheprovider \
       "$here/bench_triton_record.py" > "$O/launch-cpu.txt" 2>&1
+    # where a checked compiled program's host time goes, by function (native code included), where
+    # this machine has `perf`: ViT-Tiny inference checked, 12 rounds
+    if command -v perf > /dev/null 2>&1; then
+      (cd "$here" && step_left 40 120 perf-vit perf record -F 3000 -g -o "$O/perf-vit.data" python3 profile_program.py \
+        "ViT-Tiny inference" --set compiled --rounds 12 --top 0 --modes checked > /dev/null 2>&1)
+      perf report -i "$O/perf-vit.data" --no-children --sort dso,sym 2> /dev/null | grep "%" | head -60 > "$O/perf-vit.txt"
+      perf report -i "$O/perf-vit.data" --children --sort sym 2> /dev/null | grep "%" \
+        | grep -i -E "record_triton|record_launch|op_site|region_of|submit|on_start|on_end|on_trace" | head -20 >> "$O/perf-vit.txt"
+      rm -f "$O/perf-vit.data"
+    else
+      echo "no perf on this machine" > "$O/perf-vit.txt"
+    fi
     for key in vit nanogpt sdpa; do grep -v -i warn "$O/$key.txt" 2>/dev/null | head -40; done
     grep -E "µs|passed|failed" "$O/launch-cpu.txt" | head -12
+    head -40 "$O/perf-vit.txt"
     ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
