@@ -711,7 +711,7 @@ def _once_steady(fn) -> tuple[float, dict]:
         os.environ.pop("STREAMSAN_DEFER", None)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with streamsan.torch.Run(raise_on_hazard=False, backend="native") as run:
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _profile="0") as run:
                 for _ in range(STEADY_WARM_RUNS):
                     fn(True, False)
                     torch.cuda.synchronize()

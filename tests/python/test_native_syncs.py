@@ -166,6 +166,9 @@ def test_profile_counts_each_stage(monkeypatch):
     run, st = profiled("observe")
     assert st["recorder_profile_ops"] == 0 and st["recorder_profile_callbacks"] == 0
     assert run.report.ops == 0
+    # counted afresh at each check: nothing from the profiled one, nothing timed while observing
+    for k in ("kernels", "kernels_regions", "kernels_site", "kernels_submit"):
+        assert st[f"recorder_profile_{k}_seconds"] == 0, (k, st)
 
 
 def test_profile_is_off_by_default(monkeypatch):

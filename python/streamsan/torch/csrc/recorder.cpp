@@ -3056,7 +3056,9 @@ bool recording() {
 // A Triton kernel's launch with `accesses` = [(tensor, read, write)] (see record_launch).
 bool record_kernel(const std::string& name, uint64_t stream, int device, py::list accesses) {
   if (!recording()) return false;
-  StageTimer timed(S->prof.kernels, S->profiling.load(std::memory_order_relaxed));
+  const bool profiling = S->profiling.load(std::memory_order_relaxed);
+  StageTimer timed(S->prof.kernels, profiling);
+  StageTimer regions(S->prof.kernels_regions, profiling);  // (stopped below, before the record)
   c10::SmallVector<Access, 8> all;
   for (py::handle item : accesses) {
     auto tup = item.cast<py::tuple>();
@@ -3070,6 +3072,7 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     Access a;
     if (region_of(t, write, a)) merge_region(all, std::move(a));
   }
+  regions.stop();
   record_launch(name, stream, device, all);
   return true;
 }
