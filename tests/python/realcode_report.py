@@ -1318,6 +1318,16 @@ def cost_overview(cost: dict, csan_cost: dict | None = None) -> str:
     return "cost against plain (median rounds):\n" + "\n".join(lines) if lines else ""
 
 
+def errors_under_cost_checks(cost: dict) -> str:
+    """The errors the cost step's checks reported (each program's fixed or clean variant; the
+    steady mode's check runs it three times), by program and mode: "" when none did. The
+    verdicts are the `streamsan` step's; these say whether a variant judged clean there was
+    clean in every timed check too."""
+    lines = [f"  {name}: " + ", ".join(f"{m} {n}" for m, n in sorted(r["errors_under_check"].items()))
+             for name, r in cost.items() if isinstance(r, dict) and r.get("errors_under_check")]
+    return "errors under the cost step's checks (the last round that had any):\n" + "\n".join(lines) if lines else ""
+
+
 def _grid(rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     out = []
@@ -1448,6 +1458,9 @@ def summary(files: list[str], allow_skips: bool = False) -> tuple[str, bool]:
     overview = cost_overview(data.get("cost", {}), data.get("cost-csan", {}))
     if overview:
         notes.append(overview)
+    under = errors_under_cost_checks(data.get("cost", {}))
+    if under:
+        notes.append(under)
     if any(goals.values()):
         lines = [f"cost goal of the compiled programs (native at most {COST_GOAL}x plain; not a criterion): "
                  f"{len(goals['met'])} met, {len(goals['NOT met'])} not met, {len(goals['unmeasured'])} unmeasured"]

@@ -175,3 +175,12 @@ def test_the_cost_overview_counts_the_programs_within_each_bound():
     assert "long run's step" in lines[2] and "median 1.080x, 1.02-1.19x, 2 within 1.1x, 3 within 1.2x" in lines[2]
     assert "CSAN: median 9.750x, 9.50-10.00x" in lines[3] and "(of 2)" in lines[3]
     assert rr.cost_overview({}) == ""
+
+
+def test_errors_under_the_cost_steps_checks_are_listed():
+    import realcode_report as rr
+
+    cost = {"a": {"seconds": {}}, "b": {"errors_under_check": {"native-steady": 27, "native": 9}}}
+    assert rr.errors_under_cost_checks(cost) == (
+        "errors under the cost step's checks (the last round that had any):\n  b: native 9, native-steady 27")
+    assert rr.errors_under_cost_checks({"a": {"seconds": {}}}) == ""
