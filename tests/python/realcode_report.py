@@ -667,9 +667,7 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
         return time.perf_counter() - t0, info
     import streamsan.torch
 
-    if mode == STEADY:
-        return _once_steady(fn)
-    backend = "native" if mode in PROFILE_MODES or mode == AT_ONCE else mode
+    backend = "native" if mode in PROFILE_MODES or mode in (AT_ONCE, STEADY) else mode
     with mock.patch.dict(os.environ):
         os.environ.pop("STREAMSAN_DEFER", None)
         if mode == AT_ONCE:
@@ -679,12 +677,17 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
             warnings.simplefilter("ignore")
             with streamsan.torch.Run(raise_on_hazard=False, backend=backend,
                                      _profile=PROFILE_MODES.get(mode, "0")) as run:
+                for _ in range(STEADY_WARM_RUNS if mode == STEADY else 0):  # untimed, under the check
+                    fn(True, False)
+                    torch.cuda.synchronize()
                 t1 = time.perf_counter()
                 fn(True, False)
                 torch.cuda.synchronize()
                 stats = run.stats() if mode in PROFILE_MODES else {}
                 t2 = time.perf_counter()
         t3 = time.perf_counter()
+    if mode == STEADY:  # the run alone (its "enter" would hold the untimed runs: no phases)
+        return t2 - t1, {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
     seconds = t3 - t0
     # entering the check, the program in it, leaving it (what the checker had left to check,
     # the report), and the parts of entering and leaving (Run.phase_seconds)
@@ -699,27 +702,6 @@ def _once_timed(fn, mode: str) -> tuple[float, dict]:
             if k in stats:
                 info["profile"][k if k != "ops" else "checked_ops"] = stats[k]
     return seconds, info
-
-
-def _once_steady(fn) -> tuple[float, dict]:
-    """One run of `fn` timed inside a check that has already run it STEADY_WARM_RUNS times (see
-    STEADY)."""
-    import torch
-    import streamsan.torch
-
-    with mock.patch.dict(os.environ):
-        os.environ.pop("STREAMSAN_DEFER", None)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _profile="0") as run:
-                for _ in range(STEADY_WARM_RUNS):
-                    fn(True, False)
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                fn(True, False)
-                torch.cuda.synchronize()
-                seconds = time.perf_counter() - t0
-    return seconds, {"errors": run.report.errors if run.report is not None else None, "backend": run.backend}
 
 
 def _fail_text(e: BaseException, mode: str) -> str:
@@ -1099,13 +1081,24 @@ def _widen_word(r: dict | None) -> str:
     return f"{r['corrupted']}/{r['runs']}"
 
 
+def _ratio_value(row: dict | None, field: str, mode: str, base: float | None = None) -> tuple:
+    """`mode`'s ratio to plain in a cost row, and whether it is to `base` (plain seconds measured
+    elsewhere, used where the row has no ratio); (None, False) without either."""
+    cell = (row or {}).get(field, {})
+    ratio = cell.get(f"{mode}_ratio")
+    if isinstance(ratio, (int, float)):
+        return ratio, False
+    if base and cell.get(mode):
+        return cell[mode] / base, True
+    return None, False
+
+
 def _ratio(row: dict | None, field: str, mode: str, base: float | None = None) -> str:
     """`mode`'s ratio to plain in a cost row; without one, to `base` (plain seconds measured
     elsewhere), marked *."""
-    cell = (row or {}).get(field, {})
-    ratio = cell.get(f"{mode}_ratio")
-    if ratio is None and base and cell.get(mode):
-        return f"{cell[mode] / base:.2f}x*"
+    ratio, elsewhere = _ratio_value(row, field, mode, base)
+    if elsewhere:
+        return f"{ratio:.2f}x*"
     if ratio is None:
         failed = (row or {}).get("failed", {})
         return "failed" if failed.get(mode) or failed.get("process") else "?"
@@ -1284,29 +1277,14 @@ def cost_overview(cost: dict, csan_cost: dict | None = None) -> str:
     plain run): the median of the programs' ratios to plain, the range, and how many are within
     1.1×, 1.2× and 1.3×; "" when no program has a ratio."""
 
-    def ratios_of(mode: str) -> list:
-        out = []
-        for r in cost.values():
-            sec = r.get("seconds") if isinstance(r, dict) else None
-            if isinstance(sec, dict) and isinstance(sec.get(f"{mode}_ratio"), (int, float)):
-                out.append(sec[f"{mode}_ratio"])
-        return out
+    def ratios_of(rows: dict, mode: str, base=lambda name: None) -> list:
+        ratios = (_ratio_value(r, "seconds", mode, base(n))[0] for n, r in rows.items() if isinstance(r, dict))
+        return [x for x in ratios if x is not None]
 
-    series = [("checked (each run a check of its own)", ratios_of("native")),
-              ("checked, a long run's step (the third run in one check)", ratios_of(STEADY)),
-              ("observing only", ratios_of("native-observe"))]
-    csan = []
-    for name, r in (csan_cost or {}).items():
-        sec = r.get("seconds") if isinstance(r, dict) else None
-        if not isinstance(sec, dict) or not sec.get("csan"):
-            continue
-        if isinstance(sec.get("csan_ratio"), (int, float)):
-            csan.append(sec["csan_ratio"])
-        else:
-            plain = _plain(cost.get(name))
-            if plain:
-                csan.append(sec["csan"] / plain)
-    series.append(("CSAN", csan))
+    series = [("checked (each run a check of its own)", ratios_of(cost, "native")),
+              ("checked, a long run's step (the third run in one check)", ratios_of(cost, STEADY)),
+              ("observing only", ratios_of(cost, "native-observe")),
+              ("CSAN", ratios_of(csan_cost or {}, "csan", lambda name: _plain(cost.get(name))))]
     lines = []
     for what, ratios in series:
         if not ratios:
