@@ -75,10 +75,11 @@ def test_recorded_launch_cost(fakes, how):  # noqa: F811
 
 @pytest.mark.parametrize("flush_mib", [0, 4, 32])
 def test_direct_launch_with_cold_caches(fakes, flush_mib):  # noqa: F811
-    """A launch recorded through the direct entry, and the entry's parts (`_profile="1"`: the arguments' regions, the user's site, the record queued),
-    with `flush_mib` MiB written between launches: a real program's
-    launch finds the recorder's code and the tensors' metadata evicted by what ran since (the
-    launcher, the driver, the interpreter). Records are deferred as on a GPU (`STREAMSAN_DEFER=all`)."""
+    """A launch recorded through the direct entry, and the entry's parts (`_profile="1"`: the
+    arguments' regions, the user's site, the record queued), with `flush_mib` MiB written
+    between launches: a real program's launch finds the recorder's code and the tensors'
+    metadata evicted by what ran since (the launcher, the driver, the interpreter). Records are
+    deferred as on a GPU (`STREAMSAN_DEFER=all`)."""
     import os
     from unittest import mock
 
