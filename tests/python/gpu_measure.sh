@@ -22,6 +22,12 @@
 #                                                       # `kernels` and its parts, the time inside its Triton
 #                                                       # entries; with `perf` there, a profile of the checked
 #                                                       # ViT-Tiny inference by function, perf-vit.txt)
+#   bash tests/python/gpu_measure.sh threads  WHEELDIR  # eager programs by mode (profile_program.py): parts of
+#                                                       # the recording left out (the ablations, written at
+#                                                       # once), then with the program's thread pinned, the
+#                                                       # other threads on the scheduler's CPUs, apart from its
+#                                                       # core, or on it: whether the threads beside the
+#                                                       # program slow it down
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -40,7 +46,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe, profile, kernels or ab}
+part=${1:?part: eager, compiled, all, observe, profile, kernels, threads or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -162,6 +168,26 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
     grep -E "µs|passed|failed" "$O/launch-cpu.txt" | head -12
     head -40 "$O/perf-vit.txt"
     ;;
+  threads)
+    site
+    (lscpu; echo; lscpu -e) > "$O/lscpu.txt" 2>&1
+    step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    pin=${PIN_CPU:-2}
+    for w in "ResNet-18 EMA:ema:15" "torchvision ResNet-18 training:resnet:11" "AMP bf16:amp:11" \
+        "nanoGPT loop:nanogpt:7"; do
+      IFS=: read -r prog key rounds <<< "$w"
+      (cd "$here" && step_left 40 120 "$key" python3 profile_program.py "$prog" --set realcode --rounds "$rounds" \
+        --top 0 --modes plain,observe,no-write,no-checker,no-site,at-once,checked,steady > "$O/$key.txt" 2>&1)
+      (cd "$here" && step_left 40 120 "$key-pinned" python3 profile_program.py "$prog" --set realcode \
+        --rounds "$rounds" --top 0 --pin "$pin" --modes plain,observe,checked,checked-apart,checked-together,steady,\
+steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
+    done
+    head -30 "$O/lscpu.txt"
+    for f in "$O"/*.txt; do
+      case "$f" in *lscpu*|*steps*|*build*) continue ;; esac
+      echo "== $(basename "$f" .txt)"; grep -v -i warn "$f" | grep -E "^(program|pinned|[a-z-]+ +[0-9.]+ ms|[a-z-]+ +enter|recorder_|checker_|queue_)" | head -30
+    done
+    ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
     # each wheel in a folder of its own, its C++ recorder built apart, the processes alternated.
@@ -202,7 +228,7 @@ print('enter', d.get('enter_ms'), 'exit', d.get('exit_ms'), d.get('parts_ms'))" 
     done
     ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, ab)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, threads, ab)" >&2
     exit 2
     ;;
 esac

@@ -18,7 +18,19 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
   `observe-no-patches-no-triton`, observing without either;
 - `checked`: a check;
 - `stages`: a check with the recorder's stages timed (`_profile="1"`): its `recorder_profile_*`
-  counts, medians of the rounds, are printed after the times.
+  counts, medians of the rounds, are printed after the times;
+- `at-once`: a check whose records are written on the program's thread (STREAMSAN_DEFER=0);
+- `no-write`, `no-checker`, `no-site`, `no-allocator`: a check with one part of the recording
+  left out (bench_overhead.py's `ablate`: the recorder's bench_ablate mask; the trace is wrong,
+  only the time counts): `no-write` takes each op's regions and writes nothing, `no-checker`
+  writes the trace and drops it;
+- `steady`: the program's third run inside one check around three (what a long run's step
+  costs; no enter/leave split);
+- with `--pin CPU` the program's thread is pinned to CPU for every mode, and the process's other
+  threads (the recorder's, the checker's, PyTorch's) are placed at each run's start: on every
+  CPU (the scheduler's choice) in the modes above, on every CPU but the program's core
+  (`…-apart`: `checked-apart`, `steady-apart`) or on the program's core alone, its SMT siblings
+  when it has any (`…-together`). Whether the threads beside the program slow it down.
 
 The modes run in rounds, the order rotated each round (so that no mode always follows the same
 one). Each checked mode's time is also split into entering the check (`__enter__`), the program's
@@ -40,6 +52,7 @@ import os
 import pstats
 import statistics
 import sys
+import threading
 import time
 import warnings
 
@@ -95,6 +108,42 @@ def install_patches_passthrough(attr: str):
     return _install_patches_remade(lambda a, make: passthrough if a == attr else make)
 
 
+# The ablated checks (bench_overhead.py's `ablate`): the recorder's bench_ablate mask.
+ABLATIONS = {"no-site": 1, "no-checker": 2, "no-allocator": 4, "no-write": 8}
+
+
+def placements(cpu: int) -> dict:
+    """The program's thread pinned to `cpu`; where the other threads may run in each placement:
+    `any` every CPU this process may use, `apart` all but `cpu`'s core (it and its SMT siblings,
+    as /sys lists them), `together` that core alone (its siblings, or `cpu` itself)."""
+    allowed = os.sched_getaffinity(0)
+    if cpu not in allowed:
+        sys.exit(f"--pin: CPU {cpu} is not among this process's CPUs {sorted(allowed)}")
+    core = {cpu}
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+            for part in f.read().strip().split(","):
+                lo, _, hi = part.partition("-")
+                core |= set(range(int(lo), int(hi or lo) + 1))
+    except OSError:
+        pass
+    siblings = (core - {cpu}) & allowed
+    os.sched_setaffinity(0, {cpu})  # this thread: the program's
+    return {"any": allowed, "apart": allowed - core, "together": siblings or {cpu}}
+
+
+def place_others(cpus: set) -> None:
+    """Every thread of this process but the calling one allowed `cpus` (threads that have gone
+    since they were listed are skipped)."""
+    me = threading.get_native_id()
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except OSError:
+                pass
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("program", help="a substring of the program's name")
@@ -106,6 +155,8 @@ def main() -> None:
                    "observe-no-patches-no-triton, observe-without-A+B…, observe-passthrough-replay, no-triton, "
                    "checked, stages")
     p.add_argument("--profile-plain", action="store_true", help="also profile one plain run")
+    p.add_argument("--pin", type=int, default=None, metavar="CPU",
+                   help="the program's thread pinned to CPU; the other threads placed per mode (-apart, -together)")
     args = p.parse_args()
 
     import torch
@@ -125,7 +176,14 @@ def main() -> None:
     install_patches = _recorder._install_patches
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked",
-             "stages", "observe-no-triton", "observe-no-patches-no-triton"}
+             "stages", "observe-no-triton", "observe-no-patches-no-triton", "at-once", "steady", *ABLATIONS,
+             *(m + s for m in ("checked", "steady") for s in ("-apart", "-together"))}
+    if args.pin is not None:
+        places = placements(args.pin)
+        print(f"pinned: the program to CPU {args.pin}; apart: {sorted(places['apart'])}; "
+              f"together: {sorted(places['together'])}", flush=True)
+    elif any(m.endswith(("-apart", "-together")) for m in modes):
+        sys.exit("--modes: -apart and -together need --pin")
     if not modes or {m for m in modes if not m.startswith("observe-without-")} - known:
         sys.exit(f"--modes: expected some of {', '.join(sorted(known))}")
     if "plain" not in modes:
@@ -135,6 +193,8 @@ def main() -> None:
     stages: list = []  # the recorder's stage counts of each `stages` run
 
     def once(mode: str) -> float:
+        if args.pin is not None:
+            place_others(places[next((k for k in ("apart", "together") if mode.endswith("-" + k)), "any")])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         if mode in ("plain", "floor"):
@@ -156,13 +216,23 @@ def main() -> None:
             _recorder._install_patches = install_patches_without(set(mode[len("observe-without-"):].split("+")))
         if mode == "observe-passthrough-replay":
             _recorder._install_patches = install_patches_passthrough("replay")
+        ext = _native.load() if mode in ABLATIONS else None
+        saved_defer = os.environ.pop("STREAMSAN_DEFER", None)
+        if mode == "at-once":
+            os.environ["STREAMSAN_DEFER"] = "0"
+        steady = mode.startswith("steady")
         try:
+            if ext is not None:
+                ext.bench_ablate(ABLATIONS[mode])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 observe = mode.startswith("observe")
                 run = streamsan.torch.Run(raise_on_hazard=False, backend="native",
                                           _profile="observe" if observe else "1" if mode == "stages" else "0")
                 with run:
+                    for _ in range(2 if steady else 0):  # untimed, under the check
+                        fn(True, False)
+                        torch.cuda.synchronize()
                     t1 = time.perf_counter()
                     fn(True, False)
                     torch.cuda.synchronize()
@@ -170,9 +240,16 @@ def main() -> None:
                     if mode == "stages":
                         stages.append({k: v for k, v in run.stats().items() if k.startswith("recorder_profile_")})
         finally:
+            if ext is not None:
+                ext.bench_ablate(0)
+            os.environ.pop("STREAMSAN_DEFER", None)
+            if saved_defer is not None:
+                os.environ["STREAMSAN_DEFER"] = saved_defer
             _recorder.Recorder._install_triton = install_triton
             _recorder._install_patches = install_patches
         seconds = time.perf_counter() - t0
+        if steady:  # the third run alone: its phases are not a check's
+            return t2 - t1
         parts.setdefault(mode, []).append((t1 - t0, t2 - t1, t0 + seconds - t2))
         if mode == "checked":
             once.stats = run.stats()
