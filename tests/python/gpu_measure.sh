@@ -177,7 +177,7 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
         "nanoGPT loop:nanogpt:7"; do
       IFS=: read -r prog key rounds <<< "$w"
       (cd "$here" && step_left 40 120 "$key" python3 profile_program.py "$prog" --set realcode --rounds "$rounds" \
-        --top 0 --modes plain,observe,no-write,no-checker,no-site,at-once,checked,steady > "$O/$key.txt" 2>&1)
+        --top 0 --modes plain,observe,no-write,no-checker,no-site,no-allocator,at-once,checked,steady > "$O/$key.txt" 2>&1)
       (cd "$here" && step_left 40 120 "$key-pinned" python3 profile_program.py "$prog" --set realcode \
         --rounds "$rounds" --top 0 --pin "$pin" --modes plain,observe,checked,checked-apart,checked-together,steady,\
 steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
