@@ -279,26 +279,29 @@ impl Graphs {
         })
     }
 
-    /// With `addr`: whether a device allocation of `[a, end)` (from `pool`, or not from any)
-    /// may take these bytes. A pool keeps the memory of its buffers, freed or not.
-    pub(super) fn check_pool_bytes(
-        &self,
-        a: u64,
-        end: u64,
-        pool: Option<PoolIndex>,
-    ) -> Result<(), String> {
-        for (&s, &(e, p)) in self.pool_bytes.range(..end).rev() {
-            if e <= a {
-                break;
+    /// With `addr`: a device allocation of `[a, end)` (from `pool`, or not from any) takes
+    /// these bytes from every other pool that held them (the memory of its buffers, freed or
+    /// not, stays with a pool until it goes back to the driver: only then can another pool or a
+    /// plain allocation get it). Returns whether any pool gave bytes up.
+    pub(super) fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
+        let taken: Vec<(u64, u64, PoolIndex)> = self
+            .pool_bytes
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > a)
+            .filter(|(_, &(_, p))| Some(p) != pool)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        for &(s, e, p) in &taken {
+            self.pool_bytes.remove(&s);
+            if s < a {
+                self.pool_bytes.insert(s, (a, p));
             }
-            if Some(p) != pool {
-                let pool_name = self.pool_name(p).map_or_else(String::new, Id::to_string);
-                return Err(format!(
-                    "device memory [{a:#x}, {end:#x}) overlaps [{s:#x}, {e:#x}), which graph pool \"{pool_name}\" holds"
-                ));
+            if e > end {
+                self.pool_bytes.insert(end, (e, p));
             }
         }
-        Ok(())
+        !taken.is_empty()
     }
 
     /// A pool buffer `g` of `bytes` bytes at `base`, allocated at op `i`: its index in the
@@ -367,13 +370,15 @@ impl Graphs {
         }
     }
 
-    /// With `addr`: the pool holds `[lo, hi)` from now on (merged with its neighbours).
+    /// With `addr`: the pool holds `[lo, hi)` from now on (merged with its neighbours of the
+    /// same pool; another pool's bytes end where these begin, or begin where they end).
     fn hold_pool_bytes(&mut self, mut lo: u64, mut hi: u64, pool: PoolIndex) {
         let touching: Vec<(u64, u64)> = self
             .pool_bytes
             .range(..=hi)
             .rev()
             .take_while(|(_, &(e, _))| e >= lo)
+            .filter(|(_, &(_, p))| p == pool)
             .map(|(&s, &(e, _))| (s, e))
             .collect();
         for (s, e) in touching {

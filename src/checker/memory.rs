@@ -97,18 +97,6 @@ impl Checker {
                             Some("a range below 2^64"),
                         )
                     })?;
-                    if memory == MemoryKind::Device {
-                        self.graphs
-                            .check_pool_bytes(a, end, pool)
-                            .map_err(|message| {
-                                Self::err(
-                                    i,
-                                    Field::Addr,
-                                    message,
-                                    Some("an address range that no other pool holds"),
-                                )
-                            })?;
-                    }
                     if let Some((&s, &(e, g))) = self.live[memory.index()].range(..end).next_back()
                     {
                         if e > a {
@@ -125,7 +113,11 @@ impl Checker {
                         }
                     }
                     if memory == MemoryKind::Device {
-                        self.reappear(i, a, end, owner);
+                        // Bytes another graph pool held went back to the driver (PyTorch frees a
+                        // pool's segments once no graph uses it: `empty_cache`, which every
+                        // capture's start calls), which synchronized the device.
+                        let released = self.graphs.release_pool_bytes(a, end, pool);
+                        self.reappear(i, a, end, owner, released);
                     }
                     base = Some(a);
                 }
@@ -226,8 +218,15 @@ impl Checker {
     /// With `addr`: device memory that reappears on another stream than the one that last freed
     /// it went back to the driver and was allocated again, which synchronizes the device.
     #[inline(never)]
-    pub(super) fn reappear(&mut self, i: u64, start: u64, end: u64, owner: Participant) {
-        let mut sync = false;
+    pub(super) fn reappear(
+        &mut self,
+        i: u64,
+        start: u64,
+        end: u64,
+        owner: Participant,
+        released: bool,
+    ) {
+        let mut sync = released;
         let mut overlapped = Vec::new();
         // The ranges are disjoint: walking down from `end`, the first that ends at or below
         // `start` ends the overlaps.

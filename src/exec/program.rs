@@ -82,6 +82,9 @@ pub(crate) struct Resolver {
     /// Placed device memory freed and not yet allocated again: start → (end, the stream its free
     /// gave it to).
     freed_to: BTreeMap<u64, (u64, StreamKey)>,
+    /// Placed device memory the graph pools hold (their buffers', freed or not): start → (end,
+    /// pool), merged per pool.
+    pool_bytes: BTreeMap<u64, (u64, PoolIndex)>,
     record_streams: HashMap<Id, Vec<StreamKey>>,
     /// CUDA graphs: captures, bodies, replay participants, pools.
     pub(crate) graphs: Graphs,
@@ -99,6 +102,7 @@ impl Resolver {
             gens: Vec::new(),
             freed: Vec::new(),
             freed_to: BTreeMap::new(),
+            pool_bytes: BTreeMap::new(),
             record_streams: HashMap::new(),
             graphs: Graphs::default(),
         }
@@ -321,9 +325,17 @@ impl Resolver {
             self.record_streams.remove(buffer);
             return Ok((gen, addr));
         }
-        if let Some(a) = placed.filter(|_| pool.is_none()) {
-            if memory == MemoryKind::Device && self.reappears(a, a.saturating_add(bytes), owner) {
-                // The memory went back to the driver and came back: the device was synchronized.
+        if let Some(a) = placed.filter(|_| memory == MemoryKind::Device) {
+            let end = a.saturating_add(bytes);
+            // Bytes another graph pool held went back to the driver (PyTorch frees a pool's
+            // segments once no graph uses it) and came back; so did memory a plain free gave to
+            // another stream. Either way the device was synchronized.
+            let released = self.release_pool_bytes(a, end, pool);
+            let reappears = pool.is_none() && self.reappears(a, end, owner);
+            if let Some(p) = pool {
+                self.hold_pool_bytes(a, end, p);
+            }
+            if released || reappears {
                 let device = self.devices[owner as usize];
                 backend
                     .issue(op as u64, Op::DeviceSync { device })
@@ -645,6 +657,43 @@ impl Resolver {
         }
         self.graphs.graphs[g].launches += 1;
         Ok(g)
+    }
+
+    /// Placed device memory `[a, end)` allocated from `pool` (or from none) takes these bytes
+    /// from every other pool that held them; returns whether any did.
+    fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
+        let taken: Vec<(u64, u64, PoolIndex)> = self
+            .pool_bytes
+            .range(..end)
+            .filter(|(_, &(e, p))| e > a && Some(p) != pool)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        for &(s, e, p) in &taken {
+            self.pool_bytes.remove(&s);
+            if s < a {
+                self.pool_bytes.insert(s, (a, p));
+            }
+            if e > end {
+                self.pool_bytes.insert(end, (e, p));
+            }
+        }
+        !taken.is_empty()
+    }
+
+    /// `pool` holds placed device memory `[lo, hi)` (merged with its own touching ranges).
+    fn hold_pool_bytes(&mut self, mut lo: u64, mut hi: u64, pool: PoolIndex) {
+        let touching: Vec<(u64, u64)> = self
+            .pool_bytes
+            .range(..=hi)
+            .filter(|(_, &(e, p))| e >= lo && p == pool)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect();
+        for (s, e) in touching {
+            self.pool_bytes.remove(&s);
+            lo = lo.min(s);
+            hi = hi.max(e);
+        }
+        self.pool_bytes.insert(lo, (hi, pool));
     }
 
     /// Whether placed device memory `[start, end)`, allocated on stream `owner`, was last freed

@@ -77,26 +77,45 @@ impl Builder {
         Some(self.g.graphs[g].pool.clone())
     }
 
-    /// With `addr`: a graph pool keeps the bytes of its buffers, freed or not; no other pool and
-    /// no plain allocation may take them.
-    pub(super) fn check_pool_bytes(
-        &self,
-        a: u64,
-        end: u64,
-        pool: Option<&str>,
-    ) -> Result<(), String> {
-        let taken = self.buffers.iter().any(|b| {
-            b.pool.is_some()
-                && b.pool.as_deref() != pool
-                && b.addr.is_some_and(|s| {
-                    let e = s + b.size.unwrap_or(0);
-                    s < end && a < e
-                })
-        });
-        if taken {
-            return Err("addr overlaps memory another graph pool holds".into());
+    /// With `addr`: a graph pool keeps the bytes of its buffers, freed or not, until another
+    /// pool or a plain allocation takes them (they went back to the driver); a device allocation
+    /// of `[a, end)` from `pool` (or from none) takes them from every other pool. Returns whether
+    /// any pool gave bytes up.
+    pub(super) fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<&str>) -> bool {
+        let mut any = false;
+        for b in &mut self.buffers {
+            if b.pool.is_none() || b.pool.as_deref() == pool {
+                continue;
+            }
+            let Some(s) = b.addr else { continue };
+            let e = s + b.size.unwrap_or(0);
+            let (lo, hi) = (s.max(a), e.min(end));
+            if lo >= hi {
+                continue;
+            }
+            // What of [lo, hi) this buffer's pool still held.
+            let mut held = vec![(lo, hi)];
+            for &(r0, r1) in &b.released {
+                held = held
+                    .into_iter()
+                    .flat_map(|(h0, h1)| {
+                        let mut rest = Vec::new();
+                        if h0 < r0.min(h1) {
+                            rest.push((h0, r0.min(h1)));
+                        }
+                        if r1.max(h0) < h1 {
+                            rest.push((r1.max(h0), h1));
+                        }
+                        rest
+                    })
+                    .collect();
+            }
+            if !held.is_empty() {
+                any = true;
+                b.released.push((lo, hi));
+            }
         }
-        Ok(())
+        any
     }
 
     /// Makes the pool named `name` (empty) if it does not exist yet.

@@ -180,6 +180,9 @@ struct Buffer {
     recorded_at_free: Vec<usize>,
     /// The graph pool of a pool buffer: allocated on a capturing stream, or into a named pool.
     pool: Option<String>,
+    /// A pool buffer's bytes that went back to the driver since (another pool or a plain
+    /// allocation took them): the pool holds them no more.
+    released: Vec<(u64, u64)>,
 }
 
 /// What a name denotes now.
@@ -472,6 +475,7 @@ impl Builder {
             freed_to: None,
             recorded: BTreeSet::new(),
             recorded_at_free: Vec::new(),
+            released: Vec::new(),
             pool: None,
         });
         self.names.insert(name.to_owned(), Name::External(b));
@@ -737,10 +741,13 @@ impl Builder {
                     if live_overlap {
                         return Err("addr overlaps a live allocation".into());
                     }
-                    if memory == MemoryKind::Device {
-                        self.check_pool_bytes(a, end, pool.as_deref())?;
-                    }
-                    if memory == MemoryKind::Device && self.reappears_elsewhere(a, end, &owner) {
+                    // Bytes another graph pool held went back to the driver, which synchronized
+                    // the device.
+                    let released = memory == MemoryKind::Device
+                        && self.release_pool_bytes(a, end, pool.as_deref());
+                    if memory == MemoryKind::Device
+                        && (released || self.reappears_elsewhere(a, end, &owner))
+                    {
                         let device = self.streams[&owner].device;
                         self.sync_device(i, device);
                     }
@@ -776,6 +783,7 @@ impl Builder {
             freed_to: None,
             recorded: BTreeSet::new(),
             recorded_at_free: Vec::new(),
+            released: Vec::new(),
             pool: pool.clone(),
         });
         self.names.insert(name.to_owned(), Name::Live(b));

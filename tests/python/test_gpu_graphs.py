@@ -97,6 +97,42 @@ def test_pool_sharing_names_one_pool(gpu, tmp_path, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dropped_graphs_pool_memory_goes_to_the_next_capture(gpu, tmp_path, backend):
+    """A graph dropped, then another captured in the same check: the capture's start empties
+    PyTorch's cache (`torch.cuda.graph.__enter__` calls `empty_cache`), which frees the dropped
+    graph's pool segments, and the new capture's allocations get their addresses back from the
+    driver. The check takes that for memory that came back (the device synchronized), not for
+    two pools holding the same bytes (a TraceError before), and finds nothing."""
+    import gc
+
+    import streamsan.torch
+
+    torch = gpu
+    path = tmp_path / "again.jsonl"
+    side = torch.cuda.Stream()
+    with streamsan.torch.check(raise_on_hazard=False, trace=path, backend=backend) as run:
+        x = torch.full((N,), 2.0, device="cuda")
+        results = []
+        for k in range(3):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                y = (x * (k + 1)).sin() + 1  # temporaries and an output in the graph's pool
+            g.replay()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                results.append(y.sum())
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            del g, y  # the graph and its pool's last tensor gone: the pool is freeable
+            gc.collect()
+        want = [((x * (k + 1)).sin() + 1).sum() for k in range(3)]
+        assert all(bool(torch.isclose(a, b)) for a, b in zip(results, want))
+    assert run.report.errors == 0, run.report.to_text()
+    begins = [o for o in _ops(path) if o["op"] == "graph_begin"]
+    assert len(begins) == 3 and len({o["pool"] for o in begins}) == 3
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_make_graphed_callables_is_recorded(gpu, tmp_path, backend):
     import streamsan.torch
 
