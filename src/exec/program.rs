@@ -660,12 +660,15 @@ impl Resolver {
     }
 
     /// Placed device memory `[a, end)` allocated from `pool` (or from none) takes these bytes
-    /// from every other pool that held them; returns whether any did.
+    /// from every other pool that held them; returns whether any did. (The pools' ranges are
+    /// disjoint: walking down from `end`, the first that ends at or below `a` ends the search.)
     fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
         let taken: Vec<(u64, u64, PoolIndex)> = self
             .pool_bytes
             .range(..end)
-            .filter(|(_, &(e, p))| e > a && Some(p) != pool)
+            .rev()
+            .take_while(|(_, &(e, _))| e > a)
+            .filter(|(_, &(_, p))| Some(p) != pool)
             .map(|(&s, &(e, p))| (s, e, p))
             .collect();
         for &(s, e, p) in &taken {
@@ -685,7 +688,9 @@ impl Resolver {
         let touching: Vec<(u64, u64)> = self
             .pool_bytes
             .range(..=hi)
-            .filter(|(_, &(e, p))| e >= lo && p == pool)
+            .rev()
+            .take_while(|(_, &(e, _))| e >= lo)
+            .filter(|(_, &(_, p))| p == pool)
             .map(|(&s, &(e, _))| (s, e))
             .collect();
         for (s, e) in touching {
