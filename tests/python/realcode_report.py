@@ -1303,7 +1303,22 @@ def errors_under_cost_checks(cost: dict) -> str:
     clean in every timed check too."""
     lines = [f"  {name}: " + ", ".join(f"{m} {n}" for m, n in sorted(r["errors_under_check"].items()))
              for name, r in cost.items() if isinstance(r, dict) and r.get("errors_under_check")]
-    return "errors under the cost step's checks (the last round that had any):\n" + "\n".join(lines) if lines else ""
+    # A checked mode that raised (a TraceError, an exception of the recorder) on a program the
+    # `streamsan` step ran cleanly: a failure of the tool on real code, not a missing time.
+    raised = [f"  {name}: {mode}: {str(why).splitlines()[0][:200]}"
+              for name, r in cost.items() if isinstance(r, dict)
+              for mode, why in sorted((r.get("failed") or {}).items()) if mode not in CHECKLESS_MODES]
+    out = []
+    if lines:
+        out.append("errors under the cost step's checks (the last round that had any):\n" + "\n".join(lines))
+    if raised:
+        out.append("checks that raised in the cost step:\n" + "\n".join(raised))
+    return "\n".join(out)
+
+
+# The cost step's modes that are not a check (their failures say nothing of the tool), and the
+# failure of a program's whole cost process (its time ran out, it crashed: see `_cost_rows`).
+CHECKLESS_MODES = frozenset({"plain", "csan", "process"})
 
 
 def _grid(rows: list[list[str]]) -> str:

@@ -184,3 +184,10 @@ def test_errors_under_the_cost_steps_checks_are_listed():
     assert rr.errors_under_cost_checks(cost) == (
         "errors under the cost step's checks (the last round that had any):\n  b: native 9, native-steady 27")
     assert rr.errors_under_cost_checks({"a": {"seconds": {}}}) == ""
+    # A checked mode that raised is listed; plain, CSAN and the process's own failures are not.
+    failed = {"a": {"failed": {"native-steady": "TraceError: overlaps a pool\n  more", "csan": "CSAN failed",
+                               "plain": "x", "process": "timed out"}}}
+    assert rr.errors_under_cost_checks(failed) == (
+        "checks that raised in the cost step:\n  a: native-steady: TraceError: overlaps a pool")
+    both = rr.errors_under_cost_checks({**cost, **failed})
+    assert both.startswith("errors under the cost step's checks") and both.endswith("TraceError: overlaps a pool")
