@@ -17,7 +17,8 @@
 #                                                       # entering and leaving a check under cProfile
 #   bash tests/python/gpu_measure.sh kernels  WHEELDIR  # compiled ViT-Tiny inference, nanoGPT loop and SDPA
 #                                                       # by mode (profile_program.py: floor, observing with and
-#                                                       # without Triton's hooks and the patches, checked with
+#                                                       # without Triton's hooks and the patches, with the hooks'
+#                                                       # wrapper bare or its direct entry in Python, checked with
 #                                                       # and without the hooks, the recorder's stages with
 #                                                       # `kernels` and its parts, the time inside its Triton
 #                                                       # entries; with `perf` there, a profile of the checked
@@ -145,7 +146,7 @@ observe-passthrough-replay,no-triton,checked > "$O/decode.txt" 2>&1)
     for w in "ViT-Tiny inference:vit:11" "nanoGPT:nanogpt:7" "SDPA:sdpa:11"; do
       IFS=: read -r prog key rounds <<< "$w"
       (cd "$here" && step_left 40 200 "$key" python3 profile_program.py "$prog" --set compiled --rounds "$rounds" \
-        --top 0 --modes plain,floor,observe,observe-no-triton,observe-no-patches-no-triton,no-triton,checked,stages \
+        --top 0 --modes plain,floor,observe,observe-no-triton,observe-triton-bare,observe-triton-pydirect,observe-no-patches-no-triton,no-triton,checked,stages \
         > "$O/$key.txt" 2>&1)
     done
     # the same launch paths on this host's CPU, the stand-in autotuner with CPU tensors (the

@@ -16,6 +16,11 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `no-triton`: a check without Triton's launch hooks; `observe-no-triton`, observing without
   them (what the hooks' Python costs when the recorder takes nothing), and
   `observe-no-patches-no-triton`, observing without either;
+- `observe-triton-bare`: observing with Triton's hooks installed but listening to nothing (their
+  wrapper of `CachingAutotuner.run` active, no plan looked up, nothing handed over): what an
+  active wrapper's frame costs a real launch; `observe-triton-pydirect`: observing with the
+  wrapper's direct entry a Python function that takes the launch and does nothing (the wrapper's
+  own logic, without the C++ entry's call);
 - `checked`: a check;
 - `stages`: a check with the recorder's stages timed (`_profile="1"`): its `recorder_profile_*`
   counts, medians of the rounds, are printed after the times;
@@ -144,6 +149,33 @@ def place_others(cpus: set) -> None:
                 pass
 
 
+def triton_hooks_diluted(install, how: str):
+    """A stand-in for the recorder's `_install_triton` that installs Triton's hooks as it does,
+    then (`how`) "bare": takes them off the wrappers' listeners (each wrapper active, calling its
+    original and nothing else), or "pydirect": makes their direct entry a Python function that
+    takes every launch and records nothing."""
+
+    def installed(rec) -> None:
+        install(rec)
+        if rec.triton is not None:
+            dilute_triton_hooks(rec.triton, how)
+
+    return installed
+
+
+def dilute_triton_hooks(hooks, how: str) -> None:
+    """Installed Triton hooks made to listen to nothing ("bare": off their wrappers' listeners,
+    which call the originals alone) or to take every tuned launch in a Python function that
+    records nothing ("pydirect": their direct entry). Uninstalling them puts things back."""
+    if how == "bare":
+        for patch in list(getattr(hooks, "_attached", [])):
+            patch.listeners = tuple(h for h in patch.listeners if h is not hooks)
+    elif how == "pydirect":
+        hooks._direct = lambda name, stream, roles, args: 0
+    else:
+        raise ValueError(f"dilute_triton_hooks: unknown {how!r}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("program", help="a substring of the program's name")
@@ -177,6 +209,7 @@ def main() -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     known = {"plain", "floor", "observe", "observe-no-patches", "observe-passthrough-replay", "no-triton", "checked",
              "stages", "observe-no-triton", "observe-no-patches-no-triton", "at-once", "steady", *ABLATIONS,
+             "observe-triton-bare", "observe-triton-pydirect",
              *(m + s for m in ("checked", "steady") for s in ("-apart", "-together"))}
     if args.pin is not None:
         places = placements(args.pin)
@@ -210,6 +243,8 @@ def main() -> None:
             return time.perf_counter() - t0
         if mode.endswith("no-triton"):
             _recorder.Recorder._install_triton = lambda self: None
+        if mode in ("observe-triton-bare", "observe-triton-pydirect"):
+            _recorder.Recorder._install_triton = triton_hooks_diluted(install_triton, mode.rsplit("-", 1)[1])
         if mode.startswith("observe-no-patches"):
             _recorder._install_patches = lambda rec: _recorder._Patches()
         if mode.startswith("observe-without-"):

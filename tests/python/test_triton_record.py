@@ -219,3 +219,42 @@ def test_the_fast_path_agrees_on_extra_tensors_and_objects(fakes, tmp_path, nati
     assert spy.calls == 0
     _same_shape(fast, slow)
     assert [r["bytes"] for r in fast[0]["writes"]] == [256, 256, 32]  # y, out, extra
+
+
+@pytest.mark.parametrize("how", ["bare", "pydirect"])
+def test_profile_programs_diluted_hooks_record_no_launch(fakes, tmp_path, native, how):  # noqa: F811
+    """profile_program.py's `observe-triton-bare` and `observe-triton-pydirect`: the hooks'
+    wrapper runs each launch (the stand-in's `run` still launches), and nothing is recorded
+    once the kernel's plan is made (the first launch of a check that has no plan yet makes it,
+    through the fast path); a check after them records as before."""
+    from profile_program import dilute_triton_hooks
+
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+    x, y, out = torch.ones(64), torch.ones(64), torch.zeros(64)
+    at.run(x, y, out, 64, stream=0)  # a launch before any check
+    before = len(fakes.events)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for round_ in range(2):
+            with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as run:
+                rec = run._recorder
+                hooks = fakes.hooks()
+                assert hooks.install(rec._on_kernel, rec._on_kernel_fast, rec.backend.record_triton)
+                dilute_triton_hooks(hooks, how)
+                try:
+                    for _ in range(3):
+                        at.run(x, y, out, 64, stream=0)
+                finally:
+                    hooks.uninstall()
+            recorded = run.stats()["recorder_triton_launches"]
+            taken = hooks.launches["inductor"]
+            if how == "bare":
+                assert recorded == 0 and taken == 0
+            else:  # the plan made by the first check's first launch, the rest taken and dropped
+                assert recorded == (1 if round_ == 0 else 0)
+                assert taken == 3
+    assert len(fakes.events) > before  # the launches went on
+    ops, n, _ = _record(fakes, tmp_path, "after", "direct", lambda x, y, out: at.run(x, y, out, 64, stream=0))
+    assert len(ops) == 1 and n["inductor"] == 1
+
