@@ -1415,3 +1415,22 @@ def test_auto_says_when_it_falls_back_to_the_python_recorder(tmp_path):
     warned = [line for line in out.stdout.splitlines() if line.startswith("WARNED")]
     assert len(warned) == 1, out.stdout
     assert warned[0].startswith("WARNED 5 ") and "another version" in warned[0], warned
+
+
+def test_an_inconsistent_trace_says_what_it_is_and_keeps_the_report(backend):
+    """A trace the checker cannot take (here a host op of an unknown kind, standing for a gap in
+    what the recorders record) raises its TraceError when the check ends, with a note that says
+    it is a gap of the recorder's, not a hazard of the program, and how to report it; the report
+    of what was checked before it is the check's."""
+    import streamsan
+    import streamsan.torch
+
+    run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+    with pytest.raises(streamsan.TraceError) as raised:
+        with run:
+            Fake(run).b.host_op('{"op":"lanch"')
+    assert 'unknown op "lanch"' in str(raised.value)
+    if sys.version_info >= (3, 11):
+        notes = "\n".join(getattr(raised.value, "__notes__", []))
+        assert "not a hazard of the program" in notes and "trace=PATH" in notes
+    assert run.report is not None and run.report.errors == 0

@@ -269,6 +269,13 @@ class Run:
             finally:
                 self._recorder.detach()
         if error is not None:
+            if isinstance(error, TraceError) and hasattr(error, "add_note"):  # (Python 3.11+)
+                error.add_note(
+                    "streamsan.torch: the trace recorded of this program is inconsistent here: a gap in "
+                    "what streamsan records, not a hazard of the program. The hazards found before it are "
+                    "in the check's `report`; please report this with the trace "
+                    "(streamsan.torch.check(trace=PATH) writes it)."
+                )
             raise error
         if self.report is not None and self.analyse_syncs:
             from .._syncs import describe
