@@ -38,6 +38,7 @@ pub use device::{
 };
 pub use host::{round_host_size, HostCachingAllocator};
 pub use pool::{GraphPools, PoolIndex};
+pub(crate) use pool::PoolBytes;
 
 /// Where segments come from.
 ///

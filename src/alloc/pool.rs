@@ -13,6 +13,8 @@
 //! to the pool when no capture of the pool is underway any more (PyTorch defers such frees until
 //! the capture ends, since it cannot record and query events during a capture).
 
+use std::collections::BTreeMap;
+
 use super::{AllocError, Block, DeviceCachingAllocator, ModelMemory, StreamKey};
 
 /// A pool's index in [`GraphPools`].
@@ -132,6 +134,64 @@ impl GraphPools {
         self.arenas.get(pool as usize).map(|a| &a.alloc)
     }
 }
+
+/// Recorded addresses (`addr`): the device bytes each graph pool holds, its buffers', freed or
+/// not, merged per pool; the pools' ranges are disjoint. A pool keeps its bytes until they go
+/// back to the driver: PyTorch frees a pool's segments once no graph uses it (`empty_cache`,
+/// which every capture's start calls), and another pool or a plain allocation may then be given
+/// them ([`PoolBytes::release`]). The checker and the executor keep one each.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PoolBytes {
+    /// start → (end, pool).
+    ranges: BTreeMap<u64, (u64, PoolIndex)>,
+}
+
+impl PoolBytes {
+    /// A device allocation of `[a, end)` from `pool` (or from none) takes these bytes from every
+    /// other pool that held them; returns whether any did. (The ranges are disjoint: walking
+    /// down from `end`, the first that ends at or below `a` ends the search.)
+    pub(crate) fn release(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
+        let taken: Vec<(u64, u64, PoolIndex)> = self
+            .ranges
+            .range(..end)
+            .rev()
+            .take_while(|(_, &(e, _))| e > a)
+            .filter(|(_, &(_, p))| Some(p) != pool)
+            .map(|(&s, &(e, p))| (s, e, p))
+            .collect();
+        for &(s, e, p) in &taken {
+            self.ranges.remove(&s);
+            if s < a {
+                self.ranges.insert(s, (a, p));
+            }
+            if e > end {
+                self.ranges.insert(end, (e, p));
+            }
+        }
+        !taken.is_empty()
+    }
+
+    /// `pool` holds `[lo, hi)` from now on (taken from any other pool first: [`Self::release`]),
+    /// merged with its own touching ranges; another pool's bytes end where these begin, or begin
+    /// where they end.
+    pub(crate) fn hold(&mut self, mut lo: u64, mut hi: u64, pool: PoolIndex) {
+        let touching: Vec<(u64, u64)> = self
+            .ranges
+            .range(..=hi)
+            .rev()
+            .take_while(|(_, &(e, _))| e >= lo)
+            .filter(|(_, &(_, p))| p == pool)
+            .map(|(&s, &(e, _))| (s, e))
+            .collect();
+        for (s, e) in touching {
+            self.ranges.remove(&s);
+            lo = lo.min(s);
+            hi = hi.max(e);
+        }
+        self.ranges.insert(lo, (hi, pool));
+    }
+}
+
 
 #[cfg(test)]
 mod tests {

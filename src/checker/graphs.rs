@@ -46,7 +46,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::*;
-use crate::alloc::{GraphPools, PoolIndex};
+use crate::alloc::{GraphPools, PoolBytes, PoolIndex};
 use crate::report::{FreeRef, Replay};
 use crate::trace::DEFAULT_STREAM;
 
@@ -83,8 +83,8 @@ pub(super) struct Graphs {
     /// Bumped whenever a pool buffer is added or the participants of a pool buffer's history
     /// change: [`PoolGen::clear_for`] holds until it moves.
     pool_version: u64,
-    /// With `addr`: the device bytes each pool holds, merged per pool (start → end, pool).
-    pool_bytes: BTreeMap<u64, (u64, PoolIndex)>,
+    /// With `addr`: the device bytes each pool holds.
+    pub(super) pool_bytes: PoolBytes,
     /// Every captured op of every graph; [`Access::captured`] minus one indexes it.
     captured: Vec<CapturedOp>,
     /// Allocated, non-pool generations that bodies name: (graph, buffer of its body).
@@ -279,31 +279,6 @@ impl Graphs {
         })
     }
 
-    /// With `addr`: a device allocation of `[a, end)` (from `pool`, or not from any) takes
-    /// these bytes from every other pool that held them (the memory of its buffers, freed or
-    /// not, stays with a pool until it goes back to the driver: only then can another pool or a
-    /// plain allocation get it). Returns whether any pool gave bytes up.
-    pub(super) fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
-        let taken: Vec<(u64, u64, PoolIndex)> = self
-            .pool_bytes
-            .range(..end)
-            .rev()
-            .take_while(|(_, &(e, _))| e > a)
-            .filter(|(_, &(_, p))| Some(p) != pool)
-            .map(|(&s, &(e, p))| (s, e, p))
-            .collect();
-        for &(s, e, p) in &taken {
-            self.pool_bytes.remove(&s);
-            if s < a {
-                self.pool_bytes.insert(s, (a, p));
-            }
-            if e > end {
-                self.pool_bytes.insert(end, (e, p));
-            }
-        }
-        !taken.is_empty()
-    }
-
     /// A pool buffer `g` of `bytes` bytes at `base`, allocated at op `i`: its index in the
     /// table of pool buffers ([`Generation::set_pool`]).
     #[allow(clippy::too_many_arguments)]
@@ -335,7 +310,7 @@ impl Graphs {
             self.pool_buffers[p].insert((lo, me), hi);
             self.pool_longest[p] = self.pool_longest[p].max(hi - lo);
             if addr_mode {
-                self.hold_pool_bytes(lo, hi, pool);
+                self.pool_bytes.hold(lo, hi, pool);
             }
         }
         self.pool_gens.push(PoolGen {
@@ -368,25 +343,6 @@ impl Graphs {
             *solo = next;
             self.pool_version += 1;
         }
-    }
-
-    /// With `addr`: the pool holds `[lo, hi)` from now on (merged with its neighbours of the
-    /// same pool; another pool's bytes end where these begin, or begin where they end).
-    fn hold_pool_bytes(&mut self, mut lo: u64, mut hi: u64, pool: PoolIndex) {
-        let touching: Vec<(u64, u64)> = self
-            .pool_bytes
-            .range(..=hi)
-            .rev()
-            .take_while(|(_, &(e, _))| e >= lo)
-            .filter(|(_, &(_, p))| p == pool)
-            .map(|(&s, &(e, _))| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.pool_bytes.remove(&s);
-            lo = lo.min(s);
-            hi = hi.max(e);
-        }
-        self.pool_bytes.insert(lo, (hi, pool));
     }
 
     /// A non-pool generation that bodies name was freed at op `i` by `by`: their launches use

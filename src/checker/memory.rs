@@ -116,7 +116,7 @@ impl Checker {
                         // Bytes another graph pool held went back to the driver (PyTorch frees a
                         // pool's segments once no graph uses it: `empty_cache`, which every
                         // capture's start calls), which synchronized the device.
-                        let released = self.graphs.release_pool_bytes(a, end, pool);
+                        let released = self.graphs.pool_bytes.release(a, end, pool);
                         self.reappear(i, a, end, owner, released);
                     }
                     base = Some(a);

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::backend::{Backend, EventKey, Fence, Issued, Op, Span, StreamKey, StreamKind};
 use super::error::ExecError;
 use super::graphs::{BodyKind, Captured, Graphs};
-use crate::alloc::{ModelMemory, PoolIndex};
+use crate::alloc::{ModelMemory, PoolBytes, PoolIndex};
 use crate::trace::{Id, MemoryKind, Region, DEFAULT_STREAM};
 
 /// A live buffer of a program run.
@@ -82,9 +82,8 @@ pub(crate) struct Resolver {
     /// Placed device memory freed and not yet allocated again: start → (end, the stream its free
     /// gave it to).
     freed_to: BTreeMap<u64, (u64, StreamKey)>,
-    /// Placed device memory the graph pools hold (their buffers', freed or not): start → (end,
-    /// pool), merged per pool.
-    pool_bytes: BTreeMap<u64, (u64, PoolIndex)>,
+    /// Placed device memory the graph pools hold.
+    pool_bytes: PoolBytes,
     record_streams: HashMap<Id, Vec<StreamKey>>,
     /// CUDA graphs: captures, bodies, replay participants, pools.
     pub(crate) graphs: Graphs,
@@ -102,7 +101,7 @@ impl Resolver {
             gens: Vec::new(),
             freed: Vec::new(),
             freed_to: BTreeMap::new(),
-            pool_bytes: BTreeMap::new(),
+            pool_bytes: PoolBytes::default(),
             record_streams: HashMap::new(),
             graphs: Graphs::default(),
         }
@@ -330,10 +329,10 @@ impl Resolver {
             // Bytes another graph pool held went back to the driver (PyTorch frees a pool's
             // segments once no graph uses it) and came back; so did memory a plain free gave to
             // another stream. Either way the device was synchronized.
-            let released = self.release_pool_bytes(a, end, pool);
+            let released = self.pool_bytes.release(a, end, pool);
             let reappears = pool.is_none() && self.reappears(a, end, owner);
             if let Some(p) = pool {
-                self.hold_pool_bytes(a, end, p);
+                self.pool_bytes.hold(a, end, p);
             }
             if released || reappears {
                 let device = self.devices[owner as usize];
@@ -657,48 +656,6 @@ impl Resolver {
         }
         self.graphs.graphs[g].launches += 1;
         Ok(g)
-    }
-
-    /// Placed device memory `[a, end)` allocated from `pool` (or from none) takes these bytes
-    /// from every other pool that held them; returns whether any did. (The pools' ranges are
-    /// disjoint: walking down from `end`, the first that ends at or below `a` ends the search.)
-    fn release_pool_bytes(&mut self, a: u64, end: u64, pool: Option<PoolIndex>) -> bool {
-        let taken: Vec<(u64, u64, PoolIndex)> = self
-            .pool_bytes
-            .range(..end)
-            .rev()
-            .take_while(|(_, &(e, _))| e > a)
-            .filter(|(_, &(_, p))| Some(p) != pool)
-            .map(|(&s, &(e, p))| (s, e, p))
-            .collect();
-        for &(s, e, p) in &taken {
-            self.pool_bytes.remove(&s);
-            if s < a {
-                self.pool_bytes.insert(s, (a, p));
-            }
-            if e > end {
-                self.pool_bytes.insert(end, (e, p));
-            }
-        }
-        !taken.is_empty()
-    }
-
-    /// `pool` holds placed device memory `[lo, hi)` (merged with its own touching ranges).
-    fn hold_pool_bytes(&mut self, mut lo: u64, mut hi: u64, pool: PoolIndex) {
-        let touching: Vec<(u64, u64)> = self
-            .pool_bytes
-            .range(..=hi)
-            .rev()
-            .take_while(|(_, &(e, _))| e >= lo)
-            .filter(|(_, &(_, p))| p == pool)
-            .map(|(&s, &(e, _))| (s, e))
-            .collect();
-        for (s, e) in touching {
-            self.pool_bytes.remove(&s);
-            lo = lo.min(s);
-            hi = hi.max(e);
-        }
-        self.pool_bytes.insert(lo, (hi, pool));
     }
 
     /// Whether placed device memory `[start, end)`, allocated on stream `owner`, was last freed

@@ -25,10 +25,11 @@ one process, in the modes `--modes` names (default: plain, observe, no-triton, c
 - `stages`: a check with the recorder's stages timed (`_profile="1"`): its `recorder_profile_*`
   counts, medians of the rounds, are printed after the times;
 - `at-once`: a check whose records are written on the program's thread (STREAMSAN_DEFER=0);
-- `no-write`, `no-checker`, `no-site`, `no-allocator`: a check with one part of the recording
-  left out (bench_overhead.py's `ablate`: the recorder's bench_ablate mask; the trace is wrong,
-  only the time counts): `no-write` takes each op's regions and writes nothing, `no-checker`
-  writes the trace and drops it;
+- `no-write`, `no-checker`, `no-site`, `no-allocator` (and `no-all`, `gil-site`): a check with
+  parts of the recording left out or done the old way (bench_overhead.py's `ablate` modes, its
+  ABLATIONS: the recorder's bench_ablate mask; the trace is wrong, only the time counts):
+  `no-write` takes each op's regions and writes nothing, `no-checker` writes the trace and
+  drops it;
 - `steady`: the program's third run inside one check around three (what a long run's step
   costs; no enter/leave split);
 - with `--pin CPU` the program's thread is pinned to CPU for every mode, and the process's other
@@ -63,7 +64,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_overhead import _rotated  # noqa: E402  (the order of an interleaved round's modes)
+from bench_overhead import ABLATIONS, _rotated  # noqa: E402  (the ablated checks; a round's order)
 
 
 def _install_patches_remade(remake):
@@ -111,10 +112,6 @@ def install_patches_passthrough(attr: str):
         return call
 
     return _install_patches_remade(lambda a, make: passthrough if a == attr else make)
-
-
-# The ablated checks (bench_overhead.py's `ablate`): the recorder's bench_ablate mask.
-ABLATIONS = {"no-site": 1, "no-checker": 2, "no-allocator": 4, "no-write": 8}
 
 
 def placements(cpu: int) -> dict:
