@@ -117,6 +117,69 @@ def test_tuned_inductor_launches_are_the_same_on_the_direct_path(fakes, tmp_path
     assert answers == [1, 1, 1, -1]
 
 
+def test_tuned_launches_go_to_the_recorder_without_the_python_wrapper(fakes, tmp_path, native, monkeypatch):  # noqa: F811
+    """With the C++ recorder, the patch of `CachingAutotuner.run` is its `FastRun`: a tuned
+    kernel's launches after the one that made its plan go from it to the recorder, the hooks'
+    Python wrapper not run (`_record_autotuner` not called), recorded as the Python wrapper
+    records them and counted as the hooks' launches. What it cannot take goes to the Python
+    wrapper: `benchmark_run` (not recorded), an argument the entry declines (a descriptor). A
+    launch inside a taken `run` (Triton's `launch_metadata` under a launch hook) is not recorded
+    again."""
+    from streamsan.torch import _triton
+
+    calls = []
+    real = _triton._record_autotuner
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("before"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_triton, "_record_autotuner", counted)
+    at = generated_autotuner(fakes, compiled=user_kernel(fakes))
+    kinds = []
+
+    def launch(x, y, out):
+        kinds.append(type(type(at).__dict__["run"]).__name__)
+        for _ in range(4):
+            at.run(x, y, out, 64, stream=0)
+        at.run(x, y, out, 64, stream=0, benchmark_run=True)
+        at.run(x, FakeDescriptor(y), out, 64, stream=0)
+
+    ops, n, stats = _record(fakes, tmp_path, "fast-run", "direct", launch)
+    assert kinds == ["FastRun"]
+    assert calls == [True, True]  # the first launch (its plan made) and the declined one
+    assert n == {"inductor": 5, "triton": 0} and stats["recorder_triton_launches"] == 5
+    assert [o["name"] for o in ops] == ["triton_poi_fused_add_0"] * 5
+    calls.clear()
+    monkeypatch.setattr(_triton, "_record_autotuner", real)  # (a frame of this file: the site)
+    slow, n_slow, _ = _record(fakes, tmp_path, "slow", False, launch)  # no direct entry: all Python
+    assert kinds[-1] == "FastRun" and n_slow == n
+    # The same ops; the same sites where `counted` was not on the stack (it is a frame of this
+    # file, taken for the user's): the launches taken by FastRun.
+    _same_shape(ops[1:4], slow[1:4])
+    def regions(o):
+        return [[(r["offset"], r["bytes"]) for r in o.get(k, [])] for k in ("reads", "writes")]
+
+    assert [(o["name"], regions(o)) for o in ops] == [(o["name"], regions(o)) for o in slow]
+    # Another check listening alongside: the Python wrapper serves both.
+    monkeypatch.setattr(_triton, "_record_autotuner", counted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True) as run:
+            rec = run._recorder
+            first, second = fakes.hooks(), fakes.hooks()
+            assert first.install(rec._on_kernel, rec._on_kernel_fast, rec.backend.record_triton)
+            assert second.install(lambda *a: None)
+            try:
+                x, y, out = torch.ones(64), torch.ones(64), torch.zeros(64)
+                for _ in range(3):
+                    at.run(x, y, out, 64, stream=0)
+            finally:
+                second.uninstall()
+                first.uninstall()
+    assert len(calls) == 3 and second.launches["inductor"] == 3
+
+
 def test_a_user_kernel_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811
     k = user_kernel(fakes)
 

@@ -1677,6 +1677,11 @@ class Recorder:
             # The C++ recorder's own entry, for a tuned Inductor kernel's launches: it records
             # nothing once the recording ends (before the hooks are stopped).
             direct = getattr(self.backend, "record_triton", None)
+            ext = getattr(self.backend, "ext", None)
+            if direct is not None and getattr(ext, "FastRun", None) is not None:
+                from ._triton import use_native
+
+                use_native(ext)  # its wrapper of Inductor's launches, with no Python frame
             if hooks.install(self._on_kernel, fast, direct):
                 self.triton = hooks
         except Exception as e:  # the check goes on without Triton's launches, and says so

@@ -771,6 +771,12 @@ class _Cache:
             if hit is not None and hit[0] is ref:  # not a newer object's, at a reused id
                 del self._by_id[k]
 
+    def items(self) -> list:
+        """(key, value) of the entries whose key is alive."""
+        with self._lock:
+            hits = list(self._by_id.values())
+        return [(k, v) for k, v in ((h(), v) for h, v in hits) if k is not None]
+
     def clear(self) -> None:
         with self._lock:
             self._by_id.clear()
@@ -999,6 +1005,44 @@ _AUTOTUNER_PLANS = _Cache()
 # Whether a module is importable, by (name, sys.path): TritonHooks._available.
 _FOUND: dict = {}
 
+# The C++ recorder's module where a check uses it (`use_native`): its `FastRun` wraps
+# `CachingAutotuner.run` in patches made from then on, taking a tuned kernel's launches to its
+# `record_triton` without a Python frame; `fast_plan_put` is told each plan seen tuned.
+_NATIVE: Any = None
+
+
+def use_native(ext: Any) -> None:
+    """Patches of `CachingAutotuner.run` made from now on are the C++ recorder's `FastRun` (the
+    module `ext`), which takes a tuned kernel's launch to `ext.record_triton` itself while one set
+    of hooks listens through that entry (their `direct`), and passes every other call to the
+    Python wrapper. Tuned plans already known are told to it."""
+    global _NATIVE
+    with _LOCK:
+        if _NATIVE is ext:
+            return
+        _NATIVE = ext
+        for key, plan in _AUTOTUNER_PLANS.items():
+            _tell_native(key, plan)
+
+
+def _tell_native(autotuner: Any, plan: tuple) -> None:
+    """A plan seen tuned, told to the C++ wrapper (where its launches can go straight to the
+    recorder: roles known, `stream` not a kernel argument)."""
+    ext = _NATIVE
+    launcher, _slots, positions, name, roles, seen_tuned = plan
+    if ext is None or not seen_tuned or roles is None or launcher is None or "stream" in positions:
+        return
+    try:
+        ext.fast_plan_put(autotuner, launcher, name, roles)
+    except Exception:  # noqa: BLE001 - its launches go through the Python wrapper
+        pass
+
+
+def _native_depth() -> int:
+    """`CachingAutotuner.run` calls in progress on this thread through the C++ wrapper."""
+    ext = _NATIVE
+    return ext.fast_depth() if ext is not None else 0
+
 
 class _Patch:
     """One method of a class, replaced by a wrapper that calls the hooks listening to it."""
@@ -1010,10 +1054,50 @@ class _Patch:
         self.target = target  # the hooks' target it serves: ((module, class, method), kind)
         self.raw = owner.__dict__.get(attr, _MISSING)  # the exact attribute, to put back
         self.original = getattr(owner, attr)
-        self.listeners: tuple = ()
+        self._listeners: tuple = ()
         self.kept_by: tuple = ()  # hooks uninstalled with `keep` that will listen again
-        self.wrapper = _autotuner_wrapper(self) if kind == "autotuner" else _kernel_wrapper(self)
+        # The C++ wrapper in front of the Python one (`use_native`), and the hooks whose
+        # launches it takes while it does (they are counted as theirs: `_harvest`).
+        self.fast: Any = None
+        self._fast_owner: Any = None
+        wrapper = _autotuner_wrapper(self) if kind == "autotuner" else _kernel_wrapper(self)
+        if kind == "autotuner" and _NATIVE is not None:
+            try:
+                self.fast = _wraps(_NATIVE.FastRun(self.original, wrapper), self.original)
+            except Exception:  # noqa: BLE001 - the Python wrapper alone
+                self.fast = None
+        self.wrapper = self.fast if self.fast is not None else wrapper
         setattr(owner, attr, self.wrapper)
+
+    @property
+    def listeners(self) -> tuple:
+        """The hooks listening to this method's calls."""
+        return self._listeners
+
+    @listeners.setter
+    def listeners(self, value: tuple) -> None:
+        self._listeners = value
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The C++ wrapper told whether to take tuned launches: while one set of hooks listens,
+        through the C++ recorder's own entry (its `direct`)."""
+        fast = self.fast
+        if fast is None:
+            return
+        self._harvest()
+        ls = self._listeners
+        ext = _NATIVE
+        owner = ls[0] if len(ls) == 1 and ext is not None and ls[0]._direct is getattr(ext, "record_triton", None) else None
+        self._fast_owner = owner
+        fast.set_on(owner is not None)
+
+    def _harvest(self) -> None:
+        """The launches the C++ wrapper took, counted as its listener's."""
+        n = self.fast.take() if self.fast is not None else 0
+        if n and self._fast_owner is not None:
+            counts = self._fast_owner._launches
+            counts["inductor"] = counts.get("inductor", 0) + n
 
     @property
     def in_place(self) -> bool:
@@ -1050,8 +1134,9 @@ _PATCHES: dict = {}  # (id(owner), attr) -> _Patch
 
 def _wraps(wrapper: Callable, original: Callable) -> Callable:
     wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    wrapper.__name__ = getattr(original, "__name__", wrapper.__name__)
-    wrapper.__qualname__ = getattr(original, "__qualname__", wrapper.__qualname__)
+    name = getattr(original, "__name__", None) or getattr(wrapper, "__name__", "wrapper")
+    wrapper.__name__ = name
+    wrapper.__qualname__ = getattr(original, "__qualname__", None) or getattr(wrapper, "__qualname__", name)
     wrapper.__doc__ = getattr(original, "__doc__", None)
     wrapper._streamsan = True  # type: ignore[attr-defined]
     return wrapper
@@ -1063,7 +1148,7 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _INSTALLED:  # between checks (kept wrappers): the original alone
             return original(self, *args, **kwargs)
-        listeners = patch.listeners
+        listeners = patch._listeners
         deferred = False
         if listeners and not kwargs.get("benchmark_run", False):
             # A tuned kernel's launch handed straight to the one listener's recorder (its
@@ -1081,7 +1166,7 @@ def _autotuner_wrapper(patch: _Patch) -> Callable:
                     except Exception:  # noqa: BLE001 - the list path says what went wrong
                         taken = False
                     if taken:
-                        listeners[0].launches["inductor"] += 1
+                        listeners[0]._launches["inductor"] += 1
             if not taken:
                 deferred = _record_autotuner(listeners, self, args, kwargs, before=True) is _DEFER
         _TLS.depth = getattr(_TLS, "depth", 0) + 1
@@ -1100,8 +1185,8 @@ def _kernel_wrapper(patch: _Patch) -> Callable:
     original = patch.original
 
     def launch_metadata(self: Any, grid: Any, stream: Any, *args: Any) -> Any:
-        listeners = patch.listeners
-        if listeners and not getattr(_TLS, "depth", 0):
+        listeners = patch._listeners
+        if listeners and not getattr(_TLS, "depth", 0) and not _native_depth():
             _record_kernel(listeners, self, stream, args)
         return original(self, grid, stream, *args)
 
@@ -1160,6 +1245,7 @@ def _record_autotuner(listeners: tuple, autotuner: Any, args: tuple, kwargs: dic
         if before and not hit[5] and launcher is not None:  # seen tuned: the wrapper's direct path
             hit = hit[:5] + (True,)
             _AUTOTUNER_PLANS.put(autotuner, hit)
+            _tell_native(autotuner, hit)
         _launcher, slots, positions, name, roles, _seen_tuned = hit
         stream = _stream_handle(kwargs.get("stream"))
         if roles is not None and positions.keys().isdisjoint(kwargs):  # (walks the few kwargs)
@@ -1295,7 +1381,7 @@ class TritonHooks:
         self._on_error = on_error
         self._on_launch: Optional[Callable[..., Any]] = None
         self._on_launch_fast: Optional[Callable[..., Any]] = None
-        self._direct: Optional[Callable[..., int]] = None
+        self.__direct: Optional[Callable[..., int]] = None
         self._targets = [(t, "autotuner") for t in [autotuner_target] if t]
         self._targets += [(t, "kernel") for t in [kernel_target] if t]
         self._attached: list = []
@@ -1310,8 +1396,30 @@ class TritonHooks:
         self._installed = False
         self._found = False  # Triton was found installed (it stays so)
         self._seen_errors: set = set()
-        self.launches = {"inductor": 0, "triton": 0}
+        self._launches = {"inductor": 0, "triton": 0}
         self.errors = 0
+
+    @property
+    def launches(self) -> dict:
+        """The launches recorded by kind ({"inductor": n, "triton": m})."""
+        for patch in self._attached:
+            if patch._fast_owner is self:
+                patch._harvest()
+        return self._launches
+
+    @launches.setter
+    def launches(self, value: dict) -> None:
+        self._launches = value
+
+    @property
+    def _direct(self) -> Optional[Callable[..., int]]:
+        return self.__direct
+
+    @_direct.setter
+    def _direct(self, value: Optional[Callable[..., int]]) -> None:
+        self.__direct = value
+        for patch in getattr(self, "_attached", ()):
+            patch.refresh()
 
     def renew(self, on_error: Optional[Callable[[str], Any]] = None) -> None:
         """Makes the hooks as new, `on_error` their error callback: uninstalled (where an
@@ -1322,7 +1430,9 @@ class TritonHooks:
                 self.uninstall(keep=True)
             self._on_error = on_error
             self._seen_errors.clear()
-            self.launches = {"inductor": 0, "triton": 0}
+            for patch in self._attached:
+                patch._harvest()
+            self._launches = {"inductor": 0, "triton": 0}
             self.errors = 0
 
     @property
@@ -1520,7 +1630,7 @@ class TritonHooks:
         on_launch = self._on_launch
         if on_launch is None:
             return
-        self.launches[kind] = self.launches.get(kind, 0) + 1
+        self._launches[kind] = self._launches.get(kind, 0) + 1
         try:
             on_launch(name, stream, accesses, kind)
         except Exception as e:  # noqa: BLE001 - the program's launch goes on regardless
@@ -1534,11 +1644,11 @@ class TritonHooks:
         try:
             taken = bool(fast(name, int(stream), roles, args))
         except Exception as e:  # noqa: BLE001 - the program's launch goes on regardless
-            self.launches[kind] = self.launches.get(kind, 0) + 1
+            self._launches[kind] = self._launches.get(kind, 0) + 1
             self._error(f"recording Triton kernel {name} failed: {type(e).__name__}: {e}")
             return True
         if taken:
-            self.launches[kind] = self.launches.get(kind, 0) + 1
+            self._launches[kind] = self._launches.get(kind, 0) + 1
         return taken
 
     def _error(self, message: str) -> None:
@@ -1557,3 +1667,5 @@ def _clear_caches() -> None:
     """Forget the analyses cached per kernel and per autotuner."""
     _KERNEL_PLANS.clear()
     _AUTOTUNER_PLANS.clear()
+    if _NATIVE is not None:
+        _NATIVE.fast_plans_clear()

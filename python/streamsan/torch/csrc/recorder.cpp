@@ -3077,33 +3077,27 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
   return true;
 }
 
-// One launch of a Triton kernel whose positional arguments are `args`, the role of each given
-// by `roles` (one byte per position: 0 untouched, 1 read, 2 written, 3 both; positions past its
+// One launch of a Triton kernel whose positional arguments are `args[0..n)`, the role of each
+// given by `role_data[0..n_roles)` (one byte per position: 0 untouched, 1 read, 2 written, 3 both; positions past its
 // end are read and written): the tensors' regions, on `stream`, on the device of the first
 // device tensor (else the current device). GIL held. Returns 1 when recorded, 0 when the check
 // does not record now, -1 when an argument in a touched position may hold tensors the hooks
 // find and this does not (a tuple or list, an object with a `base`: a tensor descriptor), for
 // the caller to record the launch itself. Any other object there (a scalar of another type, a
 // `tl.dtype` constexpr) holds no memory, as for the hooks' `_apply`.
-int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
+int record_triton_args(const std::string& name, uint64_t stream, const char* role_data, Py_ssize_t n_roles,
+                       PyObject* const* args, Py_ssize_t n) {
   if (!recording()) return 0;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   StageTimer timed(S->prof.kernels, profiling);
   StageTimer regions(S->prof.kernels_regions, profiling);  // (stopped below, before the record)
-  char* role_data = nullptr;
-  Py_ssize_t n_roles = 0;
-  if (PyBytes_AsStringAndSize(roles.ptr(), &role_data, &n_roles) != 0) {
-    PyErr_Clear();
-    return -1;
-  }
   // One pass: the regions found before an argument sends the launch back are only dropped.
   c10::SmallVector<Access, 8> all;
   int device = -1;
-  const Py_ssize_t n = PyTuple_GET_SIZE(args.ptr());
   for (Py_ssize_t i = 0; i < n; i++) {
     const uint8_t role = i < n_roles ? static_cast<uint8_t>(role_data[i]) : 3;
     if (role == 0) continue;
-    PyObject* o = PyTuple_GET_ITEM(args.ptr(), i);
+    PyObject* o = args[i];
     if (!THPVariable_Check(o)) {
       // No memory of its own; a tuple, a list or a descriptor (`base`) may hold tensors. (Python
       // scalars first: no attribute lookup for them.)
@@ -3131,6 +3125,271 @@ int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py:
   record_launch(name, stream, device, all);
   return 1;
 }
+
+// record_triton_args for a tuple of arguments and roles as bytes: the hooks' `direct` entry.
+int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py::tuple args) {
+  if (!recording()) return 0;
+  char* role_data = nullptr;
+  Py_ssize_t n_roles = 0;
+  if (PyBytes_AsStringAndSize(roles.ptr(), &role_data, &n_roles) != 0) {
+    PyErr_Clear();
+    return -1;
+  }
+  return record_triton_args(name, stream, role_data, n_roles, PySequence_Fast_ITEMS(args.ptr()),
+                            PyTuple_GET_SIZE(args.ptr()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inductor's launches without a Python frame
+
+// `CachingAutotuner.run` calls in progress on this thread that went through FastRun's own path
+// (the hooks' Python wrapper counts its own): Triton's `launch_metadata` inside them records
+// nothing (the launch is recorded once, by the autotuner's entry).
+thread_local int fast_run_depth = 0;
+
+// A tuned Inductor kernel's plan, as the hooks' Python wrapper knows it (`_record_autotuner`):
+// the autotuner (by a weak reference: its entry is stale once it is gone, or another object
+// has its address), the one launcher `run` launches, the kernel's name and its arguments' roles.
+struct FastPlan {
+  PyObject* ref = nullptr;       // a weak reference to the autotuner (owned)
+  PyObject* launcher = nullptr;  // owned
+  std::string name;
+  std::string roles;
+};
+
+// The plans by autotuner, read and written with the GIL held. Entries whose autotuner is gone
+// are dropped when the table grows past kFastPlansSweep.
+std::unordered_map<PyObject*, FastPlan>* fast_plans = new std::unordered_map<PyObject*, FastPlan>();
+constexpr size_t kFastPlansSweep = 4096;
+
+void drop_plan(FastPlan& p) {
+  Py_CLEAR(p.ref);
+  Py_CLEAR(p.launcher);
+}
+
+// Tells the C++ wrapper the plan of a tuned autotuner whose launches it may take: `launcher`
+// the one it launches, `roles` one byte per positional argument (record_triton's). GIL held.
+void fast_plan_put(py::object autotuner, py::object launcher, const std::string& name, py::bytes roles) {
+  PyObject* ref = PyWeakref_NewRef(autotuner.ptr(), nullptr);
+  if (ref == nullptr) {  // not weakly referenceable: its launches go through the Python wrapper
+    PyErr_Clear();
+    return;
+  }
+  if (fast_plans->size() >= kFastPlansSweep) {
+    for (auto it = fast_plans->begin(); it != fast_plans->end();) {
+      if (PyWeakref_GetObject(it->second.ref) == Py_None) {
+        drop_plan(it->second);
+        it = fast_plans->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  FastPlan& p = (*fast_plans)[autotuner.ptr()];
+  drop_plan(p);
+  p.ref = ref;
+  p.launcher = launcher.ptr();
+  Py_INCREF(p.launcher);
+  p.name = name;
+  p.roles = std::string(roles);
+}
+
+// Forgets every plan (the hooks' caches cleared). GIL held.
+void fast_plans_clear() {
+  for (auto& [_, p] : *fast_plans) drop_plan(p);
+  fast_plans->clear();
+}
+
+int fast_depth() { return fast_run_depth; }
+
+// `CachingAutotuner.run` as the hooks patch it where the C++ recorder is there: a callable (and
+// method descriptor) that takes a tuned kernel's launch straight to the recorder's entry and
+// calls the original `run` with the same arguments, with no Python frame of its own; anything
+// else (a check not listening through this entry, a kernel without a plan yet, arguments by
+// name, `benchmark_run`, an argument the entry sends back) goes to `fallback`, the hooks' Python
+// wrapper, with the same arguments. `on` is set by the hooks while one set of hooks listens
+// through the recorder's entry; `taken` counts the launches taken here.
+struct FastRunObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* original;
+  PyObject* fallback;
+  PyObject* dict;
+  bool on;
+  uint64_t taken;
+};
+
+PyObject* fast_run_stream_name = nullptr;    // "stream"
+PyObject* fast_run_launchers_name = nullptr;  // "launchers"
+
+// The launch's plan, where this call may be taken here: `self` a planned autotuner still alive,
+// its `launchers` the plan's one launcher, the only argument by name `stream` (an int). Else
+// null, with no Python error set.
+const FastPlan* fast_plan_for(PyObject* self, PyObject* kwnames, PyObject* const* args, Py_ssize_t nargs,
+                              uint64_t& stream) {
+  if (kwnames == nullptr || PyTuple_GET_SIZE(kwnames) != 1) return nullptr;
+  PyObject* kw = PyTuple_GET_ITEM(kwnames, 0);
+  if (kw != fast_run_stream_name && PyUnicode_Compare(kw, fast_run_stream_name) != 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  auto it = fast_plans->find(self);
+  if (it == fast_plans->end() || PyWeakref_GetObject(it->second.ref) != self) return nullptr;
+  PyObject* launchers = PyObject_GetAttr(self, fast_run_launchers_name);
+  if (launchers == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const bool one = PyList_CheckExact(launchers) && PyList_GET_SIZE(launchers) == 1 &&
+                   PyList_GET_ITEM(launchers, 0) == it->second.launcher;
+  Py_DECREF(launchers);
+  if (!one) return nullptr;
+  PyObject* s = args[nargs];  // the value of `stream`
+  if (!PyLong_CheckExact(s)) return nullptr;
+  stream = PyLong_AsUnsignedLongLong(s);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return &it->second;
+}
+
+PyObject* fast_run_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<FastRunObject*>(callable);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (self->on && nargs >= 1) {
+    uint64_t stream = 0;
+    const FastPlan* plan = fast_plan_for(args[0], kwnames, args, nargs, stream);
+    int taken = -1;
+    if (plan != nullptr) {
+      try {
+        taken = record_triton_args(plan->name, stream, plan->roles.data(),
+                                   static_cast<Py_ssize_t>(plan->roles.size()), args + 1, nargs - 1);
+      } catch (...) {
+        taken = -1;  // the Python wrapper's path says what went wrong
+      }
+      if (PyErr_Occurred()) PyErr_Clear();
+    }
+    if (taken >= 0) {
+      self->taken++;
+      fast_run_depth++;
+      PyObject* result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+      fast_run_depth--;
+      return result;
+    }
+  }
+  return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+PyObject* fast_run_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  PyObject* original = nullptr;
+  PyObject* fallback = nullptr;
+  static const char* names[] = {"original", "fallback", nullptr};
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO:FastRun", const_cast<char**>(names), &original, &fallback))
+    return nullptr;
+  if (!PyCallable_Check(original) || !PyCallable_Check(fallback)) {
+    PyErr_SetString(PyExc_TypeError, "FastRun: original and fallback must be callable");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<FastRunObject*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->vectorcall = fast_run_call;
+  Py_INCREF(original);
+  Py_INCREF(fallback);
+  self->original = original;
+  self->fallback = fallback;
+  self->dict = nullptr;
+  self->on = false;
+  self->taken = 0;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+int fast_run_traverse(PyObject* o, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<FastRunObject*>(o);
+  Py_VISIT(self->original);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+int fast_run_clear(PyObject* o) {
+  auto* self = reinterpret_cast<FastRunObject*>(o);
+  Py_CLEAR(self->original);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+void fast_run_dealloc(PyObject* o) {
+  PyObject_GC_UnTrack(o);
+  fast_run_clear(o);
+  Py_TYPE(o)->tp_free(o);
+}
+
+// A method: bound to the instance it is looked up on (as a Python function is).
+PyObject* fast_run_get(PyObject* self, PyObject* obj, PyObject* /*type*/) {
+  if (obj == nullptr || obj == Py_None) {
+    Py_INCREF(self);
+    return self;
+  }
+  return PyMethod_New(self, obj);
+}
+
+PyObject* fast_run_set_on(PyObject* o, PyObject* arg) {
+  const int on = PyObject_IsTrue(arg);
+  if (on < 0) return nullptr;
+  reinterpret_cast<FastRunObject*>(o)->on = on != 0;
+  Py_RETURN_NONE;
+}
+
+// The launches taken since the last call, and the count back to zero.
+PyObject* fast_run_take(PyObject* o, PyObject* /*unused*/) {
+  auto* self = reinterpret_cast<FastRunObject*>(o);
+  const uint64_t n = self->taken;
+  self->taken = 0;
+  return PyLong_FromUnsignedLongLong(n);
+}
+
+PyObject* fast_run_get_on(PyObject* o, void* /*closure*/) {
+  return PyBool_FromLong(reinterpret_cast<FastRunObject*>(o)->on);
+}
+
+PyObject* fast_run_get_original(PyObject* o, void* /*closure*/) {
+  PyObject* r = reinterpret_cast<FastRunObject*>(o)->original;
+  if (r == nullptr) Py_RETURN_NONE;
+  Py_INCREF(r);
+  return r;
+}
+
+PyMethodDef fast_run_methods[] = {
+    {"set_on", fast_run_set_on, METH_O, "Takes tuned launches here (true) or passes every call to the fallback."},
+    {"take", fast_run_take, METH_NOARGS, "The launches taken since the last call (the count goes back to zero)."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef fast_run_getset[] = {
+    {"on", fast_run_get_on, nullptr, "Whether tuned launches are taken here.", nullptr},
+    {"original", fast_run_get_original, nullptr, "The method wrapped.", nullptr},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject FastRunType = [] {
+  PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+  t.tp_name = "streamsan_recorder.FastRun";
+  t.tp_basicsize = sizeof(FastRunObject);
+  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR;
+  t.tp_doc = "CachingAutotuner.run wrapped: tuned launches recorded without a Python frame.";
+  t.tp_new = fast_run_new;
+  t.tp_dealloc = fast_run_dealloc;
+  t.tp_traverse = fast_run_traverse;
+  t.tp_clear = fast_run_clear;
+  t.tp_call = PyVectorcall_Call;
+  t.tp_vectorcall_offset = offsetof(FastRunObject, vectorcall);
+  t.tp_descr_get = fast_run_get;
+  t.tp_dictoffset = offsetof(FastRunObject, dict);
+  t.tp_methods = fast_run_methods;
+  t.tp_getset = fast_run_getset;
+  return t;
+}();
 
 // Tests: the CPU tensor `t` (allocated while the recorder was off) stands for a pinned block
 // allocated now.
@@ -3671,6 +3930,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pool_name", &pool_name);
   m.def("record_kernel", &record_kernel);
   m.def("record_triton", &record_triton);
+  m.def("fast_plan_put", &fast_plan_put);
+  m.def("fast_plans_clear", &fast_plans_clear);
+  m.def("fast_depth", &fast_depth);
+  fast_run_stream_name = PyUnicode_InternFromString("stream");
+  fast_run_launchers_name = PyUnicode_InternFromString("launchers");
+  if (fast_run_stream_name == nullptr || fast_run_launchers_name == nullptr || PyType_Ready(&FastRunType) < 0)
+    throw py::error_already_set();
+  m.add_object("FastRun", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&FastRunType)));
   m.def("host_op", &host_op);
   m.def("host_access", &host_access);
   m.def("counters", &counters);
