@@ -15,6 +15,9 @@ What is seen:
   from the argument names Inductor gives (`inductor_roles`: `in_ptrN` read, `out_ptrN`
   written, `in_out_ptrN` both, …). A run with `benchmark_run=True` is not recorded, nor are the
   launches of autotuning benchmarks made inside `run`.
+  Where a check uses the C++ recorder (`use_native`), the patch is its `FastRun`: a tuned
+  kernel's launches (its plan made here, then told to it) go from it to the recorder and the
+  original `run` without a Python frame; every other call comes to the Python wrapper.
 - **Triton's own launches**: `triton.compiler.compiler.CompiledKernel.launch_metadata(grid,
   stream, *args)`, which `JITFunction.run` (`kernel[grid](…)`) and `CompiledKernel[grid](…)`
   call before every launch. `kind` is "triton"; roles come from the compiled kernel's TTIR
