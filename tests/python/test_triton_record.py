@@ -180,6 +180,30 @@ def test_tuned_launches_go_to_the_recorder_without_the_python_wrapper(fakes, tmp
     assert len(calls) == 3 and second.launches["inductor"] == 3
 
 
+def test_the_fast_wrappers_plan_goes_with_its_autotuner(fakes, tmp_path, native):  # noqa: F811
+    """The plan told to the C++ wrapper (and the launcher it keeps alive) is let go of when
+    Inductor lets go of the kernel's autotuner."""
+    import gc
+    import weakref
+
+    from streamsan.torch import _native
+
+    ext = _native.load()
+    class Launcher:  # (weakly referenceable, unlike a SimpleNamespace)
+        cache_hash = "h0"
+
+    at = generated_autotuner(fakes, compiled=None)
+    launcher = Launcher()
+    at.launchers = [launcher]
+    before = ext.fast_plans_count()
+    ops, _, _ = _record(fakes, tmp_path, "plan", "direct", lambda x, y, out: at.run(x, y, out, 64, stream=0))
+    assert len(ops) == 1 and ext.fast_plans_count() == before + 1
+    gone = weakref.ref(launcher)
+    del at, launcher
+    gc.collect()
+    assert ext.fast_plans_count() == before and gone() is None
+
+
 def test_a_user_kernel_launch_is_the_same_on_the_fast_path(fakes, tmp_path, native):  # noqa: F811
     k = user_kernel(fakes)
 

@@ -3157,50 +3157,63 @@ struct FastPlan {
   std::string roles;
 };
 
-// The plans by autotuner, read and written with the GIL held. Entries whose autotuner is gone
-// are dropped when the table grows past kFastPlansSweep.
+// The plans by autotuner, read and written with the GIL held. An entry goes with its autotuner
+// (the weak reference's callback, fast_plan_gone), and with it the launcher it keeps alive.
 std::unordered_map<PyObject*, FastPlan>* fast_plans = new std::unordered_map<PyObject*, FastPlan>();
-constexpr size_t kFastPlansSweep = 4096;
 
 void drop_plan(FastPlan& p) {
   Py_CLEAR(p.ref);
   Py_CLEAR(p.launcher);
 }
 
+// The weak reference's callback: its autotuner is gone (GIL held).
+PyObject* fast_plan_gone(PyObject* /*module*/, PyObject* ref) {
+  for (auto it = fast_plans->begin(); it != fast_plans->end(); ++it) {
+    if (it->second.ref == ref) {
+      FastPlan p = it->second;
+      fast_plans->erase(it);
+      drop_plan(p);
+      break;
+    }
+  }
+  Py_RETURN_NONE;
+}
+
+PyMethodDef fast_plan_gone_def = {"fast_plan_gone", fast_plan_gone, METH_O, nullptr};
+PyObject* fast_plan_gone_fn = nullptr;  // made once, in the module's init
+
 // Tells the C++ wrapper the plan of a tuned autotuner whose launches it may take: `launcher`
 // the one it launches, `roles` one byte per positional argument (record_triton's). GIL held.
 void fast_plan_put(py::object autotuner, py::object launcher, const std::string& name, py::bytes roles) {
-  PyObject* ref = PyWeakref_NewRef(autotuner.ptr(), nullptr);
+  PyObject* ref = PyWeakref_NewRef(autotuner.ptr(), fast_plan_gone_fn);
   if (ref == nullptr) {  // not weakly referenceable: its launches go through the Python wrapper
     PyErr_Clear();
     return;
   }
-  if (fast_plans->size() >= kFastPlansSweep) {
-    for (auto it = fast_plans->begin(); it != fast_plans->end();) {
-      if (PyWeakref_GetObject(it->second.ref) == Py_None) {
-        drop_plan(it->second);
-        it = fast_plans->erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  FastPlan& p = (*fast_plans)[autotuner.ptr()];
-  drop_plan(p);
-  p.ref = ref;
-  p.launcher = launcher.ptr();
-  Py_INCREF(p.launcher);
-  p.name = name;
-  p.roles = std::string(roles);
+  FastPlan fresh;
+  fresh.ref = ref;
+  fresh.launcher = launcher.ptr();
+  Py_INCREF(fresh.launcher);
+  fresh.name = name;
+  fresh.roles = std::string(roles);
+  FastPlan& slot = (*fast_plans)[autotuner.ptr()];
+  FastPlan old = slot;
+  slot = std::move(fresh);
+  // Let go of last (it may run Python code): its weak reference gone, its callback never runs.
+  drop_plan(old);
 }
 
 // Forgets every plan (the hooks' caches cleared). GIL held.
 void fast_plans_clear() {
-  for (auto& [_, p] : *fast_plans) drop_plan(p);
-  fast_plans->clear();
+  std::unordered_map<PyObject*, FastPlan> plans;
+  plans.swap(*fast_plans);  // (a launcher let go of may run code that puts a plan)
+  for (auto& [_, p] : plans) drop_plan(p);
 }
 
 int fast_depth() { return fast_run_depth; }
+
+// How many plans are held (tests: an autotuner's goes with it).
+size_t fast_plans_count() { return fast_plans->size(); }
 
 // `CachingAutotuner.run` as the hooks patch it where the C++ recorder is there: a callable (and
 // method descriptor) that takes a tuned kernel's launch straight to the recorder's entry and
@@ -3933,9 +3946,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_plan_put", &fast_plan_put);
   m.def("fast_plans_clear", &fast_plans_clear);
   m.def("fast_depth", &fast_depth);
+  m.def("fast_plans_count", &fast_plans_count);
+  fast_plan_gone_fn = PyCFunction_New(&fast_plan_gone_def, nullptr);
   fast_run_stream_name = PyUnicode_InternFromString("stream");
   fast_run_launchers_name = PyUnicode_InternFromString("launchers");
-  if (fast_run_stream_name == nullptr || fast_run_launchers_name == nullptr || PyType_Ready(&FastRunType) < 0)
+  if (fast_plan_gone_fn == nullptr || fast_run_stream_name == nullptr || fast_run_launchers_name == nullptr ||
+      PyType_Ready(&FastRunType) < 0)
     throw py::error_already_set();
   m.add_object("FastRun", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&FastRunType)));
   m.def("host_op", &host_op);
