@@ -1434,3 +1434,41 @@ def test_an_inconsistent_trace_says_what_it_is_and_keeps_the_report(backend):
         notes = "\n".join(getattr(raised.value, "__notes__", []))
         assert "not a hazard of the program" in notes and "trace=PATH" in notes
     assert run.report is not None and run.report.errors == 0
+
+
+def test_a_queued_record_lets_go_of_its_pinned_storage_on_the_programs_thread(tmp_path, monkeypatch):
+    """A record of an op on pinned memory is queued like any other (records deferred: the fake
+    device's too, `STREAMSAN_DEFER=all`) and holds the storage until the recorder's thread has
+    written it; the program's thread lets go of it after that (its next record, or the check's
+    end), never the recorder's own thread (a pinned block freed there would reach the GPU trace
+    from it). The trace is the same as written at once."""
+    import time
+
+    import torch
+
+    native_ext_or_skip()
+    use = torch._C._storage_Use_Count
+    seen = {}
+
+    def body(f):
+        f.stream(0)
+        t = f.pinned(256)
+        storage = t.untyped_storage()
+        base = use(storage._cdata)
+        t.add_(1)  # its record holds the storage
+        seen["queued"] = use(storage._cdata) - base
+        time.sleep(0.05)  # the recorder's thread writes it (every half millisecond)
+        seen["written"] = use(storage._cdata) - base
+        x = torch.ones(4)
+        x.add_(1)  # the program's next record: the storage let go of
+        seen["after"] = use(storage._cdata) - base
+
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    deferred = tmp_path / "deferred.jsonl"
+    checked("native", body, trace=deferred)
+    assert seen == {"queued": 1, "written": 1, "after": 0}
+    monkeypatch.setenv("STREAMSAN_DEFER", "0")
+    at_once = tmp_path / "at_once.jsonl"
+    checked("native", body, trace=at_once)
+    assert seen == {"queued": 0, "written": 0, "after": 0}  # written, and let go of, at once
+    assert [o["op"] for o in trace_ops(deferred)] == [o["op"] for o in trace_ops(at_once)]

@@ -26,8 +26,9 @@
 //
 // Who writes: while a check hands its batches to the checker's raw sink, the program's threads
 // only queue records of what they saw, and the recorder's own thread writes them, in order
-// ("Deferred writing" below); ops on pinned memory, Python's calls and checks without the raw
-// sink write at once, after what is queued.
+// ("Deferred writing" below); Python's calls and checks without the raw sink write at once,
+// after what is queued. A record of an op on pinned memory holds its storages until it is
+// written; a program's thread lets go of them after that (hand_held, release_held).
 //
 // Locks, in the order they are taken: `mu` (the buffers, the batch), `raw_mu` (the hand-over),
 // `q_mu` (the queue), `names_mu` (the streams' names). The allocator calls the tracker with its
@@ -580,6 +581,13 @@ struct State {
   std::atomic<uint64_t> last_pass_ns{0};  // when the resolver's latest pass began (now_ns)
   std::vector<Rec> queue;
   std::vector<Rec> resolving;  // the records being written (`mu` held): the queue's spare buffer
+  // The host storages written records held (pinned memory), let go of by a program's thread
+  // (release_held), never by the thread that wrote them: the last reference to a pinned block
+  // frees it into the host allocator, which records events, which reach the GPU trace.
+  // `rel_mu` held, taken alone.
+  std::mutex rel_mu;
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
+  std::atomic<size_t> n_held{0};
   bool resolver_started = false;      // `q_mu` held
   bool resolver_asleep = false;       // waiting until woken (`q_mu` held): see kLingerNs
   std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
@@ -1683,8 +1691,8 @@ std::string collective_stream_of(const std::vector<std::string>& pending, const 
 // millisecond, in the order they were queued: it finds the allocation each region falls in,
 // names buffers and streams, writes the lines, and hands the batch over. Whatever writes under
 // `mu` (`StateLock`) first writes what is queued, so the trace keeps each thread's order
-// whoever writes it: what is written at once (ops on pinned memory, whose storages a record
-// would keep alive; Python's calls) comes after every record queued before it. The queue is
+// whoever writes it: what is written at once (Python's calls) comes after every record queued
+// before it. The queue is
 // bounded: a thread that finds it full writes it itself, the only time the program waits for
 // the resolver. `drain()` writes what is left when the check ends.
 
@@ -1713,8 +1721,39 @@ bool hand_over_locked(bool whole, bool now = false) {
   return true;
 }
 
-// Writes every queued record; `mu` held. The records are released here, `mu` held: none holds
-// host memory (see written_at_once), whose release may reach the GPU trace. `hand_over`: each
+// The host storages `r` holds, handed to `S->held` for a program's thread to let go of (see
+// release_held); `r` holds none after. Never throws: a storage that cannot be handed over (out
+// of memory) is leaked, not freed here.
+void hand_held(Rec& r) noexcept {
+  auto hand = [](Access& a) {
+    if (!a.hold) return;
+    try {
+      std::lock_guard<std::mutex> g(S->rel_mu);
+      S->held.push_back(std::move(a.hold));
+      S->n_held.store(S->held.size(), std::memory_order_relaxed);
+    } catch (...) {
+      (void)a.hold.release();  // leaked: freeing it here could reach the GPU trace
+    }
+  };
+  for (Access& a : r.all) hand(a);
+  for (Access& a : r.fresh) hand(a);
+}
+
+// Lets go of the host storages written records held: on a program's thread, holding none of
+// the recorder's locks and outside the allocator's tracker (where a freed pinned block's events
+// may reach the GPU trace, as when the program drops a pinned tensor).
+void release_held() {
+  if (S->n_held.load(std::memory_order_relaxed) == 0) return;
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> out;
+  {
+    std::lock_guard<std::mutex> g(S->rel_mu);
+    out.swap(S->held);
+    S->n_held.store(0, std::memory_order_relaxed);
+  }
+}
+
+// Writes every queued record; `mu` held. The records are released here, `mu` held, the host
+// storages they hold handed to a program's thread first (hand_held). `hand_over`: each
 // batch goes to the raw sink as soon as it is full (the resolver's thread, and the end of a
 // check: the checker checks the first batches while the last are written), never inside the
 // allocator's tracker or an op's callback. Returns how many records there were.
@@ -1728,7 +1767,10 @@ size_t resolve_queued(bool hand_over = false) {
   const size_t n = work.size();
   struct Clear {
     std::vector<Rec>& w;
-    ~Clear() { w.clear(); }
+    ~Clear() {
+      for (Rec& r : w) hand_held(r);
+      w.clear();
+    }
   } clear{work};
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
@@ -1787,12 +1829,14 @@ void submit(bool now, bool may_flush, Fill&& fill) {
       try {
         fill(S->queue.emplace_back());
       } catch (...) {
-        S->queue.pop_back();  // no record rather than half of one (it holds no host memory)
+        hand_held(S->queue.back());  // (its release could reach the GPU trace: not under q_mu)
+        S->queue.pop_back();  // no record rather than half of one
         throw;
       }
       n = S->queue.size();
     }
     queued(n, may_flush);
+    if (may_flush) release_held();
     return;
   }
   Rec r;  // released after every lock: the storages its regions hold may free pinned memory
@@ -1804,6 +1848,7 @@ void submit(bool now, bool may_flush, Fill&& fill) {
     flush = S->batch.size() >= S->threshold;
   }
   if (flush && may_flush) flush_batch();
+  if (may_flush) release_held();
 }
 
 // Host ops, as finished lines, in their place among the records.
@@ -1932,6 +1977,9 @@ void after_fork_child() {
   // under the recorder's locks, but left to the child's memory.
   new (&S->queue) std::vector<Rec>();
   new (&S->resolving) std::vector<Rec>();
+  new (&S->rel_mu) std::mutex();
+  new (&S->held) std::vector<c10::intrusive_ptr<c10::StorageImpl>>();  // (left, as the queue is)
+  S->n_held.store(0);
   new (&S->leftovers) std::vector<std::unique_ptr<Leftovers>>();
   S->leftovers_unfreed.store(0);
   S->batch.clear();
@@ -2334,13 +2382,11 @@ const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
   return S->pool_names.emplace(id, jstr(name)).first->second;
 }
 
-// Whether a record of the regions `v` is written at once rather than queued: it would hold
-// pinned memory (a record keeps the storages of its host regions alive, and the last one
-// released may free a pinned block, whose event reaches the GPU trace: released on the program's
-// thread, after every lock), or it is of the fake device (see State::defer_fake).
-bool written_at_once(const AccessList& v) {
-  if (S->fake_device && !S->defer_fake.load(std::memory_order_relaxed)) return true;
-  return std::any_of(v.begin(), v.end(), [](const Access& a) { return !a.device; });
+// Whether a record of the regions `v` is written at once rather than queued: it is of the fake
+// device (see State::defer_fake). A record that holds pinned memory is queued like any other:
+// the storages it holds are handed back to a program's thread once it is written (hand_held).
+bool written_at_once(const AccessList& /*v*/) {
+  return S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
 }
 
 // Writes a dispatcher op's record (see on_end_impl); `mu` held.
@@ -2969,10 +3015,15 @@ void set_captures(int n) { S->captures.store(n); }
 // the rest are written. False when there is no raw sink (`drain` then gives what is left). GIL
 // released.
 bool flush_to_sink() {
-  py::gil_scoped_release nogil;
-  std::lock_guard<std::mutex> g(S->mu);
-  resolve_queued(true);
-  return hand_over_locked(true);
+  bool handed;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> g(S->mu);
+    resolve_queued(true);
+    handed = hand_over_locked(true);
+  }
+  release_held();
+  return handed;
 }
 
 py::bytes drain() {
@@ -2981,6 +3032,7 @@ py::bytes drain() {
     StateLock g;
     out.swap(S->batch);
   }
+  release_held();
   return py::bytes(out);
 }
 
