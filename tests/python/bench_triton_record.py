@@ -2,13 +2,15 @@
 CachingAutotuner (tests/python/test_triton_cpu.py) launched with CPU tensors standing for device
 memory, plain, hooked with listeners that do nothing, and recorded by a check (`_fake_device`):
 the C++ recorder from the launch's arguments, called by the hooks' wrapper itself (`direct`, a
-tuned kernel's launches) or through the recorder's Python callback (`record_triton`, the hooks'
-fast path), and from the hooks' list of accesses (`record_kernel`), and the Python recorder. A benchmark, not a test:
-it asserts nothing about time.
+tuned kernel's launches: the C++ recorder's `FastRun`, or, "native direct in python", the same
+entry called from the Python wrapper) or through the recorder's Python callback (`record_triton`,
+the hooks' fast path), and from the hooks' list of accesses (`record_kernel`), and the Python
+recorder. A benchmark, not a test: it asserts nothing about time.
 
     python -m pytest -q -s tests/python/bench_triton_record.py
 """
 
+import functools
 import time
 import warnings
 from types import SimpleNamespace
@@ -31,7 +33,7 @@ def _per_call(fn, n: int = N) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-@pytest.mark.parametrize("how", ["native direct", "native fast", "native list", "python"])
+@pytest.mark.parametrize("how", ["native direct", "native direct in python", "native fast", "native list", "python"])
 def test_recorded_launch_cost(fakes, how):  # noqa: F811
     at = generated_autotuner(fakes, compiled=None)
     at.launchers = [SimpleNamespace(cache_hash="h0")]
@@ -59,8 +61,10 @@ def test_recorded_launch_cost(fakes, how):  # noqa: F811
             # path ask torch.cuda for the current one (a failing CUDA initialization) each time.
             rec.device = lambda: 0
             hooks = fakes.hooks()
-            fast = rec._on_kernel_fast if how in ("native fast", "native direct") else None
+            fast = rec._on_kernel_fast if how in ("native fast", "native direct", "native direct in python") else None
             direct = rec.backend.record_triton if how == "native direct" else None
+            if how == "native direct in python":  # the same entry, not the C++ wrapper's own:
+                direct = functools.partial(rec.backend.record_triton)  # the Python wrapper calls it
             assert hooks.install(rec._on_kernel, fast, direct)
             try:
                 n = N // 4
