@@ -3072,10 +3072,10 @@ py::object pool_name(int64_t a, int64_t b) {
 }
 
 // Writes a kernel launched outside the dispatcher (a Triton kernel: Inductor's or the user's),
-// named `name`, on the raw stream `stream` of `device`, with the regions `all`. Written like a
+// its name `quoted` (JSON), on the raw stream `stream` of `device`, with the regions `all`. Written like a
 // nested op: after the host ops its enclosing op issued before it, and an enclosing op (a custom
 // op around the kernel) does not write these regions again. GIL held.
-void record_launch(const std::string& name, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
+void record_launch(std::string quoted, uint64_t stream, int device, c10::SmallVector<Access, 8>& all) {
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   ThreadState& t = tls();
   Site site;
@@ -3089,7 +3089,6 @@ void record_launch(const std::string& name, uint64_t stream, int device, c10::Sm
     Frame& parent = t.frames.back();
     for (const Access& a : all) parent.covered.emplace_back(a.base, a.offset, a.bytes, a.write);
   }
-  std::string quoted = jstr(name);
   submit(written_at_once(all), true, [&](Rec& r) {
     r.site = site;
     r.stream = stream;
@@ -3125,19 +3124,20 @@ bool record_kernel(const std::string& name, uint64_t stream, int device, py::lis
     if (region_of(t, write, a)) merge_region(all, std::move(a));
   }
   regions.stop();
-  record_launch(name, stream, device, all);
+  record_launch(jstr(name), stream, device, all);
   return true;
 }
 
-// One launch of a Triton kernel whose positional arguments are `args[0..n)`, the role of each
-// given by `role_data[0..n_roles)` (one byte per position: 0 untouched, 1 read, 2 written, 3 both; positions past its
-// end are read and written): the tensors' regions, on `stream`, on the device of the first
+// One launch of the Triton kernel named `quoted` (JSON) whose positional arguments are
+// `args[0..n)`, the role of each given by `role_data[0..n_roles)` (one byte per position: 0
+// untouched, 1 read, 2 written, 3 both; positions past its end are read and written): the
+// tensors' regions, on `stream`, on the device of the first
 // device tensor (else the current device). GIL held. Returns 1 when recorded, 0 when the check
 // does not record now, -1 when an argument in a touched position may hold tensors the hooks
 // find and this does not (a tuple or list, an object with a `base`: a tensor descriptor), for
 // the caller to record the launch itself. Any other object there (a scalar of another type, a
 // `tl.dtype` constexpr) holds no memory, as for the hooks' `_apply`.
-int record_triton_args(const std::string& name, uint64_t stream, const char* role_data, Py_ssize_t n_roles,
+int record_triton_args(const std::string& quoted, uint64_t stream, const char* role_data, Py_ssize_t n_roles,
                        PyObject* const* args, Py_ssize_t n) {
   if (!recording()) return 0;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
@@ -3174,7 +3174,7 @@ int record_triton_args(const std::string& name, uint64_t stream, const char* rol
     }
   }
   regions.stop();
-  record_launch(name, stream, device, all);
+  record_launch(quoted, stream, device, all);
   return 1;
 }
 
@@ -3187,7 +3187,7 @@ int record_triton(const std::string& name, uint64_t stream, py::bytes roles, py:
     PyErr_Clear();
     return -1;
   }
-  return record_triton_args(name, stream, role_data, n_roles, PySequence_Fast_ITEMS(args.ptr()),
+  return record_triton_args(jstr(name), stream, role_data, n_roles, PySequence_Fast_ITEMS(args.ptr()),
                             PyTuple_GET_SIZE(args.ptr()));
 }
 
@@ -3205,7 +3205,7 @@ thread_local int fast_run_depth = 0;
 struct FastPlan {
   PyObject* ref = nullptr;       // a weak reference to the autotuner (owned)
   PyObject* launcher = nullptr;  // owned
-  std::string name;
+  std::string name;  // quoted (JSON)
   std::string roles;
 };
 
@@ -3246,7 +3246,7 @@ void fast_plan_put(py::object autotuner, py::object launcher, const std::string&
   fresh.ref = ref;
   fresh.launcher = launcher.ptr();
   Py_INCREF(fresh.launcher);
-  fresh.name = name;
+  fresh.name = jstr(name);
   fresh.roles = std::string(roles);
   FastPlan& slot = (*fast_plans)[autotuner.ptr()];
   FastPlan old = slot;
