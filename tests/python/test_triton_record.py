@@ -345,3 +345,45 @@ def test_profile_programs_diluted_hooks_record_no_launch(fakes, tmp_path, native
     ops, n, _ = _record(fakes, tmp_path, "after", "direct", lambda x, y, out: at.run(x, y, out, 64, stream=0))
     assert len(ops) == 1 and n["inductor"] == 1
 
+
+
+def test_a_launch_keeps_its_plan_while_code_it_runs_replaces_the_plans(tmp_path, native):
+    """Code a launch runs while the C++ wrapper records it (an argument's `__getattr__`, here)
+    may clear and put plans: the launch records with its own plan, whole."""
+    from streamsan.torch import _native
+
+    ext = _native.load()
+
+    class Autotuner:
+        pass
+
+    class Launcher:
+        pass
+
+    at, launcher = Autotuner(), Launcher()
+    at.launchers = [launcher]
+    ext.fast_plan_put(at, launcher, "k" * 100, bytes([1]) + bytes(39) + bytes([1]))
+    others = []
+
+    class Meddler:  # in a touched position: the entry looks for a `base` attribute
+        def __getattr__(self, name):
+            if not others:
+                ext.fast_plans_clear()
+                for _ in range(50):
+                    o = Autotuner()
+                    o.launchers = [launcher]
+                    others.append(o)
+                    ext.fast_plan_put(o, launcher, "Q" * 100, bytes([2] * 41))
+            raise AttributeError(name)
+
+    fast = ext.FastRun(lambda self, *a, **k: "original", lambda self, *a, **k: "fallback")
+    fast.set_on(True)
+    trace = tmp_path / "t.jsonl"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with streamsan.torch.Run(raise_on_hazard=False, backend="native", _fake_device=True, trace=trace):
+            x = torch.ones(64)
+            assert fast(at, Meddler(), *([0] * 39), x, stream=0) == "original"
+            assert fast.take() == 1
+    assert [o["name"] for o in _launches(trace)] == ["k" * 100]
+    ext.fast_plans_clear()

@@ -3207,26 +3207,39 @@ struct FastPlan {
   PyObject* launcher = nullptr;  // owned
   std::string name;  // quoted (JSON)
   std::string roles;
+  FastPlan() = default;
+  FastPlan(const FastPlan&) = delete;
+  FastPlan& operator=(const FastPlan&) = delete;
+  ~FastPlan() {  // (GIL held: plans are made, looked up and let go of with it)
+    Py_XDECREF(ref);
+    Py_XDECREF(launcher);
+  }
 };
 
-// The plans by autotuner, read and written with the GIL held. An entry goes with its autotuner
-// (the weak reference's callback, fast_plan_gone), and with it the launcher it keeps alive.
-std::unordered_map<PyObject*, FastPlan>* fast_plans = new std::unordered_map<PyObject*, FastPlan>();
+// The plans by autotuner, and the autotuner of each plan's weak reference, read and written with
+// the GIL held. An entry goes with its autotuner (the weak reference's callback,
+// fast_plan_gone), and with it the launcher it keeps alive. A launch holds its plan while it
+// runs (code it runs may put or clear plans).
+using FastPlans = std::unordered_map<PyObject*, std::shared_ptr<const FastPlan>>;
+FastPlans* fast_plans = new FastPlans();
+std::unordered_map<PyObject*, PyObject*>* fast_plan_keys = new std::unordered_map<PyObject*, PyObject*>();
 
-void drop_plan(FastPlan& p) {
-  Py_CLEAR(p.ref);
-  Py_CLEAR(p.launcher);
+// Takes the plan of `key` out of the tables (let go of by the caller, last).
+std::shared_ptr<const FastPlan> take_plan(PyObject* key) {
+  auto it = fast_plans->find(key);
+  if (it == fast_plans->end()) return nullptr;
+  std::shared_ptr<const FastPlan> p = std::move(it->second);
+  fast_plans->erase(it);
+  fast_plan_keys->erase(p->ref);
+  return p;
 }
 
 // The weak reference's callback: its autotuner is gone (GIL held).
 PyObject* fast_plan_gone(PyObject* /*module*/, PyObject* ref) {
-  for (auto it = fast_plans->begin(); it != fast_plans->end(); ++it) {
-    if (it->second.ref == ref) {
-      FastPlan p = it->second;
-      fast_plans->erase(it);
-      drop_plan(p);
-      break;
-    }
+  auto k = fast_plan_keys->find(ref);
+  if (k != fast_plan_keys->end()) {
+    std::shared_ptr<const FastPlan> p = take_plan(k->second);
+    p.reset();  // (may run Python code: the tables are consistent)
   }
   Py_RETURN_NONE;
 }
@@ -3237,29 +3250,31 @@ PyObject* fast_plan_gone_fn = nullptr;  // made once, in the module's init
 // Tells the C++ wrapper the plan of a tuned autotuner whose launches it may take: `launcher`
 // the one it launches, `roles` one byte per positional argument (record_triton's). GIL held.
 void fast_plan_put(py::object autotuner, py::object launcher, const std::string& name, py::bytes roles) {
-  PyObject* ref = PyWeakref_NewRef(autotuner.ptr(), fast_plan_gone_fn);
-  if (ref == nullptr) {  // not weakly referenceable: its launches go through the Python wrapper
+  auto fresh = std::make_shared<FastPlan>();  // (everything that may throw before a reference is taken)
+  fresh->name = jstr(name);
+  fresh->roles = std::string(roles);
+  fast_plans->reserve(fast_plans->size() + 1);
+  fast_plan_keys->reserve(fast_plan_keys->size() + 1);
+  fresh->ref = PyWeakref_NewRef(autotuner.ptr(), fast_plan_gone_fn);
+  if (fresh->ref == nullptr) {  // not weakly referenceable: its launches go through the Python wrapper
     PyErr_Clear();
     return;
   }
-  FastPlan fresh;
-  fresh.ref = ref;
-  fresh.launcher = launcher.ptr();
-  Py_INCREF(fresh.launcher);
-  fresh.name = jstr(name);
-  fresh.roles = std::string(roles);
-  FastPlan& slot = (*fast_plans)[autotuner.ptr()];
-  FastPlan old = slot;
-  slot = std::move(fresh);
-  // Let go of last (it may run Python code): its weak reference gone, its callback never runs.
-  drop_plan(old);
+  fresh->launcher = launcher.ptr();
+  Py_INCREF(fresh->launcher);
+  std::shared_ptr<const FastPlan> old = take_plan(autotuner.ptr());
+  PyObject* ref = fresh->ref;
+  (*fast_plans)[autotuner.ptr()] = std::move(fresh);  // (room reserved above)
+  (*fast_plan_keys)[ref] = autotuner.ptr();
+  old.reset();  // last (it may run Python code): its weak reference gone, its callback never runs
 }
 
 // Forgets every plan (the hooks' caches cleared). GIL held.
 void fast_plans_clear() {
-  std::unordered_map<PyObject*, FastPlan> plans;
+  FastPlans plans;
   plans.swap(*fast_plans);  // (a launcher let go of may run code that puts a plan)
-  for (auto& [_, p] : plans) drop_plan(p);
+  fast_plan_keys->clear();
+  plans.clear();
 }
 
 int fast_depth() { return fast_run_depth; }
@@ -3290,41 +3305,48 @@ PyObject* fast_run_launchers_name = nullptr;  // "launchers"
 // The launch's plan, where this call may be taken here: `self` a planned autotuner still alive,
 // its `launchers` the plan's one launcher, the only argument by name `stream` (an int). Else
 // null, with no Python error set.
-const FastPlan* fast_plan_for(PyObject* self, PyObject* kwnames, PyObject* const* args, Py_ssize_t nargs,
-                              uint64_t& stream) {
+std::shared_ptr<const FastPlan> fast_plan_for(PyObject* self, PyObject* kwnames, PyObject* const* args,
+                                              Py_ssize_t nargs, uint64_t& stream) {
   if (kwnames == nullptr || PyTuple_GET_SIZE(kwnames) != 1) return nullptr;
   PyObject* kw = PyTuple_GET_ITEM(kwnames, 0);
   if (kw != fast_run_stream_name && PyUnicode_Compare(kw, fast_run_stream_name) != 0) {
     PyErr_Clear();
     return nullptr;
   }
-  auto it = fast_plans->find(self);
-  if (it == fast_plans->end() || PyWeakref_GetObject(it->second.ref) != self) return nullptr;
-  PyObject* launchers = PyObject_GetAttr(self, fast_run_launchers_name);
+  PyObject* s = args[nargs];  // the value of `stream`
+  if (!PyLong_CheckExact(s)) return nullptr;
+  if (fast_plans->find(self) == fast_plans->end()) return nullptr;  // (no attribute read for those)
+  PyObject* launchers = PyObject_GetAttr(self, fast_run_launchers_name);  // (may run code)
   if (launchers == nullptr) {
     PyErr_Clear();
     return nullptr;
   }
-  const bool one = PyList_CheckExact(launchers) && PyList_GET_SIZE(launchers) == 1 &&
-                   PyList_GET_ITEM(launchers, 0) == it->second.launcher;
+  auto it = fast_plans->find(self);
+  std::shared_ptr<const FastPlan> plan;
+  if (it != fast_plans->end() && PyWeakref_GetObject(it->second->ref) == self && PyList_CheckExact(launchers) &&
+      PyList_GET_SIZE(launchers) == 1 && PyList_GET_ITEM(launchers, 0) == it->second->launcher) {
+    plan = it->second;
+  }
   Py_DECREF(launchers);
-  if (!one) return nullptr;
-  PyObject* s = args[nargs];  // the value of `stream`
-  if (!PyLong_CheckExact(s)) return nullptr;
+  if (plan == nullptr) return nullptr;
   stream = PyLong_AsUnsignedLongLong(s);
   if (PyErr_Occurred()) {
     PyErr_Clear();
     return nullptr;
   }
-  return &it->second;
+  return plan;
 }
 
 PyObject* fast_run_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<FastRunObject*>(callable);
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (self->original == nullptr || self->fallback == nullptr) {  // (cleared by the collector)
+    PyErr_SetString(PyExc_RuntimeError, "streamsan: FastRun called after it was cleared");
+    return nullptr;
+  }
   if (self->on && nargs >= 1) {
     uint64_t stream = 0;
-    const FastPlan* plan = fast_plan_for(args[0], kwnames, args, nargs, stream);
+    std::shared_ptr<const FastPlan> plan = fast_plan_for(args[0], kwnames, args, nargs, stream);
     int taken = -1;
     if (plan != nullptr) {
       try {
