@@ -1458,10 +1458,15 @@ def test_a_queued_record_lets_go_of_its_pinned_storage_on_the_programs_thread(tm
         t.add_(1)  # its record holds the storage
         seen["queued"] = use(storage._cdata) - base
         time.sleep(0.05)  # the recorder's thread writes it (every half millisecond)
-        seen["written"] = use(storage._cdata) - base
-        x = torch.ones(4)
-        x.add_(1)  # the program's next record: the storage let go of
-        seen["after"] = use(storage._cdata) - base
+        seen["written"] = use(storage._cdata) - base  # written or not: held until an op starts
+        deadline = time.monotonic() + 10
+        while True:
+            x = torch.ones(4)
+            x.add_(1)  # the program's next ops: the storage let go of once written
+            seen["after"] = use(storage._cdata) - base
+            if seen["after"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
 
     monkeypatch.setenv("STREAMSAN_DEFER", "all")
     deferred = tmp_path / "deferred.jsonl"

@@ -53,6 +53,20 @@ PathLike = Union[str, "os.PathLike[str]"]
 _Recorder: Any = None
 
 
+_TRACE_NOTE = (
+    "streamsan.torch: the trace recorded of this program is inconsistent here: a gap in what "
+    "streamsan records, not a hazard of the program. The hazards found before it are in the "
+    "check's `report`; please report this with the trace (streamsan.torch.check(trace=PATH) "
+    "writes it)."
+)
+
+
+def _note_trace_error(error: BaseException) -> None:
+    """A TraceError at a check's end says it is a gap of the recorder's (once; Python 3.11+)."""
+    if hasattr(error, "add_note") and _TRACE_NOTE not in getattr(error, "__notes__", ()):
+        error.add_note(_TRACE_NOTE)
+
+
 class Run:
     """A check or recording in progress (a context manager); `report` is set when it ends.
 
@@ -258,24 +272,23 @@ class Run:
         error: Optional[BaseException] = None
         t0 = time.perf_counter()
         try:
-            self._recorder.stop()
-        finally:
-            self.phase_seconds["exit_recorder"] = time.perf_counter() - t0
             try:
-                if self._file is not None:
-                    self._file.close()
-                if self._checker is not None:
-                    error = self._end_check()
+                self._recorder.stop()  # (a checker fed on this thread may raise here)
             finally:
-                self._recorder.detach()
+                self.phase_seconds["exit_recorder"] = time.perf_counter() - t0
+                try:
+                    if self._file is not None:
+                        self._file.close()
+                    if self._checker is not None:
+                        error = self._end_check()
+                finally:
+                    self._recorder.detach()
+        except TraceError as e:
+            _note_trace_error(e)
+            raise
         if error is not None:
-            if isinstance(error, TraceError) and hasattr(error, "add_note"):  # (Python 3.11+)
-                error.add_note(
-                    "streamsan.torch: the trace recorded of this program is inconsistent here: a gap in "
-                    "what streamsan records, not a hazard of the program. The hazards found before it are "
-                    "in the check's `report`; please report this with the trace "
-                    "(streamsan.torch.check(trace=PATH) writes it)."
-                )
+            if isinstance(error, TraceError):
+                _note_trace_error(error)
             raise error
         if self.report is not None and self.analyse_syncs:
             from .._syncs import describe

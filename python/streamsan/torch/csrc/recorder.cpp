@@ -31,7 +31,8 @@
 // written; a program's thread lets go of them after that (hand_held, release_held).
 //
 // Locks, in the order they are taken: `mu` (the buffers, the batch), `raw_mu` (the hand-over),
-// `q_mu` (the queue), `names_mu` (the streams' names). The allocator calls the tracker with its
+// `q_mu` (the queue), `names_mu` (the streams' names); `rel_mu` (storages to let go of) is a
+// leaf, taken under any of them. The allocator calls the tracker with its
 // own lock held, so the tracker never takes the GIL; it takes `q_mu` (or `mu` when it writes at
 // once). The op callbacks take the GIL (to find the user's frame) before any of them, never while
 // holding one. Python reads the batch holding the GIL, then `mu`. The recorder's thread never
@@ -584,7 +585,7 @@ struct State {
   // The host storages written records held (pinned memory), let go of by a program's thread
   // (release_held), never by the thread that wrote them: the last reference to a pinned block
   // frees it into the host allocator, which records events, which reach the GPU trace.
-  // `rel_mu` held, taken alone.
+  // `rel_mu` held (a leaf: taken under any other lock, none taken under it).
   std::mutex rel_mu;
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
   std::atomic<size_t> n_held{0};
@@ -1724,26 +1725,29 @@ bool hand_over_locked(bool whole, bool now = false) {
 // The host storages `r` holds, handed to `S->held` for a program's thread to let go of (see
 // release_held); `r` holds none after. Never throws: a storage that cannot be handed over (out
 // of memory) is leaked, not freed here.
+void hand_hold(Access& a) noexcept {
+  if (!a.hold) return;
+  try {
+    std::lock_guard<std::mutex> g(S->rel_mu);
+    S->held.push_back(std::move(a.hold));
+    S->n_held.store(S->held.size(), std::memory_order_relaxed);
+  } catch (...) {
+    (void)a.hold.release();  // leaked: freeing it here could reach the GPU trace
+  }
+}
+
 void hand_held(Rec& r) noexcept {
-  auto hand = [](Access& a) {
-    if (!a.hold) return;
-    try {
-      std::lock_guard<std::mutex> g(S->rel_mu);
-      S->held.push_back(std::move(a.hold));
-      S->n_held.store(S->held.size(), std::memory_order_relaxed);
-    } catch (...) {
-      (void)a.hold.release();  // leaked: freeing it here could reach the GPU trace
-    }
-  };
-  for (Access& a : r.all) hand(a);
-  for (Access& a : r.fresh) hand(a);
+  for (Access& a : r.all) hand_hold(a);
+  for (Access& a : r.fresh) hand_hold(a);
 }
 
 // Lets go of the host storages written records held: on a program's thread, holding none of
-// the recorder's locks and outside the allocator's tracker (where a freed pinned block's events
-// may reach the GPU trace, as when the program drops a pinned tensor).
+// the recorder's locks, outside the allocator's tracker and the GPU trace's hooks (a freed
+// pinned block's events reach the GPU trace, as when the program drops a pinned tensor), at the
+// start of an op, after a record, at a check's end; not while a CUDA graph capture is in
+// progress (then at its end), where the program let go of none.
 void release_held() {
-  if (S->n_held.load(std::memory_order_relaxed) == 0) return;
+  if (S->n_held.load(std::memory_order_relaxed) == 0 || S->captures.load(std::memory_order_relaxed) != 0) return;
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> out;
   {
     std::lock_guard<std::mutex> g(S->rel_mu);
@@ -1826,17 +1830,17 @@ void submit(bool now, bool may_flush, Fill&& fill) {
     size_t n;
     {
       std::lock_guard<std::mutex> q(S->q_mu);
+      Rec& slot = S->queue.emplace_back();
       try {
-        fill(S->queue.emplace_back());
+        fill(slot);
       } catch (...) {
-        hand_held(S->queue.back());  // (its release could reach the GPU trace: not under q_mu)
+        hand_held(slot);  // (its release could reach the GPU trace: not under q_mu)
         S->queue.pop_back();  // no record rather than half of one
         throw;
       }
       n = S->queue.size();
     }
     queued(n, may_flush);
-    if (may_flush) release_held();
     return;
   }
   Rec r;  // released after every lock: the storages its regions hold may free pinned memory
@@ -1848,7 +1852,6 @@ void submit(bool now, bool may_flush, Fill&& fill) {
     flush = S->batch.size() >= S->threshold;
   }
   if (flush && may_flush) flush_batch();
-  if (may_flush) release_held();
 }
 
 // Host ops, as finished lines, in their place among the records.
@@ -2213,6 +2216,7 @@ bool set_grows(const at::RecordFunction& fn) {
 
 std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
   ThreadState& t = tls();  // one TLS lookup for the whole callback
+  release_held();  // the host storages of records written since (see hand_held)
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
   if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back());
@@ -2661,8 +2665,18 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
       if (info.kind != Kind::RecordStream) {
         // What the ops it called wrote is theirs; what it touches is covered for its caller.
         if (!fr.covered.empty()) {
-          auto kept = std::remove_if(r.all.begin(), r.all.end(), [&](const Access& a) { return is_covered(fr, a); });
-          r.all.erase(kept, r.all.end());
+          // (q_mu may be held: a storage let go of here could reach the GPU trace, so those
+          // dropped are handed over, and each one kept moved onto a slot that holds none)
+          size_t k = 0;
+          for (size_t i = 0; i < r.all.size(); i++) {
+            if (is_covered(fr, r.all[i])) {
+              hand_hold(r.all[i]);
+              continue;
+            }
+            if (k != i) r.all[k] = std::move(r.all[i]);
+            k++;
+          }
+          r.all.erase(r.all.begin() + k, r.all.end());
         }
         if (parent) {
           for (const Access& a : r.all) parent->covered.emplace_back(a.base, a.offset, a.bytes, a.write);
@@ -3008,7 +3022,10 @@ void reset() {
 }
 
 // The number of CUDA graph captures in progress (the Python wrappers of CUDAGraph say it).
-void set_captures(int n) { S->captures.store(n); }
+void set_captures(int n) {
+  S->captures.store(n);
+  if (n == 0) release_held();  // what was held back while capturing
+}
 
 // The end of a check, once nothing more is recorded: writes what is queued and hands every batch
 // to the raw sink as it fills, the last one whole, so that the checker checks the first while
@@ -3097,6 +3114,7 @@ void record_launch(std::string quoted, uint64_t stream, int device, c10::SmallVe
     for (Access& a : all) r.all.push_back(std::move(a));
     r.kind = RecKind::Launch;
   });
+  release_held();
 }
 
 // Whether a check records now (not only observing: benchmarks).
