@@ -1444,8 +1444,7 @@ def test_a_queued_record_lets_go_of_its_pinned_storage_on_the_programs_thread(tm
     from it). The trace is the same as written at once."""
     import time
 
-    import torch
-
+    torch = torch_or_skip()
     native_ext_or_skip()
     use = torch._C._storage_Use_Count
     seen = {}
