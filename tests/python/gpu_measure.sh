@@ -29,6 +29,12 @@
 #                                                       # other threads on the scheduler's CPUs, apart from its
 #                                                       # core, or on it: whether the threads beside the
 #                                                       # program slow it down
+#   bash tests/python/gpu_measure.sh quick    WHEELDIR  # a short window's check of the recorder's changes
+#                                                       # (about 5 minutes): the C++ recorder built, the
+#                                                       # Triton and CUDA graph GPU tests, the C++ recorder's
+#                                                       # verdicts on the compiled suite and on the eager
+#                                                       # programs with pinned memory or graphs, and compiled
+#                                                       # ViT-Tiny inference's cost by mode
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -47,7 +53,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe, profile, kernels, threads or ab}
+part=${1:?part: eager, compiled, all, observe, profile, kernels, threads, quick or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -188,6 +194,22 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
       case "$f" in *lscpu*|*steps*|*build*) continue ;; esac
       echo "== $(basename "$f" .txt)"; grep -v -i warn "$f" | grep -E "^(program|pinned|[a-z-]+ +[0-9.]+ ms|[a-z-]+ +enter|recorder_|checker_|queue_)" | head -30
     done
+    ;;
+  quick)
+    site
+    step build 200 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    (cd "$here" && STREAMSAN_REQUIRE_GPU=1 step_left 30 90 pytest python3 -m pytest -q -p no:cacheprovider \
+      test_gpu_triton.py test_gpu_graphs.py > "$O/pytest.txt" 2>&1)
+    step_left 30 120 compiled-verdicts python3 "$here/realcode_report.py" streamsan --backend native --set compiled \
+      --only "compiled function fed,user Triton kernel output,timm ViT-Tiny inference,nanoGPT loop,triton_op,gpt-fast decode with" \
+      --deadline-seconds 110 > "$O/compiled-verdicts.json" 2> "$O/compiled-verdicts.err"
+    step_left 30 80 eager-verdicts python3 "$here/realcode_report.py" streamsan --backend native --set realcode \
+      --only "pinned,pin_memory,graph" --deadline-seconds 70 > "$O/eager-verdicts.json" 2> "$O/eager-verdicts.err"
+    (cd "$here" && step_left 30 70 vit python3 profile_program.py "ViT-Tiny inference" --set compiled --rounds 9 \
+      --top 0 --modes plain,observe,observe-no-triton,observe-triton-pydirect,no-triton,checked > "$O/vit.txt" 2>&1)
+    tail -4 "$O/pytest.txt"
+    for f in compiled-verdicts eager-verdicts; do grep -a -E "native [0-9]+/[0-9]+ " "$O/$f.err" | cut -c1-240; done
+    grep -v -i warn "$O/vit.txt" | head -30
     ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
