@@ -1475,4 +1475,8 @@ def test_a_queued_record_lets_go_of_its_pinned_storage_on_the_programs_thread(tm
     at_once = tmp_path / "at_once.jsonl"
     checked("native", body, trace=at_once)
     assert seen == {"queued": 0, "written": 0, "after": 0}  # written, and let go of, at once
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    monkeypatch.setenv("STREAMSAN_PINNED", "at-once")  # pinned records alone written at once
+    checked("native", body)
+    assert seen == {"queued": 0, "written": 0, "after": 0}
     assert [o["op"] for o in trace_ops(deferred)] == [o["op"] for o in trace_ops(at_once)]

@@ -180,6 +180,43 @@ def test_tuned_launches_go_to_the_recorder_without_the_python_wrapper(fakes, tmp
     assert len(calls) == 3 and second.launches["inductor"] == 3
 
 
+def test_fastrun_off_sends_every_launch_through_the_python_wrapper(fakes, tmp_path, native, monkeypatch):  # noqa: F811
+    """STREAMSAN_TRITON_FASTRUN=0: the C++ wrapper in place passes every call on, the Python
+    wrapper records them (the same launches); back on, it takes them again (the plans made
+    meanwhile told to it)."""
+    from streamsan.torch import _triton
+
+    class Counted:  # the plans' cache, its lookups counted (the Python wrapper's, one a launch)
+        def __init__(self, inner):
+            self.inner, self.gets = inner, 0
+
+        def get(self, key):
+            self.gets += 1
+            return self.inner.get(key)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    plans = Counted(_triton._AUTOTUNER_PLANS)
+    monkeypatch.setattr(_triton, "_AUTOTUNER_PLANS", plans)
+    at = generated_autotuner(fakes, compiled=None)
+    at.launchers = [SimpleNamespace(cache_hash="h0")]
+
+    def launch(x, y, out):
+        for _ in range(3):
+            at.run(x, y, out, 64, stream=0)
+
+    monkeypatch.setenv("STREAMSAN_TRITON_FASTRUN", "0")
+    ops, n, _ = _record(fakes, tmp_path, "off", "direct", launch)
+    assert len(ops) == 3 and n["inductor"] == 3
+    assert plans.gets >= 3  # every launch through the Python wrapper
+    monkeypatch.setenv("STREAMSAN_TRITON_FASTRUN", "1")
+    plans.gets = 0
+    ops, n, _ = _record(fakes, tmp_path, "on", "direct", launch)
+    assert len(ops) == 3 and n["inductor"] == 3
+    assert plans.gets == 0  # the plan made while off told to FastRun: every launch taken there
+
+
 def test_the_fast_wrappers_plan_goes_with_its_autotuner(fakes, tmp_path, native):  # noqa: F811
     """The plan told to the C++ wrapper (and the launcher it keeps alive) is let go of when
     Inductor lets go of the kernel's autotuner."""

@@ -1019,6 +1019,12 @@ class NativeBackend:
         defer = env.get("STREAMSAN_DEFER", "1").strip().lower()
         quiet = env.get("STREAMSAN_CALLEES", "").strip().lower() == "learn"
         profile = 0 if self.profiling is None else (2 if self.profiling == "observe" else 1)
+        # STREAMSAN_PINNED=at-once: records of ops on pinned memory written on the program's
+        # thread (as before they were queued; for comparison and debugging).
+        at_once = env.get("STREAMSAN_PINNED", "").strip().lower() == "at-once"
+        setter = getattr(self.ext, "set_pinned_at_once", None)
+        if setter is not None:
+            setter(at_once)
         # In one call: the frame walk checked (sites without the GIL where this interpreter's
         # walk agrees with its API here), the observer and the tracker installed, c10's GPU
         # trace taken, the checker's queue given (the raw sink), recording on.
@@ -1678,10 +1684,12 @@ class Recorder:
             # nothing once the recording ends (before the hooks are stopped).
             direct = getattr(self.backend, "record_triton", None)
             ext = getattr(self.backend, "ext", None)
+            # STREAMSAN_TRITON_FASTRUN=0: Inductor's launches through the Python wrapper alone.
+            fastrun = os.environ.get("STREAMSAN_TRITON_FASTRUN", "1").strip() != "0"
             if direct is not None and getattr(ext, "FastRun", None) is not None:
                 from ._triton import use_native
 
-                use_native(ext)  # its wrapper of Inductor's launches, with no Python frame
+                use_native(ext if fastrun else None)  # its wrapper of Inductor's launches, no Python frame
             if hooks.install(self._on_kernel, fast, direct):
                 self.triton = hooks
         except Exception as e:  # the check goes on without Triton's launches, and says so

@@ -1018,12 +1018,15 @@ def use_native(ext: Any) -> None:
     """Patches of `CachingAutotuner.run` made from now on are the C++ recorder's `FastRun` (the
     module `ext`), which takes a tuned kernel's launch to `ext.record_triton` itself while one set
     of hooks listens through that entry (their `direct`), and passes every other call to the
-    Python wrapper. Tuned plans already known are told to it."""
+    Python wrapper. Tuned plans already known are told to it. None: every launch through the
+    Python wrapper (a FastRun in place passes each call on)."""
     global _NATIVE
     with _LOCK:
         if _NATIVE is ext:
             return
         _NATIVE = ext
+        for patch in list(_PATCHES.values()):
+            patch.refresh()
         for key, plan in _AUTOTUNER_PLANS.items():
             _tell_native(key, plan)
 

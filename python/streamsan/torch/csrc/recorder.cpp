@@ -589,6 +589,9 @@ struct State {
   std::mutex rel_mu;
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
   std::atomic<size_t> n_held{0};
+  // Records of ops on pinned memory written at once on the program's thread, with what is queued
+  // before them (STREAMSAN_PINNED=at-once: how they were written before they were queued).
+  std::atomic<bool> pinned_at_once{false};
   bool resolver_started = false;      // `q_mu` held
   bool resolver_asleep = false;       // waiting until woken (`q_mu` held): see kLingerNs
   std::vector<std::unique_ptr<Leftovers>> leftovers;  // for the resolver to free (`q_mu` held)
@@ -2389,8 +2392,10 @@ const std::string& pool_name_of(std::pair<int64_t, int64_t> id) {
 // Whether a record of the regions `v` is written at once rather than queued: it is of the fake
 // device (see State::defer_fake). A record that holds pinned memory is queued like any other:
 // the storages it holds are handed back to a program's thread once it is written (hand_held).
-bool written_at_once(const AccessList& /*v*/) {
-  return S->fake_device && !S->defer_fake.load(std::memory_order_relaxed);
+bool written_at_once(const AccessList& v) {
+  if (S->fake_device && !S->defer_fake.load(std::memory_order_relaxed)) return true;
+  return S->pinned_at_once.load(std::memory_order_relaxed) &&
+         std::any_of(v.begin(), v.end(), [](const Access& a) { return !a.device; });
 }
 
 // Writes a dispatcher op's record (see on_end_impl); `mu` held.
@@ -4065,4 +4070,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("release_sink", &release_sink);
   m.def("profile", &profile);
   m.def("set_captures", &set_captures);
+  m.def("set_pinned_at_once", [](bool on) { S->pinned_at_once.store(on); });
 }
