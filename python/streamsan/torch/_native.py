@@ -150,7 +150,7 @@ class _BuildLock:
 
 # What this version's Python code calls that earlier builds of the recorder lacked: a module
 # given by STREAMSAN_TORCH_EXT without them is another version's.
-_ENTRY_POINTS = ("open_check", "begin_recording", "end_recording")
+_ENTRY_POINTS = ("open_check", "begin_recording", "end_recording", "fast_plan_put")
 
 
 def load(verbose: bool = False):

@@ -1022,14 +1022,12 @@ class NativeBackend:
         # STREAMSAN_PINNED=at-once: records of ops on pinned memory written on the program's
         # thread (as before they were queued; for comparison and debugging).
         at_once = env.get("STREAMSAN_PINNED", "").strip().lower() == "at-once"
-        setter = getattr(self.ext, "set_pinned_at_once", None)
-        if setter is not None:
-            setter(at_once)
         # In one call: the frame walk checked (sites without the GIL where this interpreter's
         # walk agrees with its API here), the observer and the tracker installed, c10's GPU
         # trace taken, the checker's queue given (the raw sink), recording on.
         self.ext.begin_recording(
-            self.cuda, profile, self.native_syncs, defer != "0", defer == "all", quiet, self.rec.raw_sink
+            self.cuda, profile, self.native_syncs, defer != "0", defer == "all", quiet, self.rec.raw_sink,
+            pinned_at_once=at_once,
         )
 
     def stop(self) -> dict:

@@ -1405,19 +1405,21 @@ class TritonHooks:
         self._launches = {"inductor": 0, "triton": 0}
         self.errors = 0
 
-    @property
-    def launches(self) -> dict:
-        """The launches recorded by kind ({"inductor": n, "triton": m})."""
+    def _harvest(self) -> None:
+        """The launches the C++ wrappers took for these hooks, counted in `_launches`."""
         for patch in self._attached:
             if patch._fast_owner is self:
                 patch._harvest()
+
+    @property
+    def launches(self) -> dict:
+        """The launches recorded by kind ({"inductor": n, "triton": m})."""
+        self._harvest()
         return self._launches
 
     @launches.setter
     def launches(self, value: dict) -> None:
-        for patch in self._attached:  # (what FastRun took before: counted in the old dict)
-            if patch._fast_owner is self:
-                patch._harvest()
+        self._harvest()  # (what FastRun took before: counted in the old dict)
         self._launches = value
 
     @property
@@ -1439,9 +1441,7 @@ class TritonHooks:
                 self.uninstall(keep=True)
             self._on_error = on_error
             self._seen_errors.clear()
-            for patch in self._attached:
-                patch._harvest()
-            self._launches = {"inductor": 0, "triton": 0}
+            self.launches = {"inductor": 0, "triton": 0}
             self.errors = 0
 
     @property

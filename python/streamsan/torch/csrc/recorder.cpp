@@ -3975,16 +3975,18 @@ void open_check(const std::string& torch_dir, const std::string& own_dir, const 
 // `install_gpu_trace`, `set_defer`, `set_quiet_callees`, `set_raw_sink` and `set_active` do one by
 // one (a check's start pays one crossing into C++, not eight). `profile`: 0 nothing timed, 1 the
 // stages timed, 2 observing only. `gpu_trace`: the recorder's interpreter put in c10's GPU trace.
-// `raw_sink`: the checker's capsule, or None (Python's sink). Returns false when `raw_sink` is not
+// `raw_sink`: the checker's capsule, or None (Python's sink). `pinned_at_once`: records of ops on
+// pinned memory written at once (STREAMSAN_PINNED=at-once). Returns false when `raw_sink` is not
 // a raw sink (Python's sink takes the batches). GIL held.
 bool begin_recording(bool with_cuda, int profile, bool gpu_trace, bool defer, bool defer_fake, bool quiet,
-                     py::object raw_sink) {
+                     py::object raw_sink, bool pinned_at_once) {
   check_frames();
   install(with_cuda);
   set_profile(profile == 1, profile == 2);
   if (gpu_trace) install_gpu_trace();
   set_defer(defer, defer_fake);
   S->quiet_callees.store(quiet);
+  S->pinned_at_once.store(pinned_at_once);
   const bool taken = raw_sink.is_none() || set_raw_sink(raw_sink);
   set_active(true);
   return taken;
@@ -4064,11 +4066,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_raw_sink", &set_raw_sink);
   m.def("open_check", &open_check);
   m.def("begin_recording", &begin_recording, py::arg("with_cuda"), py::arg("profile"), py::arg("gpu_trace"),
-        py::arg("defer"), py::arg("defer_fake"), py::arg("quiet"), py::arg("raw_sink"));
+        py::arg("defer"), py::arg("defer_fake"), py::arg("quiet"), py::arg("raw_sink"),
+        py::arg("pinned_at_once") = false);
   m.def("end_recording", &end_recording, py::arg("flush"), py::arg("gpu_trace"));
   m.def("set_defer", &set_defer, py::arg("on"), py::arg("fake_device") = false);
   m.def("release_sink", &release_sink);
   m.def("profile", &profile);
   m.def("set_captures", &set_captures);
-  m.def("set_pinned_at_once", [](bool on) { S->pinned_at_once.store(on); });
 }
