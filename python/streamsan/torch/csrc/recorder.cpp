@@ -3325,6 +3325,23 @@ struct FastRunObject {
 PyObject* fast_run_stream_name = nullptr;    // "stream"
 PyObject* fast_run_launchers_name = nullptr;  // "launchers"
 
+// Whether the weak reference `ref` still refers to `obj` (compared only: no reference is kept).
+// PyWeakref_GetObject is deprecated from Python 3.13 (and goes in 3.15); PyWeakref_GetRef is new in it.
+bool weakref_refers_to(PyObject* ref, PyObject* obj) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyObject* target = nullptr;
+  if (PyWeakref_GetRef(ref, &target) < 0) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool same = target == obj;
+  Py_XDECREF(target);
+  return same;
+#else
+  return PyWeakref_GetObject(ref) == obj;
+#endif
+}
+
 // The launch's plan, where this call may be taken here: `self` a planned autotuner still alive,
 // its `launchers` the plan's one launcher, the only argument by name `stream` (an int). Else
 // null, with no Python error set.
@@ -3346,7 +3363,7 @@ std::shared_ptr<const FastPlan> fast_plan_for(PyObject* self, PyObject* kwnames,
   }
   auto it = fast_plans->find(self);
   std::shared_ptr<const FastPlan> plan;
-  if (it != fast_plans->end() && PyWeakref_GetObject(it->second->ref) == self && PyList_CheckExact(launchers) &&
+  if (it != fast_plans->end() && weakref_refers_to(it->second->ref, self) && PyList_CheckExact(launchers) &&
       PyList_GET_SIZE(launchers) == 1 && PyList_GET_ITEM(launchers, 0) == it->second->launcher) {
     plan = it->second;
   }
