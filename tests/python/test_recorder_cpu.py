@@ -1393,6 +1393,31 @@ def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
     assert "open_check" in out.stdout
 
 
+def test_a_recorder_module_with_this_versions_names_but_another_source_is_refused(tmp_path):
+    """A module with every entry point this version calls, built from another source (its
+    `source_digest` another's, or none): refused, naming both digests; the module this version
+    builds carries its own source's digest."""
+    torch_or_skip()
+    other = tmp_path / "other_recorder.py"
+    names = "open_check begin_recording end_recording fast_plan_put".split()
+    other.write_text("".join(f"def {n}(*a, **k): pass\n" for n in names) + "source_digest = 's0123'\n")
+    code = (
+        "from streamsan.torch import _native\n"
+        "try:\n"
+        "    _native.load()\n"
+        "except RuntimeError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
+    from streamsan.torch import _native
+
+    assert "s0123" in out.stdout and _native.source_digest() in out.stdout, out.stdout
+    ext = native_ext_or_skip()
+    assert ext.source_digest == _native.source_digest()
+
+
 def test_auto_says_when_it_falls_back_to_the_python_recorder(tmp_path):
     """backend="auto" whose C++ recorder cannot be loaded checks with the Python recorder and
     says so, once per process, at the user's line; backend="python" says nothing."""
@@ -1480,3 +1505,31 @@ def test_a_queued_record_lets_go_of_its_pinned_storage_on_the_programs_thread(tm
     checked("native", body)
     assert seen == {"queued": 0, "written": 0, "after": 0}
     assert [o["op"] for o in trace_ops(deferred)] == [o["op"] for o in trace_ops(at_once)]
+
+
+def test_what_a_check_ending_during_a_capture_held_is_let_go_of_when_the_next_check_opens(monkeypatch):
+    """A check that ends while a CUDA graph capture it saw begin is still in progress keeps the
+    pinned storages its written records held (none is let go of during a capture); the next
+    check lets go of them as it opens, before its first op."""
+    torch = torch_or_skip()
+    ext = native_ext_or_skip()
+    use = torch._C._storage_Use_Count
+    seen = {}
+
+    def body(f):
+        f.stream(0)
+        t = f.pinned(256)
+        seen["storage"] = t.untyped_storage()
+        t.add_(1)  # its record holds the storage until written and let go of
+        ext.set_captures(1)  # a capture begins, and outlives the check
+
+    def nothing(f):
+        seen["opened"] = use(seen["storage"]._cdata)  # no op yet in this check
+
+    monkeypatch.setenv("STREAMSAN_DEFER", "all")
+    checked("native", body)
+    after_first = use(seen["storage"]._cdata)
+    checked("native", nothing)
+    let_go = use(seen["storage"]._cdata)
+    assert after_first == let_go + 1, (after_first, let_go)  # held across the check's end
+    assert seen["opened"] == let_go  # and let go of as the next check opened

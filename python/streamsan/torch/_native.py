@@ -33,6 +33,19 @@ def _headers_digest() -> str:
     return h.hexdigest()[:16]
 
 
+def source_digest() -> str:
+    """A digest of the recorder's source (recorder.cpp and its headers): built into the module
+    (its `source_digest`), so that a module given by STREAMSAN_TORCH_EXT is known to be built
+    from this version's recorder, whatever machine built it."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for path in [SOURCE, *HEADERS]:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return "s" + h.hexdigest()[:16]
+
+
 def _name() -> str:
     import torch
 
@@ -176,6 +189,13 @@ def load(verbose: bool = False):
                     f"STREAMSAN_TORCH_EXT={path}: built from another version of streamsan's recorder "
                     f"(it lacks {', '.join(missing)}); build this one's (unset STREAMSAN_TORCH_EXT)"
                 )
+            theirs, ours = getattr(mod, "source_digest", None), source_digest()
+            if theirs != ours:
+                raise RuntimeError(
+                    f"STREAMSAN_TORCH_EXT={path}: built from another version of streamsan's recorder "
+                    f"(its source digest {theirs or 'is missing'}, this version's {ours}); build this "
+                    "one's (unset STREAMSAN_TORCH_EXT)"
+                )
         else:
             import torch
             from torch.utils import cpp_extension
@@ -189,7 +209,8 @@ def load(verbose: bool = False):
                     sources=[SOURCE],
                     build_directory=directory,
                     extra_include_paths=_cuda_includes(),
-                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard(), f"-DSTREAMSAN_HEADERS={_headers_digest()}"],
+                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard(), f"-DSTREAMSAN_HEADERS={_headers_digest()}",
+                                  f"-DSTREAMSAN_SOURCE={source_digest()}"],
                     extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
                     with_cuda=False,
                     verbose=verbose,

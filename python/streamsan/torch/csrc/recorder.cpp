@@ -1748,7 +1748,9 @@ void hand_held(Rec& r) noexcept {
 // the recorder's locks, outside the allocator's tracker and the GPU trace's hooks (a freed
 // pinned block's events reach the GPU trace, as when the program drops a pinned tensor), at the
 // start of an op, after a record, at a check's end; not while a CUDA graph capture is in
-// progress (then at its end), where the program let go of none.
+// progress (then at its end), where the program let go of none. A check that ends during a
+// capture it saw begin keeps them until the next check opens (open_check); a check opened
+// during a capture begun before it does not know of that capture.
 void release_held() {
   if (S->n_held.load(std::memory_order_relaxed) == 0 || S->captures.load(std::memory_order_relaxed) != 0) return;
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> out;
@@ -3984,6 +3986,7 @@ void open_check(const std::string& torch_dir, const std::string& own_dir, const 
                 const std::vector<std::string>& internal_dirs, py::object rewritten) {
   configure(torch_dir, own_dir, cwd, threshold, std::move(sink), fake_device, std::move(pinned_example));
   reset();
+  release_held();  // what a check that ended during a CUDA graph capture still held (see release_held)
   set_stdlib_dir(stdlib_dir, libraries);
   set_internal(internal_dirs, std::move(rewritten));
 }
@@ -4033,8 +4036,17 @@ py::tuple end_recording(bool flush, bool gpu_trace) {
 
 }  // namespace
 
+// The digest of this source that _native.py passed to the build (its source_digest()): a
+// module given by STREAMSAN_TORCH_EXT is used only when it is this version's.
+#ifndef STREAMSAN_SOURCE
+#define STREAMSAN_SOURCE unknown
+#endif
+#define STREAMSAN_STRING2(x) #x
+#define STREAMSAN_STRING(x) STREAMSAN_STRING2(x)
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "streamsan.torch's fast recorder (RecordFunction observer + allocator tracker)";
+  m.attr("source_digest") = STREAMSAN_STRING(STREAMSAN_SOURCE);
   m.def("install", &install, py::arg("with_cuda"));
   m.def("uninstall", &uninstall);
   m.def("bench_floor", &bench_floor, py::arg("on"), py::arg("io") = true);
