@@ -1368,11 +1368,23 @@ def test_a_checks_warnings_point_at_the_users_line():
     assert [(w.filename, w.lineno) for w in ours] == [(HERE, line_of("WARNED"))] * len(ours)
 
 
-def _python_with_another_recorder(tmp_path, code: str) -> subprocess.CompletedProcess:
-    """Runs `code` in a Python whose STREAMSAN_TORCH_EXT names a module with the recorder's older
-    entry points only (built by another version: refused)."""
+# An older version's recorder module: its entry points only.
+_OLDER_RECORDER = "def configure(*a): pass\ndef reset(): pass\ndef install(with_cuda): pass\n"
+# Loads the recorder, printing why it was refused.
+_LOAD_OR_SAY_WHY = (
+    "from streamsan.torch import _native\n"
+    "try:\n"
+    "    _native.load()\n"
+    "except RuntimeError as e:\n"
+    "    print('REFUSED', e)\n"
+)
+
+
+def _python_with_another_recorder(tmp_path, code: str, module: str = _OLDER_RECORDER) -> subprocess.CompletedProcess:
+    """Runs `code` in a Python whose STREAMSAN_TORCH_EXT names a module of source `module` (by
+    default one with the recorder's older entry points only: built by another version, refused)."""
     other = tmp_path / "other_recorder.py"
-    other.write_text("def configure(*a): pass\ndef reset(): pass\ndef install(with_cuda): pass\n")
+    other.write_text(module)
     env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
 
@@ -1381,14 +1393,7 @@ def test_a_recorder_module_of_another_version_is_refused_saying_so(tmp_path):
     """STREAMSAN_TORCH_EXT names a module built elsewhere: one without this version's entry
     points is refused with the reason, not used until a call fails inside a check."""
     torch_or_skip()
-    code = (
-        "from streamsan.torch import _native\n"
-        "try:\n"
-        "    _native.load()\n"
-        "except RuntimeError as e:\n"
-        "    print('REFUSED', e)\n"
-    )
-    out = _python_with_another_recorder(tmp_path, code)
+    out = _python_with_another_recorder(tmp_path, _LOAD_OR_SAY_WHY)
     assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
     assert "open_check" in out.stdout
 
@@ -1398,21 +1403,11 @@ def test_a_recorder_module_with_this_versions_names_but_another_source_is_refuse
     `source_digest` another's, or none): refused, naming both digests; the module this version
     builds carries its own source's digest."""
     torch_or_skip()
-    other = tmp_path / "other_recorder.py"
-    names = "open_check begin_recording end_recording fast_plan_put".split()
-    other.write_text("".join(f"def {n}(*a, **k): pass\n" for n in names) + "source_digest = 's0123'\n")
-    code = (
-        "from streamsan.torch import _native\n"
-        "try:\n"
-        "    _native.load()\n"
-        "except RuntimeError as e:\n"
-        "    print('REFUSED', e)\n"
-    )
-    env = dict(os.environ, STREAMSAN_TORCH_EXT=str(other))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
     from streamsan.torch import _native
 
+    module = "".join(f"def {n}(*a, **k): pass\n" for n in _native._ENTRY_POINTS) + "source_digest = 's0123'\n"
+    out = _python_with_another_recorder(tmp_path, _LOAD_OR_SAY_WHY, module)
+    assert "REFUSED" in out.stdout and "another version" in out.stdout, (out.stdout, out.stderr)
     assert "s0123" in out.stdout and _native.source_digest() in out.stdout, out.stdout
     ext = native_ext_or_skip()
     assert ext.source_digest == _native.source_digest()
