@@ -19,24 +19,15 @@ _error: str | None = None
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "recorder.cpp")
 # Headers recorder.cpp includes: torch rebuilds when a source or a flag changes, not a header,
-# so their digest is one of the flags.
+# so the digest of the source with them is one of the flags (see source_digest).
 HEADERS = [os.path.join(os.path.dirname(__file__), "csrc", "pyframes.h")]
 
 
-def _headers_digest() -> str:
-    import hashlib
-
-    h = hashlib.sha1()
-    for path in HEADERS:
-        with open(path, "rb") as f:
-            h.update(f.read())
-    return h.hexdigest()[:16]
-
-
 def source_digest() -> str:
-    """A digest of the recorder's source (recorder.cpp and its headers): built into the module
-    (its `source_digest`), so that a module given by STREAMSAN_TORCH_EXT is known to be built
-    from this version's recorder, whatever machine built it."""
+    """A digest of the recorder's source (recorder.cpp and its headers), given to the build as a
+    flag: a changed header rebuilds the module, and the module carries it (its `source_digest`),
+    so that one given by STREAMSAN_TORCH_EXT is known to be built from this version's recorder,
+    whatever machine built it."""
     import hashlib
 
     h = hashlib.sha1()
@@ -209,8 +200,7 @@ def load(verbose: bool = False):
                     sources=[SOURCE],
                     build_directory=directory,
                     extra_include_paths=_cuda_includes(),
-                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard(), f"-DSTREAMSAN_HEADERS={_headers_digest()}",
-                                  f"-DSTREAMSAN_SOURCE={source_digest()}"],
+                    extra_cflags=["-O2", "-DNDEBUG", _cxx_standard(), f"-DSTREAMSAN_SOURCE={source_digest()}"],
                     extra_ldflags=[f"-L{lib}", "-lc10_cuda", f"-Wl,-rpath,{lib}"],
                     with_cuda=False,
                     verbose=verbose,
