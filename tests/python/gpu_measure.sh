@@ -35,6 +35,10 @@
 #                                                       # verdicts on the compiled suite and on the eager
 #                                                       # programs with pinned memory or graphs, and compiled
 #                                                       # ViT-Tiny inference's cost by mode
+#   bash tests/python/gpu_measure.sh sweep    WHEELDIR  # library_sweep.py on the GPU (`cuda`): torchvision's
+#                                                       # classification models and transformers'
+#                                                       # architectures trained two steps, fed by a side-stream
+#                                                       # prefetch, under the C++ recorder, then the Python one
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -53,7 +57,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe, profile, kernels, threads, quick or ab}
+part=${1:?part: eager, compiled, all, observe, profile, kernels, threads, quick, sweep or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -211,6 +215,19 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
     for f in compiled-verdicts eager-verdicts; do grep -a -E "native [0-9]+/[0-9]+ " "$O/$f.err" | cut -c1-240; done
     grep -v -i warn "$O/vit.txt" | head -30
     ;;
+  sweep)
+    site
+    step build 200 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    for b in native python; do
+      for w in tv hf; do
+        step_left 30 240 "sweep-$b-$w" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1
+      done
+    done
+    for f in "$O"/sweep-*.txt; do
+      echo "== $(basename "$f" .txt): $(grep -c ' ops ' "$f") checked, $(grep -c skipped "$f") skipped"
+      grep -E "FAILED|errors [1-9]|model\(s\) with reports" "$f" | head -20
+    done
+    ;;
   ab)
     # Timings of two wheels compare only on one machine (hosts differ by more than most changes):
     # each wheel in a folder of its own, its C++ recorder built apart, the processes alternated.
@@ -251,7 +268,7 @@ print('enter', d.get('enter_ms'), 'exit', d.get('exit_ms'), d.get('parts_ms'))" 
     done
     ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, threads, ab)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, threads, quick, sweep, ab)" >&2
     exit 2
     ;;
 esac

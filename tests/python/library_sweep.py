@@ -4,10 +4,16 @@ recorders' `_fake_device`: one stream, no GPU needed): torchvision's classificat
 transformers' architectures (`hf`: each from a tiny config, a training step, then greedy and
 sampled `generate` for causal models, `generate` for encoder-decoders).
 
-    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|hf
+    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|hf [cuda]
 
 On one stream nothing races and nothing is freed too early, so every report, crash or exception
-under the check (a model that runs plain) is the recorder misreading an op. A model that fails
+under the check (a model that runs plain) is the recorder misreading an op.
+
+With `cuda` the same models run on the GPU, checked for real (no stand-in device), fed as a
+training loop feeds a model: each batch made in pinned host memory, copied on a side stream
+(`non_blocking=True`) that the default stream then waits for, with `record_stream` on the copy
+(the prefetcher of NVIDIA's Apex examples); two steps, the loss read with `.item()`, an SGD
+step between them. That program is correct, so again every report is the recorder's. A model that fails
 without the check is listed as skipped; each is bounded by 60 s. Exit status 1 when any checked
 model reported an error. Needs torch and torchvision or transformers; the GPU machine's
 versions, or `pip install --target SITE torchvision timm transformers` beside a CPU torch.
@@ -25,9 +31,18 @@ import streamsan.torch
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
-if len(sys.argv) != 3 or sys.argv[1] not in ("native", "python") or sys.argv[2] not in ("tv", "hf"):
-    sys.exit("usage: library_sweep.py native|python tv|hf")
+if (
+    len(sys.argv) not in (3, 4)
+    or sys.argv[1] not in ("native", "python")
+    or sys.argv[2] not in ("tv", "hf")
+    or sys.argv[3:] not in ([], ["cuda"])
+):
+    sys.exit("usage: library_sweep.py native|python tv|hf [cuda]")
 backend, which = sys.argv[1], sys.argv[2]
+CUDA = sys.argv[3:] == ["cuda"]
+if CUDA and not torch.cuda.is_available():
+    sys.exit("library_sweep.py: `cuda` needs a GPU")
+DEV = "cuda" if CUDA else "cpu"
 failed = []
 
 
@@ -56,7 +71,7 @@ def check(name, fn):
     t = time.time()
     try:
         signal.alarm(60)
-        run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True)
+        run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=not CUDA)
         with run:
             fn()
     except Exception as e:  # noqa: BLE001 - ran plain: under the check it is the recorder's
@@ -70,6 +85,37 @@ def check(name, fn):
     if r.errors:
         failed.append(name)
         print(r.to_text()[:2000], flush=True)
+
+
+def feed(make):
+    """The batch `make()` builds on the host: as it is (CPU), or (`cuda`) made in pinned memory and
+    copied to the GPU on a side stream the default stream then waits for, `record_stream` on the
+    copy, as a prefetching loader does."""
+    host = make()
+    if not CUDA:
+        return host
+    host = host.pin_memory()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        batch = host.to("cuda", non_blocking=True)
+    torch.cuda.current_stream().wait_stream(side)
+    batch.record_stream(torch.cuda.current_stream())
+    return batch
+
+
+def steps(model, one_step):
+    """`one_step()` once (CPU), or (`cuda`) twice with an SGD step after each and the loss read
+    with `.item()`, as a training loop does."""
+    if not CUDA:
+        one_step()
+        return
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        opt.zero_grad()
+        loss = one_step()
+        opt.step()
+        loss.item()
 
 
 # Too large to build and run here in a few seconds.
@@ -92,11 +138,17 @@ def torchvision_model(name):
             side = 80
         elif name.startswith("swin_v2"):
             side = 96
-        m = torchvision.models.get_model(name, weights=None, num_classes=10, **kw)
-        out = m(torch.randn(2, 3, side, side))
-        if not torch.is_tensor(out):
-            out = out[0]
-        out.float().logsumexp(-1).mean().backward()
+        m = torchvision.models.get_model(name, weights=None, num_classes=10, **kw).to(DEV)
+
+        def one_step():
+            out = m(feed(lambda: torch.randn(2, 3, side, side)))
+            if not torch.is_tensor(out):
+                out = out[0]
+            loss = out.float().logsumexp(-1).mean()
+            loss.backward()
+            return loss
+
+        steps(m, one_step)
 
     return fn
 
@@ -138,19 +190,28 @@ def transformers_model(kind):
     def fn():
         torch.manual_seed(0)
         cfg = _hf_config(tf, kind)
-        ids = torch.randint(3, 128, (2, 10))
+        ids = feed(lambda: torch.randint(3, 128, (2, 10)))
+
+        def train(m):
+            def one_step():
+                loss = m(input_ids=ids, labels=ids).loss
+                loss.backward()
+                return loss
+
+            steps(m, one_step)
+
         if cfg.is_encoder_decoder:
-            m = tf.AutoModelForSeq2SeqLM.from_config(cfg).train()
-            m(input_ids=ids, labels=ids).loss.backward()
+            m = tf.AutoModelForSeq2SeqLM.from_config(cfg).to(DEV).train()
+            train(m)
             with torch.no_grad():
                 m.eval().generate(ids, max_new_tokens=4, do_sample=False)
             return
         try:
-            m = tf.AutoModelForCausalLM.from_config(cfg).train()
+            m = tf.AutoModelForCausalLM.from_config(cfg).to(DEV).train()
         except ValueError:  # an encoder
-            tf.AutoModelForMaskedLM.from_config(cfg).train()(input_ids=ids, labels=ids).loss.backward()
+            train(tf.AutoModelForMaskedLM.from_config(cfg).to(DEV).train())
             return
-        m(input_ids=ids, labels=ids).loss.backward()
+        train(m)
         mask = torch.ones_like(ids)
         with torch.no_grad():
             m.eval().generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
