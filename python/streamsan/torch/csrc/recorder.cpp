@@ -3289,8 +3289,14 @@ void fast_plan_put(py::object autotuner, py::object launcher, const std::string&
   Py_INCREF(fresh->launcher);
   std::shared_ptr<const FastPlan> old = take_plan(autotuner.ptr());
   PyObject* ref = fresh->ref;
-  (*fast_plans)[autotuner.ptr()] = std::move(fresh);  // (room reserved above)
+  // Both tables or neither (an entry may still be allocated, and fail, with room reserved).
   (*fast_plan_keys)[ref] = autotuner.ptr();
+  try {
+    (*fast_plans)[autotuner.ptr()] = std::move(fresh);
+  } catch (...) {
+    fast_plan_keys->erase(ref);
+    throw;  // (`fresh` let go of: its weak reference with it, its callback never runs)
+  }
   old.reset();  // last (it may run Python code): its weak reference gone, its callback never runs
 }
 
