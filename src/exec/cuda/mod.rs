@@ -457,6 +457,31 @@ impl CudaDevice {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    /// A device synchronization while a stream captures (memory that came back from the driver
+    /// inside a capture, where PyTorch synchronized before the capture began): the context
+    /// cannot synchronize now, so every stream that is not capturing is waited for (captured work
+    /// runs nothing now). The legacy stream while a blocking stream captures cannot be asked
+    /// without joining the capture (`cuStreamIsCapturing` answers
+    /// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`): the blocking streams not capturing are waited for,
+    /// not it.
+    fn sync_outside_captures(&self) -> Result<(), ExecError> {
+        for key in 0..self.streams.len() {
+            let Some(stream) = self.streams[key].as_ref() else {
+                continue;
+            };
+            match self.is_capturing(key as StreamKey) {
+                Ok(false) => stream.synchronize()?,
+                Ok(true) => {}
+                Err(_) if key == 0 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        for (_, stream) in &self.retired {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
     /// Ends every capture still open and drops its graph: a program may end while a stream
     /// captures (its captured work never runs), and the device cannot synchronize until then.
     pub(crate) fn end_open_captures(&mut self) {
@@ -710,9 +735,13 @@ impl Backend for CudaDevice {
             }
             Op::DeviceSync { device } => {
                 if device == 0 {
-                    self.gpu.synchronize()?;
-                    // Every retired stream's work is done, and none can be issued any more.
-                    self.retired.clear();
+                    if self.capturing.is_empty() {
+                        self.gpu.synchronize()?;
+                        // Every retired stream's work is done, and none can be issued any more.
+                        self.retired.clear();
+                    } else {
+                        self.sync_outside_captures()?;
+                    }
                 }
                 Ok(Issued::Done)
             }
