@@ -28,7 +28,9 @@
 //!   [`crate::fuzz::runnable`], which `check --confirm` runs recorded traces through) lie in one
 //!   segment per memory kind, mapped and zeroed before the run (managed memory is pinned memory
 //!   here); device memory that comes back on another stream than the one its free gave it to
-//!   synchronizes the device at its `alloc`, as the trace format says.
+//!   synchronizes the device at its `alloc`, as the trace format says. Inside a capture (a pool's
+//!   bytes that another pool held, given back to the driver: PyTorch synchronized before the
+//!   capture began) the context cannot synchronize: every stream not capturing is waited for.
 //! - **`record_stream`**: a free records a fence event on every stream recorded for the buffer;
 //!   every later access of memory that reuses the freed bytes waits for those fences first (a
 //!   stream op with `cuStreamWaitEvent`, a host access with `cuEventSynchronize`).
