@@ -105,7 +105,7 @@ case "$part" in
     tail -45 "$O/compiled-stdout.txt"; tail -c 600 "$O/memory.json"; echo
     ;;
   all)
-    OUT=$O/all GPU_ALL_SECONDS=${SECS:-260} step gpu-all 330 bash "$here/gpu_all.sh" "$wheels" > "$O/all-stdout.txt" 2>&1
+    OUT=$O/all GPU_ALL_SECONDS=${SECS:-300} step gpu-all 370 bash "$here/gpu_all.sh" "$wheels" > "$O/all-stdout.txt" 2>&1
     site
     step paired-streams 50 python3 "$here/bench_overhead.py" paired streams --device cuda --iters 400 --rounds 9 \
       > "$O/paired-streams.json" 2> "$O/paired-streams.err"
