@@ -319,7 +319,9 @@ pub enum Op<'a> {
         stream: StreamKey,
     },
     /// The host waits for all work of device `device` (a trace's numbering; a session's device is
-    /// 0).
+    /// 0). Issued while a stream captures only for memory that came back from the driver inside
+    /// the capture (a trace's own `device_sync` there is refused before it is issued): then the
+    /// host waits for the work not captured.
     DeviceSync {
         /// The device.
         device: u64,
