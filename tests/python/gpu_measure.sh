@@ -36,9 +36,12 @@
 #                                                       # programs with pinned memory or graphs, and compiled
 #                                                       # ViT-Tiny inference's cost by mode
 #   bash tests/python/gpu_measure.sh sweep    WHEELDIR  # library_sweep.py on the GPU (`cuda`): torchvision's
-#                                                       # classification models and transformers'
+#                                                       # models (classification, then detection, segmentation,
+#                                                       # video, optical flow), timm's families and transformers'
 #                                                       # architectures trained two steps, fed by a side-stream
 #                                                       # prefetch, under the C++ recorder, then the Python one
+#                                                       # (SWEEP_BACKENDS, SWEEP_SETS choose); SWEEP_COMPILED="tv
+#                                                       # timm tvx": those sets' compiled models after them
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -218,11 +221,20 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
   sweep)
     site
     step build 200 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
-    for b in native python; do
-      for w in tv hf; do
-        step_left 30 240 "sweep-$b-$w" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1
+    # every sweep at once, each a process of its own on the one GPU (the models are small; what is
+    # judged is the verdicts, not the time), all cut at the part's time left
+    l=$(left 585)
+    for b in ${SWEEP_BACKENDS:-native python}; do
+      for w in ${SWEEP_SETS:-tv tvx timm hf}; do
+        step "sweep-$b-$w" "$l" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1 &
       done
     done
+    # compiled code no one here wrote: models of each set `torch.compile`d, under the C++ recorder
+    for w in ${SWEEP_COMPILED:-}; do
+      step "sweep-compiled-$w" "$l" python3 "$here/library_sweep.py" native "$w" cuda compile \
+        > "$O/sweep-compiled-$w.txt" 2>&1 &
+    done
+    wait
     for f in "$O"/sweep-*.txt; do
       echo "== $(basename "$f" .txt): $(grep -c ' ops ' "$f") checked, $(grep -c skipped "$f") skipped"
       grep -E "FAILED|errors [1-9]|model\(s\) with reports" "$f" | head -20

@@ -1,10 +1,14 @@
 """A sweep of library models under the check, on CPU tensors standing for device memory (the
 recorders' `_fake_device`: one stream, no GPU needed): torchvision's classification models
-(`tv`: each built with random weights, a forward and a backward on a small batch) and
-transformers' architectures (`hf`: each from a tiny config, a training step, then greedy and
-sampled `generate` for causal models, `generate` for encoder-decoders).
+(`tv`: each built with random weights, a forward and a backward on a small batch), torchvision's
+other tasks (`tvx`: detection, instance segmentation and keypoints trained on random boxes, then
+run in eval mode through their post-processing (NMS, RoIAlign: torchvision's own operators);
+semantic segmentation; video classification; RAFT optical flow), timm's families (`timm`: one
+model of each, at its own input size) and transformers' architectures (`hf`: each from a tiny
+config, a training step, then greedy and sampled `generate` for causal models, `generate` for
+encoder-decoders).
 
-    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|hf [cuda]
+    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|tvx|timm|hf [cuda] [compile]
 
 On one stream nothing races and nothing is freed too early, so every report, crash or exception
 under the check (a model that runs plain) is the recorder misreading an op.
@@ -18,6 +22,11 @@ without the check is listed as skipped; each is bounded by 60 s. Exit status 1 w
 model reported an error. Needs torch and torchvision or transformers; the GPU machine's
 versions, or `pip install --target SITE torchvision timm transformers` beside a CPU torch.
 `tests/python/test_library_models_cpu.py` runs a few of these under pytest.
+
+With `compile` (and `cuda`) four to six models of the set run `torch.compile`d (the default mode:
+Inductor's Triton kernels, each launch recorded with its arguments' roles), compiled by the
+plain run and run again compiled under the check, each given 300 s: compiled code no one here
+wrote. The Triton launches the C++ recorder saw are printed beside each model.
 """
 
 import signal
@@ -31,18 +40,21 @@ import streamsan.torch
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
+SETS = ("tv", "tvx", "timm", "hf")
 if (
-    len(sys.argv) not in (3, 4)
+    len(sys.argv) not in (3, 4, 5)
     or sys.argv[1] not in ("native", "python")
-    or sys.argv[2] not in ("tv", "hf")
-    or sys.argv[3:] not in ([], ["cuda"])
+    or sys.argv[2] not in SETS
+    or sys.argv[3:] not in ([], ["cuda"], ["cuda", "compile"])
 ):
-    sys.exit("usage: library_sweep.py native|python tv|hf [cuda]")
+    sys.exit("usage: library_sweep.py native|python tv|tvx|timm|hf [cuda [compile]]")
 backend, which = sys.argv[1], sys.argv[2]
-CUDA = sys.argv[3:] == ["cuda"]
+CUDA = sys.argv[3:4] == ["cuda"]
+COMPILE = sys.argv[4:] == ["compile"]
 if CUDA and not torch.cuda.is_available():
     sys.exit("library_sweep.py: `cuda` needs a GPU")
 DEV = "cuda" if CUDA else "cpu"
+LIMIT = 300 if COMPILE else 60  # seconds a model may take, each run (compiling, the first)
 failed = []
 
 
@@ -61,7 +73,7 @@ def check(name, fn):
     """Runs `fn` plain (a failure skips the model), then under the check (a failure, a report or
     a timeout is the recorder's)."""
     try:
-        signal.alarm(60)
+        signal.alarm(LIMIT)
         fn()
     except Exception as e:  # noqa: BLE001 - the model itself fails here, unchecked
         print(f"{name:28s} skipped: {type(e).__name__}: {str(e)[:120]}", flush=True)
@@ -70,7 +82,7 @@ def check(name, fn):
         signal.alarm(0)
     t = time.time()
     try:
-        signal.alarm(60)
+        signal.alarm(LIMIT)
         run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=not CUDA)
         with run:
             fn()
@@ -81,7 +93,11 @@ def check(name, fn):
     finally:
         signal.alarm(0)
     r = run.report
-    print(f"{name:28s} ops {r.ops:7d} errors {r.errors} {time.time() - t:.1f}s", flush=True)
+    launches = ""
+    if COMPILE:
+        n = run.stats().get("recorder_triton_launches") if backend == "native" else None
+        launches = f" triton {n if isinstance(n, int) else '-'}"
+    print(f"{name:28s} ops {r.ops:7d} errors {r.errors}{launches} {time.time() - t:.1f}s", flush=True)
     if r.errors:
         failed.append(name)
         print(r.to_text()[:2000], flush=True)
@@ -118,6 +134,22 @@ def steps(model, one_step):
         loss.item()
 
 
+def compiled(m):
+    """`m` as it runs: `torch.compile`d (the default mode) under `compile`."""
+    return torch.compile(m) if COMPILE else m
+
+
+def trained(m, loss_of):
+    """`steps` of the model `m`, each `loss_of()`'s backward."""
+
+    def one_step():
+        loss = loss_of()
+        loss.backward()
+        return loss
+
+    steps(m, one_step)
+
+
 # Too large to build and run here in a few seconds.
 TV_LARGE = ("vit_h", "vit_l", "regnet_y_128", "regnet_y_32", "regnet_y_16", "regnet_x_32", "regnet_x_16",
             "efficientnet_b5", "efficientnet_b6", "efficientnet_b7", "efficientnet_v2_m", "efficientnet_v2_l",
@@ -138,7 +170,7 @@ def torchvision_model(name):
             side = 80
         elif name.startswith("swin_v2"):
             side = 96
-        m = torchvision.models.get_model(name, weights=None, num_classes=10, **kw).to(DEV)
+        m = compiled(torchvision.models.get_model(name, weights=None, num_classes=10, **kw).to(DEV))
 
         def one_step():
             out = m(feed(lambda: torch.randn(2, 3, side, side)))
@@ -151,6 +183,108 @@ def torchvision_model(name):
         steps(m, one_step)
 
     return fn
+
+
+TVX_DETECTION = ("fasterrcnn", "fcos", "keypointrcnn", "maskrcnn", "retinanet", "ssd")
+# Large variants of the same code, and the quantized models (CPU only).
+TVX_LARGE = ("deeplabv3_resnet101", "fcn_resnet101", "swin3d_s", "swin3d_b", "mvit_v1_b", "raft_large")
+
+
+def _targets(name, side):
+    """Two random boxes an image, with what the model's heads train on."""
+    boxes = torch.tensor([[10.0, 20.0, 60.0, 90.0], [30.0, 30.0, 100.0, 110.0]])
+    t = {"boxes": boxes, "labels": torch.tensor([1, 1 if name.startswith("keypointrcnn") else 2])}
+    if name.startswith("maskrcnn"):
+        masks = torch.zeros(2, side, side, dtype=torch.uint8)
+        masks[0, 20:90, 10:60] = 1
+        masks[1, 30:110, 30:100] = 1
+        t["masks"] = masks
+    if name.startswith("keypointrcnn"):
+        kp = torch.tensor([[[20.0, 30.0, 1.0]] * 5, [[40.0, 50.0, 1.0]] * 5])
+        t["keypoints"] = kp
+    return {k: v.to(DEV) for k, v in t.items()}
+
+
+def torchvision_task_model(name):
+    """`tvx`: a torchvision model of another task than classification, trained two steps on random
+    data and (detection) run in eval mode through its post-processing."""
+    import torchvision
+
+    def fn():
+        torch.manual_seed(0)
+        get = torchvision.models.get_model
+        if name.startswith(TVX_DETECTION):
+            side = 128
+            kw = {"weights": None, "weights_backbone": None}
+            if name.startswith("keypointrcnn"):
+                kw["num_keypoints"] = 5
+            else:
+                kw["num_classes"] = 3
+            if not name.startswith("ssd"):
+                kw.update(min_size=side, max_size=160)
+            m = get(name, **kw).to(DEV).train()
+            images = [feed(lambda: torch.rand(3, side, side)) for _ in range(2)]
+            targets = [_targets(name, side) for _ in images]
+            trained(m, lambda: sum(m(images, targets).values()))
+            with torch.no_grad():
+                out = m.eval()(images)
+            for o in out:
+                for v in o.values():
+                    v.sum().item()
+            return
+        if name.startswith(("deeplabv3", "fcn", "lraspp")):
+            m = compiled(get(name, weights=None, weights_backbone=None, num_classes=3).to(DEV))
+            trained(m, lambda: m(feed(lambda: torch.randn(2, 3, 64, 64)))["out"].float().logsumexp(1).mean())
+            return
+        if name.startswith("raft"):
+            m = compiled(get(name, weights=None).to(DEV))
+            a, b = feed(lambda: torch.rand(1, 3, 128, 128)), feed(lambda: torch.rand(1, 3, 128, 128))
+            trained(m, lambda: m(a, b, num_flow_updates=4)[-1].abs().mean())
+            return
+        # video classification
+        clip = (1, 3, 16, 224, 224) if name.startswith(("s3d", "mvit")) else (2, 3, 8, 64, 64)
+        m = compiled(get(name, weights=None, num_classes=10).to(DEV))
+        trained(m, lambda: m(feed(lambda: torch.randn(*clip))).float().logsumexp(-1).mean())
+
+    return fn
+
+
+TIMM_MODELS = """resnet18 resnet50d efficientnet_b0 mobilenetv3_small_100 mobilenetv4_conv_small convnext_atto
+convnextv2_atto regnety_002 rexnet_100 ghostnet_100 mixnet_s densenet121 dla34 cspresnet50 hrnet_w18_small
+res2net50_14w_8s resnest14d skresnet18 selecsls42b ese_vovnet19b_dw repvgg_a0 nf_resnet26 levit_128s
+vit_tiny_patch16_224 deit_tiny_patch16_224 swin_tiny_patch4_window7_224 cait_xxs24_224 coat_lite_tiny
+convit_tiny pit_ti_224 mobilevit_xxs mobilevitv2_050 efficientformer_l1 efficientformerv2_s0
+edgenext_xx_small poolformer_s12 mixer_s16_224 resmlp_12_224 gmlp_ti16_224 eva02_tiny_patch14_224
+xcit_nano_12_p16_224 maxvit_nano_rw_256 coatnet_nano_rw_224 fastvit_t8 repvit_m0_9 tiny_vit_5m_224 hgnetv2_b0
+inception_v3 lcnet_050 tinynet_a mnasnet_small fbnetc_100 gernet_s regnetx_002 visformer_tiny sequencer2d_s
+halonet26t botnet26t_256 lambda_resnet26t gcvit_xxtiny davit_tiny focalnet_tiny_srf nest_tiny pvt_v2_b0
+inception_next_tiny twins_svt_small crossvit_tiny_240 volo_d1_224 deit3_small_patch16_224 efficientvit_b0
+efficientvit_m0 fastvit_sa12 starnet_s1 mambaout_femto""".split()
+
+
+def timm_model(name):
+    """`timm`: one model of a timm family, random weights, trained two steps at its own input
+    size."""
+    import timm
+
+    def fn():
+        torch.manual_seed(0)
+        m = timm.create_model(name, pretrained=False, num_classes=10).to(DEV)
+        c, h, w = m.pretrained_cfg.get("input_size", (3, 224, 224))
+        m = compiled(m)
+        trained(m, lambda: m(feed(lambda: torch.randn(2, c, h, w))).float().logsumexp(-1).mean())
+
+    return fn
+
+
+# With `compile`: the models of each set compiled (a few: compiling takes tens of seconds each).
+COMPILED = {
+    "tv": ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "swin_t", "vit_b_16"],
+    "tvx": ["deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large", "r3d_18", "raft_small"],
+    "timm": ["vit_tiny_patch16_224", "convnext_atto", "efficientnet_b0", "mobilenetv4_conv_small",
+             "swin_tiny_patch4_window7_224", "levit_128s"],
+    "hf": [],
+}
 
 
 HF_TYPES = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3", "gemma",
@@ -223,12 +357,25 @@ def transformers_model(kind):
 if which == "tv":
     import torchvision
 
-    for n in torchvision.models.list_models(module=torchvision.models):
-        if not n.startswith(TV_LARGE):
-            check(n, torchvision_model(n))
+    names = [n for n in torchvision.models.list_models(module=torchvision.models) if not n.startswith(TV_LARGE)]
+    build = torchvision_model
+elif which == "tvx":
+    import torchvision
+
+    M = torchvision.models
+    names = [n for mod in (M.detection, M.segmentation, M.video, M.optical_flow)
+             for n in M.list_models(module=mod) if not n.startswith(TVX_LARGE)]
+    build = torchvision_task_model
+elif which == "timm":
+    names, build = TIMM_MODELS, timm_model
 else:
-    for kind in HF_TYPES:
-        check(kind, transformers_model(kind))
+    names, build = HF_TYPES, transformers_model
+if COMPILE:
+    if not COMPILED[which]:
+        sys.exit(f"library_sweep.py: no compiled models for `{which}`")
+    names = [n for n in COMPILED[which] if n in names]
+for n in names:
+    check(n, build(n))
 
 print(f"{len(failed)} model(s) with reports: {', '.join(failed) or 'none'}")
 sys.exit(1 if failed else 0)

@@ -1,8 +1,8 @@
 """Library models under the check on CPU tensors standing for device memory (`_fake_device`: one
-stream, no GPU needed): torchvision (detection with masks, a shifted-window transformer),
-timm, transformers' `generate` in its decoding modes and a fused-AdamW training step, and the
-odd corners of plain PyTorch (`copy.deepcopy`, `resize_`, in-place metadata ops, RNNs,
-checkpointing, `torch.save`).
+stream, no GPU needed): torchvision (detection with masks, a shifted-window transformer,
+optical flow, video), timm, transformers' `generate` in its decoding modes and a fused-AdamW
+training step, and the odd corners of plain PyTorch (`copy.deepcopy`, `resize_`, in-place
+metadata ops, RNNs, checkpointing, `torch.save`).
 
 On one stream nothing can race and nothing is freed too early, so every report here is the
 recorder misreading an op; and the check must come through what these libraries do to tensors
@@ -160,9 +160,22 @@ def _plain_pytorch(tmp_path):
     torch.load(path)
 
 
+def _raft_and_video():
+    import torch
+
+    tv = _need("torchvision")
+    torch.manual_seed(0)
+    flow = tv.models.optical_flow.raft_small(weights=None)
+    a, b = torch.rand(1, 3, 64, 64), torch.rand(1, 3, 64, 64)
+    flow(a, b, num_flow_updates=2)[-1].abs().mean().backward()
+    video = tv.models.video.r2plus1d_18(weights=None, num_classes=4)
+    video(torch.randn(1, 3, 4, 32, 32)).logsumexp(-1).mean().backward()
+
+
 PROGRAMS = {  # name: (program, the library it needs)
     "torchvision Mask R-CNN train and eval": (_maskrcnn, "torchvision"),
     "torchvision Swin-T AdamW and a deep-copied EMA": (_swin_with_ema, "torchvision"),
+    "torchvision RAFT optical flow and R(2+1)D video": (_raft_and_video, "torchvision"),
     "timm EfficientNet-B0 channels_last with ModelEma": (_timm_efficientnet_ema, "timm"),
     "transformers Llama generate (greedy, sampling, beams, static cache)": (_llama_generate, "transformers"),
     "transformers T5 generate": (_t5_generate, "transformers"),
