@@ -37,8 +37,9 @@
 #                                                       # ViT-Tiny inference's cost by mode
 #   bash tests/python/gpu_measure.sh sweep    WHEELDIR  # library_sweep.py on the GPU (`cuda`): torchvision's
 #                                                       # models (classification, then detection, segmentation,
-#                                                       # video, optical flow), timm's families and transformers'
-#                                                       # architectures trained two steps, fed by a side-stream
+#                                                       # video, optical flow), timm's families, transformers'
+#                                                       # architectures, torchaudio's models, PyG's GNNs and a
+#                                                       # Lightning loop trained two steps, fed by a side-stream
 #                                                       # prefetch, under the C++ recorder, then the Python one
 #                                                       # (SWEEP_BACKENDS, SWEEP_SETS choose); SWEEP_COMPILED="tv
 #                                                       # timm tvx": those sets' compiled models after them
@@ -225,7 +226,7 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
     # judged is the verdicts, not the time), all cut at the part's time left
     l=$(left 585)
     for b in ${SWEEP_BACKENDS:-native python}; do
-      for w in ${SWEEP_SETS:-tv tvx timm hf}; do
+      for w in ${SWEEP_SETS:-tv tvx timm hf misc}; do
         step "sweep-$b-$w" "$l" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1 &
       done
     done

@@ -4,11 +4,12 @@ recorders' `_fake_device`: one stream, no GPU needed): torchvision's classificat
 other tasks (`tvx`: detection, instance segmentation and keypoints trained on random boxes, then
 run in eval mode through their post-processing (NMS, RoIAlign: torchvision's own operators);
 semantic segmentation; video classification; RAFT optical flow), timm's families (`timm`: one
-model of each, at its own input size) and transformers' architectures (`hf`: each from a tiny
+model of each, at its own input size), transformers' architectures (`hf`: each from a tiny
 config, a training step, then greedy and sampled `generate` for causal models, `generate` for
-encoder-decoders).
+encoder-decoders) and others (`misc`: torchaudio's models, PyTorch Geometric's GNNs, a Lightning
+Trainer's loop).
 
-    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|tvx|timm|hf [cuda] [compile]
+    PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|tvx|timm|hf|misc [cuda] [compile]
 
 On one stream nothing races and nothing is freed too early, so every report, crash or exception
 under the check (a model that runs plain) is the recorder misreading an op.
@@ -40,14 +41,14 @@ import streamsan.torch
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
-SETS = ("tv", "tvx", "timm", "hf")
+SETS = ("tv", "tvx", "timm", "hf", "misc")
 if (
     len(sys.argv) not in (3, 4, 5)
     or sys.argv[1] not in ("native", "python")
     or sys.argv[2] not in SETS
     or sys.argv[3:] not in ([], ["cuda"], ["cuda", "compile"])
 ):
-    sys.exit("usage: library_sweep.py native|python tv|tvx|timm|hf [cuda [compile]]")
+    sys.exit("usage: library_sweep.py native|python tv|tvx|timm|hf|misc [cuda [compile]]")
 backend, which = sys.argv[1], sys.argv[2]
 CUDA = sys.argv[3:4] == ["cuda"]
 COMPILE = sys.argv[4:] == ["compile"]
@@ -71,7 +72,9 @@ signal.signal(signal.SIGALRM, _alarm)
 
 def check(name, fn):
     """Runs `fn` plain (a failure skips the model), then under the check (a failure, a report or
-    a timeout is the recorder's)."""
+    a timeout is the recorder's: the check may take `LIMIT` seconds more than ten times the plain
+    run)."""
+    t = time.time()
     try:
         signal.alarm(LIMIT)
         fn()
@@ -80,9 +83,10 @@ def check(name, fn):
         return
     finally:
         signal.alarm(0)
+    plain = time.time() - t
     t = time.time()
     try:
-        signal.alarm(LIMIT)
+        signal.alarm(LIMIT + int(10 * plain))
         run = streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=not CUDA)
         with run:
             fn()
@@ -97,7 +101,8 @@ def check(name, fn):
     if COMPILE:
         n = run.stats().get("recorder_triton_launches") if backend == "native" else None
         launches = f" triton {n if isinstance(n, int) else '-'}"
-    print(f"{name:28s} ops {r.ops:7d} errors {r.errors}{launches} {time.time() - t:.1f}s", flush=True)
+    print(f"{name:28s} ops {r.ops:7d} errors {r.errors}{launches} {time.time() - t:.1f}s (plain {plain:.1f}s)",
+          flush=True)
     if r.errors:
         failed.append(name)
         print(r.to_text()[:2000], flush=True)
@@ -277,6 +282,105 @@ def timm_model(name):
     return fn
 
 
+def _audio(name):
+    from torchaudio import models as A
+
+    if name == "conformer":
+        m = A.Conformer(input_dim=80, num_heads=4, ffn_dim=128, num_layers=2, depthwise_conv_kernel_size=31)
+        lengths = torch.tensor([100, 80], device=DEV)
+        return m.to(DEV), lambda x: m(x, lengths)[0], (2, 100, 80)
+    if name == "emformer":
+        m = A.Emformer(input_dim=80, num_heads=4, ffn_dim=128, num_layers=2, segment_length=4, right_context_length=1)
+        lengths = torch.tensor([41, 33], device=DEV)
+        return m.to(DEV), lambda x: m(x, lengths)[0], (2, 41, 80)
+    if name == "conv_tasnet_base":
+        m = A.conv_tasnet_base(num_sources=2)
+        return m.to(DEV), m, (2, 1, 4000)
+    if name == "hdemucs_low":
+        m = A.hdemucs_low(sources=["a", "b"])
+        return m.to(DEV), m, (1, 2, 8000)
+    if name == "deepspeech":
+        m = A.DeepSpeech(n_feature=40, n_hidden=64, n_class=10)
+        return m.to(DEV), m, (2, 1, 50, 40)
+    if name == "wav2letter":
+        m = A.Wav2Letter(num_classes=10, input_type="waveform", num_features=1)
+        return m.to(DEV), m, (2, 1, 4000)
+    if name == "wavernn":
+        m = A.WaveRNN(upsample_scales=[5, 5, 8], n_classes=64, hop_length=200, n_res_block=2, n_rnn=32, n_fc=32,
+                      kernel_size=5, n_freq=32, n_hidden=32, n_output=32)
+        mel = torch.randn(2, 1, 32, 6, device=DEV)
+        return m.to(DEV), lambda x: m(x, mel), (2, 1, 200 * (6 - 4))
+    m = getattr(A, name)(aux_num_out=10)  # wav2vec2_base, hubert_base, wavlm_base
+    return m.to(DEV), lambda x: m(x)[0], (2, 8000)
+
+
+def _graph(name):
+    from torch_geometric import nn as G
+
+    kw = dict(in_channels=16, hidden_channels=32, num_layers=2, out_channels=4)
+    if name == "GAT":
+        m = G.models.GAT(**kw, heads=2)
+    elif name == "GATv2":
+        m = G.models.GAT(**kw, heads=2, v2=True)
+    elif name == "PNA":
+        deg = torch.tensor([0, 10, 20, 30])
+        m = G.models.PNA(**kw, aggregators=["mean", "min", "max", "std"], scalers=["identity", "amplification"],
+                         deg=deg)
+    else:  # GCN, GraphSAGE, GIN, EdgeCNN
+        m = getattr(G.models, name)(**kw)
+    m = m.to(DEV)
+    edges = feed(lambda: torch.randint(0, 200, (2, 1000)))
+    batch = (torch.arange(200, device=DEV) // 50)
+
+    def run(x):
+        return G.global_mean_pool(m(x, edges), batch)
+
+    return m, run, (200, 16)
+
+
+def _lightning(precision):
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    data = torch.utils.data.TensorDataset(torch.randn(64, 32), torch.randint(0, 4, (64,)))
+    loader = torch.utils.data.DataLoader(data, batch_size=16, pin_memory=CUDA)
+    trainer = L.Trainer(accelerator="gpu" if CUDA else "cpu", devices=1, max_steps=3, precision=precision,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(Module(), loader)
+
+
+# `misc`: torchaudio's models, PyTorch Geometric's GNNs (scatter and segment reductions over a
+# random graph, pooled by a batch vector), a Lightning Trainer's loop (32-bit and bf16-mixed).
+MISC = ["wav2vec2_base", "hubert_base", "wavlm_base", "conformer", "emformer", "conv_tasnet_base", "hdemucs_low",
+        "deepspeech", "wav2letter", "wavernn", "GCN", "GraphSAGE", "GIN", "GAT", "GATv2", "EdgeCNN", "PNA",
+        "lightning 32-true", "lightning bf16-mixed"]
+
+
+def misc_model(name):
+    def fn():
+        torch.manual_seed(0)
+        if name.startswith("lightning"):
+            _lightning(name.split()[1])
+            return
+        m, run, shape = (_graph if name[0].isupper() else _audio)(name)
+        run_compiled = compiled(run)
+        trained(m, lambda: run_compiled(feed(lambda: torch.randn(*shape))).float().logsumexp(-1).mean())
+
+    return fn
+
+
 # With `compile`: the models of each set compiled (a few: compiling takes tens of seconds each).
 COMPILED = {
     "tv": ["resnet18", "mobilenet_v3_small", "efficientnet_b0", "convnext_tiny", "swin_t", "vit_b_16"],
@@ -284,6 +388,7 @@ COMPILED = {
     "timm": ["vit_tiny_patch16_224", "convnext_atto", "efficientnet_b0", "mobilenetv4_conv_small",
              "swin_tiny_patch4_window7_224", "levit_128s"],
     "hf": [],
+    "misc": [],
 }
 
 
@@ -368,6 +473,8 @@ elif which == "tvx":
     build = torchvision_task_model
 elif which == "timm":
     names, build = TIMM_MODELS, timm_model
+elif which == "misc":
+    names, build = MISC, misc_model
 else:
     names, build = HF_TYPES, transformers_model
 if COMPILE:
