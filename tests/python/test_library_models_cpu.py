@@ -166,7 +166,7 @@ def _raft_and_video():
     tv = _need("torchvision")
     torch.manual_seed(0)
     flow = tv.models.optical_flow.raft_small(weights=None)
-    a, b = torch.rand(1, 3, 64, 64), torch.rand(1, 3, 64, 64)
+    a, b = torch.rand(1, 3, 128, 128), torch.rand(1, 3, 128, 128)
     flow(a, b, num_flow_updates=2)[-1].abs().mean().backward()
     video = tv.models.video.r2plus1d_18(weights=None, num_classes=4)
     video(torch.randn(1, 3, 4, 32, 32)).logsumexp(-1).mean().backward()
