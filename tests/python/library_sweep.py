@@ -38,6 +38,7 @@ import warnings
 import torch
 
 import streamsan.torch
+from realcode_report import _triton_launches  # the launches the C++ recorder saw
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(1)
@@ -99,8 +100,8 @@ def check(name, fn):
     r = run.report
     launches = ""
     if COMPILE:
-        n = run.stats().get("recorder_triton_launches") if backend == "native" else None
-        launches = f" triton {n if isinstance(n, int) else '-'}"
+        n = _triton_launches(run) if backend == "native" else None
+        launches = f" triton {'-' if n is None else n}"
     print(f"{name:28s} ops {r.ops:7d} errors {r.errors}{launches} {time.time() - t:.1f}s (plain {plain:.1f}s)",
           flush=True)
     if r.errors:
@@ -125,6 +126,11 @@ def feed(make):
     return batch
 
 
+def compiled(m):
+    """`m` as it runs: `torch.compile`d (the default mode) under `compile`."""
+    return torch.compile(m) if COMPILE else m
+
+
 def steps(model, one_step):
     """`one_step()` once (CPU), or (`cuda`) twice with an SGD step after each and the loss read
     with `.item()`, as a training loop does."""
@@ -137,11 +143,6 @@ def steps(model, one_step):
         loss = one_step()
         opt.step()
         loss.item()
-
-
-def compiled(m):
-    """`m` as it runs: `torch.compile`d (the default mode) under `compile`."""
-    return torch.compile(m) if COMPILE else m
 
 
 def trained(m, loss_of):
@@ -182,7 +183,7 @@ def torchvision_model(name):
             if not torch.is_tensor(out):
                 out = out[0]
             loss = out.float().logsumexp(-1).mean()
-            loss.backward()
+            loss.backward()  # `out` alive until after the backward
             return loss
 
         steps(m, one_step)
@@ -363,9 +364,10 @@ def _lightning(precision):
 
 # `misc`: torchaudio's models, PyTorch Geometric's GNNs (scatter and segment reductions over a
 # random graph, pooled by a batch vector), a Lightning Trainer's loop (32-bit and bf16-mixed).
-MISC = ["wav2vec2_base", "hubert_base", "wavlm_base", "conformer", "emformer", "conv_tasnet_base", "hdemucs_low",
-        "deepspeech", "wav2letter", "wavernn", "GCN", "GraphSAGE", "GIN", "GAT", "GATv2", "EdgeCNN", "PNA",
-        "lightning 32-true", "lightning bf16-mixed"]
+AUDIO = ["wav2vec2_base", "hubert_base", "wavlm_base", "conformer", "emformer", "conv_tasnet_base", "hdemucs_low",
+         "deepspeech", "wav2letter", "wavernn"]
+GNNS = ["GCN", "GraphSAGE", "GIN", "GAT", "GATv2", "EdgeCNN", "PNA"]
+MISC = AUDIO + GNNS + ["lightning 32-true", "lightning bf16-mixed"]
 
 
 def misc_model(name):
@@ -374,7 +376,7 @@ def misc_model(name):
         if name.startswith("lightning"):
             _lightning(name.split()[1])
             return
-        m, run, shape = (_graph if name[0].isupper() else _audio)(name)
+        m, run, shape = (_graph if name in GNNS else _audio)(name)
         run_compiled = compiled(run)
         trained(m, lambda: run_compiled(feed(lambda: torch.randn(*shape))).float().logsumexp(-1).mean())
 
@@ -432,12 +434,7 @@ def transformers_model(kind):
         ids = feed(lambda: torch.randint(3, 128, (2, 10)))
 
         def train(m):
-            def one_step():
-                loss = m(input_ids=ids, labels=ids).loss
-                loss.backward()
-                return loss
-
-            steps(m, one_step)
+            trained(m, lambda: m(input_ids=ids, labels=ids).loss)
 
         if cfg.is_encoder_decoder:
             m = tf.AutoModelForSeq2SeqLM.from_config(cfg).to(DEV).train()
