@@ -223,20 +223,26 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
     site
     step build 200 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
     # every sweep at once, each a process of its own on the one GPU (the models are small; what is
-    # judged is the verdicts, not the time), all cut at the part's time left
+    # judged is the verdicts, not the time), all cut at the part's time left (none started with
+    # under 30 s left)
     l=$(left 585)
-    for b in ${SWEEP_BACKENDS:-native python}; do
-      for w in ${SWEEP_SETS:-tv tvx timm hf misc}; do
-        step "sweep-$b-$w" "$l" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1 &
+    if [ "$l" -gt 30 ]; then
+      for b in ${SWEEP_BACKENDS:-native python}; do
+        for w in ${SWEEP_SETS:-tv tvx timm hf misc}; do
+          step "sweep-$b-$w" "$l" python3 "$here/library_sweep.py" "$b" "$w" cuda > "$O/sweep-$b-$w.txt" 2>&1 &
+        done
       done
-    done
-    # compiled code no one here wrote: models of each set `torch.compile`d, under the C++ recorder
-    for w in ${SWEEP_COMPILED:-}; do
-      step "sweep-compiled-$w" "$l" python3 "$here/library_sweep.py" native "$w" cuda compile \
-        > "$O/sweep-compiled-$w.txt" 2>&1 &
-    done
-    wait
+      # compiled code no one here wrote: models of each set `torch.compile`d, under the C++ recorder
+      for w in ${SWEEP_COMPILED:-}; do
+        step "sweep-compiled-$w" "$l" python3 "$here/library_sweep.py" native "$w" cuda compile \
+          > "$O/sweep-compiled-$w.txt" 2>&1 &
+      done
+      wait
+    else
+      echo "sweep: $l s left, no sweep started" | tee -a "$O/steps.txt"
+    fi
     for f in "$O"/sweep-*.txt; do
+      [ -e "$f" ] || continue
       echo "== $(basename "$f" .txt): $(grep -c ' ops ' "$f") checked, $(grep -c skipped "$f") skipped"
       grep -E "FAILED|errors [1-9]|model\(s\) with reports" "$f" | head -20
     done
