@@ -1528,3 +1528,54 @@ def test_what_a_check_ending_during_a_capture_held_is_let_go_of_when_the_next_ch
     let_go = use(seen["storage"]._cdata)
     assert after_first == let_go + 1, (after_first, let_go)  # held across the check's end
     assert seen["opened"] == let_go  # and let go of as the next check opened
+
+
+def test_the_python_recorders_buffers_found_by_address_as_a_scan_of_them_all_finds_them():
+    """The Python recorder finds the live buffers an allocation meets, and the buffer an address
+    falls inside, by bisection over their ordered bases (a scan of every live buffer made a long
+    check quadratic: 2.8 ms an op at 117,000 ops of torchaudio's WaveRNN). Random allocations,
+    frees and look-ups, overlapping, empty and nested, give the same trace and the same buffers
+    as the scan."""
+    torch_or_skip()
+    import random
+
+    from streamsan.torch import _recorder as R
+
+    class Scan(R.PythonBackend):
+        def overlapping(self, addr, size, pinned):
+            bufs = self.pinned_bufs if pinned else self.device_bufs
+            return [b for b, e in bufs.items() if b < addr + size and addr < b + max(e[1], 1)]
+
+    def inside(b, base):
+        a = R._Access()
+        a.base, a.offset, a.bytes, a.write, a.device = base, 0, 1, False, True
+        a.dev_index, a.storage_bytes, a.storage = 0, 1, None
+        return (b.resolve(a), a.name, a.offset)
+
+    rng = random.Random(7)
+    for _ in range(20):
+        fast, scan = R.PythonBackend(None), Scan(None)
+        looked = ([], [])
+        for _ in range(400):
+            roll = rng.random()
+            addr = rng.randrange(0, 2048, rng.choice([1, 8, 512]))
+            if roll < 0.55:
+                size = rng.choice([0, 1, 7, 64, 512, 1500])
+                pinned = rng.random() < 0.3
+                for b in (fast, scan):
+                    b.new_alloc(addr, size, pinned, '"s"', "null")
+            elif roll < 0.75 and scan.device_bufs:
+                base = rng.choice(list(scan.device_bufs))
+                for b in (fast, scan):
+                    b.free_buf(base, False, "null")
+            else:
+                for b, out in zip((fast, scan), looked):
+                    out.append(inside(b, addr))
+            assert fast.batch == scan.batch
+            assert fast.device_bufs == scan.device_bufs and fast.pinned_bufs == scan.pinned_bufs
+            for pinned, bufs in ((False, fast.device_bufs), (True, fast.pinned_bufs)):
+                assert fast.sorted_bases[pinned] == sorted(bufs)
+        assert looked[0] == looked[1]
+        hits = [(name, off) for ok, name, off in looked[0] if ok]
+        assert any(name.startswith('"ext') for name, _ in hits)  # misses among them
+        assert any(off > 0 and not name.startswith('"ext') for name, off in hits)  # and insides

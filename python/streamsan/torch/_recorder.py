@@ -17,6 +17,7 @@ file, or both.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import json
@@ -407,6 +408,9 @@ class PythonBackend:
         # allocation (see `same_storage`).
         self.device_bufs: dict[int, tuple[str, int, Any]] = {}
         self.pinned_bufs: dict[int, tuple[str, int, Any]] = {}
+        # Their bases in order, by pinned (see `overlapping`): the live buffers of a kind are
+        # disjoint, so the ones an address range meets are found without a scan of them all.
+        self.sorted_bases: dict[bool, list[int]] = {False: [], True: []}
         self.pending_allocs: dict[int, tuple[int, int, Optional[str]]] = {}  # ptr -> (stream, dev, site)
         self.streams: dict[int, str] = {}
         self.next_buf = 0
@@ -541,6 +545,8 @@ class PythonBackend:
     def free_buf(self, base: int, pinned: bool, site: str) -> None:
         """Writes the free of a live buffer and forgets it; its name waits to be given again."""
         name = (self.pinned_bufs if pinned else self.device_bufs).pop(base)[0]
+        bases = self.sorted_bases[pinned]
+        del bases[bisect.bisect_left(bases, base)]
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
         if not pinned and base in self.fake_written:
@@ -568,11 +574,31 @@ class PythonBackend:
         owner = entry[2]
         return owner is None or storage is None or owner() is storage
 
+    def overlapping(self, addr: int, size: int, pinned: bool) -> list[int]:
+        """The bases of the live buffers of a kind whose bytes (at least one, for an empty
+        buffer) meet [addr, addr + size), in the order they were allocated. Live buffers of a kind
+        never meet (`new_alloc` frees those a new one meets), so walking down from the last base
+        below the range's end, the first buffer that ends at or before `addr` is the last one to
+        look at: O(log n) a call where a scan of every live buffer made a long check quadratic."""
+        bufs = self.pinned_bufs if pinned else self.device_bufs
+        bases = self.sorted_bases[pinned]
+        found = []
+        j = bisect.bisect_left(bases, addr + size) - 1
+        while j >= 0:
+            base = bases[j]
+            if base + max(bufs[base][1], 1) <= addr:
+                break
+            found.append(base)
+            j -= 1
+        if len(found) > 1:
+            meets = set(found)
+            found = [b for b in bufs if b in meets]  # the order of allocation (rare: a scan)
+        return found
+
     def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str, storage=None) -> str:
         bufs = self.pinned_bufs if pinned else self.device_bufs
-        for base, entry in list(bufs.items()):
-            if base < addr + size and addr < base + max(entry[1], 1):
-                self.free_buf(base, pinned, site)
+        for base in self.overlapping(addr, size, pinned):
+            self.free_buf(base, pinned, site)
         name = self.new_name(pinned)
         mem = ',"memory":"pinned"' if pinned else ',"stream":' + stream
         written = addr
@@ -600,6 +626,8 @@ class PythonBackend:
                 owner = weakref.ref(storage)
             except TypeError:
                 owner = None
+        if addr not in bufs:  # (an empty buffer's base may be a live one's: the entry is replaced)
+            bisect.insort(self.sorted_bases[pinned], addr)
         bufs[addr] = (name, size, owner)
         return name
 
@@ -617,11 +645,12 @@ class PythonBackend:
             self.new_alloc(a.base, a.storage_bytes, True, "null", site, a.storage)
             hit = bufs.get(a.base)
         if hit is None:
-            for base, entry in bufs.items():
-                if base <= a.base < base + entry[1]:
-                    a.offset += a.base - base
-                    hit = entry
-                    break
+            # Inside a live buffer: the one with the last base at or below it (they never meet).
+            bases = self.sorted_bases[not a.device]
+            j = bisect.bisect_right(bases, a.base) - 1
+            if j >= 0 and a.base < bases[j] + bufs[bases[j]][1]:
+                a.offset += a.base - bases[j]
+                hit = bufs[bases[j]]
         if hit is None:
             if not a.device:
                 return False
