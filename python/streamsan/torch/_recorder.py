@@ -546,7 +546,9 @@ class PythonBackend:
         """Writes the free of a live buffer and forgets it; its name waits to be given again."""
         name = (self.pinned_bufs if pinned else self.device_bufs).pop(base)[0]
         bases = self.sorted_bases[pinned]
-        del bases[bisect.bisect_left(bases, base)]
+        i = bisect.bisect_left(bases, base)
+        if i < len(bases) and bases[i] == base:
+            del bases[i]
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
         if not pinned and base in self.fake_written:
