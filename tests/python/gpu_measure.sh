@@ -42,7 +42,7 @@
 #                                                       # Lightning loop trained two steps, fed by a side-stream
 #                                                       # prefetch, under the C++ recorder, then the Python one
 #                                                       # (SWEEP_BACKENDS, SWEEP_SETS choose); SWEEP_COMPILED="tv
-#                                                       # timm tvx": those sets' compiled models after them
+#                                                       # timm tvx hf": those sets' compiled models after them
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change

@@ -6,7 +6,7 @@ run in eval mode through their post-processing (NMS, RoIAlign: torchvision's own
 semantic segmentation; video classification; RAFT optical flow), timm's families (`timm`: one
 model of each, at its own input size), transformers' architectures (`hf`: each from a tiny
 config, a training step, then greedy and sampled `generate` for causal models, `generate` for
-encoder-decoders) and others (`misc`: torchaudio's models, PyTorch Geometric's GNNs, a Lightning
+encoder-decoders; fifteen causal models again, generating with a static KV cache) and others (`misc`: torchaudio's models, PyTorch Geometric's GNNs, a Lightning
 Trainer's loop).
 
     PYTHONPATH=SITE python tests/python/library_sweep.py native|python tv|tvx|timm|hf|misc [cuda] [compile]
@@ -27,7 +27,9 @@ versions, or `pip install --target SITE torchvision timm transformers` beside a 
 With `compile` (and `cuda`) four to six models of the set run `torch.compile`d (the default mode:
 Inductor's Triton kernels, each launch recorded with its arguments' roles), compiled by the
 plain run and run again compiled under the check, each given 300 s: compiled code no one here
-wrote. The Triton launches the C++ recorder saw are printed beside each model.
+wrote. For `hf` they are six causal models generating with a static KV cache, compiled by
+transformers itself (`mode="reduce-overhead"`: CUDA graph trees captured and replayed under the
+check). The Triton launches the C++ recorder saw are printed beside each model.
 """
 
 import signal
@@ -389,7 +391,9 @@ COMPILED = {
     "tvx": ["deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large", "r3d_18", "raft_small"],
     "timm": ["vit_tiny_patch16_224", "convnext_atto", "efficientnet_b0", "mobilenetv4_conv_small",
              "swin_tiny_patch4_window7_224", "levit_128s"],
-    "hf": [],
+    # generate with a static KV cache: transformers compiles the forward itself on a GPU
+    # (`mode="reduce-overhead"`: CUDA graph trees), the path its docs give for fast decoding
+    "hf": ["llama+static", "mistral+static", "qwen2+static", "qwen3+static", "gemma2+static", "phi3+static"],
     "misc": [],
 }
 
@@ -428,6 +432,9 @@ def _hf_config(tf, kind):
 def transformers_model(kind):
     import transformers as tf
 
+    if kind.endswith("+static"):
+        return _static_generate(tf, kind[: -len("+static")])
+
     def fn():
         torch.manual_seed(0)
         cfg = _hf_config(tf, kind)
@@ -456,6 +463,30 @@ def transformers_model(kind):
     return fn
 
 
+def _static_generate(tf, kind):
+    """Greedy `generate` with a static KV cache (`cache_implementation="static"`: the cache's
+    tensors allocated once, written in place at each token's position). Eager, except under
+    `compile`, where transformers compiles the forward itself (its auto-compile for a static
+    cache on a GPU: `torch.compile(mode="reduce-overhead")`, CUDA graph trees). The model is made
+    anew in each run, so the check's run compiles and captures its graphs under the check."""
+
+    def fn():
+        torch.manual_seed(0)
+        cfg = _hf_config(tf, kind)
+        ids = feed(lambda: torch.randint(3, 128, (2, 10)))
+        m = tf.AutoModelForCausalLM.from_config(cfg).to(DEV).eval()
+        with torch.no_grad():
+            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+                       cache_implementation="static", disable_compile=not COMPILE)
+
+    return fn
+
+
+# The causal language models again, generating with a static KV cache.
+HF_STATIC = [f"{k}+static" for k in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "phi3", "gemma",
+                                      "gemma2", "gpt_neox", "gpt2", "olmo", "granite", "cohere", "starcoder2")]
+
+
 if which == "tv":
     import torchvision
 
@@ -473,7 +504,7 @@ elif which == "timm":
 elif which == "misc":
     names, build = MISC, misc_model
 else:
-    names, build = HF_TYPES, transformers_model
+    names, build = HF_TYPES + HF_STATIC, transformers_model
 if COMPILE:
     if not COMPILED[which]:
         sys.exit(f"library_sweep.py: no compiled models for `{which}`")
