@@ -640,6 +640,64 @@ def test_python_m_streamsan_torch(backend, tmp_path):
     assert "data-race" in out.stderr and "racy.py:10" in out.stderr
 
 
+SYNCED_SCRIPT = """
+import torch, streamsan.torch._recorder as R
+def main():
+    b = R._active.backend
+    setf = (lambda raw: b.ext.set_fake_stream(raw)) if b.name == "native" else (lambda raw: setattr(b, "fake_stream", raw))
+    setf(0)
+    x = torch.ones(64)
+    b.host_op('{"op":"event_record","event":"e1","stream":%s' % b.stream_id(0, 0))
+    b.name_stream(1, "side")
+    b.host_op('{"op":"event_wait","event":"e1","stream":%s' % b.stream_id(1, 0))  # needed
+    b.host_op('{"op":"event_record","event":"e2","stream":%s' % b.stream_id(0, 0))
+    setf(1)
+    x.add_(1)
+    b.host_op('{"op":"event_wait","event":"e2","stream":%s' % b.stream_id(1, 0))  # not needed
+main()
+"""
+
+
+def test_python_m_streamsan_torch_syncs(backend, tmp_path):
+    """`--syncs`: the synchronization analysis, each wait said needed or not at its line."""
+    torch_or_skip()
+    script = tmp_path / "synced.py"
+    script.write_text(SYNCED_SCRIPT)
+    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "streamsan.torch", *args, str(script)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path)
+
+    out = run("--syncs")
+    assert out.returncode == 0, out.stderr
+    assert "an event wait at synced.py:10 made a stream wait 1 time; it was needed" in out.stderr, out.stderr
+    assert "an event wait at synced.py:14 made a stream wait 1 time; it was not needed" in out.stderr, out.stderr
+    assert "no hazards" in out.stderr
+    plain = run()
+    assert plain.returncode == 0 and "synchronizations" not in plain.stderr, plain.stderr
+
+
+FAILING_SCRIPT = SCRIPT.replace("main()\n", "main()\nraise RuntimeError('the script fails after its race')\n")
+
+
+def test_python_m_streamsan_torch_reports_before_a_failing_scripts_traceback(backend, tmp_path):
+    """A script that raises still gets its report (what it ran before), then its traceback and
+    Python's exit status for an uncaught exception."""
+    torch_or_skip()
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_SCRIPT)
+    assert FAILING_SCRIPT != SCRIPT
+    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
+    out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    err = out.stderr
+    assert "data-race" in err and "failing.py:10" in err, err
+    assert "RuntimeError: the script fails after its race" in err, err
+    assert err.index("data-race") < err.index("Traceback"), err
+
+
 PLUGIN_TEST = """
 import pytest, torch, streamsan.torch._recorder as R
 

@@ -1,7 +1,9 @@
-"""python -m streamsan.torch [options] script.py [args…]: runs a script under streamsan.torch.check.
+"""python -m streamsan.torch [options] script.py [args…]: runs a script under streamsan.torch.check
+(`--syncs`: with the synchronization analysis, as `check(syncs=True)`).
 
 Prints the report to standard error and exits 1 when the script had hazards (2 on bad usage), or
-with the script's own status when it failed; like `python -m cProfile`.
+with the script's own status when it exited with one; like `python -m cProfile`. A script that
+raises still gets its report (the ops it ran before), then its traceback.
 
 Under torchrun (`torchrun --nproc-per-node=N -m streamsan.torch script.py`) every rank checks
 itself: `--trace` and `-o` paths get the rank (`{rank}` in the path, or `.rankN` before the
@@ -67,26 +69,52 @@ def _write_at_once(text: str) -> None:
         data = data[os.write(fd, data):]
 
 
+EPILOG = """examples:
+  python -m streamsan.torch train.py --epochs 1          # the report on standard error
+  python -m streamsan.torch --syncs train.py             # and which synchronizations were needed
+  python -m streamsan.torch --format html -o report.html train.py
+  python -m streamsan.torch --trace run.jsonl -m mypkg.train   # keep the trace: `streamsan check run.jsonl`
+  torchrun --nproc-per-node=2 -m streamsan.torch train.py      # one check and one report per rank
+
+exit status: 0 when the script ran clean, 1 when it had hazards, 2 on bad usage; the script's own
+status when it exited with one (sys.exit(n), an uncaught exception).
+
+Everything the process's threads do on the GPU inside the script is checked: kernels and copies
+on their streams, allocations and frees of the caching allocator, events, waits and host
+synchronizations, CUDA graph captures and replays, Triton kernels (torch.compile's and your
+own). docs/pytorch.md has the details."""
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m streamsan.torch",
-        description="Run a PyTorch script and check its streams, events and allocations as it runs.",
+        description="Run a PyTorch script (or, with -m, a module) under streamsan.torch.check: its streams,\n"
+        "events and allocations are checked as it runs, and the report is written when it ends (when it\n"
+        "fails too: the report first, then its traceback).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--trace", help="also write the trace (format v1) to this file (per rank under torchrun)")
-    p.add_argument("--backend", default="auto", choices=["auto", "native", "python"])
+    p.add_argument("--backend", default="auto", choices=["auto", "native", "python"],
+                   help="the recorder: the C++ one (native: built on first use, needs a C++ compiler), the "
+                   "Python one (a TorchDispatchMode, slower), or auto (native where it builds; default)")
+    p.add_argument("--syncs", action="store_true",
+                   help="also say which synchronizations were needed (an event wait, stream wait or host "
+                   "sync that orders no conflicting accesses is not), by source line, on standard error")
     p.add_argument("--format", default="text", choices=["text", "json", "sarif", "html"],
                    help="report format (default text)")
     p.add_argument("-o", "--output", help="write the report here instead of standard error (per rank under torchrun)")
     p.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m")
-    p.add_argument("script")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.add_argument("script", help="the script to run (with -m: the module)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     a = p.parse_args(argv)
 
     from . import _rank, check
 
     sys.argv = [a.script, *a.args]
-    run = check(raise_on_hazard=False, trace=a.trace, backend=a.backend)
+    run = check(raise_on_hazard=False, trace=a.trace, backend=a.backend, syncs=a.syncs)
     status = 0
+    failure: BaseException | None = None
     with run:
         try:
             if a.module:
@@ -96,8 +124,12 @@ def main(argv=None) -> int:
                 runpy.run_path(a.script, run_name="__main__")
         except SystemExit as e:
             status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException as e:  # noqa: BLE001 - the script failed (or was interrupted): what
+            failure = e  # it ran is still reported, then its exception goes on (its traceback)
     report = run.report
     if report is None:  # a process forked inside the check: the report is the parent's
+        if failure is not None:
+            raise failure
         return status
     text = {
         "text": lambda: report.to_text(color=a.output is None and sys.stderr.isatty()),
@@ -113,6 +145,8 @@ def main(argv=None) -> int:
             text = f"{run.header}\n{text}"
         _write_at_once(text)
     _wait_for_local_ranks()
+    if failure is not None:
+        raise failure
     if status:
         return status
     return 1 if report.errors else 0
