@@ -467,10 +467,14 @@ def _static_generate(tf, kind):
     """Greedy `generate` with a static KV cache (`cache_implementation="static"`: the cache's
     tensors allocated once, written in place at each token's position). Eager, except under
     `compile`, where transformers compiles the forward itself (its auto-compile for a static
-    cache on a GPU: `torch.compile(mode="reduce-overhead")`, CUDA graph trees). The model is made
-    anew in each run, so the check's run compiles and captures its graphs under the check."""
+    cache on a GPU: `torch.compile(mode="reduce-overhead")`, CUDA graph trees). Under `compile`
+    each run starts from `torch.compiler.reset()` with a model made anew, so the check's run
+    compiles and captures its CUDA graphs under the check (graphs captured before a check are
+    replayed unseen); the Triton launches printed say that it compiled."""
 
     def fn():
+        if COMPILE:
+            torch.compiler.reset()
         torch.manual_seed(0)
         cfg = _hf_config(tf, kind)
         ids = feed(lambda: torch.randint(3, 128, (2, 10)))

@@ -8,6 +8,7 @@ views, reads and writes from the schemas, nested ops written once, sites.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -673,9 +674,29 @@ def test_python_m_streamsan_torch_syncs(backend, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "an event wait at synced.py:10 made a stream wait 1 time; it was needed" in out.stderr, out.stderr
     assert "an event wait at synced.py:14 made a stream wait 1 time; it was not needed" in out.stderr, out.stderr
+    assert out.stderr.count("it was needed") == 1, out.stderr  # said once, with the report
     assert "no hazards" in out.stderr
     plain = run()
-    assert plain.returncode == 0 and "synchronizations" not in plain.stderr, plain.stderr
+    assert plain.returncode == 0 and "synchroniz" not in plain.stderr, plain.stderr
+    # A JSON report on standard error is the whole of it: the analysis is in it.
+    js = run("--syncs", "--format", "json")
+    assert js.returncode == 0, js.stderr
+    syncs = json.loads(js.stderr)["syncs"]
+    assert syncs, js.stderr
+
+
+def test_python_m_streamsan_torch_exit_statuses(tmp_path):
+    """The script's own `sys.exit` status; a message given to `sys.exit` printed, status 1."""
+    torch_or_skip()
+    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1")
+    for code, status, said in (("3", 3, None), ("None", 0, None), ("'no data found'", 1, "no data found")):
+        script = tmp_path / "exits.py"
+        script.write_text(f"import sys\nsys.exit({code})\n")
+        out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
+                             env=env, cwd=tmp_path)
+        assert out.returncode == status, (code, out.stderr)
+        assert said is None or said in out.stderr, (code, out.stderr)
+        assert "no hazards" in out.stderr, out.stderr
 
 
 FAILING_SCRIPT = SCRIPT.replace("main()\n", "main()\nraise RuntimeError('the script fails after its race')\n")
@@ -696,6 +717,14 @@ def test_python_m_streamsan_torch_reports_before_a_failing_scripts_traceback(bac
     assert "data-race" in err and "failing.py:10" in err, err
     assert "RuntimeError: the script fails after its race" in err, err
     assert err.index("data-race") < err.index("Traceback"), err
+    # Under torchrun a rank whose script failed leaves at once (the launcher then stops the
+    # others), without waiting for the other ranks of its node as a rank that ran to its end does.
+    ranks = dict(env, TORCHELASTIC_RUN_ID=f"failing-{os.getpid()}", RANK="0", WORLD_SIZE="2", LOCAL_RANK="0",
+                 LOCAL_WORLD_SIZE="2")
+    out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
+                         env=ranks, cwd=tmp_path, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert "rank 0" in out.stderr and "RuntimeError: the script fails after its race" in out.stderr, out.stderr
 
 
 PLUGIN_TEST = """
@@ -1599,14 +1628,18 @@ def test_the_python_recorders_buffers_found_by_address_as_a_scan_of_them_all_fin
 
     from streamsan.torch import _recorder as R
 
-    class Scan(R.PythonBackend):
+    class Scan(R.PythonBackend):  # what the Python recorder did before: a scan of them all
         def overlapping(self, addr, size, pinned):
             bufs = self.pinned_bufs if pinned else self.device_bufs
             return [b for b, e in bufs.items() if b < addr + size and addr < b + max(e[1], 1)]
 
-    def inside(b, base):
+        def containing(self, addr, pinned):
+            bufs = self.pinned_bufs if pinned else self.device_bufs
+            return next((b for b, e in bufs.items() if b <= addr < b + e[1]), None)
+
+    def inside(b, base, device):
         a = R._Access()
-        a.base, a.offset, a.bytes, a.write, a.device = base, 0, 1, False, True
+        a.base, a.offset, a.bytes, a.write, a.device = base, 0, 1, False, device
         a.dev_index, a.storage_bytes, a.storage = 0, 1, None
         return (b.resolve(a), a.name, a.offset)
 
@@ -1622,18 +1655,24 @@ def test_the_python_recorders_buffers_found_by_address_as_a_scan_of_them_all_fin
                 pinned = rng.random() < 0.3
                 for b in (fast, scan):
                     b.new_alloc(addr, size, pinned, '"s"', "null")
-            elif roll < 0.75 and scan.device_bufs:
-                base = rng.choice(list(scan.device_bufs))
-                for b in (fast, scan):
-                    b.free_buf(base, False, "null")
+            elif roll < 0.75:
+                pinned = rng.random() < 0.3
+                bufs = scan.pinned_bufs if pinned else scan.device_bufs
+                if bufs:
+                    base = rng.choice(list(bufs))
+                    for b in (fast, scan):
+                        b.free_buf(base, pinned, "null")
             else:
+                device = rng.random() < 0.7
                 for b, out in zip((fast, scan), looked):
-                    out.append(inside(b, addr))
+                    out.append((device, *inside(b, addr, device)))
             assert fast.batch == scan.batch
             assert fast.device_bufs == scan.device_bufs and fast.pinned_bufs == scan.pinned_bufs
             for pinned, bufs in ((False, fast.device_bufs), (True, fast.pinned_bufs)):
                 assert fast.sorted_bases[pinned] == sorted(bufs)
         assert looked[0] == looked[1]
-        hits = [(name, off) for ok, name, off in looked[0] if ok]
-        assert any(name.startswith('"ext') for name, _ in hits)  # misses among them
-        assert any(off > 0 and not name.startswith('"ext') for name, off in hits)  # and insides
+        hits = [(device, name, off) for device, ok, name, off in looked[0] if ok]
+        assert any(name.startswith('"ext') for _, name, _ in hits)  # device misses among them
+        assert any(device and off > 0 and not name.startswith('"ext') for device, name, off in hits)  # insides
+        assert any(not device and off > 0 for device, name, off in hits)  # pinned insides
+        assert any(not device and not ok for device, ok, _, _ in looked[0])  # pinned misses

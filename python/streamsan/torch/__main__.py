@@ -11,7 +11,8 @@ extension), and a report written to standard error starts with a line naming its
 written at once, not interleaved with the other ranks' lines. A rank that is done waits for the
 other ranks of its node before it exits: torchrun stops every worker of a node as soon as one
 exits with a failure (and 1, "hazards found", is one), which would cut a slower rank's check and
-report short.
+report short. A rank whose script raised does not wait: it writes its report and leaves with its
+traceback at once, as it would unchecked.
 """
 
 from __future__ import annotations
@@ -109,34 +110,68 @@ def main(argv=None) -> int:
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     a = p.parse_args(argv)
 
-    from . import _rank, check
+    from . import check
 
     sys.argv = [a.script, *a.args]
-    run = check(raise_on_hazard=False, trace=a.trace, backend=a.backend, syncs=a.syncs)
+    # The synchronizations' sentences go with the text report, in the same write (print_syncs
+    # off: nothing else on standard error before a JSON report); the other formats hold them.
+    run = check(raise_on_hazard=False, trace=a.trace, backend=a.backend, syncs=a.syncs, print_syncs=False)
     status = 0
     failure: BaseException | None = None
-    with run:
-        try:
-            if a.module:
-                runpy.run_module(a.script, run_name="__main__", alter_sys=True)
-            else:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
-                runpy.run_path(a.script, run_name="__main__")
-        except SystemExit as e:
-            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except BaseException as e:  # noqa: BLE001 - the script failed (or was interrupted): what
-            failure = e  # it ran is still reported, then its exception goes on (its traceback)
-    report = run.report
-    if report is None:  # a process forked inside the check: the report is the parent's
-        if failure is not None:
-            raise failure
+    try:
+        with run:
+            try:
+                if a.module:
+                    runpy.run_module(a.script, run_name="__main__", alter_sys=True)
+                else:
+                    sys.path.insert(0, os.path.dirname(os.path.abspath(a.script)))
+                    runpy.run_path(a.script, run_name="__main__")
+            except SystemExit as e:
+                status = _exit_status(e)
+            except BaseException as e:  # noqa: BLE001 - the script failed (or was interrupted): what
+                failure = e  # it ran is still reported, then its exception goes on (its traceback)
+        if run.report is None:  # a process forked inside the check: the report is the parent's
+            if failure is not None:
+                raise failure
+            return status
+        _write_report(a, run)
+    except BaseException as e:
+        # The check or its report failed too: the script's exception is shown with it.
+        if failure is not None and e is not failure and e.__context__ is None:
+            e.__context__ = failure
+        raise
+    if failure is not None:
+        # A rank that failed leaves at once (torchrun stops the others), with its traceback.
+        raise failure
+    _wait_for_local_ranks()
+    if status:
         return status
+    return 1 if run.report.errors else 0
+
+
+def _exit_status(e: SystemExit) -> int:
+    """The status of the script's `sys.exit(code)`; a code that is not a number is printed to
+    standard error and exits 1, as Python does."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
+def _write_report(a: argparse.Namespace, run) -> None:
+    """The report in the format asked for, to the file asked for or standard error (in one write:
+    the ranks of a distributed run share it)."""
+    from . import _rank
+
+    report = run.report
     text = {
         "text": lambda: report.to_text(color=a.output is None and sys.stderr.isatty()),
         "json": report.to_json,
         "sarif": lambda: report.to_sarif(trace=run.trace),
         "html": report.to_html,
     }[a.format]()
+    if a.format == "text" and run.syncs:
+        text = "\n  ".join(["synchronizations, by site:"] + run.syncs) + "\n" + text
     if a.output:
         with open(_rank.path_for(a.output, run.rank), "w") as f:
             f.write(text)
@@ -144,12 +179,6 @@ def main(argv=None) -> int:
         if run.header is not None and a.format == "text":
             text = f"{run.header}\n{text}"
         _write_at_once(text)
-    _wait_for_local_ranks()
-    if failure is not None:
-        raise failure
-    if status:
-        return status
-    return 1 if report.errors else 0
 
 
 if __name__ == "__main__":

@@ -547,8 +547,9 @@ class PythonBackend:
         name = (self.pinned_bufs if pinned else self.device_bufs).pop(base)[0]
         bases = self.sorted_bases[pinned]
         i = bisect.bisect_left(bases, base)
-        if i < len(bases) and bases[i] == base:
-            del bases[i]
+        if i == len(bases) or bases[i] != base:  # (both change together, here and in new_alloc)
+            raise RuntimeError(f"streamsan: the Python recorder's index of live buffers lacks {base:#x}")
+        del bases[i]
         self.batch.append('{"op":"free","buffer":%s%s' % (name, _site(site)))
         self.spare_names[pinned].append(name)
         if not pinned and base in self.fake_written:
@@ -596,6 +597,17 @@ class PythonBackend:
             meets = set(found)
             found = [b for b in bufs if b in meets]  # the order of allocation (rare: a scan)
         return found
+
+    def containing(self, addr: int, pinned: bool) -> Optional[int]:
+        """The base of the live buffer of a kind whose bytes hold `addr`, or None: the one with
+        the last base at or below it (live buffers never meet)."""
+        bases = self.sorted_bases[pinned]
+        j = bisect.bisect_right(bases, addr) - 1
+        if j >= 0:
+            bufs = self.pinned_bufs if pinned else self.device_bufs
+            if addr < bases[j] + bufs[bases[j]][1]:
+                return bases[j]
+        return None
 
     def new_alloc(self, addr: int, size: int, pinned: bool, stream: str, site: str, storage=None) -> str:
         bufs = self.pinned_bufs if pinned else self.device_bufs
@@ -647,12 +659,10 @@ class PythonBackend:
             self.new_alloc(a.base, a.storage_bytes, True, "null", site, a.storage)
             hit = bufs.get(a.base)
         if hit is None:
-            # Inside a live buffer: the one with the last base at or below it (they never meet).
-            bases = self.sorted_bases[not a.device]
-            j = bisect.bisect_right(bases, a.base) - 1
-            if j >= 0 and a.base < bases[j] + bufs[bases[j]][1]:
-                a.offset += a.base - bases[j]
-                hit = bufs[bases[j]]
+            inside = self.containing(a.base, not a.device)
+            if inside is not None:
+                a.offset += a.base - inside
+                hit = bufs[inside]
         if hit is None:
             if not a.device:
                 return False
