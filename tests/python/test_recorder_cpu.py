@@ -617,12 +617,16 @@ def test_without_cuda_nothing_is_recorded():
     assert run.report.ops == 0 and run.report.clean
 
 
-SCRIPT = """
+# A script's first lines on the fake device: `b` the running check's recorder, `setf(raw)` makes
+# `raw` the current stream.
+SCRIPT_HEAD = """
 import torch, streamsan.torch._recorder as R
 def main():
     b = R._active.backend
     setf = (lambda raw: b.ext.set_fake_stream(raw)) if b.name == "native" else (lambda raw: setattr(b, "fake_stream", raw))
-    setf(0)
+"""
+
+SCRIPT = SCRIPT_HEAD + """    setf(0)
     x = torch.ones(64)
     b.name_stream(1, "side")
     setf(1)
@@ -631,22 +635,26 @@ main()
 """
 
 
+def python_m(script, *args, backend=None, **env):
+    """`python -m streamsan.torch [args] script` on the fake device, in the script's folder (the
+    recorder `backend` where given, `env` added to the environment), bounded in time."""
+    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", **env)
+    if backend is not None:
+        env["STREAMSAN_TORCH_BACKEND"] = backend
+    return subprocess.run([sys.executable, "-m", "streamsan.torch", *args, str(script)], capture_output=True,
+                          text=True, env=env, cwd=script.parent, timeout=120)
+
+
 def test_python_m_streamsan_torch(backend, tmp_path):
     torch_or_skip()
     script = tmp_path / "racy.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
-    out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = python_m(script, backend=backend)
     assert out.returncode == 1, out.stderr
     assert "data-race" in out.stderr and "racy.py:10" in out.stderr
 
 
-SYNCED_SCRIPT = """
-import torch, streamsan.torch._recorder as R
-def main():
-    b = R._active.backend
-    setf = (lambda raw: b.ext.set_fake_stream(raw)) if b.name == "native" else (lambda raw: setattr(b, "fake_stream", raw))
-    setf(0)
+SYNCED_SCRIPT = SCRIPT_HEAD + """    setf(0)
     x = torch.ones(64)
     b.host_op('{"op":"event_record","event":"e1","stream":%s' % b.stream_id(0, 0))
     b.name_stream(1, "side")
@@ -664,11 +672,9 @@ def test_python_m_streamsan_torch_syncs(backend, tmp_path):
     torch_or_skip()
     script = tmp_path / "synced.py"
     script.write_text(SYNCED_SCRIPT)
-    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "streamsan.torch", *args, str(script)], capture_output=True,
-                              text=True, env=env, cwd=tmp_path)
+        return python_m(script, *args, backend=backend)
 
     out = run("--syncs")
     assert out.returncode == 0, out.stderr
@@ -688,12 +694,10 @@ def test_python_m_streamsan_torch_syncs(backend, tmp_path):
 def test_python_m_streamsan_torch_exit_statuses(tmp_path):
     """The script's own `sys.exit` status; a message given to `sys.exit` printed, status 1."""
     torch_or_skip()
-    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1")
     for code, status, said in (("3", 3, None), ("None", 0, None), ("'no data found'", 1, "no data found")):
         script = tmp_path / "exits.py"
         script.write_text(f"import sys\nsys.exit({code})\n")
-        out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
-                             env=env, cwd=tmp_path)
+        out = python_m(script)
         assert out.returncode == status, (code, out.stderr)
         assert said is None or said in out.stderr, (code, out.stderr)
         assert "no hazards" in out.stderr, out.stderr
@@ -709,9 +713,7 @@ def test_python_m_streamsan_torch_reports_before_a_failing_scripts_traceback(bac
     script = tmp_path / "failing.py"
     script.write_text(FAILING_SCRIPT)
     assert FAILING_SCRIPT != SCRIPT
-    env = dict(os.environ, STREAMSAN_TORCH_FAKE_DEVICE="1", STREAMSAN_TORCH_BACKEND=backend)
-    out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
-                         env=env, cwd=tmp_path)
+    out = python_m(script, backend=backend)
     assert out.returncode == 1, out.stderr
     err = out.stderr
     assert "data-race" in err and "failing.py:10" in err, err
@@ -719,10 +721,8 @@ def test_python_m_streamsan_torch_reports_before_a_failing_scripts_traceback(bac
     assert err.index("data-race") < err.index("Traceback"), err
     # Under torchrun a rank whose script failed leaves at once (the launcher then stops the
     # others), without waiting for the other ranks of its node as a rank that ran to its end does.
-    ranks = dict(env, TORCHELASTIC_RUN_ID=f"failing-{os.getpid()}", RANK="0", WORLD_SIZE="2", LOCAL_RANK="0",
-                 LOCAL_WORLD_SIZE="2")
-    out = subprocess.run([sys.executable, "-m", "streamsan.torch", str(script)], capture_output=True, text=True,
-                         env=ranks, cwd=tmp_path, timeout=120)
+    out = python_m(script, backend=backend, TORCHELASTIC_RUN_ID=f"failing-{os.getpid()}", RANK="0",
+                   WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
     assert out.returncode == 1, out.stderr
     assert "rank 0" in out.stderr and "RuntimeError: the script fails after its race" in out.stderr, out.stderr
 
