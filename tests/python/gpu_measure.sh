@@ -43,6 +43,11 @@
 #                                                       # prefetch, under the C++ recorder, then the Python one
 #                                                       # (SWEEP_BACKENDS, SWEEP_SETS choose); SWEEP_COMPILED="tv
 #                                                       # timm tvx hf": those sets' compiled models after them
+#   bash tests/python/gpu_measure.sh multirank WHEELDIR  # multirank.py on a machine of NPROC (2) GPUs: DDP
+#                                                       # (ResNet-18, small buckets, the fp16 hook), FSDP2, FSDP1
+#                                                       # and two planted bugs of async collectives, each rank
+#                                                       # checked by torchrun -m streamsan.torch under both
+#                                                       # recorders, then widened (RUNS runs, 5)
 #   bash tests/python/gpu_measure.sh ab WHEELDIR WHEELDIR_B  # one program's profile (profile_program.py)
 #                                                       # under two wheels on the same machine, each
 #                                                       # in processes of its own, alternated: a change
@@ -61,7 +66,7 @@
 # OUT=/tmp/gm/eager bash tests/python/gpu_measure.sh eager .device/wheels`: PACK first, so that its
 # $OUT is the caller's).
 set -u
-part=${1:?part: eager, compiled, all, observe, profile, kernels, threads, quick, sweep or ab}
+part=${1:?part: eager, compiled, all, observe, profile, kernels, threads, quick, sweep, multirank or ab}
 wheels=${2:?WHEELDIR}
 O=${OUT:-/tmp/gpu-measure/$part}
 mkdir -p "$O"
@@ -219,6 +224,13 @@ steady-apart,steady-together > "$O/$key-pinned.txt" 2>&1)
     for f in compiled-verdicts eager-verdicts; do grep -a -E "native [0-9]+/[0-9]+ " "$O/$f.err" | cut -c1-240; done
     grep -v -i warn "$O/vit.txt" | head -30
     ;;
+  multirank)
+    site
+    step build 300 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
+    (cd "$here" && step multirank "$(left 590)" python3 multirank.py report --out "$O/multirank" \
+      --nproc "${NPROC:-2}" --runs "${RUNS:-5}" --seconds "$(left 575)") > "$O/multirank.txt" 2>&1
+    tail -40 "$O/multirank.txt"
+    ;;
   sweep)
     site
     step build 200 python3 -c "from streamsan.torch import _native; _native.load()" > "$O/build.txt" 2>&1
@@ -287,7 +299,7 @@ print('enter', d.get('enter_ms'), 'exit', d.get('exit_ms'), d.get('parts_ms'))" 
     done
     ;;
   *)
-    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, threads, quick, sweep, ab)" >&2
+    echo "gpu_measure.sh: unknown part '$part' (eager, compiled, all, observe, profile, kernels, threads, quick, sweep, multirank, ab)" >&2
     exit 2
     ;;
 esac
