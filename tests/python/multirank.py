@@ -429,7 +429,8 @@ def report_main(args) -> int:
                                  min(args.timeout, left), out / f"{tag}-{backend}.log")
             ranks = []
             for r in range(args.nproc):
-                hz = _hazards(out / f"{rep.stem}.rank{r}.json")
+                # a world of one keeps the path given (docs/pytorch.md, "Distributed runs")
+                hz = _hazards(rep if args.nproc == 1 else out / f"{rep.stem}.rank{r}.json")
                 try:
                     result = json.loads(Path(f"{res}.rank{r}").read_text())
                 except (OSError, ValueError):
