@@ -455,7 +455,7 @@ def report_main(args) -> int:
                 kinds = {k for r in ranks for k in (r["kinds"] or [])}
                 known = KNOWN.get(program, set())
                 clean = all(r["hazards"] is not None for r in ranks) and kinds <= known
-                note = f" (known: {', '.join(sorted(kinds))}, docs/pytorch.md)" if kinds else ""
+                note = f" ({'known' if kinds <= known else 'reported'}: {', '.join(sorted(kinds))})" if kinds else ""
                 check(clean and right, f"{backend}: {tag}: every rank clean and right{note} "
                       f"[{', '.join(str(r['hazards']) for r in ranks)} hazards; exit {rc}]")
             else:

@@ -1676,3 +1676,46 @@ def test_the_python_recorders_buffers_found_by_address_as_a_scan_of_them_all_fin
         assert any(device and off > 0 and not name.startswith('"ext') for device, name, off in hits)  # insides
         assert any(not device and off > 0 for device, name, off in hits)  # pinned insides
         assert any(not device and not ok for device, ok, _, _ in looked[0])  # pinned misses
+
+
+def _marked_gradient(f, mark: bool):
+    """A block made on the default stream, read on a side stream (as a backward node on another
+    stream reads the gradient it is handed), then freed; `mark`: marked used on the side stream
+    through c10's device guard first, as the autograd engine does (recordDataPtrOnStream)."""
+    import torch
+
+    f.stream(0)
+    g = torch.ones(256)
+    f.record(1, 0)
+    f.stream(2, "side")  # an even id is an external stream: its handle is the id (2)
+    f.wait(2, 1)  # the engine's wait for the producer's stream
+    s = g * 2
+    f.stream(0)
+    if mark and not f.b.ext.mark_used_on_stream(g, 2):
+        pytest.skip("c10's device guard is not observed with this torch (2.11 only)")
+    del g
+    # the fake device frees what it no longer holds at the next allocation, which takes its bytes
+    h = torch.zeros(256)  # FREE
+    return s, h
+
+
+def test_a_block_marked_used_on_a_stream_through_the_device_guard_is_recorded(tmp_path):
+    """The autograd engine hands a gradient from a node on one stream to a node on another with
+    a wait and `recordDataPtrOnStream` on the consumer's stream, not the dispatcher's
+    `record_stream` (torch/csrc/autograd/input_buffer.cpp): the allocator keeps the block until
+    that stream's work is done. The C++ recorder sees it through c10's CUDA device guard: a
+    `record_stream` op before the free, and no `unsafe-free`; unmarked, the same free is one."""
+    native_ext_or_skip()
+    trace = tmp_path / "marked.jsonl"
+    run = checked("native", lambda f: _marked_gradient(f, True), trace)
+    ops = trace_ops(trace)
+    marks = [i for i, o in enumerate(ops) if o["op"] == "record_stream"]
+    assert len(marks) == 1 and ops[marks[0]]["stream"] == "side", ops
+    buf = ops[marks[0]]["buffer"]
+    free = next(i for i, o in enumerate(ops) if o["op"] == "free" and o["buffer"] == buf)
+    assert marks[0] < free
+    assert run.report.hazards == []
+    assert run.stats()["recorder_guard_spy"] is True
+
+    unmarked = checked("native", lambda f: _marked_gradient(f, False))
+    assert sites(unmarked) == {("unsafe-free", line_of("FREE")), ("reuse-race", line_of("FREE"))}

@@ -401,6 +401,7 @@ enum class RecKind : uint8_t {
   Text,    // host ops, as finished lines (`text`)
   Host,    // a host op of c10's GPU trace issued outside ops (`host`), its line written later
   Temp,    // a temporary of a quiet op, written by the ops it called: a launch named for the op
+  RecordStream,  // a device block marked used on a stream outside the dispatcher (`addr`, `stream`)
 };
 
 // The host ops c10's GPU trace reports (see traced_host_op).
@@ -563,6 +564,7 @@ struct State {
   // and its walk agreed with the public API's at the latest check's start.
   std::atomic<bool> fast_frames{false};
   bool fake_device = false;  // tests: CPU tensors stand for device memory on `fake_stream`
+  bool guard_spy = false;    // blocks marked used on a stream through c10's guard are seen
   void* pinned_deleter = nullptr;  // the host allocator's deleter: a storage that has it is pinned
   std::atomic<int> captures{0};  // CUDA graph captures in progress (set from Python)
   std::atomic<uint64_t> op_epoch{0};
@@ -2567,6 +2569,17 @@ void write_rec(Rec& r) {
     case RecKind::Host:
       S->batch += host_line(r.host, r.addr, r.stream, r.device, *r.site);
       break;
+    case RecKind::RecordStream: {
+      auto it = S->device_bufs.find(r.addr);
+      if (it == S->device_bufs.end()) break;  // allocated before the check began, or not a block
+      std::string& out = S->batch;
+      out += "{\"op\":\"record_stream\",\"buffer\":";
+      out += it->second.name;
+      out += ",\"stream\":";
+      out += stream_name(r.stream, r.device);
+      put_site(out, *r.site);
+      break;
+    }
   }
 }
 
@@ -2755,6 +2768,120 @@ void on_trace(const c10::CachingDeviceAllocator::TraceEntry& e) {
   traced(e.action_ == A::ALLOC, e.addr_, e.size_, reinterpret_cast<uint64_t>(e.stream_), e.device_,
          {static_cast<int64_t>(e.mempool_.first), static_cast<int64_t>(e.mempool_.second)});
   if (profiling) S->prof.allocator += now_ns() - t0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocks marked used on a stream outside the dispatcher
+
+// A device block marked used on `stream` by a caller of c10's device guard
+// (`recordDataPtrOnStream`, what `record_stream` does without the dispatcher): the allocator
+// then hands it out again only after that stream's work up to its free has finished. The
+// autograd engine does it for every gradient that a backward node on one stream hands to a node
+// on another (torch/csrc/autograd/input_buffer.cpp, `record_stream_any_impl`): FSDP1's backward,
+// whose views of the flat parameter were made on its unshard stream, is one.
+void traced_record_stream(uint64_t addr, uint64_t stream, c10::DeviceIndex device) {
+  if (addr == 0 || !S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) {
+    return;
+  }
+  ThreadState& t = tls();
+  if (!t.frames.empty() && !t.frames.back().pending.empty()) flush_pending(t.frames.back(), false);
+  const Site site = t.cur_site;
+  submit(false, false, [&](Rec& r) {
+    r.site = site;
+    r.addr = addr;
+    r.stream = stream;
+    r.device = device;
+    r.kind = RecKind::RecordStream;
+  });
+}
+
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
+#define STREAMSAN_GUARD_SPY 1
+// The CUDA device guard in c10's registry while a check runs: every call goes to the guard that
+// was there (torch's), and a block marked used on a stream is recorded as well. Written against
+// torch 2.11's DeviceGuardImplInterface (every virtual method delegated: one this class did not
+// know would throw), so installed with that torch only; elsewhere such marks are not seen.
+// Never destroyed: a caller may hold it after the check (it then only delegates).
+struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
+  const c10::impl::DeviceGuardImplInterface* orig = nullptr;
+
+  c10::DeviceType type() const override { return orig->type(); }
+  c10::Device exchangeDevice(c10::Device d) const override { return orig->exchangeDevice(d); }
+  c10::Device getDevice() const override { return orig->getDevice(); }
+  void setDevice(c10::Device d) const override { orig->setDevice(d); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override { orig->uncheckedSetDevice(d); }
+  c10::Stream getStream(c10::Device d) const override { return orig->getStream(d); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return orig->getDefaultStream(d); }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override {
+    return orig->getStreamFromGlobalPool(d, high);
+  }
+  c10::Stream getNewStream(c10::Device d, int priority) const override { return orig->getNewStream(d, priority); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return orig->exchangeStream(s); }
+  void* getStreamNativeHandle(const c10::Stream s) const override { return orig->getStreamNativeHandle(s); }
+  void destroyEvent(void* e, const c10::DeviceIndex i) const noexcept override { orig->destroyEvent(e, i); }
+  void record(void** e, const c10::Stream& s, const c10::DeviceIndex i, const c10::EventFlag f) const override {
+    orig->record(e, s, i, f);
+  }
+  void block(void* e, const c10::Stream& s) const override { orig->block(e, s); }
+  bool queryEvent(void* e) const override { return orig->queryEvent(e); }
+  c10::DeviceIndex deviceCount() const noexcept override { return orig->deviceCount(); }
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override { return orig->getDeviceCapability(d); }
+  bool queryStream(const c10::Stream& s) const override { return orig->queryStream(s); }
+  void synchronizeStream(const c10::Stream& s) const override { orig->synchronizeStream(s); }
+  void synchronizeEvent(void* e) const override { orig->synchronizeEvent(e); }
+  void synchronizeDevice(const c10::DeviceIndex i) const override { orig->synchronizeDevice(i); }
+  void recordDataPtrOnStream(const c10::DataPtr& p, const c10::Stream& s) const override {
+    orig->recordDataPtrOnStream(p, s);
+    if (S != nullptr && s.device_type() == c10::DeviceType::CUDA) {
+      const auto raw = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream();
+      traced_record_stream(reinterpret_cast<uint64_t>(p.get()), reinterpret_cast<uint64_t>(raw), s.device_index());
+    }
+  }
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex i) const override { return orig->elapsedTime(a, b, i); }
+};
+GuardSpy* guard_spy = new GuardSpy();  // leaked, as c10's registry asks
+#endif
+
+// The spy put in c10's registry for the check (false where it is not: another torch, no CUDA
+// guard registered, or another guard than the one seen first there now). GIL held.
+bool install_guard_spy() {
+#ifdef STREAMSAN_GUARD_SPY
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+  const c10::impl::DeviceGuardImplInterface* cur = slot.load();
+  if (cur == guard_spy) return true;
+  if (cur == nullptr || (guard_spy->orig != nullptr && cur != guard_spy->orig)) return false;
+  guard_spy->orig = cur;
+  slot.store(guard_spy);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Puts torch's guard back (a program after the check pays nothing). GIL held.
+void uninstall_guard_spy() {
+#ifdef STREAMSAN_GUARD_SPY
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+  const c10::impl::DeviceGuardImplInterface* spy = guard_spy;
+  slot.compare_exchange_strong(spy, guard_spy->orig);
+#endif
+}
+
+// Tests: marks `t`'s block used on `stream` through c10's CUDA device guard, as the autograd
+// engine does (with the fake device, a CPU tensor's storage: torch's guard ignores it, the spy
+// records it). Returns whether the spy was in place.
+bool mark_used_on_stream(const at::Tensor& t, int64_t stream_id) {
+#ifdef STREAMSAN_GUARD_SPY
+  const auto* impl = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)].load();
+  if (impl != guard_spy) return false;
+  c10::Stream s = c10::Stream::unpack3(stream_id, 0, c10::DeviceType::CUDA);
+  impl->recordDataPtrOnStream(t.storage().data_ptr(), s);
+  return true;
+#else
+  (void)t;
+  (void)stream_id;
+  return false;
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -3977,6 +4104,7 @@ py::dict counters() {
   d["op_kinds"] = kinds;
   d["op_kinds_retired"] = retired;
   d["tracker"] = S->tracker_attached;
+  d["guard_spy"] = S->guard_spy;
   d["deferring"] = S->defer.load();
   d["queue_caught_up"] = S->prof.caught_up.load();
   d["quiet_ops"] = S->prof.quieted.load();
@@ -4010,6 +4138,7 @@ bool begin_recording(bool with_cuda, int profile, bool gpu_trace, bool defer, bo
   install(with_cuda);
   set_profile(profile == 1, profile == 2);
   if (gpu_trace) install_gpu_trace();
+  if (with_cuda || S->fake_device) S->guard_spy = install_guard_spy();
   set_defer(defer, defer_fake);
   S->quiet_callees.store(quiet);
   S->pinned_at_once.store(pinned_at_once);
@@ -4029,6 +4158,7 @@ py::tuple end_recording(bool flush, bool gpu_trace) {
   if (flush) flush_to_sink();
   set_raw_sink(py::none());
   const bool ours = gpu_trace ? uninstall_gpu_trace() : true;
+  uninstall_guard_spy();
   set_profile(false, false);
   uninstall();
   release_sink();
@@ -4058,6 +4188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bench_floor", &bench_floor, py::arg("on"), py::arg("io") = true);
   m.def("bench_floor_on", &bench_floor_on);
   m.def("bench_ablate", &bench_ablate, py::arg("mask"));
+  m.def("mark_used_on_stream", &mark_used_on_stream, py::arg("tensor"), py::arg("stream_id"));
   m.def("bench_micro", &bench_micro, py::arg("n"));
   m.def("check_frames", &check_frames);
   m.def("configure", &configure);
