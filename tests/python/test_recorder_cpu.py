@@ -1719,3 +1719,73 @@ def test_a_block_marked_used_on_a_stream_through_the_device_guard_is_recorded(tm
 
     unmarked = checked("native", lambda f: _marked_gradient(f, False))
     assert sites(unmarked) == {("unsafe-free", line_of("FREE")), ("reuse-race", line_of("FREE"))}
+
+
+def _engine_handoff(f):
+    """`x * 2` whose backward node runs "on the side stream" (a hook on its input switches the
+    fake device's stream, after the wait the engine issues), `(h * 3).sum()` on the default stream:
+    the backward makes h's gradient on the default stream and hands it to the side stream's
+    node, which reads it."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    h = x * 2
+
+    def on_side(grad):
+        f.record(1, 0)
+        f.stream(2, "side")
+        f.wait(2, 1)
+
+    # A tensor's hook runs before the hooks of the node it is handed to (the engine sets the
+    # node's stream before both).
+    h.register_hook(on_side)
+    loss = (h * 3).sum()
+    loss.register_hook(lambda grad: f.stream(0))
+    loss.backward()
+    f.stream(0)
+    return x.grad
+
+
+def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_across_streams(tmp_path, monkeypatch):
+    """The Python recorder writes the autograd engine's mark (a `record_stream` on the consumer's
+    stream) of a gradient that a node on one stream hands to a node on another, from hooks on
+    the graph's nodes (see _EngineMarks): the gradient's free is then no hazard. Without them
+    the same free is an `unsafe-free`. (The fake device's frees are seen only where the CPU heap
+    gives an address again: the gradient's free, on the default stream that made it, is added
+    to each trace.)"""
+    torch_or_skip()
+    import streamsan
+    from streamsan.torch import _recorder
+
+    def traced(name):
+        trace = tmp_path / name
+        got = {}
+
+        def body(f):
+            got["grad"] = _engine_handoff(f)
+
+        run = checked("python", body, trace)
+        assert got["grad"].eq(6).all()
+        return run, trace_ops(trace)
+
+    def freed(ops, buf):
+        c = streamsan.Checker()
+        for o in ops:
+            c.push(o)
+        c.push({"op": "free", "buffer": buf})
+        return [h["kind"] for h in c.finish().hazards]
+
+    run, ops = traced("marked.jsonl")
+    marks = [o for o in ops if o["op"] == "record_stream"]
+    assert len(marks) == 1 and marks[0]["stream"] == "side", marks
+    grad = marks[0]["buffer"]
+    read = next(o for o in ops if o["op"] == "launch" and o["stream"] == "side")
+    assert read["reads"][0]["buffer"] == grad  # the side stream's node read the gradient
+    assert run.report.hazards == [], run.report.to_text()
+    assert freed(ops, grad) == []
+
+    monkeypatch.setattr(_recorder, "_ENGINE_MARKS", False)
+    run, ops = traced("unmarked.jsonl")
+    assert not any(o["op"] == "record_stream" for o in ops)
+    assert freed(ops, grad) == ["unsafe-free"]

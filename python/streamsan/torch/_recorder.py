@@ -495,6 +495,24 @@ class PythonBackend:
             self.emit(line)
         return True
 
+    def mark_used(self, t, stream: int, device: int) -> bool:
+        """A device tensor's block marked used on `stream` outside the dispatcher (the autograd
+        engine's `recordDataPtrOnStream`, see _EngineMarks): a `record_stream` of its buffer."""
+        a = self.region(t, False)
+        if a is None or not a.device:
+            return False
+        site = self.sites.quoted(3)
+        with self.mu:
+            if not self.resolve(a, site) or a.name.startswith('"ext '):
+                return False
+        line = '{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, self.stream_id(stream, device), _site(site))
+        frames = self.frames()
+        if frames:
+            frames[-1][1].append(line)
+        else:
+            self.emit(line)
+        return True
+
     # -- memory
     def is_pinned(self, t) -> bool:
         try:
@@ -1242,6 +1260,7 @@ class _Patches:
     def __init__(self) -> None:
         self.saved: list[tuple[Any, str, Any]] = []
         self.listening: list[_Kept] = []
+        self.closers: list[Callable[[], None]] = []  # run first at restore (hooks to remove)
 
     def patch(self, owner, attr: str, make: Callable[[Any], Any]) -> None:
         orig = owner.__dict__.get(attr)
@@ -1293,6 +1312,12 @@ class _Patches:
         """Every wrapper off (or, kept, no longer listening), each on its own: one that cannot be
         put back does not keep the others on; the first failure is raised at the end."""
         failed: Optional[BaseException] = None
+        closers, self.closers = self.closers, []
+        for close in closers:
+            try:
+                close()
+            except BaseException as e:  # noqa: BLE001 - raised below, after the others
+                failed = failed or e
         listening, self.listening = self.listening, []
         for kept in listening:
             kept.listener = None
@@ -1350,6 +1375,132 @@ def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
 
     for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn, capturing).items():
         p.patch_inherited(G, attr, make)
+
+
+# Whether the Python recorder follows the autograd engine's marks (tests turn it off to show what
+# the marks change).
+_ENGINE_MARKS = True
+
+
+class _EngineMarks:
+    """The autograd engine's marks of a gradient handed across streams, for the Python recorder.
+
+    When a backward node on one stream hands a gradient to a node on another, the engine makes
+    the consumer's stream wait for the producer's (an event: seen) and marks the gradient used on
+    the consumer's stream with `recordDataPtrOnStream` (torch/csrc/autograd/input_buffer.cpp: no
+    dispatcher op, so no TorchDispatchMode sees it); the allocator then keeps its block until
+    that stream's work is done. The C++ recorder sees the mark itself; here it is followed from
+    the nodes: at each `backward()` / `autograd.grad()` every node of the graph gets a hook after
+    it runs, which notes the stream each gradient it made was made on (the stream current then:
+    the engine runs a node on its own stream), and a hook before it runs, which writes the mark
+    for each gradient it is handed from a node on another stream. The engine's other case — a
+    gradient summed into another one on the accumulating stream — is not followed: a free there
+    may still be reported."""
+
+    KEY = "streamsan.engine_marks"
+
+    def __init__(self, rec: "Recorder", torch) -> None:
+        self.rec = rec
+        self.torch = torch
+        self.token = object()  # this check's: a node hooked by an earlier check is hooked again
+        self.handles: list = []
+        self.made: dict[int, tuple[Any, int, int]] = {}  # id(gradient) -> (weak ref, stream, device)
+        self.lock = threading.Lock()
+
+    def _on(self) -> bool:
+        return self.rec.on and _active is self.rec
+
+    def _stream(self, t) -> tuple[int, int]:
+        b = self.rec.backend
+        dev = t.device.index or 0 if t.is_cuda else 0
+        return b.current_stream(dev), dev
+
+    def _tracked(self, t) -> bool:
+        torch = self.torch
+        return isinstance(t, torch.Tensor) and (t.is_cuda or (self.rec.backend.fake_device and t.device.type == "cpu"))
+
+    def prepare(self, roots) -> None:
+        """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet."""
+        torch = self.torch
+        if isinstance(roots, torch.Tensor):
+            roots = (roots,)
+        try:
+            stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+        except TypeError:
+            return
+        seen: dict[int, Any] = {}  # the nodes kept alive: a wrapper made again may take a freed one's id
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in seen:
+                continue
+            seen[id(n)] = n
+            try:
+                md = n.metadata
+                if md.get(self.KEY) is not self.token:
+                    md[self.KEY] = self.token
+                    self.handles.append(n.register_prehook(self.before))
+                    self.handles.append(n.register_hook(self.after))
+                stack.extend(f for f, _ in n.next_functions if f is not None)
+            except (AttributeError, RuntimeError, TypeError):
+                continue  # a node that takes no hooks: its gradients are not followed
+
+    def after(self, grad_inputs, grad_outputs) -> None:
+        if not self._on():
+            return
+        with self.lock:
+            for g in grad_inputs:
+                if self._tracked(g):
+                    stream, dev = self._stream(g)
+                    self.made[id(g)] = (weakref.ref(g), stream, dev)
+
+    def before(self, grad_outputs) -> None:
+        if not self._on():
+            return
+        for g in grad_outputs:
+            if not self._tracked(g):
+                continue
+            with self.lock:
+                made = self.made.get(id(g))
+            if made is None or made[0]() is not g:
+                continue
+            stream, dev = self._stream(g)
+            if (stream, dev) != (made[1], made[2]):
+                self.rec.backend.mark_used(g, stream, dev)
+                with self.lock:
+                    self.made[id(g)] = (made[0], stream, dev)
+
+    def close(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+        self.made.clear()
+
+
+def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
+    """The Python recorder's `torch.autograd.backward` and `torch.autograd.grad` hook the graph
+    they run first (see _EngineMarks); the hooks go when the check ends."""
+    marks = _EngineMarks(rec, torch)
+    p.closers.append(marks.close)
+    autograd = torch.autograd
+
+    def make_backward(orig):
+        def backward(tensors, *args, **kwargs):
+            if marks._on():
+                marks.prepare(tensors)
+            return orig(tensors, *args, **kwargs)
+
+        return backward
+
+    def make_grad(orig):
+        def grad(outputs, *args, **kwargs):
+            if marks._on():
+                marks.prepare(outputs)
+            return orig(outputs, *args, **kwargs)
+
+        return grad
+
+    p.patch(autograd, "backward", make_backward)
+    p.patch(autograd, "grad", make_grad)
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
@@ -1428,6 +1579,9 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
         p.patch(Stream, "__new__", make_new)
 
         _install_graph_patches(rec, p, torch)
+
+    if _ENGINE_MARKS and isinstance(b, PythonBackend) and (rec.cuda or b.fake_device):
+        _install_engine_marks(rec, p, torch)
 
     # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: left in
     # place, inert, between the checks of a process where every part is checked (see _Kept).
