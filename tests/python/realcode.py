@@ -1,4 +1,4 @@
-"""Real-code programs: what people write with torchvision, timm, transformers, DDP, FSDP2,
+"""Real-code programs: what people write with torchvision, timm, transformers, DDP, FSDP2, FSDP1,
 DataLoader, AMP, CUDA graphs and torch.compile, small enough to run in well under a second.
 
 Every program is `fn(fixed: bool, widen: bool) -> bool` and returns whether its result is right,
@@ -673,6 +673,43 @@ def fsdp2_one_rank(fixed: bool, widen: bool) -> bool:
     return _close(torch.stack(losses), torch.stack(rlosses), 1e-4)
 
 
+def fsdp1_one_rank(fixed: bool, widen: bool) -> bool:
+    """FSDP1 over a one-rank NCCL group: `FullyShardedDataParallel` around each nanoGPT block and
+    the model (`use_orig_params=True`, forward prefetch), AdamW, 3 steps; right when the losses
+    are those of the unsharded model. Its parameters' views are made on its unshard stream, so
+    their backward nodes run there and are handed gradients made on the default stream: the
+    autograd engine's marks of them (docs/pytorch.md, "What is seen") keep it clean."""
+    _one_rank_group()
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = TinyGPT()
+    ref = copy.deepcopy(model)
+    sharded = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({_Block}), use_orig_params=True,
+                   forward_prefetch=True, device_id=torch.cuda.current_device())
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    g = _gen()
+    data = _tokens(g)
+    losses, rlosses = [], []
+    for _ in range(3):
+        x, y = _get_batch(data, g)
+        x, y = x.cuda(), y.cuda()
+        loss = sharded(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rloss = ref(x, y)
+        rloss.backward()
+        ropt.step()
+        ropt.zero_grad()
+        losses.append(loss.detach())
+        rlosses.append(rloss.detach())
+    return _close(torch.stack(losses), torch.stack(rlosses), 1e-4)
+
+
 def _dataloader_linear(workers: int, widen: bool) -> bool:
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -1086,6 +1123,7 @@ CLEAN = {  # those that could hang or take long (fork, NCCL, compilation) last
     "autograd.Function and custom op on side streams": autograd_side_streams,
     "DDP on one NCCL rank": ddp_one_rank,
     "FSDP2 fully_shard on one NCCL rank": fsdp2_one_rank,
+    "FSDP1 FullyShardedDataParallel on one NCCL rank": fsdp1_one_rank,
     "DataLoader pin_memory num_workers=2": dataloader_pinned_workers2,
     "torch.compile reduce-overhead LLM decode": compiled_llm_decode,
 }

@@ -1789,3 +1789,34 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     run, ops = traced("unmarked.jsonl")
     assert not any(o["op"] == "record_stream" for o in ops)
     assert freed(ops, grad) == ["unsafe-free"]
+
+
+def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monkeypatch):
+    """FSDP1 marks its flat parameters used on a stream with `record_stream` under torch's
+    `no_dispatch()` (`_no_dispatch_record_stream`), which no TorchDispatchMode sees: the Python
+    recorder's wrapper of `Tensor.record_stream` writes it then (and only then: elsewhere the
+    mode sees the op). torch's `record_stream` takes CUDA tensors only: a stand-in here."""
+    torch = torch_or_skip()
+    from torch.utils._mode_utils import no_dispatch
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+
+    class Side:
+        cuda_stream = 2
+        device_index = 0
+
+    trace = tmp_path / "t.jsonl"
+
+    def body(f):
+        f.stream(0)
+        t = torch.ones(256)
+        f.stream(2, "side")
+        (t * 2).sum()
+        f.stream(0)
+        with no_dispatch():
+            t.record_stream(Side())
+        t.record_stream(Side())  # the stand-in reaches no dispatcher: nothing seen, nothing written
+
+    checked("python", body, trace)
+    marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
+    assert len(marks) == 1 and marks[0]["stream"] == "side", marks

@@ -1580,8 +1580,25 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
 
         _install_graph_patches(rec, p, torch)
 
-    if _ENGINE_MARKS and isinstance(b, PythonBackend) and (rec.cuda or b.fake_device):
-        _install_engine_marks(rec, p, torch)
+    if isinstance(b, PythonBackend) and (rec.cuda or b.fake_device):
+        if _ENGINE_MARKS:
+            _install_engine_marks(rec, p, torch)
+        python_key = torch._C.DispatchKey.Python
+        excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+
+        def make_record_stream(orig):
+            def record_stream(self, stream):
+                r = orig(self, stream)
+                # Under torch's no_dispatch() no TorchDispatchMode sees the op (FSDP1's
+                # `_no_dispatch_record_stream` marks its flat parameters so): written here.
+                # Elsewhere the mode writes it.
+                if on() and excluded(python_key):
+                    b.mark_used(self, stream.cuda_stream, getattr(stream, "device_index", None) or 0)
+                return r
+
+            return record_stream
+
+        p.patch_inherited(torch.Tensor, "record_stream", make_record_stream)
 
     # torch._C.TensorBase's (a type that cannot be patched), inherited by torch.Tensor: left in
     # place, inert, between the checks of a process where every part is checked (see _Kept).
