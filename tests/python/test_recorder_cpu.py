@@ -1820,3 +1820,32 @@ def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monk
     checked("python", body, trace)
     marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
     assert len(marks) == 1 and marks[0]["stream"] == "side", marks
+
+
+def test_the_python_recorders_engine_marks_keep_nothing_of_graphs_gone():
+    """A long check under the Python recorder (a graph a step): what its engine marks keep — the
+    gradients' streams and the hooks' handles — is that of the gradients and graphs alive, not
+    of every step's."""
+    torch = torch_or_skip()
+    import torch.nn as nn
+
+    state = {}
+
+    def body(f):
+        f.stream(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        marks = f.b.rec.patches.closers[0].__self__
+        for step in range(80):
+            opt.zero_grad()
+            model(torch.ones(2, 8)).sum().backward()
+            opt.step()
+            if step == 0:
+                state["first"] = len(marks.handles)
+        state["handles"] = len(marks.handles)
+        state["made"] = len(marks.made)
+
+    checked("python", body)
+    assert state["first"] > 0
+    assert state["handles"] < 80 * state["first"] / 2, state
+    assert state["made"] < 20, state

@@ -1403,9 +1403,11 @@ class _EngineMarks:
         self.rec = rec
         self.torch = torch
         self.token = object()  # this check's: a node hooked by an earlier check is hooked again
-        self.handles: list = []
-        self.made: dict[int, tuple[Any, int, int]] = {}  # id(gradient) -> (weak ref, stream, device)
-        self.lock = threading.Lock()
+        self.handles: list = []  # those of nodes still alive (pruned as the graphs go)
+        self.pruned_at = 0
+        # id(gradient) -> (weak ref, stream, device), while the gradient lives. Plain dict
+        # operations (atomic under the GIL): a weak reference's callback may run anywhere.
+        self.made: dict[int, tuple[Any, int, int]] = {}
 
     def _on(self) -> bool:
         return self.rec.on and _active is self.rec
@@ -1428,6 +1430,9 @@ class _EngineMarks:
             stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
         except TypeError:
             return
+        if len(self.handles) > 2 * self.pruned_at + 1024:  # a long check: the old graphs are gone
+            self.handles = [h for h in self.handles if getattr(h, "hooks_dict_ref", lambda: True)() is not None]
+            self.pruned_at = len(self.handles)
         seen: dict[int, Any] = {}  # the nodes kept alive: a wrapper made again may take a freed one's id
         while stack:
             n = stack.pop()
@@ -1447,11 +1452,17 @@ class _EngineMarks:
     def after(self, grad_inputs, grad_outputs) -> None:
         if not self._on():
             return
-        with self.lock:
-            for g in grad_inputs:
-                if self._tracked(g):
-                    stream, dev = self._stream(g)
-                    self.made[id(g)] = (weakref.ref(g), stream, dev)
+        made = self.made
+        for g in grad_inputs:
+            if self._tracked(g):
+                stream, dev = self._stream(g)
+                key = id(g)
+
+                def gone(ref, key=key, made=made) -> None:
+                    if made.get(key, (None,))[0] is ref:
+                        made.pop(key, None)
+
+                made[key] = (weakref.ref(g, gone), stream, dev)
 
     def before(self, grad_outputs) -> None:
         if not self._on():
@@ -1459,15 +1470,13 @@ class _EngineMarks:
         for g in grad_outputs:
             if not self._tracked(g):
                 continue
-            with self.lock:
-                made = self.made.get(id(g))
+            made = self.made.get(id(g))
             if made is None or made[0]() is not g:
                 continue
             stream, dev = self._stream(g)
             if (stream, dev) != (made[1], made[2]):
                 self.rec.backend.mark_used(g, stream, dev)
-                with self.lock:
-                    self.made[id(g)] = (made[0], stream, dev)
+                self.made[id(g)] = (made[0], stream, dev)
 
     def close(self) -> None:
         handles, self.handles = self.handles, []

@@ -4138,7 +4138,7 @@ bool begin_recording(bool with_cuda, int profile, bool gpu_trace, bool defer, bo
   install(with_cuda);
   set_profile(profile == 1, profile == 2);
   if (gpu_trace) install_gpu_trace();
-  if (with_cuda || S->fake_device) S->guard_spy = install_guard_spy();
+  S->guard_spy = (with_cuda || S->fake_device) && install_guard_spy();
   set_defer(defer, defer_fake);
   S->quiet_callees.store(quiet);
   S->pinned_at_once.store(pinned_at_once);
