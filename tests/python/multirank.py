@@ -193,26 +193,9 @@ def _gpt_against_one_process(wrap, widen: bool) -> bool:
     model = rc.TinyGPT().to(dev)
     ref = copy.deepcopy(model)
     sharded = wrap(model, dev)
-    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
-    data = rc._tokens(g)
-    losses, rlosses = [], []
-    for _ in range(3):
-        _late(widen)
-        x, y = rc._get_batch(data, g)
-        x, y = x.to(dev), y.to(dev)
-        loss = sharded(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        rloss = ref(x, y)
-        rloss.backward()
-        ropt.step()
-        ropt.zero_grad()
-        losses.append(loss.detach())
-        rlosses.append(rloss.detach())
-    return _close([torch.stack(losses)], [torch.stack(rlosses)], 1e-3)
+    losses, rlosses = rc._sharded_gpt_losses(sharded, ref, torch.Generator().manual_seed(0), dev,
+                                             lambda: _late(widen))
+    return _close([losses], [rlosses], 1e-3)
 
 
 def fsdp2(fixed: bool, widen: bool) -> bool:

@@ -634,6 +634,32 @@ def ddp_one_rank(fixed: bool, widen: bool) -> bool:
     return _all_close(model.parameters(), ref.parameters(), 1e-5)
 
 
+def _sharded_gpt_losses(sharded: nn.Module, ref: nn.Module, g: torch.Generator, device="cuda",
+                        each_step=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A sharded nanoGPT (`sharded`) and the same model unsharded (`ref`) trained side by side,
+    AdamW, 3 steps on the batches of `g`'s tokens (`each_step()` first in each): their losses."""
+    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
+    data = _tokens(g)
+    losses, rlosses = [], []
+    for _ in range(3):
+        if each_step is not None:
+            each_step()
+        x, y = _get_batch(data, g)
+        x, y = x.to(device), y.to(device)
+        loss = sharded(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rloss = ref(x, y)
+        rloss.backward()
+        ropt.step()
+        ropt.zero_grad()
+        losses.append(loss.detach())
+        rlosses.append(rloss.detach())
+    return torch.stack(losses), torch.stack(rlosses)
+
+
 def fsdp2_one_rank(fixed: bool, widen: bool) -> bool:
     """FSDP2 over a one-rank NCCL group: `fully_shard` on each block of a nanoGPT and on the
     model, AdamW, 3 steps; right when the losses are those of the unsharded model."""
@@ -652,25 +678,7 @@ def fsdp2_one_rank(fixed: bool, widen: bool) -> bool:
     for blk in model.blocks:
         fully_shard(blk)
     fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    g = _gen()
-    data = _tokens(g)
-    losses, rlosses = [], []
-    for _ in range(3):
-        x, y = _get_batch(data, g)
-        x, y = x.cuda(), y.cuda()
-        loss = model(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        rloss = ref(x, y)
-        rloss.backward()
-        ropt.step()
-        ropt.zero_grad()
-        losses.append(loss.detach())
-        rlosses.append(rloss.detach())
-    return _close(torch.stack(losses), torch.stack(rlosses), 1e-4)
+    return _close(*_sharded_gpt_losses(model, ref, _gen()), 1e-4)
 
 
 def fsdp1_one_rank(fixed: bool, widen: bool) -> bool:
@@ -689,25 +697,7 @@ def fsdp1_one_rank(fixed: bool, widen: bool) -> bool:
     ref = copy.deepcopy(model)
     sharded = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({_Block}), use_orig_params=True,
                    forward_prefetch=True, device_id=torch.cuda.current_device())
-    opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
-    ropt = torch.optim.AdamW(ref.parameters(), lr=1e-3)
-    g = _gen()
-    data = _tokens(g)
-    losses, rlosses = [], []
-    for _ in range(3):
-        x, y = _get_batch(data, g)
-        x, y = x.cuda(), y.cuda()
-        loss = sharded(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        rloss = ref(x, y)
-        rloss.backward()
-        ropt.step()
-        ropt.zero_grad()
-        losses.append(loss.detach())
-        rlosses.append(rloss.detach())
-    return _close(torch.stack(losses), torch.stack(rlosses), 1e-4)
+    return _close(*_sharded_gpt_losses(sharded, ref, _gen()), 1e-4)
 
 
 def _dataloader_linear(workers: int, widen: bool) -> bool:

@@ -79,6 +79,11 @@ _HOST_VALUES = '"streamsan host values"'
 _HOST_VALUES_ALLOC = '{"op":"alloc","buffer":%s,"bytes":8,"memory":"managed","addr":4096}\n' % _HOST_VALUES
 
 
+def _record_stream_line(buffer: str, stream: str, site: str) -> str:
+    """A `record_stream` op (names quoted, the site as `_site` takes it)."""
+    return '{"op":"record_stream","buffer":%s,"stream":%s%s' % (buffer, stream, _site(site))
+
+
 def _site(quoted: str) -> str:
     """The end of an op's line: its site when known, and the closing brace."""
     return "}\n" if quoted == "null" else ',"site":' + quoted + "}\n"
@@ -487,13 +492,17 @@ class PythonBackend:
             if not self.resolve(a, self.sites.quoted(3)):
                 return False
         line = ('{"op":"host_write","buffer":' if write else '{"op":"host_read","buffer":') + self.put(a)
-        line += _site(self.sites.quoted(3))
+        self._put_outside_ops(line + _site(self.sites.quoted(3)))
+        return True
+
+    def _put_outside_ops(self, line: str) -> None:
+        """A line of what the program did outside the dispatcher: in the enclosing op's order, if
+        one is running on this thread, else at once."""
         frames = self.frames()
         if frames:
             frames[-1][1].append(line)
         else:
             self.emit(line)
-        return True
 
     def mark_used(self, t, stream: int, device: int) -> bool:
         """A device tensor's block marked used on `stream` outside the dispatcher (the autograd
@@ -505,12 +514,7 @@ class PythonBackend:
         with self.mu:
             if not self.resolve(a, site) or a.name.startswith('"ext '):
                 return False
-        line = '{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, self.stream_id(stream, device), _site(site))
-        frames = self.frames()
-        if frames:
-            frames[-1][1].append(line)
-        else:
-            self.emit(line)
+        self._put_outside_ops(_record_stream_line(a.name, self.stream_id(stream, device), site))
         return True
 
     # -- memory
@@ -913,7 +917,7 @@ class PythonBackend:
                 for a in used:
                     if a.name.startswith('"ext '):
                         continue
-                    lines.append('{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, sid, _site(site)))
+                    lines.append(_record_stream_line(a.name, sid, site))
                 lines.extend(pending)
             else:
                 split = 0
@@ -943,9 +947,7 @@ class PythonBackend:
                     if info.copy and non_blocking:
                         for a in used:
                             if not a.device:
-                                lines.append(
-                                    '{"op":"record_stream","buffer":%s,"stream":%s%s' % (a.name, sid, _site(site))
-                                )
+                                lines.append(_record_stream_line(a.name, sid, site))
                 else:
                     for a in used:
                         op = "host_write" if a.write else "host_read"
@@ -1492,24 +1494,16 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     p.closers.append(marks.close)
     autograd = torch.autograd
 
-    def make_backward(orig):
-        def backward(tensors, *args, **kwargs):
+    def make(orig):
+        def run_hooked(roots, *args, **kwargs):  # backward(tensors, …), grad(outputs, …)
             if marks._on():
-                marks.prepare(tensors)
-            return orig(tensors, *args, **kwargs)
+                marks.prepare(roots)
+            return orig(roots, *args, **kwargs)
 
-        return backward
+        return run_hooked
 
-    def make_grad(orig):
-        def grad(outputs, *args, **kwargs):
-            if marks._on():
-                marks.prepare(outputs)
-            return orig(outputs, *args, **kwargs)
-
-        return grad
-
-    p.patch(autograd, "backward", make_backward)
-    p.patch(autograd, "grad", make_grad)
+    p.patch(autograd, "backward", make)
+    p.patch(autograd, "grad", make)
 
 
 def _install_patches(rec: "Recorder") -> _Patches:

@@ -1342,6 +1342,15 @@ void put_site(std::string& out, const std::string& site) {
   put_site(w, site);
 }
 
+// A `record_stream` op (names quoted).
+void put_record_stream(std::string& out, const std::string& buf, const std::string& stream, const std::string& site) {
+  out += "{\"op\":\"record_stream\",\"buffer\":";
+  out += buf;
+  out += ",\"stream\":";
+  out += stream;
+  put_site(out, site);
+}
+
 // The most bytes put_region writes for `a`.
 size_t region_room(const Access& a) { return 72 + (a.buf ? a.buf->name.size() : 24); }
 
@@ -2424,11 +2433,7 @@ void write_op(Rec& r) {
   if (info.kind == Kind::RecordStream) {
     for (Access& a : r.all) {
       if (!resolve(a, site, &own_stream) || !a.buf) continue;
-      out += "{\"op\":\"record_stream\",\"buffer\":";
-      out += a.buf->name;
-      out += ",\"stream\":";
-      out += own_stream;
-      put_site(out, site);
+      put_record_stream(out, a.buf->name, own_stream, site);
     }
     for (auto& p : r.pending) out += p;
     return;
@@ -2494,11 +2499,7 @@ void write_op(Rec& r) {
       // handed out again before the copy is done.
       for (Access* a : used) {
         if (a->device || !a->buf) continue;
-        out += "{\"op\":\"record_stream\",\"buffer\":";
-        out += a->buf->name;
-        out += ",\"stream\":";
-        out += stream_id;
-        put_site(out, site);
+        put_record_stream(out, a->buf->name, stream_id, site);
       }
     }
   } else {
@@ -2572,12 +2573,7 @@ void write_rec(Rec& r) {
     case RecKind::RecordStream: {
       auto it = S->device_bufs.find(r.addr);
       if (it == S->device_bufs.end()) break;  // allocated before the check began, or not a block
-      std::string& out = S->batch;
-      out += "{\"op\":\"record_stream\",\"buffer\":";
-      out += it->second.name;
-      out += ",\"stream\":";
-      out += stream_name(r.stream, r.device);
-      put_site(out, *r.site);
+      put_record_stream(S->batch, it->second.name, stream_name(r.stream, r.device), *r.site);
       break;
     }
   }
