@@ -180,6 +180,29 @@ def test_graph_captured_before_the_check_warns(gpu, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_a_check_begun_inside_a_capture_is_refused(gpu, backend):
+    """A check entered inside `torch.cuda.graph` is refused (its captured work would be recorded
+    as if it ran), the capture goes on unharmed, and a check begun after it sees its replays."""
+    import streamsan.torch
+
+    torch = gpu
+    x = torch.ones(N, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        with pytest.raises(RuntimeError, match="capturing a CUDA graph"):
+            with streamsan.torch.check(backend=backend):
+                pytest.fail("the block ran")
+        y = x * 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the graph was captured before the check
+        with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
+            g.replay()
+            torch.cuda.synchronize()
+    assert run.report.errors == 0
+    assert bool((y == 5).all())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_patches_are_removed_after_the_check(gpu, backend):
     import streamsan.torch
 

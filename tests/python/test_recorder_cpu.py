@@ -605,6 +605,56 @@ def test_one_check_at_a_time(backend):
                 pass
 
 
+def test_a_check_begun_inside_a_capture_is_refused_and_sets_nothing_up(backend, monkeypatch):
+    """A check entered while the current stream captures a CUDA graph (its captured work would be
+    recorded as if it ran) is refused with an error that says where to begin it; it installed
+    nothing, and the next check runs."""
+    torch_or_skip()
+    import streamsan.torch
+    import streamsan.torch._recorder as R
+
+    monkeypatch.setattr(R.Recorder, "_capturing_now", lambda self: True)
+    with pytest.raises(RuntimeError, match="capturing a CUDA graph.*begin it before the capture"):
+        with streamsan.torch.Run(backend=backend, _fake_device=True):
+            pytest.fail("the block ran")
+    assert R._active is None
+    monkeypatch.undo()
+    with streamsan.torch.Run(raise_on_hazard=False, backend=backend, _fake_device=True) as run:
+        pass
+    assert run.report is not None and run.report.clean
+
+
+def test_capturing_now_asks_the_current_stream_only_where_cuda_is_initialized(monkeypatch):
+    """What `_capturing_now` asks: nothing without CUDA, on the fake device, or before CUDA is
+    initialized (no capture can run, and asking would initialize it); else the current
+    stream."""
+    torch = torch_or_skip()
+    import types
+
+    import streamsan.torch._recorder as R
+
+    asked = []
+
+    def capturing():
+        asked.append(1)
+        return state["capturing"]
+
+    state = {"init": False, "capturing": True}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: state["init"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", capturing)
+    rec = types.SimpleNamespace(cuda=True, backend=types.SimpleNamespace(fake_device=False))
+    assert R.Recorder._capturing_now(rec) is False and not asked  # CUDA not initialized
+    state["init"] = True
+    assert R.Recorder._capturing_now(rec) is True and len(asked) == 1
+    state["capturing"] = False
+    assert R.Recorder._capturing_now(rec) is False and len(asked) == 2
+    state["capturing"] = True
+    for other in (types.SimpleNamespace(cuda=False, backend=rec.backend),
+                  types.SimpleNamespace(cuda=True, backend=types.SimpleNamespace(fake_device=True))):
+        assert R.Recorder._capturing_now(other) is False
+    assert len(asked) == 2
+
+
 def test_without_cuda_nothing_is_recorded():
     torch = torch_or_skip()
     if torch.cuda.is_available():

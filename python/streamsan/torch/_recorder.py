@@ -65,6 +65,13 @@ _alloc_callbacks_registered = False
 _lock = threading.Lock()
 # What a recorder refused because another one is claimed or on says.
 _BUSY = "streamsan.torch: a check or record is already running in this process"
+_IN_CAPTURE = (
+    "streamsan.torch: a check or record cannot begin while the current stream is capturing a CUDA "
+    "graph (what is captured would be recorded as if it ran, and the graph's replays would not be "
+    "seen): begin it before the capture (outside `with torch.cuda.graph(...)`, "
+    "`make_graphed_callables` or a `reduce-overhead` function's first calls); a capture begun "
+    "inside a check is recorded"
+)
 
 
 def _q(s: str) -> str:
@@ -1856,6 +1863,8 @@ class Recorder:
 
     def start(self) -> None:
         global _active
+        if self._capturing_now():
+            raise RuntimeError(_IN_CAPTURE)
         with _lock:
             if _active is not None or _claimed is not self:
                 raise RuntimeError(_BUSY)
@@ -1878,6 +1887,18 @@ class Recorder:
             pass
         self.on = True
         self.backend.start()
+
+    def _capturing_now(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph as the recording begins (CUDA
+        not initialized yet, or the fake device: no capture can be running)."""
+        if not self.cuda or getattr(self.backend, "fake_device", False):
+            return False
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return False
+        f = getattr(torch.cuda, "is_current_stream_capturing", None)
+        return bool(f()) if f is not None else False
 
     def _install_triton(self) -> None:
         """Hooks Triton's launches (see _triton) where Triton is installed: the hooks of the
