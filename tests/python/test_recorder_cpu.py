@@ -654,6 +654,12 @@ def test_capturing_now_asks_the_current_stream_only_where_cuda_is_initialized(mo
         assert R.Recorder._capturing_now(other) is False
     assert len(asked) == 2
 
+    def refused():
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", refused)
+    assert R.Recorder._capturing_now(rec) is False  # CUDA would not say: the check begins
+
 
 def test_without_cuda_nothing_is_recorded():
     torch = torch_or_skip()

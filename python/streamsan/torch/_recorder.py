@@ -1898,7 +1898,10 @@ class Recorder:
         if not torch.cuda.is_initialized():
             return False
         f = getattr(torch.cuda, "is_current_stream_capturing", None)
-        return bool(f()) if f is not None else False
+        try:
+            return bool(f()) if f is not None else False
+        except Exception:  # noqa: BLE001 - CUDA refused the question (the legacy stream during
+            return False  # another stream's global capture): the check begins as it did before
 
     def _install_triton(self) -> None:
         """Hooks Triton's launches (see _triton) where Triton is installed: the hooks of the
