@@ -79,6 +79,10 @@ class Run:
     Under torchrun, `rank` is this process's `Rank` (else None) and `trace` is this rank's path
     (see `streamsan.torch._rank.path_for`), set when the check starts.
 
+    Entering raises `RuntimeError` while another check or record runs in this process, and
+    while the current stream is capturing a CUDA graph (begin the check before the capture: a
+    capture begun inside a check is recorded, its replays checked).
+
     `threaded`: check on a thread of the checker's own, beside the program (the default; False,
     or STREAMSAN_CHECK_THREAD=0 when `threaded` is not given, checks each batch of ops on the
     thread that hands it over). The program waits for the checker only when it has fallen more
