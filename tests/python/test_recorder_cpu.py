@@ -1777,7 +1777,7 @@ def test_a_block_marked_used_on_a_stream_through_the_device_guard_is_recorded(tm
     assert sites(unmarked) == {("unsafe-free", line_of("FREE")), ("reuse-race", line_of("FREE"))}
 
 
-def _engine_handoff(f):
+def _engine_handoff(f, call="method"):
     """`x * 2` whose backward node runs "on the side stream" (a hook on its input switches the
     fake device's stream, after the wait the engine issues), `(h * 3).sum()` on the default stream:
     the backward makes h's gradient on the default stream and hands it to the side stream's
@@ -1798,7 +1798,14 @@ def _engine_handoff(f):
     h.register_hook(on_side)
     loss = (h * 3).sum()
     loss.register_hook(lambda grad: f.stream(0))
-    loss.backward()
+    if call == "grad-by-name":  # as make_graphed_callables calls it
+        (grad,) = torch.autograd.grad(outputs=(loss,), inputs=(x,), only_inputs=True)
+        f.stream(0)
+        return grad
+    if call == "backward-by-name":
+        torch.autograd.backward(tensors=[loss])
+    else:
+        loss.backward()
     f.stream(0)
     return x.grad
 
@@ -1845,6 +1852,26 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     run, ops = traced("unmarked.jsonl")
     assert not any(o["op"] == "record_stream" for o in ops)
     assert freed(ops, grad) == ["unsafe-free"]
+
+
+@pytest.mark.parametrize("call", ["grad-by-name", "backward-by-name"])
+def test_the_engines_marks_follow_backward_and_grad_called_by_keyword(tmp_path, call):
+    """`torch.autograd.grad(outputs=…, inputs=…)` and `torch.autograd.backward(tensors=…)`, the
+    roots given by name (make_graphed_callables' warm-up calls grad so), run as called, right,
+    with the engine's mark written."""
+    torch_or_skip()
+
+    got = {}
+
+    def body(f):
+        got["grad"] = _engine_handoff(f, call)
+
+    trace = tmp_path / "t.jsonl"
+    run = checked("python", body, trace)
+    assert got["grad"].eq(6).all()
+    marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
+    assert len(marks) == 1 and marks[0]["stream"] == "side", marks
+    assert run.report.hazards == [], run.report.to_text()
 
 
 def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monkeypatch):

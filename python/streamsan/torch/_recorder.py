@@ -1417,9 +1417,29 @@ class _EngineMarks:
         # id(gradient) -> (weak ref, stream, device), while the gradient lives. Plain dict
         # operations (atomic under the GIL): a weak reference's callback may run anywhere.
         self.made: dict[int, tuple[Any, int, int]] = {}
+        self.failed = False
 
     def _on(self) -> bool:
-        return self.rec.on and _active is self.rec
+        return self.rec.on and _active is self.rec and not self.failed
+
+    def _failed(self, where: str, e: BaseException) -> None:
+        """A hook that failed stops following the marks for this check, and says why once: it
+        runs inside the autograd engine (often on its device thread), where an exception it let
+        out would end the user's backward."""
+        self.failed = True
+        tb = e.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        at = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else ""
+        try:
+            self.rec.warn(
+                "engine-marks",
+                f"following the autograd engine's marks failed in its hook {where} a node "
+                f"({type(e).__name__}: {e}{at}); gradients handed across streams from here on are "
+                "not marked, and a free of one may be reported",
+            )
+        except Exception:  # noqa: BLE001 - warnings turned into errors: still not out of the engine
+            pass
 
     def _stream(self, t) -> tuple[int, int]:
         b = self.rec.backend
@@ -1461,6 +1481,12 @@ class _EngineMarks:
     def after(self, grad_inputs, grad_outputs) -> None:
         if not self._on():
             return
+        try:
+            self._after(grad_inputs)
+        except Exception as e:  # noqa: BLE001 - never out of the engine (see _failed)
+            self._failed("after", e)
+
+    def _after(self, grad_inputs) -> None:
         made = self.made
         for g in grad_inputs:
             if self._tracked(g):
@@ -1476,6 +1502,12 @@ class _EngineMarks:
     def before(self, grad_outputs) -> None:
         if not self._on():
             return
+        try:
+            self._before(grad_outputs)
+        except Exception as e:  # noqa: BLE001 - never out of the engine (see _failed)
+            self._failed("before", e)
+
+    def _before(self, grad_outputs) -> None:
         for g in grad_outputs:
             if not self._tracked(g):
                 continue
@@ -1501,16 +1533,24 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     p.closers.append(marks.close)
     autograd = torch.autograd
 
-    def make(orig):
-        def run_hooked(roots, *args, **kwargs):  # backward(tensors, …), grad(outputs, …)
-            if marks._on():
-                marks.prepare(roots)
-            return orig(roots, *args, **kwargs)
+    def maker(key: str):
+        def make(orig):
+            # backward(tensors, …), grad(outputs, …): the roots given by position or by name
+            # (`make_graphed_callables` calls grad(outputs=…, inputs=…, …)); the call itself
+            # exactly as made.
+            def run_hooked(*args, **kwargs):
+                if marks._on():
+                    roots = args[0] if args else kwargs.get(key)
+                    if roots is not None:
+                        marks.prepare(roots)
+                return orig(*args, **kwargs)
 
-        return run_hooked
+            return run_hooked
 
-    p.patch(autograd, "backward", make)
-    p.patch(autograd, "grad", make)
+        return make
+
+    p.patch(autograd, "backward", maker("tensors"))
+    p.patch(autograd, "grad", maker("outputs"))
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
