@@ -1478,13 +1478,17 @@ class _EngineMarks:
             except (AttributeError, RuntimeError, TypeError):
                 continue  # a node that takes no hooks: its gradients are not followed
 
-    def after(self, grad_inputs, grad_outputs) -> None:
+    def _guarded(self, where: str, body: Callable[[Any], None], grads) -> None:
+        """A hook's body, while the marks are followed, never raising out of the engine."""
         if not self._on():
             return
         try:
-            self._after(grad_inputs)
+            body(grads)
         except Exception as e:  # noqa: BLE001 - never out of the engine (see _failed)
-            self._failed("after", e)
+            self._failed(where, e)
+
+    def after(self, grad_inputs, grad_outputs) -> None:
+        self._guarded("after", self._after, grad_inputs)
 
     def _after(self, grad_inputs) -> None:
         made = self.made
@@ -1500,12 +1504,7 @@ class _EngineMarks:
                 made[key] = (weakref.ref(g, gone), stream, dev)
 
     def before(self, grad_outputs) -> None:
-        if not self._on():
-            return
-        try:
-            self._before(grad_outputs)
-        except Exception as e:  # noqa: BLE001 - never out of the engine (see _failed)
-            self._failed("before", e)
+        self._guarded("before", self._before, grad_outputs)
 
     def _before(self, grad_outputs) -> None:
         for g in grad_outputs:
