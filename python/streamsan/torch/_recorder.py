@@ -1356,6 +1356,12 @@ def _put_back(owner: Any, attr: str, saved: Any) -> None:
         delattr(owner, attr)
 
 
+def _current_stream_capturing(torch) -> bool:
+    """Whether the current CUDA stream is capturing a graph (False with a torch that cannot say)."""
+    f = getattr(torch.cuda, "is_current_stream_capturing", None)
+    return bool(f()) if f is not None else False
+
+
 def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
     """Records CUDA graphs: wraps torch.cuda.CUDAGraph's capture_begin, capture_end(_pre),
     replay and reset (see _graphs). Where they are missing, a warning says graphs are not
@@ -1379,8 +1385,7 @@ def _install_graph_patches(rec: "Recorder", p: _Patches, torch) -> None:
     def capturing():
         if getattr(rec.backend, "fake_device", False):
             return False
-        f = getattr(torch.cuda, "is_current_stream_capturing", None)
-        return bool(f()) if f is not None else False
+        return _current_stream_capturing(torch)
 
     for attr, make in _graphs.make_wrappers(ops_of, current_stream, rec.warn, capturing).items():
         p.patch_inherited(G, attr, make)
@@ -1936,9 +1941,8 @@ class Recorder:
 
         if not torch.cuda.is_initialized():
             return False
-        f = getattr(torch.cuda, "is_current_stream_capturing", None)
         try:
-            return bool(f()) if f is not None else False
+            return _current_stream_capturing(torch)
         except Exception:  # noqa: BLE001 - CUDA refused the question (the legacy stream during
             return False  # another stream's global capture): the check begins as it did before
 
