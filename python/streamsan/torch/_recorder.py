@@ -97,16 +97,32 @@ def _site(quoted: str) -> str:
 
 
 class _Warned:
-    """Warnings given once per check."""
+    """Warnings given once per key.
 
-    def __init__(self) -> None:
+    `inside=True` for a check's own: those are given from inside the program's calls (a hook, a
+    wrapper of PyTorch's, the dispatch mode), where an exception would change what the program
+    does. Where the warnings filter turns them into errors (`python -W error`, pytest's
+    `filterwarnings = error`), such a warning is written to stderr instead of raised."""
+
+    def __init__(self, inside: bool = False) -> None:
         self.seen: set[str] = set()
+        self.inside = inside
 
     def __call__(self, key: str, message: str) -> None:
         if key in self.seen:
             return
         self.seen.add(key)
-        warnings.warn(f"streamsan: {message}", RuntimeWarning, stacklevel=_outside_stacklevel())
+        text = f"streamsan: {message}"
+        if not self.inside:
+            warnings.warn(text, RuntimeWarning, stacklevel=_outside_stacklevel())
+            return
+        try:
+            warnings.warn(text, RuntimeWarning, stacklevel=_outside_stacklevel())
+        except Exception:
+            try:
+                sys.stderr.write(f"{text} (RuntimeWarning, written here: the warnings filter makes it an error)\n")
+            except Exception:
+                pass
 
 
 # What `backend="auto"` falling back to the Python recorder said, once per process and reason.
@@ -555,15 +571,24 @@ class PythonBackend:
             return None
         if self.fake_device and base in self.fake_pinned:
             device = False
-        extent = 1
-        for n, s in zip(t.shape, t.stride()):
-            if s < 0:
-                return None
-            extent += (n - 1) * s
+        try:
+            if t.is_nested:
+                # A nested tensor has no one shape (its components' sizes differ): the whole of
+                # its buffer, which holds them all.
+                offset, nbytes = 0, st.nbytes()
+            else:
+                extent = 1
+                for n, s in zip(t.shape, t.stride()):
+                    if s < 0:
+                        return None
+                    extent += (n - 1) * s
+                offset, nbytes = t.storage_offset() * t.element_size(), extent * t.element_size()
+        except Exception:
+            return None
         a = _Access()
         a.base = base
-        a.offset = t.storage_offset() * t.element_size()
-        a.bytes = extent * t.element_size()
+        a.offset = offset
+        a.bytes = nbytes
         a.write = write
         a.device = device
         a.dev_index = t.device.index or 0 if t.is_cuda else 0
@@ -865,12 +890,7 @@ class PythonBackend:
         torch = self.torch
         stream = None  # the op's stream, once known
         if info.kind == "record_stream":
-            s = args[1] if len(args) > 1 else kwargs.get("s")
-            stream = getattr(s, "cuda_stream", None) if s is not None else 0
-            if stream is None:  # a torch.Stream: its CUDA handle
-                stream = torch.cuda.Stream(
-                    stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
-                ).cuda_stream
+            stream = _raw_stream(torch, args[1] if len(args) > 1 else kwargs.get("s"))[0] or 0
         elif frame["any_device"]:
             stream = self.current_stream(frame["device"])
         site = self.sites.quoted(4)
@@ -1106,10 +1126,17 @@ class NativeBackend:
         # put back; the observer taken off the dispatcher (no RecordFunction cost once the check
         # is over); and nothing of this check kept alive by the extension (the Run holding its
         # sink goes when its user lets it go, and its report's temporary copy of the ops with it).
-        ours, errors, external = self.ext.end_recording(self.rec.raw_sink is not None, self.native_syncs)
+        ours, errors, external, unread, first = self.ext.end_recording(
+            self.rec.raw_sink is not None, self.native_syncs
+        )
         if not ours:
             self.gpu_trace_replaced = True
-        return {"resolver_errors": errors, "external_accesses": external}
+        return {
+            "resolver_errors": errors,
+            "external_accesses": external,
+            "unread_ops": unread,
+            "first_unread": first,
+        }
 
 
 def _profile_mode(value: Optional[str] = None) -> str | None:
@@ -1530,6 +1557,31 @@ class _EngineMarks:
         self.made.clear()
 
 
+def _script_as_builtin(torch, fn, op: str, closers: list) -> None:
+    """TorchScript finds the builtins a scripted function calls by the function object (its
+    `_builtin_ops`, made into a table by id the first time it compiles): a wrapper of one
+    (`torch.autograd.grad`) is registered as the same op while it is in place, so that a
+    function scripted during the check compiles as it would outside it."""
+    try:
+        b = torch.jit._builtins
+        entry = (fn, op)
+        b._builtin_ops.append(entry)
+        if b._builtin_table is not None:
+            b._builtin_table[id(fn)] = op
+    except Exception:  # noqa: BLE001 - a torch without them: scripting such a function fails in a check
+        return
+
+    def undo() -> None:
+        try:
+            b._builtin_ops[:] = [e for e in b._builtin_ops if e is not entry]
+            if b._builtin_table is not None and b._builtin_table.get(id(fn)) == op:
+                del b._builtin_table[id(fn)]
+        except Exception:  # noqa: BLE001
+            pass
+
+    closers.append(undo)
+
+
 def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     """The Python recorder's `torch.autograd.backward` and `torch.autograd.grad` hook the graph
     they run first (see _EngineMarks); the hooks go when the check ends."""
@@ -1542,13 +1594,30 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
             # backward(tensors, …), grad(outputs, …): the roots given by position or by name
             # (`make_graphed_callables` calls grad(outputs=…, inputs=…, …)); the call itself
             # exactly as made.
+            # Roots of any other iterable (a generator, a `map`) are made a tuple first, and the
+            # tuple passed on: walking them must not use them up.
+            @functools.wraps(orig)
             def run_hooked(*args, **kwargs):
                 if marks._on():
                     roots = args[0] if args else kwargs.get(key)
+                    if roots is not None and not isinstance(roots, (torch.Tensor, list, tuple)):
+                        try:
+                            roots = tuple(roots)
+                        except TypeError:
+                            roots = None  # not iterable: the original says what is wrong
+                        else:
+                            if args:
+                                args = (roots,) + args[1:]
+                            else:
+                                kwargs[key] = roots
                     if roots is not None:
-                        marks.prepare(roots)
+                        try:
+                            marks.prepare(roots)
+                        except Exception as e:  # noqa: BLE001 - never into the program's call
+                            marks._failed("prepare", e)
                 return orig(*args, **kwargs)
 
+            _script_as_builtin(torch, run_hooked, f"aten::{orig.__name__}", p.closers)
             return run_hooked
 
         return make
@@ -1641,13 +1710,22 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
         excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
 
         def make_record_stream(orig):
-            def record_stream(self, stream):
-                r = orig(self, stream)
+            # Tensor.record_stream(s): the stream by position or by its name `s`, as the
+            # original takes it.
+            @functools.wraps(orig)
+            def record_stream(self, *args, **kwargs):
+                r = orig(self, *args, **kwargs)
                 # Under torch's no_dispatch() no TorchDispatchMode sees the op (FSDP1's
                 # `_no_dispatch_record_stream` marks its flat parameters so): written here.
                 # Elsewhere the mode writes it.
                 if on() and excluded(python_key):
-                    b.mark_used(self, stream.cuda_stream, getattr(stream, "device_index", None) or 0)
+                    try:
+                        stream = args[0] if args else kwargs.get("s")
+                        raw, dev = _raw_stream(torch, stream)
+                        if raw is not None:
+                            b.mark_used(self, raw, dev)
+                    except Exception as e:  # noqa: BLE001 - never into the program's call
+                        rec.warn("record-stream", f"could not record a record_stream: {type(e).__name__}: {e}")
                 return r
 
             return record_stream
@@ -1663,9 +1741,12 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
             # torch.save reads the bytes of every CPU tensor it writes on the host, outside the
             # dispatcher: pinned memory a non_blocking copy may still be writing is a race.
             if on():
-                for t in _tensors_in(obj, torch):
-                    if not t.is_cuda:
-                        b.host_access(t, False)
+                try:
+                    for t in _tensors_in(obj, torch):
+                        if not t.is_cuda:
+                            b.host_access(t, False)
+                except Exception as e:  # noqa: BLE001 - never into the program's call
+                    rec.warn("save", f"could not record what torch.save read: {type(e).__name__}: {e}")
             return orig(obj, *args, **kwargs)
 
         return save
@@ -1677,6 +1758,21 @@ def _make_patches(rec: "Recorder", p: _Patches) -> None:
         p.patch(serialization, "save", make_save)
         if torch.__dict__.get("save") is saved:
             p.patch(torch, "save", lambda _orig: serialization.save)
+
+
+def _raw_stream(torch, s) -> tuple[Optional[int], int]:
+    """A stream argument's CUDA handle and device: a `torch.cuda.Stream`, or a `torch.Stream` of
+    a CUDA device; (None, 0) for anything else."""
+    if s is None:
+        return None, 0
+    raw = getattr(s, "cuda_stream", None)
+    if raw is None:  # a torch.Stream: its CUDA handle
+        if getattr(getattr(s, "device", None), "type", None) != "cuda":
+            return None, 0
+        raw = torch.cuda.Stream(
+            stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type
+        ).cuda_stream
+    return raw, getattr(s, "device_index", None) or 0
 
 
 def _make_tolist(orig):
@@ -1691,8 +1787,11 @@ def _make_tolist(orig):
         # A subclass with __torch_function__ comes back here from it, torch functions
         # disabled: its read is written then, once.
         r = _active
-        if r is not None and r.on and not self.is_cuda and not has_torch_function(self):
-            r.backend.host_access(self, False)
+        if r is not None and r.on and not has_torch_function(self) and not self.is_cuda:
+            try:
+                r.backend.host_access(self, False)
+            except Exception as e:  # noqa: BLE001 - never into the program's call
+                r.warn("tolist", f"could not record a tolist: {type(e).__name__}: {e}")
         return orig(self)
 
     return tolist
@@ -1716,7 +1815,10 @@ def _tensors_in(obj, torch, depth: int = 8, seen: Optional[set] = None) -> list:
     elif isinstance(obj, (list, tuple, set, frozenset)):
         items = list(obj)
     else:
-        d = getattr(obj, "__dict__", None)
+        try:
+            d = getattr(obj, "__dict__", None)
+        except Exception:  # noqa: BLE001 - an object whose attributes raise: nothing seen in it
+            d = None
         items = list(d.values()) if isinstance(d, dict) else []
     for x in items:
         out.extend(_tensors_in(x, torch, depth - 1, seen))
@@ -1777,7 +1879,7 @@ class Recorder:
         # A Checker's `_raw_sink()` capsule: the C++ recorder hands batches to it directly (no
         # Python, no GIL); the rest (the last batch at stop) goes through `sink`.
         self.raw_sink = None
-        self.warn = _Warned()
+        self.warn = _Warned(inside=True)
         self.sites = Sites()
         # Asked once per check (each time is a device count and an environment read).
         self.cuda = bool(torch.cuda.is_available())
@@ -2009,6 +2111,12 @@ class Recorder:
                 "recorder",
                 "the C++ recorder ran out of memory writing some ops: the trace is incomplete "
                 "and the check may miss hazards",
+            )
+        if c.get("unread_ops"):
+            self.warn(
+                "unread-ops",
+                f"{c['unread_ops']} op(s) could not be recorded: their arguments could not be read "
+                f"(the first: {c.get('first_unread') or '?'}); the check may miss hazards on them",
             )
         if c.get("external_accesses"):
             self.warn(

@@ -600,6 +600,10 @@ struct State {
   // Leftovers handed to the resolver in this process, and those it has not freed yet.
   std::atomic<uint64_t> leftovers_handed{0}, leftovers_unfreed{0};
   std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
+  // Ops whose start callback threw (a tensor whose metadata could not be read): not recorded.
+  std::atomic<uint64_t> callback_errors{0};
+  std::atomic<bool> callback_error_told{false};  // the first one's message taken (`first_error`)
+  std::string first_callback_error;               // written once, by the thread that set the flag
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
   std::mutex names_mu;
@@ -1057,8 +1061,10 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return false;  // a Python scalar
   const auto& st = t.storage();
   if (!st.data()) return false;
-  int64_t numel = t.numel();
-  if (numel == 0) return false;
+  // A nested tensor has no one shape (its sizes and strides throw): the whole of its buffer,
+  // which holds all its components.
+  const bool nested = t.unsafeGetTensorImpl()->is_nested();
+  if (nested ? st.nbytes() == 0 : t.numel() == 0) return false;
   bool cuda = t.is_cuda();
   bool device = cuda;
   if (!cuda) {
@@ -1073,18 +1079,20 @@ bool region_of(const at::Tensor& t, bool write, Access& a) {
   }
   uint64_t itemsize = t.element_size();
   uint64_t extent = 1;
-  auto sizes = t.sizes();
-  auto strides = t.strides();
-  for (size_t d = 0; d < sizes.size(); d++) {
-    if (strides[d] < 0) return false;
-    extent += static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+  if (!nested) {
+    auto sizes = t.sizes();
+    auto strides = t.strides();
+    for (size_t d = 0; d < sizes.size(); d++) {
+      if (strides[d] < 0) return false;
+      extent += static_cast<uint64_t>(sizes[d] - 1) * static_cast<uint64_t>(strides[d]);
+    }
   }
   a.base = reinterpret_cast<uint64_t>(st.data());
   a.storage_bytes = st.nbytes();
   a.impl = st.unsafeGetStorageImpl();
   if (!cuda) a.hold = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(a.impl);
-  a.offset = static_cast<uint64_t>(t.storage_offset()) * itemsize;
-  a.bytes = extent * itemsize;
+  a.offset = nested ? 0 : static_cast<uint64_t>(t.storage_offset()) * itemsize;
+  a.bytes = nested ? st.nbytes() : extent * itemsize;
   a.write = write;
   a.device = device;
   a.device_index = cuda ? t.device().index() : 0;
@@ -2148,11 +2156,33 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
   });
 }
 
+// An op whose start threw (what its arguments are could not be read): its frame, if pushed, is
+// taken off again, and the op goes unrecorded (counted; the check's end warns). Nothing is
+// raised into the program: PyTorch would log it and go on, with this thread's frames off by one.
+std::unique_ptr<at::ObserverContext> on_start_guarded(const at::RecordFunction& fn) {
+  ThreadState& t = tls();
+  const size_t depth = t.frames.size();
+  try {
+    return on_start_impl(fn);
+  } catch (const std::exception& e) {
+    while (t.frames.size() > depth) {
+      FrameStack::Taken taken(t.frames);
+    }
+    S->callback_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!S->callback_error_told.exchange(true)) {
+      S->first_callback_error = std::string(fn.name()) + ": " + e.what();
+      const size_t nl = S->first_callback_error.find('\n');
+      if (nl != std::string::npos) S->first_callback_error.resize(nl);
+    }
+    return nullptr;
+  }
+}
+
 // The callbacks, their time counted whole when profiling.
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  if (!S->profiling.load(std::memory_order_relaxed)) return on_start_impl(fn);
+  if (!S->profiling.load(std::memory_order_relaxed)) return on_start_guarded(fn);
   uint64_t t0 = now_ns();
-  auto r = on_start_impl(fn);
+  auto r = on_start_guarded(fn);
   S->prof.callback_total += now_ns() - t0;
   return r;
 }
@@ -3124,6 +3154,9 @@ void reset() {
   S->triton_launches = 0;
   S->captures.store(0);
   S->resolver_errors.store(0);
+  S->callback_errors.store(0);
+  S->callback_error_told.store(false);
+  S->first_callback_error.clear();
   {
     std::lock_guard<std::mutex> r(S->raw_mu);
     S->raw_refused_bytes = 0;
@@ -4163,7 +4196,9 @@ py::tuple end_recording(bool flush, bool gpu_trace) {
     StateLock g;
     external = S->external_accesses;
   }
-  return py::make_tuple(ours, S->resolver_errors.load(), external);
+  std::string first;
+  if (S->callback_error_told.load()) first = S->first_callback_error;
+  return py::make_tuple(ours, S->resolver_errors.load(), external, S->callback_errors.load(), first);
 }
 
 }  // namespace
