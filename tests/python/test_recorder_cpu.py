@@ -1932,3 +1932,169 @@ def test_the_python_recorders_engine_marks_keep_nothing_of_graphs_gone():
     assert state["first"] > 0
     assert state["handles"] < 80 * state["first"] / 2, state
     assert state["made"] < 20, state
+
+
+def test_a_nested_tensor_is_its_whole_buffer(backend, tmp_path):
+    """A nested tensor has no one shape (its sizes and strides raise): its region is the whole of
+    its buffer. Made on the default stream (`nn.TransformerEncoder`'s fast path makes one from a
+    padding mask), read on a side stream without a wait: a race at the read, and no op of the
+    program fails or goes unrecorded."""
+    torch = torch_or_skip()
+    import warnings
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(2, 5, 8)
+        keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+        with torch.no_grad():
+            n = torch._nested_tensor_from_mask(x, keep, mask_check=False)
+        f.stream(1, "side")
+        padded = torch.nested.to_padded_tensor(n, 0.0)  # NESTED READ
+        f.stream(0)
+        assert padded.shape == (2, 5, 8)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run = checked(backend, body)
+    assert ("data-race", line_of("NESTED READ")) in sites(run), run.report.to_text()
+    assert not [w for w in caught if "could not be recorded" in str(w.message)]
+
+
+
+def test_a_checks_warnings_from_inside_the_program_never_raise_into_it(capsys):
+    """Where the warnings filter makes warnings errors (`python -W error`, pytest's
+    `filterwarnings = error`), a check's warning given from inside the program's call (here the
+    CUDA graph wrappers': a graph captured before the check replayed in it) is written to stderr,
+    and the call returns as it would: the replay ran, nothing raised."""
+    import warnings
+
+    from streamsan.torch import _graphs
+    from streamsan.torch._recorder import _Warned
+
+    warn = _Warned(inside=True)
+    ops = _graphs.GraphOps(lambda s: None, lambda raw, dev: '"s"', warn)
+    ran = []
+
+    class G:
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            pass
+
+        def capture_end(self):
+            pass
+
+        def replay(self):
+            ran.append(1)
+
+    wrappers = _graphs.make_wrappers(lambda: ops, lambda: (0, 0), warn)
+    G.replay = wrappers["replay"](G.replay)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        G().replay()  # captured before the check: warned about, not recorded
+    assert ran == [1]
+    assert "captured before the check" in capsys.readouterr().err
+    # Outside a check's hooks (a check's start, e.g. falling back to the Python recorder), the
+    # filter decides, as for any warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning):
+            _Warned()("k", "a warning at a check's start")
+
+
+def test_the_python_recorders_backward_and_grad_take_any_iterable_of_roots():
+    """`torch.autograd.backward(generator)` and `torch.autograd.grad(map(...), x)`: the roots of
+    any iterable, walked by the engine marks without using them up, reach the original whole."""
+    torch = torch_or_skip()
+
+    def body(f):
+        f.stream(0)
+        x = torch.ones(3, requires_grad=True)
+        outs = [x * 2, x * 3]
+        torch.autograd.backward(o.sum() for o in outs)
+        assert x.grad.eq(5).all(), x.grad
+        y = torch.ones(3, requires_grad=True)
+        (g,) = torch.autograd.grad(map(lambda o: o.sum(), [y * 2, y * 3]), y)
+        assert g.eq(5).all(), g
+
+    checked("python", body)
+
+
+def test_a_function_scripted_in_a_python_check_may_call_grad():
+    """TorchScript finds `torch.autograd.grad` by the function object: the Python recorder's
+    wrapper of it is registered as `aten::grad` while it is in place (and only then), so a
+    function scripted during the check compiles and runs as it would outside it."""
+    torch = torch_or_skip()
+
+    def g(x):
+        y = (x * x).sum()
+        return torch.autograd.grad([y], [x])[0]
+
+    got = {}
+
+    def body(f):
+        f.stream(0)
+        s = torch.jit.script(g)
+        got["grad"] = s(torch.ones(3, requires_grad=True))
+
+    checked("python", body)
+    assert got["grad"].eq(2).all()
+    from torch.jit import _builtins
+
+    assert all(fn is not torch.autograd.grad or op == "aten::grad" for fn, op in _builtins._builtin_ops)
+    assert torch.autograd.grad.__module__ == "torch.autograd"  # put back
+
+
+def test_record_stream_by_its_keyword_under_no_dispatch(tmp_path, monkeypatch):
+    """`t.record_stream(s=stream)` (the parameter's name in the op's schema) under the Python
+    recorder's wrapper of `Tensor.record_stream`: passed on as called, and written under
+    `no_dispatch()` as by position."""
+    torch = torch_or_skip()
+    from torch.utils._mode_utils import no_dispatch
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
+
+    class Side:
+        cuda_stream = 2
+        device_index = 0
+
+    trace = tmp_path / "t.jsonl"
+
+    def body(f):
+        f.stream(0)
+        t = torch.ones(256)
+        f.stream(2, "side")
+        (t * 2).sum()
+        f.stream(0)
+        with no_dispatch():
+            t.record_stream(s=Side())
+
+    checked("python", body, trace)
+    marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
+    assert len(marks) == 1 and marks[0]["stream"] == "side", marks
+
+
+def test_torch_save_of_an_object_whose_attributes_raise_saves(backend, tmp_path):
+    """torch.save's wrapper walks the object for the host tensors it reads; an object whose
+    attribute lookup raises something else than AttributeError (a `__getattr__` of a mapping)
+    is saved as torch.save saves it outside a check."""
+    torch = torch_or_skip()
+
+    class Odd:
+        __slots__ = ("data",)
+
+        def __init__(self):
+            self.data = {"w": 1}
+
+        def __getattr__(self, name):
+            return self.data[name]  # KeyError for `__dict__`
+
+        def __reduce__(self):
+            return (dict, ((("w", 1),),))
+
+    out = tmp_path / "o.pt"
+
+    def body(f):
+        f.stream(0)
+        torch.save({"odd": Odd(), "t": torch.ones(4)}, out)
+
+    checked(backend, body)
+    assert torch.load(out, weights_only=False)["odd"] == {"w": 1}
