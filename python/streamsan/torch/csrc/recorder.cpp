@@ -2077,7 +2077,7 @@ void flush_pending(Frame& fr, bool may_flush = true) {
   if (!text.empty()) emit_text(std::move(text), may_flush);
 }
 
-std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn);
+std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn, ThreadState& t);
 void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
 // ---------------------------------------------------------------------------------------------
@@ -2163,7 +2163,7 @@ std::unique_ptr<at::ObserverContext> on_start_guarded(const at::RecordFunction& 
   ThreadState& t = tls();
   const size_t depth = t.frames.size();
   try {
-    return on_start_impl(fn);
+    return on_start_impl(fn, t);
   } catch (const std::exception& e) {
     while (t.frames.size() > depth) {
       FrameStack::Taken taken(t.frames);
@@ -2260,8 +2260,8 @@ bool set_grows(const at::RecordFunction& fn) {
   return need > st->nbytes();
 }
 
-std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn) {
-  ThreadState& t = tls();  // one TLS lookup for the whole callback
+// `t`: this thread's state (one TLS lookup for the whole callback, in on_start_guarded).
+std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn, ThreadState& t) {
   release_held();  // the host storages of records written since (see hand_held)
   // The order of one thread's ops is the order it issued them: what an enclosing op (or a label
   // around one: an autograd node, a hook) issued before this op began is written before it.
