@@ -1804,6 +1804,10 @@ def _engine_handoff(f, call="method"):
         return grad
     if call == "backward-by-name":
         torch.autograd.backward(tensors=[loss])
+    elif call == "gradient-edge":  # a root given as its graph edge (pipelining's stage_backward)
+        from torch.autograd.graph import get_gradient_edge
+
+        torch.autograd.backward(get_gradient_edge(loss), grad_tensors=torch.ones(()))
     else:
         loss.backward()
     f.stream(0)
@@ -1854,7 +1858,7 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     assert freed(ops, grad) == ["unsafe-free"]
 
 
-@pytest.mark.parametrize("call", ["grad-by-name", "backward-by-name"])
+@pytest.mark.parametrize("call", ["grad-by-name", "backward-by-name", "gradient-edge"])
 def test_the_engines_marks_follow_backward_and_grad_called_by_keyword(tmp_path, call):
     """`torch.autograd.grad(outputs=…, inputs=…)` and `torch.autograd.backward(tensors=…)`, the
     roots given by name (make_graphed_callables' warm-up calls grad so), run as called, right,

@@ -1485,10 +1485,17 @@ class _EngineMarks:
     def prepare(self, roots) -> None:
         """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet."""
         torch = self.torch
-        if isinstance(roots, torch.Tensor):
-            roots = (roots,)
+        edge = getattr(getattr(torch.autograd, "graph", None), "GradientEdge", ())
+        if isinstance(roots, torch.Tensor) or (edge and isinstance(roots, edge)):
+            roots = (roots,)  # (a GradientEdge is a tuple: one root, not its fields)
         try:
-            stack = [t.grad_fn for t in roots if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+            stack = []
+            for r in roots:
+                if isinstance(r, torch.Tensor):
+                    if r.grad_fn is not None:
+                        stack.append(r.grad_fn)
+                elif edge and isinstance(r, edge):
+                    stack.append(r.node)  # torch.autograd.graph.get_gradient_edge(t)
         except TypeError:
             return
         if len(self.handles) > 2 * self.pruned_at + 1024:  # a long check: the old graphs are gone
