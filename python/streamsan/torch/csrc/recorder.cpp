@@ -602,7 +602,8 @@ struct State {
   std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
   // Ops whose start callback threw (a tensor whose metadata could not be read): not recorded.
   std::atomic<uint64_t> callback_errors{0};
-  std::atomic<bool> callback_error_told{false};  // the first one's message taken (`first_error`)
+  std::atomic<bool> callback_error_told{false};  // the first one's message taken
+  std::mutex callback_error_mu;                   // guards first_callback_error
   std::string first_callback_error;               // written once, by the thread that set the flag
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
@@ -2156,6 +2157,19 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
   });
 }
 
+// An op a callback could not record (counted; the first one's message kept for the warning).
+void unread_op(const at::RecordFunction& fn, const std::exception& e) noexcept {
+  S->callback_errors.fetch_add(1, std::memory_order_relaxed);
+  if (S->callback_error_told.exchange(true)) return;
+  try {
+    std::lock_guard<std::mutex> g(S->callback_error_mu);
+    S->first_callback_error = std::string(fn.name()) + ": " + e.what();
+    const size_t nl = S->first_callback_error.find('\n');
+    if (nl != std::string::npos) S->first_callback_error.resize(nl);
+  } catch (...) {  // out of memory: the count alone
+  }
+}
+
 // An op whose start threw (what its arguments are could not be read): its frame, if pushed, is
 // taken off again, and the op goes unrecorded (counted; the check's end warns). Nothing is
 // raised into the program: PyTorch would log it and go on, with this thread's frames off by one.
@@ -2168,12 +2182,7 @@ std::unique_ptr<at::ObserverContext> on_start_guarded(const at::RecordFunction& 
     while (t.frames.size() > depth) {
       FrameStack::Taken taken(t.frames);
     }
-    S->callback_errors.fetch_add(1, std::memory_order_relaxed);
-    if (!S->callback_error_told.exchange(true)) {
-      S->first_callback_error = std::string(fn.name()) + ": " + e.what();
-      const size_t nl = S->first_callback_error.find('\n');
-      if (nl != std::string::npos) S->first_callback_error.resize(nl);
-    }
+    unread_op(fn, e);
     return nullptr;
   }
 }
@@ -2187,10 +2196,20 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return r;
 }
 
+// An op whose end threw (its outputs could not be read): its frame is off the stack already
+// (on_end_impl takes it first), and the op goes unrecorded (counted, as a start's).
+void on_end_guarded(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  try {
+    on_end_impl(fn, ctx);
+  } catch (const std::exception& e) {
+    unread_op(fn, e);
+  }
+}
+
 void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
-  if (!S->profiling.load(std::memory_order_relaxed)) return on_end_impl(fn, ctx);
+  if (!S->profiling.load(std::memory_order_relaxed)) return on_end_guarded(fn, ctx);
   uint64_t t0 = now_ns();
-  on_end_impl(fn, ctx);
+  on_end_guarded(fn, ctx);
   S->prof.callback_total += now_ns() - t0;
 }
 
@@ -3156,7 +3175,10 @@ void reset() {
   S->resolver_errors.store(0);
   S->callback_errors.store(0);
   S->callback_error_told.store(false);
-  S->first_callback_error.clear();
+  {
+    std::lock_guard<std::mutex> g(S->callback_error_mu);
+    S->first_callback_error.clear();
+  }
   {
     std::lock_guard<std::mutex> r(S->raw_mu);
     S->raw_refused_bytes = 0;
@@ -4197,7 +4219,10 @@ py::tuple end_recording(bool flush, bool gpu_trace) {
     external = S->external_accesses;
   }
   std::string first;
-  if (S->callback_error_told.load()) first = S->first_callback_error;
+  {
+    std::lock_guard<std::mutex> g(S->callback_error_mu);
+    first = S->first_callback_error;
+  }
   return py::make_tuple(ours, S->resolver_errors.load(), external, S->callback_errors.load(), first);
 }
 
