@@ -112,7 +112,9 @@ def count(model: str, steps: int) -> dict:
         "collected": collected,
         "queued": queued,
         "total": collected - queued,
-        "observed": calls(tree, "::on_start(at::RecordFunction const&)", "on_start_impl"),
+        # (on_start calls on_start_guarded, into which the compiler may fold on_start_impl)
+        "observed": calls(tree, "::on_start(at::RecordFunction const&)", "on_start_guarded")
+        or calls(tree, "::on_start(at::RecordFunction const&)", "on_start_impl"),
         "recorded": calls(tree, "::on_end_impl(", "{lambda((anonymous namespace)::Rec&)#1}::operator()"),
         "own": own,
     }
