@@ -47,7 +47,13 @@ def test_the_transformer_encoders_nested_fast_path_is_clean(gpu, backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_nested_tensor_read_on_a_side_stream_without_a_wait_is_a_race(gpu, backend):
+def test_a_nested_tensor_read_on_a_side_stream_without_a_wait_is_a_race(gpu, backend, tmp_path):
+    """On CUDA `_nested_tensor_from_mask` synchronizes the default stream (it reads the mask's
+    lengths on the host: a `stream_sync` in the trace), so the side stream reading its output
+    would be ordered after it; `* 2` makes a nested tensor on the default stream with no sync
+    after it, and that one, read on the side stream without a wait, is a race at the read."""
+    import json
+
     import streamsan.torch
 
     torch = gpu
@@ -56,13 +62,23 @@ def test_a_nested_tensor_read_on_a_side_stream_without_a_wait_is_a_race(gpu, bac
     keep[:, 20:] = False
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
+    trace = tmp_path / "t.jsonl"
     with torch.no_grad():
-        with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
-            n = torch._nested_tensor_from_mask(x, keep, mask_check=False)
+        with streamsan.torch.check(raise_on_hazard=False, backend=backend, trace=trace) as run:
+            n = torch._nested_tensor_from_mask(x, keep, mask_check=False) * 2
             with torch.cuda.stream(side):
-                padded = torch.nested.to_padded_tensor(n, 0.0)  # no wait for the default stream
+                padded = torch.nested.to_padded_tensor(n, 0.0)  # NESTED READ: no wait
             torch.cuda.current_stream().wait_stream(side)
             torch.cuda.synchronize()
     assert padded.shape[0] == 8
-    kinds = {h["kind"] for h in run.report.hazards}
-    assert "data-race" in kinds, run.report.to_text()
+    ops = [json.loads(line) for line in trace.read_text().splitlines()]
+    read = next(o for o in ops if o.get("name") == "aten::to_padded_tensor")
+    assert read["reads"][0]["bytes"] == 8 * 20 * 64 * 4  # the whole buffer: its 8 x 20 tokens
+    races = [h for h in run.report.hazards if h["kind"] == "data-race"]
+    assert races, run.report.to_text()
+    assert any(h["access"]["site"].endswith(f":{_line_of('NESTED READ')}") for h in races), run.report.to_text()
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if f"# {marker}" in line)
