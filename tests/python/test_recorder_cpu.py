@@ -1878,19 +1878,28 @@ def test_the_engines_marks_follow_backward_and_grad_called_by_keyword(tmp_path, 
     assert run.report.hazards == [], run.report.to_text()
 
 
-def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("by", ["position", "keyword"])
+def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monkeypatch, by):
     """FSDP1 marks its flat parameters used on a stream with `record_stream` under torch's
     `no_dispatch()` (`_no_dispatch_record_stream`), which no TorchDispatchMode sees: the Python
     recorder's wrapper of `Tensor.record_stream` writes it then (and only then: elsewhere the
-    mode sees the op). torch's `record_stream` takes CUDA tensors only: a stand-in here."""
+    mode sees the op), the stream given by position or by its name in the op's schema (`s=`),
+    and passes the call on as made. torch's `record_stream` takes CUDA tensors only: a stand-in
+    here."""
     torch = torch_or_skip()
     from torch.utils._mode_utils import no_dispatch
 
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
 
     class Side:
         cuda_stream = 2
         device_index = 0
+
+    def mark(t):
+        if by == "keyword":
+            t.record_stream(s=Side())
+        else:
+            t.record_stream(Side())
 
     trace = tmp_path / "t.jsonl"
 
@@ -1901,8 +1910,8 @@ def test_the_python_recorder_sees_record_stream_under_no_dispatch(tmp_path, monk
         (t * 2).sum()
         f.stream(0)
         with no_dispatch():
-            t.record_stream(Side())
-        t.record_stream(Side())  # the stand-in reaches no dispatcher: nothing seen, nothing written
+            mark(t)
+        mark(t)  # the stand-in reaches no dispatcher: nothing seen, nothing written
 
     checked("python", body, trace)
     marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
@@ -2046,35 +2055,6 @@ def test_a_function_scripted_in_a_python_check_may_call_grad():
 
     assert all(fn is not torch.autograd.grad or op == "aten::grad" for fn, op in _builtins._builtin_ops)
     assert torch.autograd.grad.__module__ == "torch.autograd"  # put back
-
-
-def test_record_stream_by_its_keyword_under_no_dispatch(tmp_path, monkeypatch):
-    """`t.record_stream(s=stream)` (the parameter's name in the op's schema) under the Python
-    recorder's wrapper of `Tensor.record_stream`: passed on as called, and written under
-    `no_dispatch()` as by position."""
-    torch = torch_or_skip()
-    from torch.utils._mode_utils import no_dispatch
-
-    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, s: None)
-
-    class Side:
-        cuda_stream = 2
-        device_index = 0
-
-    trace = tmp_path / "t.jsonl"
-
-    def body(f):
-        f.stream(0)
-        t = torch.ones(256)
-        f.stream(2, "side")
-        (t * 2).sum()
-        f.stream(0)
-        with no_dispatch():
-            t.record_stream(s=Side())
-
-    checked("python", body, trace)
-    marks = [o for o in trace_ops(trace) if o["op"] == "record_stream"]
-    assert len(marks) == 1 and marks[0]["stream"] == "side", marks
 
 
 def test_torch_save_of_an_object_whose_attributes_raise_saves(backend, tmp_path):
