@@ -113,12 +113,11 @@ class _Warned:
             return
         self.seen.add(key)
         text = f"streamsan: {message}"
-        if not self.inside:
-            warnings.warn(text, RuntimeWarning, stacklevel=_outside_stacklevel())
-            return
         try:
             warnings.warn(text, RuntimeWarning, stacklevel=_outside_stacklevel())
         except Exception:
+            if not self.inside:
+                raise
             try:
                 sys.stderr.write(f"{text} (RuntimeWarning, written here: the warnings filter makes it an error)\n")
             except Exception:
@@ -1463,15 +1462,13 @@ class _EngineMarks:
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         at = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}" if tb is not None else ""
-        try:
-            self.rec.warn(
-                "engine-marks",
-                f"following the autograd engine's marks failed in its hook {where} a node "
-                f"({type(e).__name__}: {e}{at}); gradients handed across streams from here on are "
-                "not marked, and a free of one may be reported",
-            )
-        except Exception:  # noqa: BLE001 - warnings turned into errors: still not out of the engine
-            pass
+        # (the check's warnings never raise: see _Warned's `inside`)
+        self.rec.warn(
+            "engine-marks",
+            f"following the autograd engine's marks failed in its hook {where} a node "
+            f"({type(e).__name__}: {e}{at}); gradients handed across streams from here on are "
+            "not marked, and a free of one may be reported",
+        )
 
     def _stream(self, t) -> tuple[int, int]:
         b = self.rec.backend

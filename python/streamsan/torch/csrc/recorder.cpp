@@ -602,9 +602,8 @@ struct State {
   std::atomic<uint64_t> resolver_errors{0};  // writes of queued records that failed (records lost)
   // Ops whose start callback threw (a tensor whose metadata could not be read): not recorded.
   std::atomic<uint64_t> callback_errors{0};
-  std::atomic<bool> callback_error_told{false};  // the first one's message taken
-  std::mutex callback_error_mu;                   // guards first_callback_error
-  std::string first_callback_error;               // written once, by the thread that set the flag
+  std::mutex callback_error_mu;      // guards first_callback_error
+  std::string first_callback_error;  // the first one's message (empty until one)
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
   std::mutex names_mu;
@@ -2160,9 +2159,9 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
 // An op a callback could not record (counted; the first one's message kept for the warning).
 void unread_op(const at::RecordFunction& fn, const std::exception& e) noexcept {
   S->callback_errors.fetch_add(1, std::memory_order_relaxed);
-  if (S->callback_error_told.exchange(true)) return;
   try {
     std::lock_guard<std::mutex> g(S->callback_error_mu);
+    if (!S->first_callback_error.empty()) return;
     S->first_callback_error = std::string(fn.name()) + ": " + e.what();
     const size_t nl = S->first_callback_error.find('\n');
     if (nl != std::string::npos) S->first_callback_error.resize(nl);
@@ -3174,7 +3173,6 @@ void reset() {
   S->captures.store(0);
   S->resolver_errors.store(0);
   S->callback_errors.store(0);
-  S->callback_error_told.store(false);
   {
     std::lock_guard<std::mutex> g(S->callback_error_mu);
     S->first_callback_error.clear();
