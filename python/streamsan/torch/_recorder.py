@@ -2119,8 +2119,8 @@ class Recorder:
         if c.get("unread_ops"):
             self.warn(
                 "unread-ops",
-                f"{c['unread_ops']} op(s) could not be recorded: their arguments could not be read "
-                f"(the first: {c.get('first_unread') or '?'}); the check may miss hazards on them",
+                f"{c['unread_ops']} op(s) could not be recorded: their arguments or outputs could not be "
+                f"read (the first: {c.get('first_unread') or '?'}); the check may miss hazards on them",
             )
         if c.get("external_accesses"):
             self.warn(

@@ -70,12 +70,14 @@
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
 #include <optional>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -604,6 +606,11 @@ struct State {
   std::atomic<uint64_t> callback_errors{0};
   std::mutex callback_error_mu;      // guards first_callback_error
   std::string first_callback_error;  // the first one's message (empty until one)
+  // For tests of the guard above: the op named by STREAMSAN_TEST_UNREADABLE_OP (read when a
+  // check begins) throws in its start callback after its frame is pushed, or in its end callback
+  // with the suffix "@end", as an op whose arguments or outputs cannot be read would. Empty: off.
+  std::array<char, 128> unreadable_op{};
+  bool unreadable_at_end = false;
   // The streams' names (`names_mu` held, alone or after `mu`): read by the GPU trace's hooks,
   // which need no other state.
   std::mutex names_mu;
@@ -2156,6 +2163,31 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
   });
 }
 
+// The test knob's op (see `unreadable_op`) throws as an unreadable one would.
+void maybe_unreadable(const at::RecordFunction& fn) {
+  if (std::strcmp(fn.name(), S->unreadable_op.data()) == 0) {
+    throw std::runtime_error("declared unreadable by STREAMSAN_TEST_UNREADABLE_OP");
+  }
+}
+
+// Reads STREAMSAN_TEST_UNREADABLE_OP when a check begins (before it is active: no callback reads
+// the knob while it is written).
+// Written only when it changes: the callbacks of a previous check's threads may still read it.
+void read_unreadable_knob() {
+  std::array<char, 128> op{};
+  bool at_end = false;
+  if (const char* v = std::getenv("STREAMSAN_TEST_UNREADABLE_OP")) {
+    std::string_view name(v);
+    if (name.size() > 4 && name.substr(name.size() - 4) == "@end") {
+      at_end = true;
+      name.remove_suffix(4);
+    }
+    if (name.size() < op.size()) std::memcpy(op.data(), name.data(), name.size());
+  }
+  if (op != S->unreadable_op) S->unreadable_op = op;
+  if (at_end != S->unreadable_at_end) S->unreadable_at_end = at_end;
+}
+
 // An op a callback could not record (counted; the first one's message kept for the warning).
 void unread_op(const at::RecordFunction& fn, const std::exception& e) noexcept {
   S->callback_errors.fetch_add(1, std::memory_order_relaxed);
@@ -2312,6 +2344,9 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn,
   if (info.kind == Kind::Composite) {
     fr.site = t.cur_site;
     return pushed;
+  }
+  if (S->unreadable_op[0] != '\0') [[unlikely]] {
+    if (!S->unreadable_at_end) maybe_unreadable(fn);
   }
   auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && !info.meta_inputs; i++) {
@@ -2654,6 +2689,9 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   const uint64_t t0 = profiling ? now_ns() : 0;
   const OpInfo& info = *fr.info;
   Accesses outs;
+  if (S->unreadable_op[0] != '\0') [[unlikely]] {
+    if (S->unreadable_at_end) maybe_unreadable(fn);
+  }
   if (info.kind != Kind::RecordStream) {
     for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
   }
@@ -4191,6 +4229,7 @@ bool begin_recording(bool with_cuda, int profile, bool gpu_trace, bool defer, bo
   set_defer(defer, defer_fake);
   S->quiet_callees.store(quiet);
   S->pinned_at_once.store(pinned_at_once);
+  read_unreadable_knob();
   const bool taken = raw_sink.is_none() || set_raw_sink(raw_sink);
   set_active(true);
   return taken;
@@ -4265,6 +4304,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_plan_put", &fast_plan_put);
   m.def("fast_plans_clear", &fast_plans_clear);
   m.def("fast_depth", &fast_depth);
+  m.def("frame_depth", [] { return tls().frames.size(); });  // tests: this thread's open ops
   m.def("fast_plans_count", &fast_plans_count);
   fast_plan_gone_fn = PyCFunction_New(&fast_plan_gone_def, nullptr);
   fast_run_stream_name = PyUnicode_InternFromString("stream");
