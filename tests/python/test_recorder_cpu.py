@@ -2129,3 +2129,235 @@ def test_an_op_the_recorder_cannot_read_is_counted_and_the_rest_recorded(knob, m
         warnings.simplefilter("always")
         checked("native", body)
     assert not [w for w in caught if "could not be recorded" in str(w.message)]
+
+
+def _jagged(torch):
+    """A jagged nested tensor (NJT, a traceable wrapper subclass: its values and its offsets)."""
+    return torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)], layout=torch.jagged)
+
+
+def _checked_quietly(backend, body, trace=None):
+    """`checked`, with the warnings the check gives kept from pytest (torch makes an NJT's lengths
+    in C++, before a dispatcher op sees them: memory allocated before the check began)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        return checked(backend, body, trace)
+
+
+def test_ops_of_two_streams_on_one_jagged_nested_tensor_are_no_race(backend, tmp_path):
+    """An NJT's op is recorded as the ops its `__torch_dispatch__` issues on its values and
+    offsets (the C++ recorder sees those; the Python recorder hands the op to the subclass and
+    sees them come back): `nt * 2` is a `mul` of the values, and its result shares `nt`'s offsets
+    without writing them. Two streams each computing on `nt` after waiting for it: no race (the
+    Python recorder used to write the wrapper's every inner tensor for the op's result: a
+    write/write race on the offsets), and each op is written once."""
+    torch = torch_or_skip()
+
+    def body(f):
+        f.stream(0)
+        nt = _jagged(torch)
+        f.record(1, 0)
+        f.stream(1, "s1")
+        f.wait(1, 1)
+        y = nt * 2  # NJT MUL
+        f.stream(2, "s2")
+        f.wait(2, 1)
+        z = nt + 1
+        f.stream(0)
+        assert y.offsets() is nt.offsets() and z.offsets() is nt.offsets()
+
+    trace = tmp_path / "ops.jsonl"
+    run = _checked_quietly(backend, body, trace=str(trace))
+    assert sites(run) == set(), run.report.to_text()
+    at = f"{os.path.basename(HERE)}:{line_of('NJT MUL')}"
+    ops = trace_ops(trace)
+    muls = [o for o in ops if o["op"] == "launch" and o["name"] == "aten::mul" and o.get("site", "").endswith(at)]
+    assert len(muls) == 1, muls
+    assert len(muls[0]["writes"]) == 1 and muls[0]["writes"][0]["bytes"] == 8 * 4 * 4, muls  # the new values
+
+
+def test_a_jagged_nested_tensor_read_on_a_side_stream_without_a_wait_is_a_race(backend):
+    """An NJT made on the default stream, read by an op on a side stream that did not wait: a
+    read-after-write race at the read, and the op only reads `nt`'s buffers (its result's offsets
+    are `nt`'s, not written)."""
+    torch = torch_or_skip()
+
+    def body(f):
+        f.stream(0)
+        nt = _jagged(torch)
+        f.stream(1, "side")
+        y = nt * 2  # NJT UNWAITED READ
+        f.stream(0)
+        del y
+
+    run = _checked_quietly(backend, body)
+    assert sites(run) == {("data-race", line_of("NJT UNWAITED READ"))}, run.report.to_text()
+    for h in run.report.hazards:
+        assert h["access"]["access"] == "read" and h["pattern"] == "read-after-write", h
+
+
+def test_an_in_place_op_on_a_jagged_nested_tensor_writes_its_values_only(backend):
+    """`nt.mul_(2)` is `mul_` of the NJT's values: the offsets are not written, so another stream
+    reading only the offsets (both streams waiting for `nt`) is no race (the Python recorder used
+    to write every inner tensor of a wrapper an in-place op mutates)."""
+    torch = torch_or_skip()
+
+    def body(f):
+        f.stream(0)
+        nt = _jagged(torch)
+        f.record(1, 0)
+        f.stream(1, "s1")
+        f.wait(1, 1)
+        nt.mul_(2)
+        f.stream(2, "s2")
+        f.wait(2, 1)
+        o = nt.offsets() + 0
+        f.stream(0)
+        assert o.tolist() == [0, 3, 8]
+
+    run = _checked_quietly(backend, body)
+    assert sites(run) == set(), run.report.to_text()
+
+
+def test_a_dtensors_ops_are_recorded_on_its_local_tensor(backend, tmp_path):
+    """A DTensor (one rank, gloo, on CPU) made on the default stream from a local tensor: an op
+    on a side stream that did not wait reads the local tensor (a race there), a stream that
+    waited does not, and an in-place op writes the local tensor (the ops torch's DTensor
+    dispatcher issues on it)."""
+    torch = torch_or_skip()
+    try:
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.tensor import DTensor, Shard
+    except Exception:
+        pytest.skip("torch.distributed's DTensor is not available")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=(tmp_path / "pg").as_uri())
+    try:
+        mesh = DeviceMesh("cpu", [0])
+        state = {}
+
+        def body(f):
+            f.stream(0)
+            local = torch.ones(4, 4)
+            d = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+            f.record(1, 0)
+            f.stream(1, "s1")
+            f.wait(1, 1)
+            y = d * 2
+            f.stream(2, "s2")
+            z = d + 1  # DTENSOR UNWAITED READ
+            f.stream(1)
+            d.add_(1)  # DTENSOR IN PLACE
+            f.stream(0)
+            state["local"] = d.to_local()
+            state["out"] = (y.to_local(), z.to_local())
+
+        run = _checked_quietly(backend, body)
+    finally:
+        dist.destroy_process_group()
+    races = {("data-race", line_of("DTENSOR UNWAITED READ")), ("data-race", line_of("DTENSOR IN PLACE"))}
+    assert sites(run) == races, run.report.to_text()
+    by_line = {int(h["access"]["site"].rsplit(":", 1)[1]): h for h in run.report.hazards}
+    assert by_line[line_of("DTENSOR UNWAITED READ")]["pattern"] == "read-after-write"
+    assert by_line[line_of("DTENSOR IN PLACE")]["access"]["access"] == "write"
+    assert torch.equal(state["local"], torch.full((4, 4), 2.0))
+
+
+def test_the_python_recorder_records_a_wrapper_op_whose_own_ops_it_cannot_see(tmp_path):
+    """A traceable wrapper subclass whose `__torch_dispatch__` runs its ops under `no_dispatch()`
+    (no mode sees them): the Python recorder records the op itself, as touching the tensor the
+    wrapper holds; a read of it on a side stream without a wait is a race at the op's line."""
+    torch = torch_or_skip()
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._pytree import tree_map_only
+
+    class Hidden(torch.Tensor):
+        @staticmethod
+        def __new__(cls, a):
+            return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
+
+        def __init__(self, a):
+            self.a = a
+
+        def __tensor_flatten__(self):
+            return ["a"], None
+
+        @staticmethod
+        def __tensor_unflatten__(inner, meta, size, stride):
+            return Hidden(inner["a"])
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            plain = tree_map_only(Hidden, lambda x: x.a, args)
+            with no_dispatch():
+                out = func(*plain, **(kwargs or {}))
+            return tree_map_only(torch.Tensor, lambda x: Hidden(x) if type(x) is torch.Tensor else x, out)
+
+    def body(f):
+        f.stream(0)
+        h = Hidden(torch.ones(4))
+        f.stream(1, "side")
+        y = h + 1  # HIDDEN READ
+        h.mul_(2)  # HIDDEN WRITE
+        f.stream(0)
+        del y
+
+    trace = tmp_path / "ops.jsonl"
+    run = _checked_quietly("python", body, trace=str(trace))
+    races = {("data-race", line_of("HIDDEN READ")), ("data-race", line_of("HIDDEN WRITE"))}
+    assert sites(run) == races, run.report.to_text()
+    names = [o["name"] for o in trace_ops(trace) if o["op"] == "launch"]
+    assert names == ["aten::ones", "aten::add", "aten::mul_"], names
+
+
+def test_a_wait_a_wrapper_subclass_issues_before_its_ops_orders_them(backend):
+    """A traceable wrapper subclass whose `__torch_dispatch__` first makes the current stream wait
+    (as `AsyncCollectiveTensor` waits for its collective) and then runs the op on the tensor it
+    holds: the wait is written before that op, so the side stream's read after it is no race (the
+    Python recorder used to write it after the wrapper's op, as a sync inside an aten op)."""
+    torch = torch_or_skip()
+    from torch.utils._pytree import tree_map_only
+
+    fake = []
+
+    class Waits(torch.Tensor):
+        @staticmethod
+        def __new__(cls, a):
+            return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
+
+        def __init__(self, a):
+            self.a = a
+
+        def __tensor_flatten__(self):
+            return ["a"], None
+
+        @staticmethod
+        def __tensor_unflatten__(inner, meta, size, stride):
+            return Waits(inner["a"])
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            fake[0].wait(1, 1)
+            plain = tree_map_only(Waits, lambda x: x.a, args)
+            return func(*plain, **(kwargs or {}))
+
+    out = {}
+
+    def body(f):
+        fake[:] = [f]
+        f.stream(0)
+        w = Waits(torch.ones(4))
+        f.record(1, 0)
+        f.stream(1, "side")
+        out["y"] = w * 2
+        f.stream(0)
+
+    run = _checked_quietly(backend, body)
+    assert sites(run) == set(), run.report.to_text()
+    assert torch.equal(out["y"], torch.full((4,), 2.0))

@@ -449,6 +449,10 @@ class PythonBackend:
         self.local = threading.local()
         self.counts = {"external_accesses": 0, "bad_regions": 0, "triton_launches": 0}
         self.mode = None
+        # Whether a type is a traceable wrapper subclass (see `wraps`), and how many of their ops
+        # are running now on all threads (see `call_subclass`).
+        self.wrapper_types: dict[type, bool] = {}
+        self.in_subclass = 0
 
     @property
     def counters(self) -> dict:
@@ -776,6 +780,9 @@ class PythonBackend:
         if not frames or not frames[-1][1]:
             return
         entry = frames[-1]
+        if entry[4]:
+            self.flush_subclass_frames()
+            return
         pending = entry[1]
         n = len(pending)
         if entry[2] is not None:
@@ -858,7 +865,74 @@ class PythonBackend:
         except Exception:
             return None
 
+    def wraps(self, types) -> bool:
+        """Whether an op's overloaded types (those with a `__torch_dispatch__` of their own) include
+        a traceable wrapper subclass: `__tensor_flatten__` and `__tensor_unflatten__` (torch's
+        `is_traceable_wrapper_subclass_type`: NJT, DTensor, AsyncCollectiveTensor, …)."""
+        known = self.wrapper_types
+        for t in types:
+            w = known.get(t)
+            if w is None:
+                w = known[t] = (
+                    t is not self.torch.Tensor
+                    and issubclass(t, self.torch.Tensor)
+                    and hasattr(t, "__tensor_flatten__")
+                    and hasattr(t, "__tensor_unflatten__")
+                )
+            if w:
+                return True
+        return False
+
+    def in_subclass_op(self, func, types) -> bool:
+        """While this thread runs an op of a wrapper subclass (`call_subclass`): True for that op
+        come back to the mode (the mode then returns NotImplemented, and torch hands the op to the
+        subclass); else the op is one the subclass issued, counted as seen."""
+        local = self.local
+        handed = getattr(local, "handing", None)
+        if handed is not None:
+            local.handing = None  # only the first op the mode sees is the op itself
+            if handed is func:
+                return True
+        if getattr(local, "subclass_depth", 0) and not (types and self.wraps(types)):
+            local.seen = getattr(local, "seen", 0) + 1
+        return False
+
+    def call_subclass(self, func, args, kwargs) -> tuple:
+        """Runs an op on a traceable wrapper subclass with the mode pushed again (torch pops a mode
+        while its `__torch_dispatch__` runs): the op comes back to the mode, which returns
+        NotImplemented for it (`in_subclass_op`); torch's dispatch then calls the subclass's
+        `__torch_dispatch__` (or DTensor's dispatcher) with the mode on the stack, so the ops it
+        issues on the plain tensors it holds come to the mode and are recorded as any op is.
+        Returns the op's value and how many of those ops the mode saw (0: the subclass ran them
+        where no mode sees them, `no_dispatch()`: the caller records the op itself)."""
+        local = self.local
+        before = getattr(local, "seen", 0)
+        local.subclass_depth = getattr(local, "subclass_depth", 0) + 1
+        with self.mu:
+            self.in_subclass += 1
+        local.handing = func
+        try:
+            with self.mode:
+                out = func(*args, **kwargs)
+        finally:
+            local.handing = None
+            local.subclass_depth -= 1
+            with self.mu:
+                self.in_subclass -= 1
+        return out, getattr(local, "seen", 0) - before
+
+    def flush_subclass_frames(self) -> None:
+        """What this thread issued inside the wrapper subclass ops it is running, outside the ops
+        they issued (the frames of `call_subclass`), written now: before the op about to be
+        written, which came after them. `mu` held."""
+        for entry in self.frames():
+            if entry[4] and entry[1]:
+                self.batch.extend(entry[1])
+                del entry[1][:]
+
     def dispatch(self, func, types, args, kwargs):
+        if self.in_subclass and self.in_subclass_op(func, types):
+            return NotImplemented
         info = self.info(func)
         if info.kind == "skip" or not self.rec.on or (info.kind == "set" and not _set_grows(args, kwargs)):
             return func(*args, **(kwargs or {}))
@@ -895,14 +969,33 @@ class PythonBackend:
         site = self.sites.quoted(4)
         frames = self.frames()
         pending: list[str] = []
+        # An op on a traceable wrapper subclass (NJT, DTensor, …) is recorded as the ops its
+        # `__torch_dispatch__` issues on the tensors it holds, as the C++ recorder sees them (an
+        # NJT's `nt * 2` is `mul` of its values: its offsets, shared by the result, are not
+        # written). Record streams and collectives keep their own handling.
+        subclass = bool(types) and info.kind == "normal" and self.wraps(types)
         # [site, host ops issued inside, a collective's (raw stream, device), the stream its
-        # wait named once written (see issued_before)]
-        entry = [site, pending, (stream or 0, frame["device"]) if info.kind == "collective" else None, None]
+        # wait named once written (see issued_before), a wrapper subclass's op (call_subclass)]
+        entry = [site, pending, (stream or 0, frame["device"]) if info.kind == "collective" else None, None, subclass]
         frames.append(entry)
         try:
-            out = func(*args, **kwargs)
+            if subclass:
+                out, seen = self.call_subclass(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
         finally:
             frames.pop()
+        if subclass:
+            if seen:
+                with self.mu:
+                    self.flush_subclass_frames()
+                    self.batch.extend(pending)
+                    self._maybe_flush()
+                return out
+            # The subclass's ops were not seen: the op is recorded as touching the tensors the
+            # wrappers hold (`collect`), and counts as seen for a wrapper op around it.
+            local = self.local
+            local.seen = getattr(local, "seen", 0) + 1
         outs: list[_Access] = []
         if info.kind != "record_stream":
             self.collect(out, True, outs, frame)
@@ -911,6 +1004,8 @@ class PythonBackend:
             # device tensor): the op ran on the stream current now.
             stream = self.current_stream(frame["device"]) if frame["any_device"] else 0
         with self.mu:
+            if frames:
+                self.flush_subclass_frames()
             lines = self.batch
             sid = self.stream_id(stream, frame["device"])
             if info.fresh or info.factory:
