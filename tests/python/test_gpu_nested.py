@@ -82,3 +82,40 @@ def test_a_nested_tensor_read_on_a_side_stream_without_a_wait_is_a_race(gpu, bac
 def _line_of(marker: str) -> int:
     with open(__file__) as f:
         return next(i for i, line in enumerate(f, 1) if f"# {marker}" in line)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("wait", [True, False])
+def test_two_streams_on_one_jagged_nested_tensor(gpu, backend, wait):
+    """A jagged nested tensor (a wrapper subclass: values and offsets) made on the default
+    stream, then `nt * 2` on one side stream and `nt + 1` on another. With both waiting for the
+    default stream it is clean: the results share `nt`'s offsets and neither op writes them.
+    Without the waits, each side stream's read of `nt`'s values races with the default stream's
+    write of them."""
+    import streamsan.torch
+
+    torch = gpu
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
+        a = torch.randn(300, 64, device="cuda")
+        b = torch.randn(500, 64, device="cuda")
+        nt = torch.nested.nested_tensor([a, b], layout=torch.jagged)
+        if wait:
+            s1.wait_stream(torch.cuda.current_stream())
+            s2.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s1):
+            y = nt * 2  # JAGGED S1
+        with torch.cuda.stream(s2):
+            z = nt + 1  # JAGGED S2
+        torch.cuda.current_stream().wait_stream(s1)
+        torch.cuda.current_stream().wait_stream(s2)
+        got = (y.values().sum() + z.values().sum()).item()
+    assert abs(got - (3 * nt.values().sum().item() + nt.values().numel())) < 1e-1 * nt.values().numel()
+    found = {(h["kind"], int(h["access"]["site"].rsplit(":", 1)[1])) for h in run.report.hazards if h["access"]}
+    if wait:
+        assert run.report.hazards == [], run.report.to_text()
+    else:
+        assert ("data-race", _line_of("JAGGED S1")) in found, run.report.to_text()
+        assert ("data-race", _line_of("JAGGED S2")) in found, run.report.to_text()
+        assert {k for k, _ in found} == {"data-race"}, run.report.to_text()
