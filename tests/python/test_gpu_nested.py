@@ -111,10 +111,11 @@ def test_two_streams_on_one_jagged_nested_tensor(gpu, backend, wait):
         torch.cuda.current_stream().wait_stream(s1)
         torch.cuda.current_stream().wait_stream(s2)
         got = (y.values().sum() + z.values().sum()).item()
-    assert abs(got - (3 * nt.values().sum().item() + nt.values().numel())) < 1e-1 * nt.values().numel()
     found = {(h["kind"], int(h["access"]["site"].rsplit(":", 1)[1])) for h in run.report.hazards if h["access"]}
     if wait:
         assert run.report.hazards == [], run.report.to_text()
+        want = 3 * nt.values().sum().item() + nt.values().numel()
+        assert abs(got - want) < 1e-3 * nt.values().numel(), (got, want)
     else:
         assert ("data-race", _line_of("JAGGED S1")) in found, run.report.to_text()
         assert ("data-race", _line_of("JAGGED S2")) in found, run.report.to_text()
