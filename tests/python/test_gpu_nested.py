@@ -100,7 +100,9 @@ def test_two_streams_on_one_jagged_nested_tensor(gpu, backend, wait):
     with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
         a = torch.randn(300, 64, device="cuda")
         b = torch.randn(500, 64, device="cuda")
-        nt = torch.nested.nested_tensor([a, b], layout=torch.jagged)
+        # Made from a list, its offsets are copied from host memory (a blocking copy: the host
+        # waits for the default stream); `* 3` is the default stream's write after that.
+        nt = torch.nested.nested_tensor([a, b], layout=torch.jagged) * 3
         if wait:
             s1.wait_stream(torch.cuda.current_stream())
             s2.wait_stream(torch.cuda.current_stream())
