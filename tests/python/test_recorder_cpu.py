@@ -2269,15 +2269,11 @@ def test_a_dtensors_ops_are_recorded_on_its_local_tensor(backend, tmp_path):
     assert torch.equal(state["local"], torch.full((4, 4), 2.0))
 
 
-def test_the_python_recorder_records_a_wrapper_op_whose_own_ops_it_cannot_see(tmp_path):
-    """A traceable wrapper subclass whose `__torch_dispatch__` runs its ops under `no_dispatch()`
-    (no mode sees them): the Python recorder records the op itself, as touching the tensor the
-    wrapper holds; a read of it on a side stream without a wait is a race at the op's line."""
-    torch = torch_or_skip()
-    from torch.utils._mode_utils import no_dispatch
-    from torch.utils._pytree import tree_map_only
+def _holding(torch, dispatch):
+    """A traceable wrapper subclass holding one plain tensor (`.a`), whose `__torch_dispatch__` is
+    `dispatch(cls, func, args, kwargs)`."""
 
-    class Hidden(torch.Tensor):
+    class Holding(torch.Tensor):
         @staticmethod
         def __new__(cls, a):
             return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
@@ -2290,14 +2286,30 @@ def test_the_python_recorder_records_a_wrapper_op_whose_own_ops_it_cannot_see(tm
 
         @staticmethod
         def __tensor_unflatten__(inner, meta, size, stride):
-            return Hidden(inner["a"])
+            return Holding(inner["a"])
 
         @classmethod
         def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            plain = tree_map_only(Hidden, lambda x: x.a, args)
-            with no_dispatch():
-                out = func(*plain, **(kwargs or {}))
-            return tree_map_only(torch.Tensor, lambda x: Hidden(x) if type(x) is torch.Tensor else x, out)
+            return dispatch(cls, func, args, kwargs or {})
+
+    return Holding
+
+
+def test_the_python_recorder_records_a_wrapper_op_whose_own_ops_it_cannot_see(tmp_path):
+    """A traceable wrapper subclass whose `__torch_dispatch__` runs its ops under `no_dispatch()`
+    (no mode sees them): the Python recorder records the op itself, as touching the tensor the
+    wrapper holds; a read of it on a side stream without a wait is a race at the op's line."""
+    torch = torch_or_skip()
+    from torch.utils._mode_utils import no_dispatch
+    from torch.utils._pytree import tree_map_only
+
+    def dispatch(cls, func, args, kwargs):
+        plain = tree_map_only(cls, lambda x: x.a, args)
+        with no_dispatch():
+            out = func(*plain, **kwargs)
+        return tree_map_only(torch.Tensor, lambda x: cls(x) if type(x) is torch.Tensor else x, out)
+
+    Hidden = _holding(torch, dispatch)
 
     def body(f):
         f.stream(0)
@@ -2326,26 +2338,11 @@ def test_a_wait_a_wrapper_subclass_issues_before_its_ops_orders_them(backend):
 
     fake = []
 
-    class Waits(torch.Tensor):
-        @staticmethod
-        def __new__(cls, a):
-            return torch.Tensor._make_wrapper_subclass(cls, a.shape, dtype=a.dtype, device=a.device)
+    def dispatch(cls, func, args, kwargs):
+        fake[0].wait(1, 1)
+        return func(*tree_map_only(cls, lambda x: x.a, args), **kwargs)
 
-        def __init__(self, a):
-            self.a = a
-
-        def __tensor_flatten__(self):
-            return ["a"], None
-
-        @staticmethod
-        def __tensor_unflatten__(inner, meta, size, stride):
-            return Waits(inner["a"])
-
-        @classmethod
-        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-            fake[0].wait(1, 1)
-            plain = tree_map_only(Waits, lambda x: x.a, args)
-            return func(*plain, **(kwargs or {}))
+    Waits = _holding(torch, dispatch)
 
     out = {}
 

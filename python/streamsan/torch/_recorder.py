@@ -867,18 +867,19 @@ class PythonBackend:
 
     def wraps(self, types) -> bool:
         """Whether an op's overloaded types (those with a `__torch_dispatch__` of their own) include
-        a traceable wrapper subclass: `__tensor_flatten__` and `__tensor_unflatten__` (torch's
-        `is_traceable_wrapper_subclass_type`: NJT, DTensor, AsyncCollectiveTensor, …)."""
+        a traceable wrapper subclass (torch's `is_traceable_wrapper_subclass_type`: NJT, DTensor,
+        AsyncCollectiveTensor, …; none where this torch lacks it)."""
         known = self.wrapper_types
         for t in types:
             w = known.get(t)
             if w is None:
-                w = known[t] = (
-                    t is not self.torch.Tensor
-                    and issubclass(t, self.torch.Tensor)
-                    and hasattr(t, "__tensor_flatten__")
-                    and hasattr(t, "__tensor_unflatten__")
-                )
+                try:
+                    from torch.utils._python_dispatch import is_traceable_wrapper_subclass_type
+                except ImportError:
+                    w = False
+                else:
+                    w = bool(is_traceable_wrapper_subclass_type(t))
+                known[t] = w
             if w:
                 return True
         return False
@@ -1004,7 +1005,7 @@ class PythonBackend:
             # device tensor): the op ran on the stream current now.
             stream = self.current_stream(frame["device"]) if frame["any_device"] else 0
         with self.mu:
-            if frames:
+            if self.in_subclass and frames:  # (a wrapper subclass's frame: only while one runs)
                 self.flush_subclass_frames()
             lines = self.batch
             sid = self.stream_id(stream, frame["device"])

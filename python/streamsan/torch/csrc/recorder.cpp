@@ -2163,16 +2163,16 @@ void write_temp(const Frame& fr, const Frame::Temp& temp, bool may_flush) {
   });
 }
 
-// The test knob's op (see `unreadable_op`) throws as an unreadable one would.
-void maybe_unreadable(const at::RecordFunction& fn) {
-  if (std::strcmp(fn.name(), S->unreadable_op.data()) == 0) {
+// The test knob's op (see `unreadable_op`) throws as an unreadable one would, in its start
+// callback or (`at_end`) its end callback, as the knob says.
+void maybe_unreadable(const at::RecordFunction& fn, bool at_end) {
+  if (at_end == S->unreadable_at_end && std::strcmp(fn.name(), S->unreadable_op.data()) == 0) {
     throw std::runtime_error("declared unreadable by STREAMSAN_TEST_UNREADABLE_OP");
   }
 }
 
-// Reads STREAMSAN_TEST_UNREADABLE_OP when a check begins (before it is active: no callback reads
-// the knob while it is written).
-// Written only when it changes: the callbacks of a previous check's threads may still read it.
+// Reads STREAMSAN_TEST_UNREADABLE_OP when a check begins, before it is active. Written only when
+// it changes: the callbacks of a previous check's threads may still read it.
 void read_unreadable_knob() {
   std::array<char, 128> op{};
   bool at_end = false;
@@ -2345,9 +2345,7 @@ std::unique_ptr<at::ObserverContext> on_start_impl(const at::RecordFunction& fn,
     fr.site = t.cur_site;
     return pushed;
   }
-  if (S->unreadable_op[0] != '\0') [[unlikely]] {
-    if (!S->unreadable_at_end) maybe_unreadable(fn);
-  }
+  if (S->unreadable_op[0] != '\0') [[unlikely]] maybe_unreadable(fn, /*at_end=*/false);
   auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size() && !info.meta_inputs; i++) {
     bool w = i < info.arg_write.size() && info.arg_write[i];
@@ -2689,9 +2687,7 @@ void on_end_impl(const at::RecordFunction& fn, at::ObserverContext* pushed) {
   const uint64_t t0 = profiling ? now_ns() : 0;
   const OpInfo& info = *fr.info;
   Accesses outs;
-  if (S->unreadable_op[0] != '\0') [[unlikely]] {
-    if (S->unreadable_at_end) maybe_unreadable(fn);
-  }
+  if (S->unreadable_op[0] != '\0') [[unlikely]] maybe_unreadable(fn, /*at_end=*/true);
   if (info.kind != Kind::RecordStream) {
     for (const c10::IValue& v : fn.outputs()) add_ivalue(v, true, outs, fr);
   }
