@@ -191,3 +191,21 @@ def test_errors_under_the_cost_steps_checks_are_listed():
         "checks that raised in the cost step:\n  a: native-steady: TraceError: overlaps a pool")
     both = rr.errors_under_cost_checks({**cost, **failed})
     assert both.startswith("errors under the cost step's checks") and both.endswith("TraceError: overlaps a pool")
+
+
+def test_a_compiled_programs_cost_goal_is_judged_on_a_long_runs_step_where_measured():
+    import realcode_report as rr
+
+    def row(native, steady=None):
+        sec = {"plain": 0.01, "native_ratio": native}
+        if steady is not None:
+            sec[f"{rr.STEADY}_ratio"] = steady
+        return {"seconds": sec}
+
+    assert rr._goal(row(1.35, 1.05), True) == "met (steady)"  # entering and leaving not counted
+    assert rr._goal(row(1.10, 1.31), True) == "NOT met (steady)"  # the step itself over the goal
+    assert rr._goal(row(1.29), True) == "met"  # no steady rounds: the run checked on its own
+    assert rr._goal(row(1.31), True) == "NOT met"
+    assert rr._goal(None, True) == "unmeasured" and rr._goal(row(2.0, 2.0), False) == ""
+    assert [rr._goal_key(g) for g in ("met (steady)", "NOT met (steady)", "unmeasured")] == [
+        "met", "NOT met", "unmeasured"]
