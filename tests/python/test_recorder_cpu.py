@@ -1858,6 +1858,115 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     assert freed(ops, grad) == ["unsafe-free"]
 
 
+def _engine_sum(f):
+    """Two gradients of `x` summed by the engine on another stream than the one that made one
+    of them. `x` is first used on the side stream (`b = x * 2`: x's AccumulateGrad, the consumer,
+    takes that stream), then on the default one (`a = x * 3`). The backward runs `a`'s node first
+    (made later) on the default stream, then `b`'s on the side stream (a hook on `b` switches the
+    fake device's stream after the wait the engine issues for the first gradient): the engine
+    sums the two on the side stream, the consumer's, after marking the default stream's gradient
+    used there (`InputBuffer::add`, the Nth producer; torch/csrc/autograd/input_buffer.cpp), and
+    drops it (`create_graph=True`: the sum is a new tensor, not the first one added to)."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    f.record(3, 0)
+    f.stream(2, "side")
+    f.wait(2, 3)
+    b = x * 2
+    f.record(4, 2)
+    f.stream(0)
+    f.wait(0, 4)
+    a = x * 3
+
+    def on_side(grad):
+        f.record(1, 0)
+        f.stream(2, "side")
+        f.wait(2, 1)
+
+    b.register_hook(on_side)
+    (a + b).sum().backward(create_graph=True)
+    f.stream(0)
+    return x.grad.detach()
+
+
+def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch):
+    """The Python recorder writes the autograd engine's mark of a gradient it sums with another
+    on another stream (see _EngineMarks): the default stream's gradient, read by the sum on the
+    side stream and then freed, is marked used on the side stream before the sum, and its free
+    is no hazard. Without the marks the same free is an `unsafe-free`. (As in the test above,
+    the gradient's free is added to each trace.)"""
+    torch_or_skip()
+    import streamsan
+    from streamsan.torch import _recorder
+
+    def traced(name):
+        trace = tmp_path / name
+        got = {}
+
+        def body(f):
+            got["grad"] = _engine_sum(f)
+
+        run = checked("python", body, trace)
+        assert got["grad"].eq(5).all()
+        return run, trace_ops(trace)
+
+    def summed(ops):
+        """The buffer the default stream made that the side stream's sum read."""
+        written = {w["buffer"] for o in ops if o["op"] == "launch" and o["stream"] == "default"
+                   for w in o.get("writes", [])}
+        adds = [o for o in ops if o["op"] == "launch" and o["stream"] == "side" and "add" in o["name"]]
+        (buf,) = {r["buffer"] for o in adds for r in o.get("reads", [])} & written
+        return buf, ops.index(adds[0])
+
+    def freed(ops, buf):
+        """The hazards of the trace with the gradient freed (where the trace has no free of it)."""
+        c = streamsan.Checker()
+        for o in ops:
+            c.push(o)
+        if not any(o["op"] == "free" and o["buffer"] == buf for o in ops):
+            c.push({"op": "free", "buffer": buf})
+        return [h["kind"] for h in c.finish().hazards]
+
+    run, ops = traced("marked.jsonl")
+    grad, add = summed(ops)
+    marks = [(i, o) for i, o in enumerate(ops) if o["op"] == "record_stream" and o["buffer"] == grad]
+    assert len(marks) == 1 and marks[0][1]["stream"] == "side", marks
+    assert marks[0][0] < add  # written before the sum, as the engine marks it
+    assert run.report.hazards == [], run.report.to_text()
+    assert freed(ops, grad) == []
+
+    monkeypatch.setattr(_recorder, "_ENGINE_MARKS", False)
+    run, ops = traced("unmarked.jsonl")
+    grad, _ = summed(ops)
+    assert not any(o["op"] == "record_stream" for o in ops)
+    assert freed(ops, grad) == ["unsafe-free"]
+
+
+def test_an_add_outside_the_engines_sums_marks_nothing(tmp_path):
+    """The window in which an `add` is the engine's sum closes when the next node starts and when
+    the backward call returns: the program's own `add` of a gradient made on another stream,
+    after `autograd.grad` returned it, is no mark (a missing wait there stays a race)."""
+    torch_or_skip()
+
+    def body(f):
+        import torch
+
+        f.stream(0)
+        x = torch.ones(256, requires_grad=True)
+        (g,) = torch.autograd.grad((x * 2).sum(), x)  # the last node's own output
+        f.stream(2, "side")
+        g.add_(1)  # ADD AFTER BACKWARD
+
+    trace = tmp_path / "t.jsonl"
+    run = checked("python", body, trace)
+    assert not any(o["op"] == "record_stream" for o in trace_ops(trace))
+    # (a reuse-race beside it where the CPU heap gave `g` the address of a freed temporary)
+    line = line_of("ADD AFTER BACKWARD")
+    assert ("data-race", line) in sites(run) and {at for _, at in sites(run)} == {line}, run.report.to_text()
+
+
 @pytest.mark.parametrize("call", ["grad-by-name", "backward-by-name", "gradient-edge"])
 def test_the_engines_marks_follow_backward_and_grad_called_by_keyword(tmp_path, call):
     """`torch.autograd.grad(outputs=…, inputs=…)` and `torch.autograd.backward(tensors=…)`, the

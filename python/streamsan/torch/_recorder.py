@@ -937,6 +937,9 @@ class PythonBackend:
         info = self.info(func)
         if info.kind == "skip" or not self.rec.on or (info.kind == "set" and not _set_grows(args, kwargs)):
             return func(*args, **(kwargs or {}))
+        marks = self.rec.engine_marks
+        if marks is not None:
+            marks.accumulating(func, args)  # the autograd engine summing gradients: its marks first
         frame = {"any_device": False, "device": 0}
         ins: list[_Access] = []
         non_blocking = False
@@ -1529,9 +1532,15 @@ class _EngineMarks:
     the nodes: at each `backward()` / `autograd.grad()` every node of the graph gets a hook after
     it runs, which notes the stream each gradient it made was made on (the stream current then:
     the engine runs a node on its own stream), and a hook before it runs, which writes the mark
-    for each gradient it is handed from a node on another stream. The engine's other case — a
-    gradient summed into another one on the accumulating stream — is not followed: a free there
-    may still be reported."""
+    for each gradient it is handed from a node on another stream — the engine's rule.
+
+    The engine's other case: a gradient summed into another one for the same input of a node
+    (`InputBuffer::add`, the "Nth producer") is added on the accumulating stream (the consumer's),
+    and each gradient of the sum made on another stream is marked used there first; the one
+    given up by the sum is freed at once, before the consumer runs. The engine does this right
+    after the producer's post hooks, on the producer's thread, before that thread runs its next
+    node: an `add`/`add_` seen in that window reading a gradient made on another stream is the
+    engine's sum, and the mark is written before it (`accumulating`)."""
 
     KEY = "streamsan.engine_marks"
 
@@ -1545,6 +1554,17 @@ class _EngineMarks:
         # operations (atomic under the GIL): a weak reference's callback may run anywhere.
         self.made: dict[int, tuple[Any, int, int]] = {}
         self.failed = False
+        # The engine's window for summing a node's gradients (see the class's note): open on a
+        # thread from a node's post hook to its next node's pre hook, in the backward call of
+        # `epoch` (a thread whose last node ended a call's backward finds its window closed).
+        self.local = threading.local()
+        self.epoch = 0
+        ops = getattr(getattr(torch, "ops", None), "aten", None)
+        add = getattr(ops, "add", None)
+        add_ = getattr(ops, "add_", None)
+        self.sums = frozenset(
+            f for f in (getattr(add, "Tensor", None), getattr(add_, "Tensor", None)) if f is not None
+        )
 
     def _on(self) -> bool:
         return self.rec.on and _active is self.rec and not self.failed
@@ -1634,11 +1654,27 @@ class _EngineMarks:
                         made.pop(key, None)
 
                 made[key] = (weakref.ref(g, gone), stream, dev)
+        self.local.window = self.epoch
 
     def before(self, grad_outputs) -> None:
         self._guarded("before", self._before, grad_outputs)
 
     def _before(self, grad_outputs) -> None:
+        self.local.window = None
+        self._mark_handed(grad_outputs)
+
+    def accumulating(self, func, args) -> None:
+        """Called by the Python recorder before an op (`func`, `args`): in the engine's window for
+        summing gradients (see the class's note), an `add`/`add_` of gradients made on another
+        stream than the current one is the engine's sum, and they are marked used on it first."""
+        if func in self.sums and getattr(self.local, "window", None) == self.epoch:
+            self._guarded("summing gradients after", self._mark_handed, args)
+
+    def end_backward(self) -> None:
+        """A backward call returned: the windows its nodes left open are closed."""
+        self.epoch += 1
+
+    def _mark_handed(self, grad_outputs) -> None:
         for g in grad_outputs:
             if not self._tracked(g):
                 continue
@@ -1655,6 +1691,9 @@ class _EngineMarks:
         for h in handles:
             h.remove()
         self.made.clear()
+        self.epoch += 1
+        if self.rec.engine_marks is self:
+            self.rec.engine_marks = None
 
 
 def _script_as_builtin(torch, fn, op: str, closers: list) -> None:
@@ -1686,6 +1725,7 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     """The Python recorder's `torch.autograd.backward` and `torch.autograd.grad` hook the graph
     they run first (see _EngineMarks); the hooks go when the check ends."""
     marks = _EngineMarks(rec, torch)
+    rec.engine_marks = marks
     p.closers.append(marks.close)
     autograd = torch.autograd
 
@@ -1715,7 +1755,10 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
                             marks.prepare(roots)
                         except Exception as e:  # noqa: BLE001 - never into the program's call
                             marks._failed("prepare", e)
-                return orig(*args, **kwargs)
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    marks.end_backward()
 
             _script_as_builtin(torch, run_hooked, f"aten::{orig.__name__}", p.closers)
             return run_hooked
@@ -1979,6 +2022,7 @@ class Recorder:
         # A Checker's `_raw_sink()` capsule: the C++ recorder hands batches to it directly (no
         # Python, no GIL); the rest (the last batch at stop) goes through `sink`.
         self.raw_sink = None
+        self.engine_marks = None  # the Python recorder's _EngineMarks while a check follows them
         self.warn = _Warned(inside=True)
         self.sites = Sites()
         # Asked once per check (each time is a device count and an environment read).
