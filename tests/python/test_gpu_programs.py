@@ -135,3 +135,50 @@ def test_events_queries_and_syncs_order_work(gpu, backend):
         torch.cuda.synchronize()
     assert run.report.errors == 0
     assert run.report.ops > 8
+
+
+# The program suite's verdicts under the C++ recorder, in a process of its own (the allocator's
+# configuration is read when CUDA starts): one line of JSON per program variant.
+_VERDICTS_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+import programs
+import streamsan.torch
+
+bugs, clean = programs.program_sets("all")
+for name, fn in {**bugs, **clean}.items():
+    for fixed in (True, False):
+        with streamsan.torch.check(raise_on_hazard=False, backend="native") as run:
+            ok = fn(fixed, False)
+        sites = sorted({int(h["access"]["site"].rsplit(":", 1)[1]) for h in run.report.hazards
+                        if h.get("access") and (h["access"].get("site") or "").rsplit(":", 1)[0].endswith("programs.py")})
+        print(json.dumps({"name": name, "fixed": fixed, "ok": ok is not False, "errors": run.report.errors,
+                          "sites": sites, "text": run.report.to_text() if run.report.errors else ""}), flush=True)
+"""
+
+
+def test_verdicts_with_expandable_segments(gpu, tmp_path):
+    """With the caching allocator's expandable segments (`PYTORCH_CUDA_ALLOC_CONF=
+    expandable_segments:True`, which PyTorch's out-of-memory message suggests and many training
+    scripts set: each stream's blocks are carved from a growing mapping of its own), the C++
+    recorder's verdicts on the program suite are the same: every fixed variant and clean program
+    clean, every buggy variant reported at one of its `# RACE` lines."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", _VERDICTS_SCRIPT], cwd=here, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    programs = _programs()
+    rows = [__import__("json").loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 * len(_cases()), done.stdout[-2000:]
+    for r in rows:
+        clean = _clean(programs, r["name"])
+        assert r["ok"] or not r["fixed"], r["name"]  # a fixed variant computes the right result
+        if r["fixed"] or clean:
+            assert r["errors"] == 0, (r["name"], r["fixed"], r["text"])
+        else:
+            lines = programs.race_lines(_fn(programs, r["name"]))
+            assert r["errors"] > 0 and set(r["sites"]) & lines, (r["name"], r["sites"], sorted(lines), r["text"])
