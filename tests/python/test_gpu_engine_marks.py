@@ -81,7 +81,14 @@ def test_a_gradient_summed_on_another_stream_is_marked_used_there(gpu, tmp_path,
         x, grad = _gradients_summed_across_streams(torch, 1 << 20)
     assert torch.allclose(grad, torch.full_like(grad, 5.0))
     ops = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    marked = {o["buffer"] for o in ops if o["op"] == "record_stream" and o["stream"] != "default"}
+    # The sum: the side stream's `add` of a gradient the default stream made (`a`'s node's).
     made = {w["buffer"] for o in ops if o["op"] == "launch" and o["stream"] == "default" for w in o.get("writes", [])}
-    assert marked & made, [o for o in ops if o["op"] == "record_stream"]
+    sums = [(i, r["buffer"]) for i, o in enumerate(ops)
+            if o["op"] == "launch" and o["stream"] != "default" and "add" in o["name"]
+            for r in o.get("reads", []) if r["buffer"] in made]
+    assert sums, [o for o in ops if o["op"] == "launch"]
+    at, summed = sums[0]
+    marks = [i for i, o in enumerate(ops[:at]) if o["op"] == "record_stream" and o["buffer"] == summed
+             and o["stream"] == ops[at]["stream"]]
+    assert marks, [o for o in ops if o["op"] == "record_stream"]
     assert run.report.hazards == [], run.report.to_text()

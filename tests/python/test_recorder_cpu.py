@@ -1967,6 +1967,38 @@ def test_an_add_outside_the_engines_sums_marks_nothing(tmp_path):
     assert ("data-race", line) in sites(run) and {at for _, at in sites(run)} == {line}, run.report.to_text()
 
 
+@pytest.mark.parametrize("other", ["tensor", "scalar"])
+def test_a_hooks_own_add_in_the_engines_window_marks_nothing(tmp_path, other):
+    """A tensor hook runs between the last node's post hook and the next node's pre hook, where
+    the engine sums gradients: its own `add` of the gradient it is given and a tensor that is no
+    gradient (or a number), on a stream of its own, is not the engine's sum and writes no mark
+    (the gradient's free after that read stays a hazard)."""
+    torch_or_skip()
+
+    def body(f):
+        import torch
+
+        f.stream(0)
+        x = torch.ones(256, requires_grad=True)
+        plain = torch.ones(256)
+        kept = []
+        y = x * 2
+
+        def hook(g):
+            f.record(1, 0)
+            f.stream(2, "side")
+            f.wait(2, 1)
+            kept.append(g.add(plain) if other == "tensor" else g + 1)
+            f.stream(0)
+
+        y.register_hook(hook)
+        y.sum().backward()
+
+    trace = tmp_path / "t.jsonl"
+    checked("python", body, trace)
+    assert not any(o["op"] == "record_stream" for o in trace_ops(trace))
+
+
 @pytest.mark.parametrize("call", ["grad-by-name", "backward-by-name", "gradient-edge"])
 def test_the_engines_marks_follow_backward_and_grad_called_by_keyword(tmp_path, call):
     """`torch.autograd.grad(outputs=…, inputs=…)` and `torch.autograd.backward(tensors=…)`, the

@@ -938,8 +938,8 @@ class PythonBackend:
         if info.kind == "skip" or not self.rec.on or (info.kind == "set" and not _set_grows(args, kwargs)):
             return func(*args, **(kwargs or {}))
         marks = self.rec.engine_marks
-        if marks is not None:
-            marks.accumulating(func, args)  # the autograd engine summing gradients: its marks first
+        # The autograd engine summing gradients: its marks first (see _EngineMarks).
+        engine_sum = marks is not None and marks.accumulating(func, args, kwargs)
         frame = {"any_device": False, "device": 0}
         ins: list[_Access] = []
         non_blocking = False
@@ -989,6 +989,8 @@ class PythonBackend:
                 out = func(*args, **kwargs)
         finally:
             frames.pop()
+        if engine_sum:
+            marks.summed(out)
         if subclass:
             if seen:
                 with self.mu:
@@ -1538,9 +1540,15 @@ class _EngineMarks:
     (`InputBuffer::add`, the "Nth producer") is added on the accumulating stream (the consumer's),
     and each gradient of the sum made on another stream is marked used there first; the one
     given up by the sum is freed at once, before the consumer runs. The engine does this right
-    after the producer's post hooks, on the producer's thread, before that thread runs its next
-    node: an `add`/`add_` seen in that window reading a gradient made on another stream is the
-    engine's sum, and the mark is written before it (`accumulating`)."""
+    after the producer's post hooks, on the producer's thread, in the same graph task, before
+    that thread runs any other op: the ops seen there that are the engine's sums (`add`/`add_`
+    of one of the node's gradients and one made by a node or an earlier sum, alike in shape and
+    device, no `alpha`) get the marks of their gradients made on another stream, written before
+    them (`accumulating`); any other op ends the window. A hook of the program's that runs there
+    (a post hook of the node registered after the check's, a tensor hook of the next node) and
+    whose first op adds two such gradients is taken for the engine's sum: its gradients made on
+    another stream are marked used, a mark the program did not make (the C++ recorder sees the
+    engine's marks themselves)."""
 
     KEY = "streamsan.engine_marks"
 
@@ -1554,11 +1562,14 @@ class _EngineMarks:
         # operations (atomic under the GIL): a weak reference's callback may run anywhere.
         self.made: dict[int, tuple[Any, int, int]] = {}
         self.failed = False
-        # The engine's window for summing a node's gradients (see the class's note): open on a
-        # thread from a node's post hook to its next node's pre hook, in the backward call of
-        # `epoch` (a thread whose last node ended a call's backward finds its window closed).
+        # The engine's window for summing a node's gradients (see the class's note), per thread:
+        # (the engine's graph task, the ids of the node's gradients not summed yet), from the
+        # node's post hook to the first op that is not one of its sums, or its thread's next
+        # node. Where torch cannot say the graph task, a backward call's end closes every
+        # thread's window (`epoch`).
         self.local = threading.local()
         self.epoch = 0
+        self.task_id = getattr(getattr(torch, "_C", None), "_current_graph_task_id", None)
         ops = getattr(getattr(torch, "ops", None), "aten", None)
         add = getattr(ops, "add", None)
         add_ = getattr(ops, "add_", None)
@@ -1643,18 +1654,21 @@ class _EngineMarks:
         self._guarded("after", self._after, grad_inputs)
 
     def _after(self, grad_inputs) -> None:
+        outs = [self._note(g) for g in grad_inputs if self._tracked(g)]
+        self.local.window = (self._task(), outs) if outs else None
+
+    def _note(self, g) -> int:
+        """Notes the gradient `g` as made on the stream current now; returns its key."""
         made = self.made
-        for g in grad_inputs:
-            if self._tracked(g):
-                stream, dev = self._stream(g)
-                key = id(g)
+        stream, dev = self._stream(g)
+        key = id(g)
 
-                def gone(ref, key=key, made=made) -> None:
-                    if made.get(key, (None,))[0] is ref:
-                        made.pop(key, None)
+        def gone(ref, key=key, made=made) -> None:
+            if made.get(key, (None,))[0] is ref:
+                made.pop(key, None)
 
-                made[key] = (weakref.ref(g, gone), stream, dev)
-        self.local.window = self.epoch
+        made[key] = (weakref.ref(g, gone), stream, dev)
+        return key
 
     def before(self, grad_outputs) -> None:
         self._guarded("before", self._before, grad_outputs)
@@ -1663,16 +1677,54 @@ class _EngineMarks:
         self.local.window = None
         self._mark_handed(grad_outputs)
 
-    def accumulating(self, func, args) -> None:
-        """Called by the Python recorder before an op (`func`, `args`): in the engine's window for
-        summing gradients (see the class's note), an `add`/`add_` of gradients made on another
-        stream than the current one is the engine's sum, and they are marked used on it first."""
-        if func in self.sums and getattr(self.local, "window", None) == self.epoch:
-            self._guarded("summing gradients after", self._mark_handed, args)
+    def _task(self):
+        """The engine's graph task running on this thread (-1 outside the engine), or, where
+        torch cannot say, the backward calls' epoch."""
+        return self.task_id() if self.task_id is not None else ("epoch", self.epoch)
+
+    def accumulating(self, func, args, kwargs) -> bool:
+        """Called by the Python recorder before each op it records on this thread (`func`,
+        `args`, `kwargs`): True for the engine's sum of two gradients in the window after a
+        node's post hook (see the class's note), whose gradients made on another stream than the
+        current one are marked used on it here, before the sum (its result goes to `summed`).
+        The engine's sum is `add` (or `add_`) of two gradients alike in shape and device, one of
+        them the node's not summed yet, the other made by a node or an earlier sum, no `alpha`;
+        any other op closes the window, as does the node's thread's next node."""
+        window = getattr(self.local, "window", None)
+        if window is None:
+            return False
+        self.local.window = None
+        if func not in self.sums or kwargs or len(args) != 2 or window[0] != self._task():
+            return False
+        a, b = args
+        if not (self._tracked(a) and self._tracked(b)) or a.shape != b.shape or a.device != b.device:
+            return False
+        outs = window[1]
+        mine = next((i for i in (id(a), id(b)) if i in outs), None)
+        other = b if mine == id(a) else a
+        if mine is None or not self._made(other):
+            return False
+        outs.remove(mine)
+        if outs:
+            self.local.window = window
+        self._guarded("summing gradients after", self._mark_handed, args)
+        return True
+
+    def summed(self, out) -> None:
+        """The engine's sum `out` (see `accumulating`): a gradient made on the stream current now,
+        which a later sum may add to."""
+        if self._on() and self._tracked(out) and not self._made(out):
+            self._guarded("summing gradients after", self._note, out)
+
+    def _made(self, g) -> bool:
+        made = self.made.get(id(g))
+        return made is not None and made[0]() is g
 
     def end_backward(self) -> None:
-        """A backward call returned: the windows its nodes left open are closed."""
-        self.epoch += 1
+        """A backward call returned: where torch cannot say the graph task, the windows its nodes
+        left open are closed."""
+        if self.task_id is None:
+            self.epoch += 1
 
     def _mark_handed(self, grad_outputs) -> None:
         for g in grad_outputs:
