@@ -84,6 +84,41 @@ def sites(run):
 
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_sparse_tensors_indices_and_values_are_its_regions(backend, fixed):
+    """An op on a sparse tensor reads and writes its indices and values, which its kernels
+    reach outside the dispatcher: a side stream multiplying a sparse tensor made on the default
+    stream races with the making and with the default stream's later write of its values,
+    under both recorders (the Python one records the sparse tensor as its parts); with the waits,
+    nothing."""
+    import torch
+
+    def body(f):
+        f.stream(0)
+        d = torch.zeros(64, 64)
+        d[3, 4] = 1.0
+        s = d.to_sparse()
+        if fixed:
+            f.record(1, 0)
+        f.stream(2, "side")
+        if fixed:
+            f.wait(2, 1)
+        r = s * 2  # SPARSE READ
+        if fixed:
+            f.record(3, 2)
+        f.stream(0)
+        if fixed:
+            f.wait(0, 3)
+        s._values().fill_(5)  # SPARSE WRITE
+        return r
+
+    run = checked(backend, body)
+    if fixed:
+        assert run.report.hazards == [], run.report.to_text()
+    else:
+        assert sites(run) == {("data-race", line_of("SPARSE READ")), ("data-race", line_of("SPARSE WRITE"))}
+
+
 def test_views_at_offsets(backend):
     import torch
 

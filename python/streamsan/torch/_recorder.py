@@ -532,7 +532,12 @@ class PythonBackend:
 
     def mark_used(self, t, stream: int, device: int) -> bool:
         """A device tensor's block marked used on `stream` outside the dispatcher (the autograd
-        engine's `recordDataPtrOnStream`, see _EngineMarks): a `record_stream` of its buffer."""
+        engine's `recordDataPtrOnStream`, see _EngineMarks): a `record_stream` of its buffer (of
+        each of a sparse tensor's parts, as the engine marks them)."""
+        if t.layout is not self.torch.strided:
+            parts = self.sparse_parts(t)
+            if parts is not None:
+                return any([self.mark_used(p, stream, device) for p in parts])
         a = self.region(t, False)
         if a is None or not a.device:
             return False
@@ -841,6 +846,14 @@ class PythonBackend:
                 for t in inner:
                     self.collect(t, write, out, frame)
                 return
+            if v.layout is not torch.strided:
+                parts = self.sparse_parts(v)
+                if parts is not None:
+                    # A sparse tensor: the op touches its indices and values, which its kernels
+                    # read and write outside the dispatcher (no mode sees them).
+                    for t in parts:
+                        self.collect(t, write, out, frame)
+                    return
             a = self.region(v, write)
             if a is not None:
                 if a.device and not frame["any_device"]:
@@ -850,6 +863,22 @@ class PythonBackend:
         elif isinstance(v, (list, tuple)):
             for x in v:
                 self.collect(x, write, out, frame)
+
+    def sparse_parts(self, t) -> Optional[list]:
+        """The dense tensors a sparse tensor is made of (COO: indices and values; compressed
+        layouts: their two index tensors and values), or None for another layout."""
+        torch = self.torch
+        try:
+            layout = t.layout
+            if layout is torch.sparse_coo:
+                return [t._indices(), t._values()]
+            if layout in (torch.sparse_csr, torch.sparse_bsr):
+                return [t.crow_indices(), t.col_indices(), t.values()]
+            if layout in (torch.sparse_csc, torch.sparse_bsc):
+                return [t.ccol_indices(), t.row_indices(), t.values()]
+        except Exception:  # noqa: BLE001 - a tensor whose parts cannot be read: none recorded
+            return []
+        return None
 
     def inner_tensors(self, t) -> Optional[list]:
         """The tensors a traceable wrapper subclass (DTensor's local shard, …) holds, or None
