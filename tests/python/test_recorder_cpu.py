@@ -1893,7 +1893,7 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     assert freed(ops, grad) == ["unsafe-free"]
 
 
-def _engine_sum(f):
+def _engine_sum(f, anomaly=False):
     """Two gradients of `x` summed by the engine on another stream than the one that made one
     of them. `x` is first used on the side stream (`b = x * 2`: x's AccumulateGrad, the consumer,
     takes that stream), then on the default one (`a = x * 3`). The backward runs `a`'s node first
@@ -1921,12 +1921,15 @@ def _engine_sum(f):
         f.wait(2, 1)
 
     b.register_hook(on_side)
-    (a + b).sum().backward(create_graph=True)
+    # (anomaly detection checks each gradient a node made for NaNs before the engine sums it)
+    with torch.autograd.set_detect_anomaly(anomaly):
+        (a + b).sum().backward(create_graph=True)
     f.stream(0)
     return x.grad.detach()
 
 
-def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch):
+@pytest.mark.parametrize("anomaly", [False, True])
+def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch, anomaly):
     """The Python recorder writes the autograd engine's mark of a gradient it sums with another
     on another stream (see _EngineMarks): the default stream's gradient, read by the sum on the
     side stream and then freed, is marked used on the side stream before the sum, and its free
@@ -1941,7 +1944,7 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
         got = {}
 
         def body(f):
-            got["grad"] = _engine_sum(f)
+            got["grad"] = _engine_sum(f, anomaly)
 
         run = checked("python", body, trace)
         assert got["grad"].eq(5).all()
@@ -2002,12 +2005,13 @@ def test_an_add_outside_the_engines_sums_marks_nothing(tmp_path):
     assert ("data-race", line) in sites(run) and {at for _, at in sites(run)} == {line}, run.report.to_text()
 
 
-@pytest.mark.parametrize("other", ["tensor", "scalar"])
+@pytest.mark.parametrize("other", ["tensor", "scalar", "itself"])
 def test_a_hooks_own_add_in_the_engines_window_marks_nothing(tmp_path, other):
     """A tensor hook runs between the last node's post hook and the next node's pre hook, where
     the engine sums gradients: its own `add` of the gradient it is given and a tensor that is no
-    gradient (or a number), on a stream of its own, is not the engine's sum and writes no mark
-    (the gradient's free after that read stays a hazard)."""
+    gradient (or a number, or the gradient itself, which its node made once), on a stream of
+    its own, is not the engine's sum and writes no mark (the gradient's free after that read
+    stays a hazard)."""
     torch_or_skip()
 
     def body(f):
@@ -2023,7 +2027,7 @@ def test_a_hooks_own_add_in_the_engines_window_marks_nothing(tmp_path, other):
             f.record(1, 0)
             f.stream(2, "side")
             f.wait(2, 1)
-            kept.append(g.add(plain) if other == "tensor" else g + 1)
+            kept.append(g.add(plain) if other == "tensor" else g + 1 if other == "scalar" else g + g)
             f.stream(0)
 
         y.register_hook(hook)

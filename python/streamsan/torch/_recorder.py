@@ -1570,11 +1570,12 @@ class _EngineMarks:
     and each gradient of the sum made on another stream is marked used there first; the one
     given up by the sum is freed at once, before the consumer runs. The engine does this right
     after the producer's post hooks, on the producer's thread, in the same graph task, before
-    that thread runs any other op: the ops seen there that are the engine's sums (`add`/`add_`
-    of one of the node's gradients and one made by a node or an earlier sum, alike in shape and
-    device, no `alpha`) get the marks of their gradients made on another stream, written before
-    them (`accumulating`); any other op ends the window. A hook of the program's that runs there
-    (a post hook of the node registered after the check's, a tensor hook of the next node) and
+    that thread runs any other op (but anomaly detection's checks of the node's gradients): the
+    ops seen there that are the engine's sums (`add`/`add_` of one of the node's gradients and
+    one not handed to a node yet, made by a node or an earlier sum, alike in shape and device,
+    no `alpha`) get the marks of their gradients made on another stream, written before them
+    (`accumulating`); any other op ends the window. A hook of the program's that runs there (a
+    post hook of the node registered after the check's, a tensor hook of the next node) and
     whose first op adds two such gradients is taken for the engine's sum: its gradients made on
     another stream are marked used, a mark the program did not make (the C++ recorder sees the
     engine's marks themselves)."""
@@ -1605,6 +1606,15 @@ class _EngineMarks:
         self.sums = frozenset(
             f for f in (getattr(add, "Tensor", None), getattr(add_, "Tensor", None)) if f is not None
         )
+        # The ops anomaly detection runs on each gradient a node made, before the engine sums it
+        # (`isnan(g)._is_any_true().item()`): they leave the window open.
+        self.nan_checks = frozenset(
+            getattr(getattr(ops, n, None), "default", None) for n in ("isnan", "_is_any_true", "_local_scalar_dense")
+        ) - {None}
+        self.anomaly = getattr(torch, "is_anomaly_enabled", lambda: False)
+        # The gradients made by a node or a sum and not handed to a node yet (ids): those an
+        # input buffer may hold, the only ones the engine sums.
+        self.waiting: set[int] = set()
 
     def _on(self) -> bool:
         return self.rec.on and _active is self.rec and not self.failed
@@ -1692,11 +1702,15 @@ class _EngineMarks:
         stream, dev = self._stream(g)
         key = id(g)
 
+        waiting = self.waiting
+
         def gone(ref, key=key, made=made) -> None:
             if made.get(key, (None,))[0] is ref:
                 made.pop(key, None)
+                waiting.discard(key)
 
         made[key] = (weakref.ref(g, gone), stream, dev)
+        waiting.add(key)
         return key
 
     def before(self, grad_outputs) -> None:
@@ -1705,6 +1719,8 @@ class _EngineMarks:
     def _before(self, grad_outputs) -> None:
         self.local.window = None
         self._mark_handed(grad_outputs)
+        for g in grad_outputs:
+            self.waiting.discard(id(g))
 
     def _task(self):
         """The engine's graph task running on this thread (-1 outside the engine), or, where
@@ -1717,10 +1733,14 @@ class _EngineMarks:
         node's post hook (see the class's note), whose gradients made on another stream than the
         current one are marked used on it here, before the sum (its result goes to `summed`).
         The engine's sum is `add` (or `add_`) of two gradients alike in shape and device, one of
-        them the node's not summed yet, the other made by a node or an earlier sum, no `alpha`;
-        any other op closes the window, as does the node's thread's next node."""
+        them the node's not summed yet, the other one not handed to a node yet (made by a node
+        or an earlier sum; the same gradient twice only where the node made it twice), no
+        `alpha`; any other op closes the window (but anomaly detection's checks of the node's
+        gradients), as does the node's thread's next node."""
         window = getattr(self.local, "window", None)
         if window is None:
+            return False
+        if func in self.nan_checks and self.anomaly():
             return False
         self.local.window = None
         if func not in self.sums or kwargs or len(args) != 2 or window[0] != self._task():
@@ -1729,9 +1749,13 @@ class _EngineMarks:
         if not (self._tracked(a) and self._tracked(b)) or a.shape != b.shape or a.device != b.device:
             return False
         outs = window[1]
-        mine = next((i for i in (id(a), id(b)) if i in outs), None)
-        other = b if mine == id(a) else a
-        if mine is None or not self._made(other):
+        if a is b:
+            mine = id(a) if outs.count(id(a)) >= 2 else None
+            other = a
+        else:
+            mine = next((i for i in (id(a), id(b)) if i in outs), None)
+            other = b if mine == id(a) else a
+        if mine is None or not self._made(other) or id(other) not in self.waiting:
             return False
         outs.remove(mine)
         if outs:
@@ -1772,6 +1796,7 @@ class _EngineMarks:
         for h in handles:
             h.remove()
         self.made.clear()
+        self.waiting.clear()
         self.epoch += 1
         if self.rec.engine_marks is self:
             self.rec.engine_marks = None
