@@ -119,6 +119,44 @@ def test_a_sparse_tensors_indices_and_values_are_its_regions(backend, fixed):
         assert sites(run) == {("data-race", line_of("SPARSE READ")), ("data-race", line_of("SPARSE WRITE"))}
 
 
+
+@pytest.mark.parametrize("case", ["metadata", "in-place", "constructor"])
+def test_what_an_op_does_not_touch_of_a_sparse_tensor_is_no_race(backend, case):
+    """Two streams on one sparse tensor, after both waited for it: reading its metadata
+    (`_nnz()`) while the other stream writes its values, scaling its values in place while the
+    other stream reads its indices, and making
+    a sparse tensor of index and value tensors while the other stream reads the values, touch
+    nothing the other stream writes: no hazard under either recorder."""
+    import torch
+
+    def body(f):
+        f.stream(0)
+        d = torch.zeros(64, 64)
+        d[3, 4] = 1.0
+        s = d.to_sparse()
+        i, v = s._indices().clone(), s._values().clone()
+        f.record(1, 0)
+        f.stream(2, "side")
+        f.wait(2, 1)
+        if case == "metadata":
+            kept = s._values().add_(1)  # the side stream writes the values
+        elif case == "in-place":
+            kept = s._indices().sum()
+        else:
+            kept = v * 2
+        f.stream(0)
+        if case == "metadata":
+            kept2 = s._nnz()
+        elif case == "in-place":
+            kept2 = s.mul_(2)
+        else:
+            kept2 = torch.sparse_coo_tensor(i, v, (64, 64), check_invariants=False)
+        return kept, kept2
+
+    run = checked(backend, body)
+    assert run.report.hazards == [], run.report.to_text()
+
+
 def test_views_at_offsets(backend):
     import torch
 

@@ -364,6 +364,9 @@ _SKIP = {
     "aten::as_strided_", "aten::squeeze_", "aten::unsqueeze_", "aten::t_",
     "aten::transpose_", "aten::swapaxes_", "aten::swapdims_", "aten::detach_", "aten::rename_",
     "aten::_coalesced_",
+    # A sparse tensor's metadata, kept on the tensor object.
+    "aten::_nnz", "aten::is_coalesced", "aten::sparse_dim", "aten::dense_dim", "aten::_dimI",
+    "aten::_dimV",
 }
 
 
@@ -402,11 +405,13 @@ def _set_grows(args, kwargs) -> bool:
 
 
 class _Access:
-    __slots__ = ("base", "offset", "bytes", "write", "device", "dev_index", "storage_bytes", "name", "storage")
+    __slots__ = ("base", "offset", "bytes", "write", "device", "dev_index", "storage_bytes", "name", "storage",
+                 "sparse_part")
 
     def __init__(self) -> None:
         self.name = None
         self.storage = None
+        self.sparse_part = False  # one of a sparse tensor's index or value tensors
 
 
 class PythonBackend:
@@ -850,9 +855,14 @@ class PythonBackend:
                 parts = self.sparse_parts(v)
                 if parts is not None:
                     # A sparse tensor: the op touches its indices and values, which its kernels
-                    # read and write outside the dispatcher (no mode sees them).
-                    for t in parts:
-                        self.collect(t, write, out, frame)
+                    # read and write outside the dispatcher (no mode sees them). Written, it is
+                    # its values that are (an op that gives it new indices gives it new tensors,
+                    # which the op's output shows).
+                    n = len(out)
+                    for i, t in enumerate(parts):
+                        self.collect(t, write and i == len(parts) - 1, out, frame)
+                    for a in out[n:]:
+                        a.sparse_part = True
                     return
             a = self.region(v, write)
             if a is not None:
@@ -1034,6 +1044,11 @@ class PythonBackend:
         outs: list[_Access] = []
         if info.kind != "record_stream":
             self.collect(out, True, outs, frame)
+            if any(o.sparse_part for o in outs):
+                # A new sparse tensor made of tensors the op was given (`sparse_coo_tensor(i,
+                # v)`) does not write them.
+                read = {a.base for a in ins if not a.write}
+                outs = [o for o in outs if not (o.sparse_part and o.base in read)]
         if stream is None:
             # Device memory only among the outputs (a factory, a copy from pinned memory to a new
             # device tensor): the op ran on the stream current now.
