@@ -14,15 +14,27 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def _backward_across_streams(torch, n: int):
-    """`x * 2` on a side stream (its backward node runs there), `(h * h).sum()` on the default
-    stream: the backward makes h's gradient on the default stream and hands it to the side
-    stream's node, which reads it; the engine frees it after that node is issued."""
+def _native_marks_or_skip(torch) -> None:
+    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) != (2, 11):
+        pytest.skip("the C++ recorder sees the engine's marks with torch 2.11 only")
+
+
+def _first_used_on_a_side_stream(torch, n: int):
+    """A leaf `x` and `x * 2` made on a side stream that waited for it (the side stream is that
+    product's backward node's, and x's AccumulateGrad's): (x, x * 2, the side stream)."""
     x = torch.randn(n, device="cuda", requires_grad=True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         h = x * 2
+    return x, h, side
+
+
+def _backward_across_streams(torch, n: int):
+    """`x * 2` on a side stream (its backward node runs there), `(h * h).sum()` on the default
+    stream: the backward makes h's gradient on the default stream and hands it to the side
+    stream's node, which reads it; the engine frees it after that node is issued."""
+    x, h, side = _first_used_on_a_side_stream(torch, n)
     torch.cuda.current_stream().wait_stream(side)
     (h * h).sum().backward()
     torch.cuda.synchronize()
@@ -33,8 +45,7 @@ def test_a_gradient_handed_to_a_node_on_another_stream_is_marked_used_there(gpu,
     import streamsan.torch
 
     torch = gpu
-    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) != (2, 11):
-        pytest.skip("the C++ recorder sees the engine's marks with torch 2.11 only")
+    _native_marks_or_skip(torch)
     path = tmp_path / "t.jsonl"
     with streamsan.torch.check(raise_on_hazard=False, trace=path, backend="native") as run:
         x, grad = _backward_across_streams(torch, 1 << 20)
@@ -53,11 +64,7 @@ def _gradients_summed_across_streams(torch, n: int):
     default stream, then `b`'s on the side stream, and sums the two gradients of `x` on the side
     stream (the consumer's) after marking the default stream's one used there; with
     `create_graph=True` the sum is a new tensor and the default stream's gradient is freed."""
-    x = torch.randn(n, device="cuda", requires_grad=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        b = x * 2
+    x, b, side = _first_used_on_a_side_stream(torch, n)
     torch.cuda.current_stream().wait_stream(side)
     a = x * 3
     (a + b).sum().backward(create_graph=True)
@@ -74,8 +81,8 @@ def test_a_gradient_summed_on_another_stream_is_marked_used_there(gpu, tmp_path,
     import streamsan.torch
 
     torch = gpu
-    if backend == "native" and tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) != (2, 11):
-        pytest.skip("the C++ recorder sees the engine's marks with torch 2.11 only")
+    if backend == "native":
+        _native_marks_or_skip(torch)
     path = tmp_path / "t.jsonl"
     with streamsan.torch.check(raise_on_hazard=False, trace=path, backend=backend) as run:
         x, grad = _gradients_summed_across_streams(torch, 1 << 20)

@@ -156,15 +156,21 @@ def test_a_steady_round_times_the_third_run_inside_one_check(monkeypatch):
     assert info["errors"] == 0 and info["backend"] in ("native", "python")
 
 
+def _cost_row(native, steady=None):
+    """A program's row of the cost step: its ratio as a check of its own and (`steady`) in a long
+    run's step."""
+    import realcode_report as rr
+
+    sec = {"plain": 0.01, "native_ratio": native}
+    if steady is not None:
+        sec[f"{rr.STEADY}_ratio"] = steady
+    return {"seconds": sec}
+
+
 def test_the_cost_overview_counts_the_programs_within_each_bound():
     import realcode_report as rr
 
-    def row(native, steady=None):
-        sec = {"plain": 0.01, "native_ratio": native}
-        if steady is not None:
-            sec[f"{rr.STEADY}_ratio"] = steady
-        return {"seconds": sec}
-
+    row = _cost_row
     cost = {"a": row(1.05, 1.02), "b": row(1.15, 1.08), "c": row(1.25, 1.19), "d": row(1.4)}
     # CSAN's ratio, or (its process timed no plain run) its seconds over the cost step's plain ones
     text = rr.cost_overview(cost, {"a": {"seconds": {"csan": 0.095, "csan_ratio": 9.5}}, "b": {"seconds": {"csan": 0.1}}})
@@ -196,11 +202,7 @@ def test_errors_under_the_cost_steps_checks_are_listed():
 def test_a_compiled_programs_cost_goal_is_judged_on_a_long_runs_step_where_measured():
     import realcode_report as rr
 
-    def row(native, steady=None):
-        sec = {"plain": 0.01, "native_ratio": native}
-        if steady is not None:
-            sec[f"{rr.STEADY}_ratio"] = steady
-        return {"seconds": sec}
+    row = _cost_row
 
     assert rr._goal(row(1.35, 1.05), True) == "met (steady)"  # entering and leaving not counted
     assert rr._goal(row(1.10, 1.31), True) == "NOT met (steady)"  # the step itself over the goal

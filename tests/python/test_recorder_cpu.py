@@ -1850,6 +1850,36 @@ def test_a_block_marked_used_on_a_stream_through_the_device_guard_is_recorded(tm
     assert sites(unmarked) == {("unsafe-free", line_of("FREE")), ("reuse-race", line_of("FREE"))}
 
 
+def _to_side(f, event):
+    """Switches the fake device to the side stream (2) after it waits for the default stream's
+    work so far (event `event`), as the engine does before a node on the side stream."""
+    f.record(event, 0)
+    f.stream(2, "side")
+    f.wait(2, event)
+
+
+def _python_trace(tmp_path, name, program):
+    """`program(f)` checked by the Python recorder on the fake device, its trace kept in `name`:
+    (the run, the trace's ops, what `program` returned)."""
+    trace = tmp_path / name
+    got = []
+    run = checked("python", lambda f: got.append(program(f)), trace)
+    return run, trace_ops(trace), got[0]
+
+
+def _hazards_with_free(ops, buf):
+    """The kinds of the hazards of `ops` with `buf` freed at the end, where they do not free it
+    already (the fake device's frees are seen only where the CPU heap gives an address again)."""
+    import streamsan
+
+    c = streamsan.Checker()
+    for o in ops:
+        c.push(o)
+    if not any(o["op"] == "free" and o["buffer"] == buf for o in ops):
+        c.push({"op": "free", "buffer": buf})
+    return [h["kind"] for h in c.finish().hazards]
+
+
 def _engine_handoff(f, call="method"):
     """`x * 2` whose backward node runs "on the side stream" (a hook on its input switches the
     fake device's stream, after the wait the engine issues), `(h * 3).sum()` on the default stream:
@@ -1860,15 +1890,9 @@ def _engine_handoff(f, call="method"):
     f.stream(0)
     x = torch.ones(256, requires_grad=True)
     h = x * 2
-
-    def on_side(grad):
-        f.record(1, 0)
-        f.stream(2, "side")
-        f.wait(2, 1)
-
     # A tensor's hook runs before the hooks of the node it is handed to (the engine sets the
     # node's stream before both).
-    h.register_hook(on_side)
+    h.register_hook(lambda grad: _to_side(f, 1))
     loss = (h * 3).sum()
     loss.register_hook(lambda grad: f.stream(0))
     if call == "grad-by-name":  # as make_graphed_callables calls it
@@ -1895,26 +1919,12 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     gives an address again: the gradient's free, on the default stream that made it, is added
     to each trace.)"""
     torch_or_skip()
-    import streamsan
     from streamsan.torch import _recorder
 
     def traced(name):
-        trace = tmp_path / name
-        got = {}
-
-        def body(f):
-            got["grad"] = _engine_handoff(f)
-
-        run = checked("python", body, trace)
-        assert got["grad"].eq(6).all()
-        return run, trace_ops(trace)
-
-    def freed(ops, buf):
-        c = streamsan.Checker()
-        for o in ops:
-            c.push(o)
-        c.push({"op": "free", "buffer": buf})
-        return [h["kind"] for h in c.finish().hazards]
+        run, ops, grad = _python_trace(tmp_path, name, _engine_handoff)
+        assert grad.eq(6).all()
+        return run, ops
 
     run, ops = traced("marked.jsonl")
     marks = [o for o in ops if o["op"] == "record_stream"]
@@ -1923,12 +1933,12 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     read = next(o for o in ops if o["op"] == "launch" and o["stream"] == "side")
     assert read["reads"][0]["buffer"] == grad  # the side stream's node read the gradient
     assert run.report.hazards == [], run.report.to_text()
-    assert freed(ops, grad) == []
+    assert _hazards_with_free(ops, grad) == []
 
     monkeypatch.setattr(_recorder, "_ENGINE_MARKS", False)
     run, ops = traced("unmarked.jsonl")
     assert not any(o["op"] == "record_stream" for o in ops)
-    assert freed(ops, grad) == ["unsafe-free"]
+    assert _hazards_with_free(ops, grad) == ["unsafe-free"]
 
 
 def _engine_sum(f, anomaly=False):
@@ -1944,21 +1954,13 @@ def _engine_sum(f, anomaly=False):
 
     f.stream(0)
     x = torch.ones(256, requires_grad=True)
-    f.record(3, 0)
-    f.stream(2, "side")
-    f.wait(2, 3)
+    _to_side(f, 3)
     b = x * 2
     f.record(4, 2)
     f.stream(0)
     f.wait(0, 4)
     a = x * 3
-
-    def on_side(grad):
-        f.record(1, 0)
-        f.stream(2, "side")
-        f.wait(2, 1)
-
-    b.register_hook(on_side)
+    b.register_hook(lambda grad: _to_side(f, 1))
     # (anomaly detection checks each gradient a node made for NaNs before the engine sums it)
     with torch.autograd.set_detect_anomaly(anomaly):
         (a + b).sum().backward(create_graph=True)
@@ -1974,19 +1976,12 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
     is no hazard. Without the marks the same free is an `unsafe-free`. (As in the test above,
     the gradient's free is added to each trace.)"""
     torch_or_skip()
-    import streamsan
     from streamsan.torch import _recorder
 
     def traced(name):
-        trace = tmp_path / name
-        got = {}
-
-        def body(f):
-            got["grad"] = _engine_sum(f, anomaly)
-
-        run = checked("python", body, trace)
-        assert got["grad"].eq(5).all()
-        return run, trace_ops(trace)
+        run, ops, grad = _python_trace(tmp_path, name, lambda f: _engine_sum(f, anomaly))
+        assert grad.eq(5).all()
+        return run, ops
 
     def summed(ops):
         """The buffer the default stream made that the side stream's sum read."""
@@ -1996,28 +1991,19 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
         (buf,) = {r["buffer"] for o in adds for r in o.get("reads", [])} & written
         return buf, ops.index(adds[0])
 
-    def freed(ops, buf):
-        """The hazards of the trace with the gradient freed (where the trace has no free of it)."""
-        c = streamsan.Checker()
-        for o in ops:
-            c.push(o)
-        if not any(o["op"] == "free" and o["buffer"] == buf for o in ops):
-            c.push({"op": "free", "buffer": buf})
-        return [h["kind"] for h in c.finish().hazards]
-
     run, ops = traced("marked.jsonl")
     grad, add = summed(ops)
     marks = [(i, o) for i, o in enumerate(ops) if o["op"] == "record_stream" and o["buffer"] == grad]
     assert len(marks) == 1 and marks[0][1]["stream"] == "side", marks
     assert marks[0][0] < add  # written before the sum, as the engine marks it
     assert run.report.hazards == [], run.report.to_text()
-    assert freed(ops, grad) == []
+    assert _hazards_with_free(ops, grad) == []
 
     monkeypatch.setattr(_recorder, "_ENGINE_MARKS", False)
     run, ops = traced("unmarked.jsonl")
     grad, _ = summed(ops)
     assert not any(o["op"] == "record_stream" for o in ops)
-    assert freed(ops, grad) == ["unsafe-free"]
+    assert _hazards_with_free(ops, grad) == ["unsafe-free"]
 
 
 def test_an_add_outside_the_engines_sums_marks_nothing(tmp_path):
@@ -2062,9 +2048,7 @@ def test_a_hooks_own_add_in_the_engines_window_marks_nothing(tmp_path, other):
         y = x * 2
 
         def hook(g):
-            f.record(1, 0)
-            f.stream(2, "side")
-            f.wait(2, 1)
+            _to_side(f, 1)
             kept.append(g.add(plain) if other == "tensor" else g + 1 if other == "scalar" else g + g)
             f.stream(0)
 

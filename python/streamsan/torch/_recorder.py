@@ -1812,7 +1812,6 @@ class _EngineMarks:
             h.remove()
         self.made.clear()
         self.waiting.clear()
-        self.epoch += 1
         if self.rec.engine_marks is self:
             self.rec.engine_marks = None
 
