@@ -1012,7 +1012,9 @@ def _goal(row: dict | None, compiled: bool) -> str:
     "NOT met" or "unmeasured"; "" for the others (no goal). Judged on a long run's step (the
     `native-steady` mode of `cost --steady`: the check entered, the program seen twice, its third
     run timed) where that was measured, as the overhead goal measures every program; else on a
-    run that is a check of its own (entering and leaving included). The cell says which."""
+    run that is a check of its own (entering and leaving included). The cell says which, and, for
+    a goal not met by a program whose plain rounds spread several-fold, their range and the
+    round-by-round ratio (`_spread_note`): the verdict is the ratio of medians' all the same."""
     if not compiled:
         return ""
     seconds = (row or {}).get("seconds", {})
@@ -1021,7 +1023,26 @@ def _goal(row: dict | None, compiled: bool) -> str:
     if ratio is None:
         return "unmeasured"
     verdict = "met" if ratio <= COST_GOAL else "NOT met"
-    return f"{verdict} (steady)" if steady is not None else verdict
+    notes = ["steady"] if steady is not None else []
+    if verdict == "NOT met":
+        notes += _spread_note(row or {}, STEADY if steady is not None else "native")
+    return f"{verdict} ({'; '.join(notes)})" if notes else verdict
+
+
+# A program's plain rounds spread at least this many times (slowest over fastest): a ratio of
+# medians says little of what checking costs it, and its goal cell says so.
+PLAIN_SPREAD = 3.0
+
+
+def _spread_note(row: dict, mode: str) -> list:
+    """["plain rounds A-B ms, round by round R"] when the program's plain rounds spread
+    PLAIN_SPREAD times or more and the round-by-round ratio of `mode` (each checked run against
+    the plain run of its round) was measured; else []."""
+    plain = [x for x in (row.get("samples") or {}).get("plain", []) if isinstance(x, (int, float)) and x > 0]
+    paired = (row.get("seconds") or {}).get(f"{mode}_ratio_paired")
+    if len(plain) < 2 or paired is None or max(plain) < PLAIN_SPREAD * min(plain):
+        return []
+    return [f"plain rounds {min(plain) * 1e3:.1f}-{max(plain) * 1e3:.1f} ms, round by round {paired:.2f}x"]
 
 
 def _goal_key(goal: str) -> str:

@@ -211,3 +211,28 @@ def test_a_compiled_programs_cost_goal_is_judged_on_a_long_runs_step_where_measu
     assert rr._goal(None, True) == "unmeasured" and rr._goal(row(2.0, 2.0), False) == ""
     assert [rr._goal_key(g) for g in ("met (steady)", "NOT met (steady)", "unmeasured")] == [
         "met", "NOT met", "unmeasured"]
+
+
+def test_a_goal_not_met_by_a_program_whose_plain_rounds_spread_says_so():
+    import realcode_report as rr
+
+    def spread(plain, paired, steady=2.11):
+        r = _cost_row(2.58, steady)
+        r["samples"] = {"plain": plain}
+        r["seconds"][f"{rr.STEADY}_ratio_paired"] = paired
+        r["seconds"]["native_ratio_paired"] = 1.06
+        return r
+
+    wide = [0.0326, 0.0144, 0.1189, 0.0912]  # 14.4-118.9 ms
+    goal = rr._goal(spread(wide, 0.89), True)
+    assert goal == "NOT met (steady; plain rounds 14.4-118.9 ms, round by round 0.89x)"
+    assert rr._goal_key(goal) == "NOT met"  # still judged on the ratio of medians
+    # no steady rounds: the run checked on its own, its own round-by-round ratio
+    assert rr._goal(spread(wide, 0.89, steady=None), True) == (
+        "NOT met (plain rounds 14.4-118.9 ms, round by round 1.06x)")
+    # plain rounds within 3x of each other, a goal met, or no round-by-round ratio: no note
+    assert rr._goal(spread([0.030, 0.040, 0.085], 0.89), True) == "NOT met (steady)"
+    assert rr._goal(spread(wide, 0.89, steady=1.2), True) == "met (steady)"
+    no_pairs = spread(wide, 0.89)
+    del no_pairs["seconds"][f"{rr.STEADY}_ratio_paired"]
+    assert rr._goal(no_pairs, True) == "NOT met (steady)"
