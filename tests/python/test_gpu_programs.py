@@ -137,6 +137,63 @@ def test_events_queries_and_syncs_order_work(gpu, backend):
     assert run.report.ops > 8
 
 
+def _generic_poll(torch, poll: str):
+    """A side stream writes `y = 2 x` after a long sleep, with `torch.Stream` and `torch.Event`
+    (the device-generic API); the host waits for it by `poll` (`event`: `Event.query()` until
+    true; `stream`: `Stream.query()`; `elapsed`: `Event.elapsed_time`, retried until both events
+    are complete; `none`: not at all), then the default stream reads `y`. Returns what it read
+    (`y + 1`) and what it should have."""
+    x = torch.randn(1 << 20, device="cuda")
+    side = torch.Stream(device="cuda")
+    side.wait_stream(torch.accelerator.current_stream())
+    start = torch.Event(device="cuda", enable_timing=True)
+    done = torch.Event(device="cuda", enable_timing=True)
+    with side:
+        start.record(side)
+        torch.cuda._sleep(100_000_000)
+        y = x * 2
+        done.record(side)
+    if poll == "event":
+        while not done.query():
+            pass
+    elif poll == "stream":
+        while not side.query():
+            pass
+    elif poll == "elapsed":
+        while True:
+            try:
+                start.elapsed_time(done)
+                break
+            except RuntimeError:  # "Both events must be completed …": not yet
+                pass
+    z = y + 1  # a race without a poll: GENERIC-READ
+    torch.cuda.synchronize()
+    return z, x * 2 + 1
+
+
+@pytest.mark.parametrize("poll", ["event", "stream", "elapsed", "none"])
+def test_a_poll_of_a_generic_event_or_stream_orders_what_follows(gpu, poll):
+    """`torch.Event.query()`, `torch.Stream.query()` and `torch.Event.elapsed_time` that found the
+    side stream's work complete order the default stream's read after it under the C++ recorder
+    (c10's GPU trace reports no query: it sees them through c10's CUDA guard); without a poll the
+    read races the write, reported at its line."""
+    import streamsan.torch
+
+    from conftest import marked_line
+
+    torch = gpu
+    with streamsan.torch.check(raise_on_hazard=False, backend="native") as run:
+        got, want = _generic_poll(torch, poll)
+    if poll == "none":
+        assert run.report.errors > 0
+        lines = {h["access"]["site"] for h in run.report.hazards if h["kind"] == "data-race"}
+        line = marked_line(__file__, "GENERIC-READ")
+        assert any(site.endswith(f":{line}") for site in lines), run.report.to_text()
+    else:
+        assert run.report.errors == 0, run.report.to_text()
+        assert torch.equal(got, want)
+
+
 # The program suite's verdicts under the C++ recorder, in a process of its own (the allocator's
 # configuration is read when CUDA starts): one line of JSON per program variant.
 _VERDICTS_SCRIPT = r"""

@@ -407,7 +407,8 @@ enum class RecKind : uint8_t {
 };
 
 // The host ops c10's GPU trace reports (see traced_host_op).
-enum class HostOp : uint8_t { EventRecord, EventWait, EventSync, StreamSync, DeviceSync };
+// EventQuery, StreamQuery: a query that found the work complete (one that did not orders nothing).
+enum class HostOp : uint8_t { EventRecord, EventWait, EventSync, StreamSync, DeviceSync, EventQuery, StreamQuery };
 
 struct Rec {
   RecKind kind = RecKind::Text;
@@ -2873,6 +2874,8 @@ void traced_record_stream(uint64_t addr, uint64_t stream, c10::DeviceIndex devic
   });
 }
 
+void traced_query(uint64_t event, uint64_t stream);  // (below, with c10's GPU trace)
+
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
 #define STREAMSAN_GUARD_SPY 1
 // The CUDA device guard in c10's registry while a check runs: every call goes to the guard that
@@ -2901,10 +2904,26 @@ struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
     orig->record(e, s, i, f);
   }
   void block(void* e, const c10::Stream& s) const override { orig->block(e, s); }
-  bool queryEvent(void* e) const override { return orig->queryEvent(e); }
+  // A query that finds an event's or a stream's work complete, and a time between two events
+  // (which needs both complete), tell the host that work is done: recorded as the queries they
+  // are (`torch.Event.query`, `torch.Stream.query`, `torch.Event.elapsed_time`: c10's GPU trace
+  // reports none of them). Events made before the check kept torch's guard (c10::Event holds
+  // the guard it was made with): their queries are not seen.
+  bool queryEvent(void* e) const override {
+    const bool done = orig->queryEvent(e);
+    if (done && e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0);
+    return done;
+  }
   c10::DeviceIndex deviceCount() const noexcept override { return orig->deviceCount(); }
   c10::DeviceCapability getDeviceCapability(c10::Device d) const override { return orig->getDeviceCapability(d); }
-  bool queryStream(const c10::Stream& s) const override { return orig->queryStream(s); }
+  bool queryStream(const c10::Stream& s) const override {
+    const bool done = orig->queryStream(s);
+    if (done && s.device_type() == c10::DeviceType::CUDA) {
+      const auto raw = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream();
+      traced_query(0, reinterpret_cast<uint64_t>(raw));
+    }
+    return done;
+  }
   void synchronizeStream(const c10::Stream& s) const override { orig->synchronizeStream(s); }
   void synchronizeEvent(void* e) const override { orig->synchronizeEvent(e); }
   void synchronizeDevice(const c10::DeviceIndex i) const override { orig->synchronizeDevice(i); }
@@ -2915,7 +2934,13 @@ struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
       traced_record_stream(reinterpret_cast<uint64_t>(p.get()), reinterpret_cast<uint64_t>(raw), s.device_index());
     }
   }
-  double elapsedTime(void* a, void* b, const c10::DeviceIndex i) const override { return orig->elapsedTime(a, b, i); }
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex i) const override {
+    const double ms = orig->elapsedTime(a, b, i);  // throws unless both are complete
+    for (void* e : {a, b}) {
+      if (e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0);
+    }
+    return ms;
+  }
 };
 GuardSpy* guard_spy = new GuardSpy();  // leaked, as c10's registry asks
 #endif
@@ -3812,6 +3837,12 @@ std::string host_line(HostOp op, uint64_t event, uint64_t stream, c10::DeviceInd
     case HostOp::DeviceSync:
       line = "{\"op\":\"device_sync\",\"device\":" + std::to_string(device);
       break;
+    case HostOp::EventQuery:
+      line = "{\"op\":\"event_query\",\"event\":" + event_name(event) + ",\"complete\":true";
+      break;
+    case HostOp::StreamQuery:
+      line = "{\"op\":\"stream_query\",\"stream\":" + stream_name(stream, device) + ",\"complete\":true";
+      break;
   }
   put_site(line, site);
   return line;
@@ -3848,7 +3879,8 @@ void traced_host_op(HostOp op, uint64_t event, uint64_t stream) {
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
-  const bool on_stream = op == HostOp::EventRecord || op == HostOp::EventWait || op == HostOp::StreamSync;
+  const bool on_stream =
+      op == HostOp::EventRecord || op == HostOp::EventWait || op == HostOp::StreamSync || op == HostOp::StreamQuery;
   const c10::DeviceIndex device = (op == HostOp::DeviceSync || (on_stream && stream == 0)) ? trace_device() : 0;
   const Site site = host_site();
   if (tls().frames.empty()) {
@@ -3888,6 +3920,12 @@ void gpu_stream_sync(c10::DeviceType t, uintptr_t stream) {
 }
 void gpu_device_sync(c10::DeviceType t) {
   if (cuda_like(t)) traced_host_op(HostOp::DeviceSync, 0, 0);
+}
+
+// A query through c10's CUDA guard that found `event` (or, `event` 0, `stream`) complete.
+void traced_query(uint64_t event, uint64_t stream) {
+  if (S == nullptr || !cuda_like(c10::DeviceType::CUDA)) return;
+  traced_host_op(event != 0 ? HostOp::EventQuery : HostOp::StreamQuery, event, stream);
 }
 
 #ifdef STREAMSAN_GPU_TRACE
