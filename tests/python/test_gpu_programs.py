@@ -166,7 +166,7 @@ def _generic_poll(torch, poll: str):
                 break
             except RuntimeError:  # "Both events must be completed …": not yet
                 pass
-    z = y + 1  # a race without a poll: GENERIC-READ
+    z = y + 1  # GENERIC-READ
     torch.cuda.synchronize()
     return z, x * 2 + 1
 
