@@ -2874,7 +2874,7 @@ void traced_record_stream(uint64_t addr, uint64_t stream, c10::DeviceIndex devic
   });
 }
 
-void traced_query(uint64_t event, uint64_t stream);  // (below, with c10's GPU trace)
+void traced_query(uint64_t event, uint64_t stream, c10::DeviceIndex device);  // (below, with c10's GPU trace)
 
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR == 11
 #define STREAMSAN_GUARD_SPY 1
@@ -2911,7 +2911,7 @@ struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
   // the guard it was made with): their queries are not seen.
   bool queryEvent(void* e) const override {
     const bool done = orig->queryEvent(e);
-    if (done && e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0);
+    if (done && e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0, -1);
     return done;
   }
   c10::DeviceIndex deviceCount() const noexcept override { return orig->deviceCount(); }
@@ -2920,7 +2920,7 @@ struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
     const bool done = orig->queryStream(s);
     if (done && s.device_type() == c10::DeviceType::CUDA) {
       const auto raw = c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s).stream();
-      traced_query(0, reinterpret_cast<uint64_t>(raw));
+      traced_query(0, reinterpret_cast<uint64_t>(raw), s.device_index());  // (the null stream: its device's)
     }
     return done;
   }
@@ -2937,7 +2937,7 @@ struct GuardSpy final : c10::impl::DeviceGuardImplInterface {
   double elapsedTime(void* a, void* b, const c10::DeviceIndex i) const override {
     const double ms = orig->elapsedTime(a, b, i);  // throws unless both are complete
     for (void* e : {a, b}) {
-      if (e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0);
+      if (e != nullptr) traced_query(reinterpret_cast<uint64_t>(e), 0, -1);
     }
     return ms;
   }
@@ -3874,14 +3874,17 @@ void kick_resolver() {
 // Records a host op of c10's GPU trace (`event`, `stream`: those it names), with the user's
 // site. Outside ops it is queued as a record (no text on the program's thread: its line is
 // written with the others, see "Deferred writing"); inside an op, its line waits in the op's
-// frame (see put_host_op). The null stream is named after the device current now.
-void traced_host_op(HostOp op, uint64_t event, uint64_t stream) {
+// frame (see put_host_op). The null stream is named after `known_device` where the caller knows
+// it (-1: not), else after the device current now.
+void traced_host_op(HostOp op, uint64_t event, uint64_t stream, c10::DeviceIndex known_device = -1) {
   if (!S->active.load(std::memory_order_relaxed) || S->observe_only.load(std::memory_order_relaxed)) return;
   const bool profiling = S->profiling.load(std::memory_order_relaxed);
   const uint64_t t0 = profiling ? now_ns() : 0;
   const bool on_stream =
       op == HostOp::EventRecord || op == HostOp::EventWait || op == HostOp::StreamSync || op == HostOp::StreamQuery;
-  const c10::DeviceIndex device = (op == HostOp::DeviceSync || (on_stream && stream == 0)) ? trace_device() : 0;
+  const c10::DeviceIndex device = (op == HostOp::DeviceSync || (on_stream && stream == 0))
+                                      ? (known_device >= 0 ? known_device : trace_device())
+                                      : 0;
   const Site site = host_site();
   if (tls().frames.empty()) {
     submit(false, true, [&](Rec& r) {
@@ -3922,10 +3925,11 @@ void gpu_device_sync(c10::DeviceType t) {
   if (cuda_like(t)) traced_host_op(HostOp::DeviceSync, 0, 0);
 }
 
-// A query through c10's CUDA guard that found `event` (or, `event` 0, `stream`) complete.
-void traced_query(uint64_t event, uint64_t stream) {
+// A query through c10's CUDA guard that found `event` (or, `event` 0, `stream` of `device`)
+// complete.
+void traced_query(uint64_t event, uint64_t stream, c10::DeviceIndex device) {
   if (S == nullptr || !cuda_like(c10::DeviceType::CUDA)) return;
-  traced_host_op(event != 0 ? HostOp::EventQuery : HostOp::StreamQuery, event, stream);
+  traced_host_op(event != 0 ? HostOp::EventQuery : HostOp::StreamQuery, event, stream, device);
 }
 
 #ifdef STREAMSAN_GPU_TRACE
