@@ -120,13 +120,15 @@ def test_a_sparse_tensors_indices_and_values_are_its_regions(backend, fixed):
 
 
 
-@pytest.mark.parametrize("case", ["metadata", "in-place", "constructor"])
+@pytest.mark.parametrize("case", ["metadata", "in-place", "constructor", "replaced"])
 def test_what_an_op_does_not_touch_of_a_sparse_tensor_is_no_race(backend, case):
     """Two streams on one sparse tensor, after both waited for it: reading its metadata
     (`_nnz()`) while the other stream writes its values, scaling its values in place while the
-    other stream reads its indices, and making
-    a sparse tensor of index and value tensors while the other stream reads the values, touch
-    nothing the other stream writes: no hazard under either recorder."""
+    other stream reads its indices, making
+    a sparse tensor of index and value tensors while the other stream reads the values, and
+    adding to it in place (`add_`: new index and value tensors; the old values only read) while
+    the other stream reads its old values, touch nothing the other stream writes: no hazard
+    under either recorder."""
     import torch
 
     def body(f):
@@ -142,6 +144,8 @@ def test_what_an_op_does_not_touch_of_a_sparse_tensor_is_no_race(backend, case):
             kept = s._values().add_(1)  # the side stream writes the values
         elif case == "in-place":
             kept = s._indices().sum()
+        elif case == "replaced":
+            kept = s._values() * 2  # the side stream reads the values s has now
         else:
             kept = v * 2
         f.stream(0)
@@ -149,6 +153,10 @@ def test_what_an_op_does_not_touch_of_a_sparse_tensor_is_no_race(backend, case):
             kept2 = s._nnz()
         elif case == "in-place":
             kept2 = s.mul_(2)
+        elif case == "replaced":
+            old = s._values()
+            kept2 = s.add_(torch.eye(64).to_sparse())
+            assert s._values().data_ptr() != old.data_ptr()  # new values: the old ones only read
         else:
             kept2 = torch.sparse_coo_tensor(i, v, (64, 64), check_invariants=False)
         return kept, kept2
@@ -1941,6 +1949,26 @@ def test_the_python_recorder_follows_the_engines_marks_of_a_gradient_handed_acro
     assert _hazards_with_free(ops, grad) == ["unsafe-free"]
 
 
+def _residual_sum(f, anomaly=False):
+    """A residual `h + f(h)`: AddBackward0 hands one gradient to both `h`'s node and `f`'s last
+    node; `f`'s last node takes it (its pre hook) while `h`'s input buffer still holds it, and
+    the gradient `f`'s first node makes on the side stream (a hook on `b1` switches the fake
+    device's stream there) is summed with it on the side stream: the default stream's gradient
+    is marked used there first."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    h = x * 1  # h's node: the consumer of the sum
+    b1 = h * 2  # f's first node (on the side stream in the backward)
+    b = b1 * 3  # f's last node
+    b1.register_hook(lambda grad: _to_side(f, 1))
+    with torch.autograd.set_detect_anomaly(anomaly):
+        (h + b).sum().backward(create_graph=True)
+    f.stream(0)
+    return x.grad.detach()
+
+
 def _engine_sum(f, anomaly=False):
     """Two gradients of `x` summed by the engine on another stream than the one that made one
     of them. `x` is first used on the side stream (`b = x * 2`: x's AccumulateGrad, the consumer,
@@ -1968,19 +1996,23 @@ def _engine_sum(f, anomaly=False):
     return x.grad.detach()
 
 
+@pytest.mark.parametrize("shape", ["two-uses", "residual"])
 @pytest.mark.parametrize("anomaly", [False, True])
-def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch, anomaly):
+def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch, anomaly, shape):
     """The Python recorder writes the autograd engine's mark of a gradient it sums with another
     on another stream (see _EngineMarks): the default stream's gradient, read by the sum on the
     side stream and then freed, is marked used on the side stream before the sum, and its free
     is no hazard. Without the marks the same free is an `unsafe-free`. (As in the test above,
-    the gradient's free is added to each trace.)"""
+    the gradient's free is added to each trace.) Two uses of `x` (`_engine_sum`), and a residual
+    whose gradient one node hands to two (`_residual_sum`)."""
     torch_or_skip()
     from streamsan.torch import _recorder
 
+    program, want = (_engine_sum, 5) if shape == "two-uses" else (_residual_sum, 7)
+
     def traced(name):
-        run, ops, grad = _python_trace(tmp_path, name, lambda f: _engine_sum(f, anomaly))
-        assert grad.eq(5).all()
+        run, ops, grad = _python_trace(tmp_path, name, lambda f: program(f, anomaly))
+        assert grad.eq(want).all()
         return run, ops
 
     def summed(ops):
@@ -2004,6 +2036,27 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
     grad, _ = summed(ops)
     assert not any(o["op"] == "record_stream" for o in ops)
     assert _hazards_with_free(ops, grad) == ["unsafe-free"]
+
+
+def test_a_failure_judging_an_engine_sum_never_reaches_the_program(tmp_path, monkeypatch):
+    """Judging whether an op is the engine's sum runs before every op the Python recorder
+    records: where it fails, the op runs as it would, the marks stop being followed for the
+    check, and a warning says so."""
+    torch_or_skip()
+    import warnings
+
+    from streamsan.torch import _recorder
+
+    def broken(self, func, args, kwargs):
+        raise RuntimeError("cannot compare symbolic shapes")
+
+    monkeypatch.setattr(_recorder._EngineMarks, "accumulating", broken)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _run, _ops, grad = _python_trace(tmp_path, "broken.jsonl", _engine_sum)
+    assert grad.eq(5).all()
+    assert any("following the autograd engine's marks failed" in str(w.message) and "symbolic" in str(w.message)
+               for w in caught), [str(w.message) for w in caught]
 
 
 def test_an_add_outside_the_engines_sums_marks_nothing(tmp_path):

@@ -978,7 +978,7 @@ class PythonBackend:
             return func(*args, **(kwargs or {}))
         marks = self.rec.engine_marks
         # The autograd engine summing gradients: its marks first (see _EngineMarks).
-        engine_sum = marks is not None and marks.accumulating(func, args, kwargs)
+        engine_sum = marks is not None and marks.accumulating_guarded(func, args, kwargs)
         frame = {"any_device": False, "device": 0}
         ins: list[_Access] = []
         non_blocking = False
@@ -1045,6 +1045,14 @@ class PythonBackend:
         if info.kind != "record_stream":
             self.collect(out, True, outs, frame)
             if any(o.sparse_part for o in outs):
+                # A sparse tensor the op writes and returns with new values (`s.add_(t)`,
+                # `zero_`, `copy_` of COO tensors: new index and value tensors) had its old
+                # values read, not written: the program may still hold them (`_values()`, the
+                # `v` it was made of).
+                kept = {o.base for o in outs if o.sparse_part}
+                for a in ins:
+                    if a.sparse_part and a.write and a.base not in kept:
+                        a.write = False
                 # A new sparse tensor made of tensors the op was given (`sparse_coo_tensor(i,
                 # v)`) does not write them.
                 read = {a.base for a in ins if not a.write}
@@ -1627,9 +1635,13 @@ class _EngineMarks:
             getattr(getattr(ops, n, None), "default", None) for n in ("isnan", "_is_any_true", "_local_scalar_dense")
         ) - {None}
         self.anomaly = getattr(torch, "is_anomaly_enabled", lambda: False)
-        # The gradients made by a node or a sum and not handed to a node yet (ids): those an
-        # input buffer may hold, the only ones the engine sums.
-        self.waiting: set[int] = set()
+        # The gradients made by a node or a sum and not handed to a node yet: id -> the number of
+        # input-buffer slots it may be in (a node hands one gradient to several: AddBackward0's
+        # to both sides of a residual `h + f(h)`, where f's node takes it while h's buffer still
+        # holds it), the only ones the engine sums. Counted under `waiting_mu` (engine threads);
+        # re-entrant: a weak reference's callback may run on a thread that holds it.
+        self.waiting: dict[int, int] = {}
+        self.waiting_mu = threading.RLock()
 
     def _on(self) -> bool:
         return self.rec.on and _active is self.rec and not self.failed
@@ -1717,16 +1729,29 @@ class _EngineMarks:
         stream, dev = self._stream(g)
         key = id(g)
 
-        waiting = self.waiting
+        waiting, mu = self.waiting, self.waiting_mu
 
         def gone(ref, key=key, made=made) -> None:
             if made.get(key, (None,))[0] is ref:
                 made.pop(key, None)
-                waiting.discard(key)
+                with mu:
+                    waiting.pop(key, None)
 
-        made[key] = (weakref.ref(g, gone), stream, dev)
-        waiting.add(key)
+        with mu:
+            if key in made and made[key][0]() is not g:
+                waiting.pop(key, None)  # an older gradient's id, taken again
+            made[key] = (weakref.ref(g, gone), stream, dev)
+            waiting[key] = waiting.get(key, 0) + 1
         return key
+
+    def _leaves(self, key: int) -> None:
+        """A gradient left one input-buffer slot (handed to its node, or summed away)."""
+        with self.waiting_mu:
+            n = self.waiting.get(key, 0) - 1
+            if n > 0:
+                self.waiting[key] = n
+            else:
+                self.waiting.pop(key, None)
 
     def before(self, grad_outputs) -> None:
         self._guarded("before", self._before, grad_outputs)
@@ -1735,12 +1760,20 @@ class _EngineMarks:
         self.local.window = None
         self._mark_handed(grad_outputs)
         for g in grad_outputs:
-            self.waiting.discard(id(g))
+            self._leaves(id(g))
 
     def _task(self):
         """The engine's graph task running on this thread (-1 outside the engine), or, where
         torch cannot say, the backward calls' epoch."""
         return self.task_id() if self.task_id is not None else ("epoch", self.epoch)
+
+    def accumulating_guarded(self, func, args, kwargs) -> bool:
+        """`accumulating`, never raising into the program's op (see _failed)."""
+        try:
+            return self.accumulating(func, args, kwargs)
+        except Exception as e:  # noqa: BLE001 - never into the program's call
+            self._failed("summing gradients before", e)
+            return False
 
     def accumulating(self, func, args, kwargs) -> bool:
         """Called by the Python recorder before each op it records on this thread (`func`,
@@ -1770,18 +1803,27 @@ class _EngineMarks:
         else:
             mine = next((i for i in (id(a), id(b)) if i in outs), None)
             other = b if mine == id(a) else a
-        if mine is None or not self._made(other) or id(other) not in self.waiting:
+        if mine is None or not self._made(other) or self.waiting.get(id(other), 0) < 1:
             return False
         outs.remove(mine)
         if outs:
             self.local.window = window
+        # Both leave their slots (the sum takes one; `summed` puts back the one an in-place sum
+        # returns).
+        self._leaves(mine)
+        self._leaves(id(other))
         self._guarded("summing gradients after", self._mark_handed, args)
         return True
 
     def summed(self, out) -> None:
         """The engine's sum `out` (see `accumulating`): a gradient made on the stream current now,
         which a later sum may add to."""
-        if self._on() and self._tracked(out) and not self._made(out):
+        if not (self._on() and self._tracked(out)):
+            return
+        if self._made(out):  # an in-place sum (`old.add_(new)`): the slot holds it again
+            with self.waiting_mu:
+                self.waiting[id(out)] = self.waiting.get(id(out), 0) + 1
+        else:
             self._guarded("summing gradients after", self._note, out)
 
     def _made(self, g) -> bool:
