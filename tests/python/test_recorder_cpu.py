@@ -1970,6 +1970,26 @@ def _residual_sum(f, anomaly=False):
     return x.grad.detach()
 
 
+def _root_sum(f, anomaly=False):
+    """`backward([y, z], [gy, gz])` with `z` made from `y`: the engine's root hands the program's
+    `gy` to `y`'s node, whose input buffer sums it with the gradient `z`'s path makes on the side
+    stream (a hook on `b1` switches the fake device's stream there): `gy`, made on the default
+    stream, is marked used there first."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    y = x * 1  # y's node: the consumer of the sum
+    b1 = y * 2  # z's path (on the side stream in the backward)
+    z = b1 * 3
+    b1.register_hook(lambda grad: _to_side(f, 1))
+    gy, gz = torch.full((256,), 1.0), torch.full((256,), 1.0)
+    with torch.autograd.set_detect_anomaly(anomaly):
+        torch.autograd.backward([y, z], [gy, gz], create_graph=True)
+    f.stream(0)
+    return x.grad.detach()
+
+
 def _engine_sum(f, anomaly=False):
     """Two gradients of `x` summed by the engine on another stream than the one that made one
     of them. `x` is first used on the side stream (`b = x * 2`: x's AccumulateGrad, the consumer,
@@ -1997,19 +2017,20 @@ def _engine_sum(f, anomaly=False):
     return x.grad.detach()
 
 
-@pytest.mark.parametrize("shape", ["two-uses", "residual"])
+@pytest.mark.parametrize("shape", ["two-uses", "residual", "root"])
 @pytest.mark.parametrize("anomaly", [False, True])
 def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch, anomaly, shape):
     """The Python recorder writes the autograd engine's mark of a gradient it sums with another
     on another stream (see _EngineMarks): the default stream's gradient, read by the sum on the
     side stream and then freed, is marked used on the side stream before the sum, and its free
     is no hazard. Without the marks the same free is an `unsafe-free`. (As in the test above,
-    the gradient's free is added to each trace.) Two uses of `x` (`_engine_sum`), and a residual
-    whose gradient one node hands to two (`_residual_sum`)."""
+    the gradient's free is added to each trace.) Two uses of `x` (`_engine_sum`), a residual
+    whose gradient one node hands to two (`_residual_sum`), and a gradient the program gave
+    `backward` for a root another root's path reaches (`_root_sum`)."""
     torch_or_skip()
     from streamsan.torch import _recorder
 
-    program, want = (_engine_sum, 5) if shape == "two-uses" else (_residual_sum, 7)
+    program, want = {"two-uses": (_engine_sum, 5), "residual": (_residual_sum, 7), "root": (_root_sum, 7)}[shape]
 
     def traced(name):
         run, ops, grad = _python_trace(tmp_path, name, lambda f: program(f, anomaly))
@@ -2037,6 +2058,29 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
     grad, _ = summed(ops)
     assert not any(o["op"] == "record_stream" for o in ops)
     assert _hazards_with_free(ops, grad, of_buf=True) == ["unsafe-free"]
+
+
+def test_the_gradients_given_to_backward_reach_it_as_given(tmp_path):
+    """The root gradients the program gives `backward` and `autograd.grad` (a tensor, a list, a
+    generator, by name) are noted without being used up: the call gets what it was given."""
+    torch_or_skip()
+
+    def body(f):
+        import torch
+
+        f.stream(0)
+        x = torch.ones(8, requires_grad=True)
+        outs = []
+        for grads in (torch.full((8,), 2.0), [torch.full((8,), 2.0)], (g for g in [torch.full((8,), 2.0)])):
+            x.grad = None
+            torch.autograd.backward(x * 3, grads)
+            outs.append(x.grad.clone())
+        (g,) = torch.autograd.grad(x * 3, x, grad_outputs=(t for t in [torch.full((8,), 2.0)]))
+        outs.append(g)
+        return outs
+
+    _run, _ops, outs = _python_trace(tmp_path, "given.jsonl", body)
+    assert len(outs) == 4 and all(o.eq(6).all() for o in outs)
 
 
 def test_a_failure_judging_an_engine_sum_never_reaches_the_program(tmp_path, monkeypatch):

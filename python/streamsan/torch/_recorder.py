@@ -1672,9 +1672,15 @@ class _EngineMarks:
         torch = self.torch
         return isinstance(t, torch.Tensor) and (t.is_cuda or (self.rec.backend.fake_device and t.device.type == "cpu"))
 
-    def prepare(self, roots) -> None:
-        """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet."""
+    def prepare(self, roots, grads=None) -> None:
+        """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet,
+        and notes the gradients the program gave for them (`grads`: the engine's root hands
+        each to its root's node, made on the stream current now, where a sum may take it)."""
         torch = self.torch
+        # (a list or tuple: any other iterable is left unread, for the call to use)
+        for g in (grads,) if isinstance(grads, torch.Tensor) else grads if isinstance(grads, (list, tuple)) else ():
+            if self._tracked(g):
+                self._note(g)
         edge = getattr(getattr(torch.autograd, "graph", None), "GradientEdge", ())
         if isinstance(roots, torch.Tensor) or (edge and isinstance(roots, edge)):
             roots = (roots,)  # (a GradientEdge is a tuple: one root, not its fields)
@@ -1891,7 +1897,7 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     p.closers.append(marks.close)
     autograd = torch.autograd
 
-    def maker(key: str):
+    def maker(key: str, grads_key: str, grads_at: int):
         def make(orig):
             # backward(tensors, …), grad(outputs, …): the roots given by position or by name
             # (`make_graphed_callables` calls grad(outputs=…, inputs=…, …)); the call itself
@@ -1914,7 +1920,8 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
                                 kwargs[key] = roots
                     if roots is not None:
                         try:
-                            marks.prepare(roots)
+                            grads = args[grads_at] if len(args) > grads_at else kwargs.get(grads_key)
+                            marks.prepare(roots, grads)
                         except Exception as e:  # noqa: BLE001 - never into the program's call
                             marks._failed("prepare", e)
                 try:
@@ -1927,8 +1934,8 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
 
         return make
 
-    p.patch(autograd, "backward", maker("tensors"))
-    p.patch(autograd, "grad", maker("outputs"))
+    p.patch(autograd, "backward", maker("tensors", "grad_tensors", 1))
+    p.patch(autograd, "grad", maker("outputs", "grad_outputs", 2))
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
