@@ -1990,6 +1990,43 @@ def _root_sum(f, anomaly=False):
     return x.grad.detach()
 
 
+def _implicit_root_sum(f, anomaly=False):
+    """`backward([y, z])` of two scalars, `z` made from `y`, no gradients given: the ones
+    `backward` makes for `y` go to `y`'s node, whose input buffer sums them with the gradient
+    `z`'s path makes on the side stream."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    y = (x * 1).sum()  # y's node: the consumer of the sum
+    b1 = y * 2  # z's path (on the side stream in the backward)
+    z = b1 * 3
+    b1.register_hook(lambda grad: _to_side(f, 1))
+    with torch.autograd.set_detect_anomaly(anomaly):
+        torch.autograd.backward([y, z], create_graph=True)
+    f.stream(0)
+    return x.grad.detach()
+
+
+def _passthrough_sum(f, anomaly=False):
+    """`h + h.clone()`: CloneBackward0 hands back the very gradient it is given, which `h`'s
+    input buffer holds already from AddBackward0, and the engine sums `g + g`. A post hook of
+    the clone's node registered after the check's (from its pre hook) switches the fake device to
+    the side stream, where the sum runs: `g`, made on the default stream, is marked used there."""
+    import torch
+
+    f.stream(0)
+    x = torch.ones(256, requires_grad=True)
+    h = x * 1  # h's node: the consumer of the sum
+    c = h.clone()
+    node = c.grad_fn
+    node.register_prehook(lambda grads: node.register_hook(lambda gi, go: _to_side(f, 1)) and None)
+    with torch.autograd.set_detect_anomaly(anomaly):
+        (h + c).sum().backward(create_graph=True)
+    f.stream(0)
+    return x.grad.detach()
+
+
 def _engine_sum(f, anomaly=False):
     """Two gradients of `x` summed by the engine on another stream than the one that made one
     of them. `x` is first used on the side stream (`b = x * 2`: x's AccumulateGrad, the consumer,
@@ -2017,7 +2054,7 @@ def _engine_sum(f, anomaly=False):
     return x.grad.detach()
 
 
-@pytest.mark.parametrize("shape", ["two-uses", "residual", "root"])
+@pytest.mark.parametrize("shape", ["two-uses", "residual", "root", "implicit-root", "passthrough"])
 @pytest.mark.parametrize("anomaly", [False, True])
 def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_path, monkeypatch, anomaly, shape):
     """The Python recorder writes the autograd engine's mark of a gradient it sums with another
@@ -2025,12 +2062,15 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
     side stream and then freed, is marked used on the side stream before the sum, and its free
     is no hazard. Without the marks the same free is an `unsafe-free`. (As in the test above,
     the gradient's free is added to each trace.) Two uses of `x` (`_engine_sum`), a residual
-    whose gradient one node hands to two (`_residual_sum`), and a gradient the program gave
-    `backward` for a root another root's path reaches (`_root_sum`)."""
+    whose gradient one node hands to two (`_residual_sum`), a gradient the program gave
+    `backward` for a root another root's path reaches (`_root_sum`), the same without it (the
+    ones `backward` makes, `_implicit_root_sum`), and a node that hands back the gradient it was
+    given, summed with itself (`_passthrough_sum`)."""
     torch_or_skip()
     from streamsan.torch import _recorder
 
-    program, want = {"two-uses": (_engine_sum, 5), "residual": (_residual_sum, 7), "root": (_root_sum, 7)}[shape]
+    program, want = {"two-uses": (_engine_sum, 5), "residual": (_residual_sum, 7), "root": (_root_sum, 7),
+                     "implicit-root": (_implicit_root_sum, 7), "passthrough": (_passthrough_sum, 2)}[shape]
 
     def traced(name):
         run, ops, grad = _python_trace(tmp_path, name, lambda f: program(f, anomaly))
@@ -2062,7 +2102,8 @@ def test_the_python_recorder_follows_the_engines_marks_of_gradients_it_sums(tmp_
 
 def test_the_gradients_given_to_backward_reach_it_as_given(tmp_path):
     """The root gradients the program gives `backward` and `autograd.grad` (a tensor, a list, a
-    generator, by name) are noted without being used up: the call gets what it was given."""
+    generator, by name) are noted (from what `_make_grads` returns) without being used up: the
+    call gets what it was given."""
     torch_or_skip()
 
     def body(f):
@@ -2079,8 +2120,12 @@ def test_the_gradients_given_to_backward_reach_it_as_given(tmp_path):
         outs.append(g)
         return outs
 
+    import torch
+
+    made = torch.autograd._make_grads
     _run, _ops, outs = _python_trace(tmp_path, "given.jsonl", body)
     assert len(outs) == 4 and all(o.eq(6).all() for o in outs)
+    assert torch.autograd._make_grads is made  # the check's wrapper (noting them) put back
 
 
 def test_a_failure_judging_an_engine_sum_never_reaches_the_program(tmp_path, monkeypatch):

@@ -1672,15 +1672,16 @@ class _EngineMarks:
         torch = self.torch
         return isinstance(t, torch.Tensor) and (t.is_cuda or (self.rec.backend.fake_device and t.device.type == "cpu"))
 
-    def prepare(self, roots, grads=None) -> None:
-        """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet,
-        and notes the gradients the program gave for them (`grads`: the engine's root hands
-        each to its root's node, made on the stream current now, where a sum may take it)."""
-        torch = self.torch
-        # (a list or tuple: any other iterable is left unread, for the call to use)
-        for g in (grads,) if isinstance(grads, torch.Tensor) else grads if isinstance(grads, (list, tuple)) else ():
+    def roots(self, grads) -> None:
+        """Notes a backward call's root gradients (`_make_grads`' tuple: made on the stream
+        current now, each handed by the engine's root to its root's node)."""
+        for g in grads if isinstance(grads, (list, tuple)) else ():
             if self._tracked(g):
                 self._note(g)
+
+    def prepare(self, roots) -> None:
+        """Hooks every node of the graph behind `roots` (tensors) not hooked by this check yet."""
+        torch = self.torch
         edge = getattr(getattr(torch.autograd, "graph", None), "GradientEdge", ())
         if isinstance(roots, torch.Tensor) or (edge and isinstance(roots, edge)):
             roots = (roots,)  # (a GradientEdge is a tuple: one root, not its fields)
@@ -1804,7 +1805,10 @@ class _EngineMarks:
             return False
         outs = window[1]
         if a is b:
-            mine = id(a) if outs.count(id(a)) >= 2 else None
+            # The node made it twice, or made it again after a slot took it (a node that hands
+            # back the gradient it was given: `h + h.clone()`, `h + h.expand_as(h)`): in two
+            # slots, or in one and among the node's outputs.
+            mine = id(a) if id(a) in outs and self.waiting.get(id(a), 0) >= 2 else None
             other = a
         else:
             mine = next((i for i in (id(a), id(b)) if i in outs), None)
@@ -1897,7 +1901,7 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
     p.closers.append(marks.close)
     autograd = torch.autograd
 
-    def maker(key: str, grads_key: str, grads_at: int):
+    def maker(key: str):
         def make(orig):
             # backward(tensors, …), grad(outputs, …): the roots given by position or by name
             # (`make_graphed_callables` calls grad(outputs=…, inputs=…, …)); the call itself
@@ -1920,8 +1924,7 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
                                 kwargs[key] = roots
                     if roots is not None:
                         try:
-                            grads = args[grads_at] if len(args) > grads_at else kwargs.get(grads_key)
-                            marks.prepare(roots, grads)
+                            marks.prepare(roots)
                         except Exception as e:  # noqa: BLE001 - never into the program's call
                             marks._failed("prepare", e)
                 try:
@@ -1934,8 +1937,27 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
 
         return make
 
-    p.patch(autograd, "backward", maker("tensors", "grad_tensors", 1))
-    p.patch(autograd, "grad", maker("outputs", "grad_outputs", 2))
+    p.patch(autograd, "backward", maker("tensors"))
+    p.patch(autograd, "grad", maker("outputs"))
+
+    def make_grads(orig):
+        # The root gradients of a `backward` / `autograd.grad` call, those the program gave
+        # (`grad_tensors`, `grad_outputs`, `grad_variables`) and the ones made for it: the
+        # engine's root hands each to its root's node, where a sum may take it.
+        @functools.wraps(orig)
+        def _make_grads(*args, **kwargs):
+            grads = orig(*args, **kwargs)
+            if marks._on():
+                try:
+                    marks.roots(grads)
+                except Exception as e:  # noqa: BLE001 - never into the program's call
+                    marks._failed("prepare", e)
+            return grads
+
+        return _make_grads
+
+    if callable(getattr(autograd, "_make_grads", None)):
+        p.patch(autograd, "_make_grads", make_grads)
 
 
 def _install_patches(rec: "Recorder") -> _Patches:
