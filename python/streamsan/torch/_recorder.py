@@ -1595,8 +1595,9 @@ class _EngineMarks:
     after the producer's post hooks, on the producer's thread, in the same graph task, before
     that thread runs any other op (but anomaly detection's checks of the node's gradients): the
     ops seen there that are the engine's sums (`add`/`add_` of one of the node's gradients and
-    one not handed to a node yet, made by a node or an earlier sum, alike in shape and device,
-    no `alpha`) get the marks of their gradients made on another stream, written before them
+    one an input buffer may still hold — made by a node, an earlier sum or the call's roots, and
+    handed to fewer nodes than it was made for — alike in shape and device, no `alpha`) get the
+    marks of their gradients made on another stream, written before them
     (`accumulating`); any other op ends the window. A hook of the program's that runs there (a
     post hook of the node registered after the check's, a tensor hook of the next node) and
     whose first op adds two such gradients is taken for the engine's sum: its gradients made on
@@ -1788,9 +1789,9 @@ class _EngineMarks:
         node's post hook (see the class's note), whose gradients made on another stream than the
         current one are marked used on it here, before the sum (its result goes to `summed`).
         The engine's sum is `add` (or `add_`) of two gradients alike in shape and device, one of
-        them the node's not summed yet, the other one not handed to a node yet (made by a node
-        or an earlier sum; the same gradient twice only where the node made it twice), no
-        `alpha`; any other op closes the window (but anomaly detection's checks of the node's
+        them the node's not summed yet, the other one an input buffer may still hold
+        (`waiting`; the same gradient twice only where it is in two slots, or in one and among
+        the node's), no `alpha`; any other op closes the window (but anomaly detection's checks of the node's
         gradients), as does the node's thread's next node."""
         window = getattr(self.local, "window", None)
         if window is None:
