@@ -99,3 +99,37 @@ def test_a_gradient_summed_on_another_stream_is_marked_used_there(gpu, tmp_path,
              and o["stream"] == ops[at]["stream"]]
     assert marks, [o for o in ops if o["op"] == "record_stream"]
     assert run.report.hazards == [], run.report.to_text()
+
+
+def _residual_across_streams(torch, n: int):
+    """A residual `h + f(h)` whose `f` runs on a side stream (its backward nodes run there):
+    AddBackward0 hands one gradient to `h`'s node and to `f`'s last node; `f`'s first node makes
+    its gradient for `h` on the side stream, and the engine sums the two in `h`'s input buffer on
+    the default stream (the consumer's) after marking the side stream's one used there, which
+    it then drops."""
+    x = torch.randn(n, device="cuda", requires_grad=True)
+    h = x * 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        b = (h * 2) * 3
+    torch.cuda.current_stream().wait_stream(side)
+    (h + b).sum().backward()
+    torch.cuda.synchronize()
+    return x, x.grad.detach()
+
+
+@pytest.mark.parametrize("backend", ["native", "python"])
+def test_a_residuals_gradients_summed_across_streams_are_marked(gpu, tmp_path, backend):
+    """The residual's sum (see `_residual_across_streams`): no hazard under either recorder (the
+    Python recorder takes the sum for the engine's though `f`'s last node took the residual's
+    gradient before it: it is still in `h`'s buffer)."""
+    import streamsan.torch
+
+    torch = gpu
+    if backend == "native":
+        _native_marks_or_skip(torch)
+    with streamsan.torch.check(raise_on_hazard=False, backend=backend) as run:
+        x, grad = _residual_across_streams(torch, 1 << 20)
+    assert torch.allclose(grad, torch.full_like(grad, 7.0))
+    assert run.report.hazards == [], run.report.to_text()
