@@ -1715,14 +1715,16 @@ class _EngineMarks:
             except (AttributeError, RuntimeError, TypeError):
                 continue  # a node that takes no hooks: its gradients are not followed
 
-    def _guarded(self, where: str, body: Callable[[Any], None], grads) -> None:
-        """A hook's body, while the marks are followed, never raising out of the engine."""
+    def _guarded(self, where: str, body: Callable[[Any], Any], grads) -> Any:
+        """A hook's body (what it returns), while the marks are followed, never raising out of the
+        engine or into the program's call (None when it did not run or failed)."""
         if not self._on():
-            return
+            return None
         try:
-            body(grads)
+            return body(grads)
         except Exception as e:  # noqa: BLE001 - never out of the engine (see _failed)
             self._failed(where, e)
+            return None
 
     def after(self, grad_inputs, grad_outputs) -> None:
         self._guarded("after", self._after, grad_inputs)
@@ -1776,12 +1778,8 @@ class _EngineMarks:
         return self.task_id() if self.task_id is not None else ("epoch", self.epoch)
 
     def accumulating_guarded(self, func, args, kwargs) -> bool:
-        """`accumulating`, never raising into the program's op (see _failed)."""
-        try:
-            return self.accumulating(func, args, kwargs)
-        except Exception as e:  # noqa: BLE001 - never into the program's call
-            self._failed("summing gradients before", e)
-            return False
+        """`accumulating`, never raising into the program's op (see _guarded)."""
+        return self._guarded("summing gradients before", lambda _: self.accumulating(func, args, kwargs), None) is True
 
     def accumulating(self, func, args, kwargs) -> bool:
         """Called by the Python recorder before each op it records on this thread (`func`,
@@ -1819,8 +1817,7 @@ class _EngineMarks:
         outs.remove(mine)
         if outs:
             self.local.window = window
-        # Both leave their slots (the sum takes one; `summed` puts back the one an in-place sum
-        # returns).
+        # Both leave their slots (the sum's result takes one: `summed`).
         self._leaves(mine)
         self._leaves(id(other))
         self._guarded("summing gradients after", self._mark_handed, args)
@@ -1828,13 +1825,9 @@ class _EngineMarks:
 
     def summed(self, out) -> None:
         """The engine's sum `out` (see `accumulating`): a gradient made on the stream current now,
-        which a later sum may add to."""
-        if not (self._on() and self._tracked(out)):
-            return
-        if self._made(out):  # an in-place sum (`old.add_(new)`): the slot holds it again
-            with self.waiting_mu:
-                self.waiting[id(out)] = self.waiting.get(id(out), 0) + 1
-        else:
+        in the slot the sum took (an in-place sum's, `old.add_(new)`, again), which a later sum
+        may add to."""
+        if self._tracked(out):
             self._guarded("summing gradients after", self._note, out)
 
     def _made(self, g) -> bool:
@@ -1948,11 +1941,7 @@ def _install_engine_marks(rec: "Recorder", p: _Patches, torch) -> None:
         @functools.wraps(orig)
         def _make_grads(*args, **kwargs):
             grads = orig(*args, **kwargs)
-            if marks._on():
-                try:
-                    marks.roots(grads)
-                except Exception as e:  # noqa: BLE001 - never into the program's call
-                    marks._failed("prepare", e)
+            marks._guarded("prepare", marks.roots, grads)
             return grads
 
         return _make_grads
